@@ -1,0 +1,80 @@
+"""The library entry point behind ``certify run``: load, run, report."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from certify.data import load_dataset
+from certify.device import choose_device
+from certify.models import load_model
+from certify.progress import NullProgress, Progress
+from certify.report import write_report
+from certify.rundir import RunDir
+from certify.runner import run_fingerprint, run_suite
+from certify.suite import load_suite
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything ``certify run`` takes; ``None`` means "as the suite says"."""
+
+    model: str
+    suite: str
+    data: str | None = None
+    out: Path = Path("certify-run")
+    samples: int | None = None
+    seed: int | None = None
+    device: str = "auto"
+    batch_size: int = 256
+    resume: bool = False
+    input_scale: float | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    channel_order: str | None = None
+    pdf: bool = True
+
+
+def certify_model(
+    opts: RunOptions, progress: Progress | None = None
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Run a suite on a model and write the report; returns (results, written paths).
+
+    Everything that can be refused is refused before the first query: the suite is validated,
+    the model loaded and checked against the suite, the data loaded and checked.
+    """
+    progress = progress or NullProgress()
+    suite = load_suite(opts.suite)
+    device = choose_device(opts.device)
+    pre = suite.preprocessing
+    overrides = {
+        k: v for k, v in {
+            "input_scale": opts.input_scale, "mean": opts.mean, "std": opts.std,
+            "channel_order": opts.channel_order,
+        }.items() if v is not None
+    }
+    if overrides:
+        pre = dataclasses.replace(pre, **overrides)
+    model = load_model(opts.model, device, pre, input_size=suite.input_size,
+                       num_classes=len(suite.classes))
+    suite.validate_for(model.info)
+    seed = suite.seed if opts.seed is None else opts.seed
+    spec = suite.data
+    spec = dataclasses.replace(
+        spec,
+        path=opts.data if opts.data is not None else spec.path,
+        samples=opts.samples if opts.samples is not None else spec.samples,
+    )
+    data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
+                        progress=progress)
+    run = RunDir(opts.out, run_fingerprint(model, suite, data, seed), resume=opts.resume)
+    try:
+        results = run_suite(model, data, suite, run, device, seed=seed,
+                            batch_size=opts.batch_size, progress=progress,
+                            model_spec=opts.model)
+    finally:
+        run.close()
+    paths = write_report(results, opts.out, pdf=opts.pdf)
+    return results, paths

@@ -1,0 +1,92 @@
+"""The check interface.
+
+A check is built from its suite parameters (the constructor stores them and does nothing else),
+validated against the :class:`~certify.models.ModelInfo` when the suite loads, then run by the
+runner one batch of samples at a time. ``run_batch`` returns one record per sample; ``summarize``
+turns all records of the check into a :class:`Measurement`. Thresholds, verdicts, seeding, query
+budgets, timing and error handling belong to the runner, not to checks.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from certify.data import Dataset
+from certify.errors import SuiteError
+from certify.models.base import Model, ModelInfo
+
+
+@dataclass
+class Measurement:
+    """What a check measured: headline metrics, their intervals, and detail for the card."""
+
+    metrics: dict[str, float]
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckContext:
+    """What the runner gives a check for one batch: seeds, device and class names."""
+
+    check_seed: int
+    device: torch.device
+    class_names: Sequence[str]
+
+    def generator(self, sample_index: int) -> torch.Generator:
+        """A CPU generator seeded from (suite seed, check id, sample index)."""
+        g = torch.Generator()
+        g.manual_seed((self.check_seed * 1_000_003 + sample_index) % (2**63 - 1))
+        return g
+
+
+class Check:
+    """Base class of all checks; subclasses set ``kind`` and write ``run_batch``/``summarize``."""
+
+    kind: ClassVar[str] = ""
+    #: The metrics a suite threshold may name.
+    metric_names: ClassVar[tuple[str, ...]] = ()
+
+    def get_params(self) -> dict[str, Any]:
+        """The constructor parameters, exactly as given in the suite (scikit-learn style)."""
+        sig = inspect.signature(type(self).__init__)
+        return {name: getattr(self, name) for name in sig.parameters if name != "self"}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], where: str) -> Check:
+        """Build from suite params; unknown parameters are errors naming the valid ones."""
+        sig = inspect.signature(cls.__init__)
+        valid = [n for n in sig.parameters if n != "self"]
+        unknown = sorted(set(params) - set(valid))
+        if unknown:
+            raise SuiteError(
+                f"{where}: unknown parameter(s) {', '.join(unknown)} for check kind {cls.kind!r}",
+                hint=f"valid parameters: {', '.join(valid) or '(none)'}",
+            )
+        try:
+            return cls(**params)
+        except TypeError as exc:
+            raise SuiteError(f"{where}: {exc}", hint="check the parameter types") from None
+
+    def validate(self, info: ModelInfo) -> None:
+        """Refuse, before any query, a model this check cannot run on (raise SuiteError)."""
+
+    def run_batch(
+        self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+        ctx: CheckContext,
+    ) -> list[dict[str, Any]]:
+        """One record per sample of the batch (``index`` are dataset indices)."""
+        raise NotImplementedError
+
+    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+        """Aggregate all records of this check (in dataset order)."""
+        raise NotImplementedError

@@ -1,0 +1,240 @@
+"""The certify command line: parse, call the library, map errors to exit codes.
+
+Exit codes: 0 every check passed; 1 a check failed or errored; 2 usage, suite or data error;
+3 the model could not be loaded or reached; 130 interrupted (records kept, use --resume).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+import certify
+from certify.device import DEVICE_CHOICES
+from certify.errors import CertifyError, UsageError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+err_console = Console(stderr=True)
+log = logging.getLogger("certify")
+
+
+class RichProgress:
+    """The one progress reporter: a rich bar per task, with samples per second."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]{task.description:<14}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+        )
+        self._task: Any = None
+        self._t0 = 0.0
+        self._done = 0
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def start(self, label: str, total: int) -> None:  # noqa: D102
+        self._task = self._progress.add_task(label, total=total, rate="")
+        self._t0 = time.perf_counter()
+        self._done = 0
+
+    def advance(self, n: int) -> None:  # noqa: D102
+        if self._task is None:
+            return
+        self._done += n
+        elapsed = time.perf_counter() - self._t0
+        rate = f"{self._done / elapsed:,.0f} samples/s" if elapsed > 0 else ""
+        self._progress.update(self._task, advance=n, rate=rate)
+
+    def finish(self) -> None:  # noqa: D102
+        self._task = None
+
+
+def _setup_logging(debug: bool, quiet: bool) -> None:
+    level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
+    handler = RichHandler(console=err_console, show_time=False, show_path=False,
+                          markup=False, rich_tracebacks=debug)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+def _fail(exc: CertifyError, debug: bool) -> int:
+    if debug:
+        err_console.print_exception()
+    err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True,
+                      soft_wrap=True)
+    if exc.hint:
+        err_console.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
+    return exc.exit_code
+
+
+class _Group(click.Group):
+    """Maps certify errors to exit codes and one clear line, with no traceback."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
+        kwargs["standalone_mode"] = False
+        debug = "--debug" in sys.argv
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(EXIT_USAGE)
+        except click.exceptions.Abort:
+            err_console.print("aborted")
+            sys.exit(EXIT_INTERRUPTED)
+        except CertifyError as e:
+            sys.exit(_fail(e, debug))
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]: recorded samples are kept; "
+                              "run the same command with --resume to continue")
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as e:  # noqa: BLE001 - last resort: one line, not a traceback
+            if debug:
+                raise
+            err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}",
+                              highlight=False, soft_wrap=True)
+            err_console.print("[dim]hint:[/] rerun with --debug for the traceback and "
+                              "report it", highlight=False)
+            sys.exit(EXIT_FAILED)
+        sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(certify.__version__, prog_name="certify")
+def main() -> None:
+    """certify: robustness model cards for image classifiers.
+
+    \b
+    Examples:
+      certify run model.onnx --suite gtsrb --data GTSRB/Final_Test/Images
+      certify run model.onnx --suite my-suite.yaml --data test.npz --samples 200
+      certify run model.onnx --suite gtsrb --data Test.csv --out run1 --resume
+      certify suites list
+    """
+
+
+def _common_logging(f: Any) -> Any:
+    f = click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")(f)
+    return click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors.")(f)
+
+
+@main.command()
+@click.argument("model")
+@click.option("--suite", "suite_name", required=True, metavar="NAME|PATH",
+              help="A packaged suite name (see `certify suites list`) or a YAML file.")
+@click.option("--data", "data_path", metavar="PATH",
+              help="Evaluation data: GTSRB folder or CSV, image folder, or .npz.")
+@click.option("--out", "out_dir", default="certify-run", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
+@click.option("--samples", type=click.IntRange(min=1),
+              help="Class-stratified, seeded subset of this size.")
+@click.option("--seed", type=click.IntRange(min=0), help="Override the suite seed.")
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out.")
+@click.option("--input-scale", type=click.FloatRange(min=0, min_open=True),
+              help="Model input range: 1 for [0,1], 255 for [0,255] (overrides the suite).")
+@click.option("--mean", type=float, nargs=3, help="Per-channel mean (overrides the suite).")
+@click.option("--std", type=float, nargs=3, help="Per-channel std (overrides the suite).")
+@click.option("--channel-order", type=click.Choice(["RGB", "BGR"]),
+              help="Channel order the model expects (overrides the suite).")
+@click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
+@_common_logging
+def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
+        seed: int | None, device: str, batch_size: int, resume: bool,
+        input_scale: float | None, mean: tuple[float, float, float] | None,
+        std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
+        debug: bool, quiet: bool) -> int:
+    """Certify MODEL (an .onnx file) with a suite and write results.json, card.html, card.pdf.
+
+    \b
+    Example:
+      certify run traffic.onnx --suite gtsrb --data GTSRB/Final_Test/Images --out card1
+    """
+    _setup_logging(debug, quiet)
+    from certify.api import RunOptions, certify_model
+
+    opts = RunOptions(
+        model=model, suite=suite_name, data=data_path, out=out_dir, samples=samples, seed=seed,
+        device=device, batch_size=batch_size, resume=resume, input_scale=input_scale,
+        mean=mean, std=std, channel_order=channel_order, pdf=not no_pdf,
+    )
+    with RichProgress(err_console, enabled=not quiet) as progress:
+        results, paths = certify_model(opts, progress)
+    _print_summary(results, paths)
+    return EXIT_OK if results["verdict"] == "PASS" else EXIT_FAILED
+
+
+def _print_summary(results: dict[str, Any], paths: dict[str, Path]) -> None:
+    out = Console()
+    for c in results["checks"]:
+        headline = ""
+        if c["status"] == "ERROR":
+            headline = c["error"]
+        elif "accuracy" in c["metrics"]:
+            headline = f"accuracy {100 * c['metrics']['accuracy']:.1f}%"
+        out.print(f"{c['status']:<6} {c['id']:<20} {headline}", highlight=False)
+    out.print(f"verdict: {results['verdict']}", highlight=False)
+    for name, p in paths.items():
+        out.print(f"{name}: {p}", highlight=False)
+
+
+@main.group()
+def suites() -> None:
+    """List and show packaged suites."""
+
+
+@suites.command("list")
+def suites_list() -> None:
+    """List the packaged suites."""
+    from certify.suite import load_suite, packaged_suites
+
+    for name in sorted(packaged_suites()):
+        s = load_suite(name)
+        click.echo(f"{name:<12} {len(s.checks)} checks  {s.description.splitlines()[0]}")
+
+
+@suites.command("show")
+@click.argument("name")
+def suites_show(name: str) -> None:
+    """Print a suite's YAML (a packaged name or a path)."""
+    from certify.suite import load_suite, resolve_suite_path
+
+    load_suite(name)  # validate first: never show a suite that would not load
+    click.echo(resolve_suite_path(name).read_text(encoding="utf-8"), nl=False)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+
+__all__ = ["main", "UsageError"]

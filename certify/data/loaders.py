@@ -1,0 +1,354 @@
+"""Dataset loaders. Every bad input raises :class:`DataError` naming the path and the row."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from certify.errors import DataError
+
+INTERPOLATIONS: dict[str, Image.Resampling] = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "area": Image.Resampling.BOX,
+}
+LAYOUTS = ("auto", "gtsrb-official", "gtsrb-csv", "folder", "npz")
+_IMAGE_SUFFIXES = {".png", ".ppm", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+_OFFICIAL_COLUMNS = ["Filename", "Width", "Height", "Roi.X1", "Roi.Y1", "Roi.X2", "Roi.Y2",
+                     "ClassId"]
+_CSV_COLUMNS = ["Width", "Height", "Roi.X1", "Roi.Y1", "Roi.X2", "Roi.Y2", "ClassId", "Path"]
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the data is and how to turn it into model inputs (the suite's ``data`` block)."""
+
+    path: str | None = None
+    layout: str = "auto"
+    roi_crop: bool = True
+    interpolation: str = "bilinear"
+    samples: int | None = None
+
+
+@dataclass
+class Dataset:
+    """Images ``x`` float32 ``[N, C, H, W]`` in ``[0, 1]``, labels ``y`` int64 ``[N]``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    ids: list[str]
+    class_names: list[str]
+    source: str
+    layout: str
+    digest: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def describe(self) -> dict[str, Any]:
+        """Plain-JSON summary for results.json."""
+        counts = torch.bincount(self.y, minlength=len(self.class_names)).tolist()
+        return {
+            "source": self.source,
+            "layout": self.layout,
+            "n": len(self),
+            "digest": self.digest,
+            "image_shape": list(self.x.shape[1:]),
+            "num_classes": len(self.class_names),
+            "per_class_counts": counts,
+            **self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class _Item:
+    path: Path
+    label: int
+    roi: tuple[int, int, int, int] | None
+    where: str  # "file:row" for error messages
+
+
+def stratified_subset(labels: Sequence[int] | np.ndarray, n: int, seed: int) -> np.ndarray:
+    """Sorted indices of a seeded, class-stratified subset of size ``min(n, len(labels))``.
+
+    Classes take turns in a seeded order, each contributing its next seeded-random member, so
+    every class gets ``n // K`` or one more (while it has members left).
+    """
+    labels = np.asarray(labels)
+    if n >= len(labels):
+        return np.arange(len(labels))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5A3]))
+    classes = np.unique(labels)
+    pools = {int(c): list(rng.permutation(np.flatnonzero(labels == c))) for c in classes}
+    order = [int(c) for c in rng.permutation(classes)]
+    chosen: list[int] = []
+    while len(chosen) < n:
+        for c in order:
+            if pools[c] and len(chosen) < n:
+                chosen.append(int(pools[c].pop()))
+    return np.sort(np.asarray(chosen, dtype=np.int64))
+
+
+def _read_rows(path: Path, delimiter: str, columns: list[str]) -> list[tuple[int, dict[str, str]]]:
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f, delimiter=delimiter)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path} is empty", hint="expected a header row")
+            header = [h.strip() for h in header]
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise DataError(
+                    f"{path}: header lacks column(s) {', '.join(missing)}",
+                    hint=f"expected {delimiter.join(columns)}",
+                )
+            rows = []
+            for lineno, row in enumerate(reader, start=2):
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) != len(header):
+                    raise DataError(
+                        f"{path}:{lineno}: malformed row ({len(row)} fields, expected "
+                        f"{len(header)})",
+                        hint=f"each row needs the columns {delimiter.join(header)}",
+                    )
+                rows.append((lineno, dict(zip(header, (c.strip() for c in row), strict=True))))
+            return rows
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not a UTF-8 text CSV", hint="check the file") from exc
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror}", hint="check the path") from exc
+
+
+def _int(value: str, path: Path, lineno: int, column: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise DataError(
+            f"{path}:{lineno}: column {column} is {value!r}, not an integer",
+            hint="fix or remove the row",
+        ) from None
+
+
+def _gtsrb_items(csv_path: Path, official: bool) -> list[_Item]:
+    delimiter, columns = (";", _OFFICIAL_COLUMNS) if official else (",", _CSV_COLUMNS)
+    items = []
+    for lineno, row in _read_rows(csv_path, delimiter, columns):
+        label = _int(row["ClassId"], csv_path, lineno, "ClassId")
+        x1, y1, x2, y2 = (
+            _int(row[c], csv_path, lineno, c) for c in ("Roi.X1", "Roi.Y1", "Roi.X2", "Roi.Y2")
+        )
+        roi = (x1, y1, x2, y2)
+        rel = row["Filename"] if official else row["Path"]
+        if not rel:
+            raise DataError(f"{csv_path}:{lineno}: empty image path", hint="fix or remove the row")
+        items.append(_Item(csv_path.parent / rel, label, roi, f"{csv_path}:{lineno}"))
+    return items
+
+
+def _folder_items(root: Path) -> list[_Item]:
+    items = []
+    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
+    for d in subdirs:
+        try:
+            label = int(d.name)
+        except ValueError:
+            raise DataError(
+                f"{d} is not named by a class id",
+                hint="an image folder holds one subfolder per integer class id (0, 1, … or 00000)",
+            ) from None
+        for f in sorted(d.iterdir()):
+            if f.suffix.lower() in _IMAGE_SUFFIXES:
+                items.append(_Item(f, label, None, str(f)))
+    return items
+
+
+def _detect_layout(path: Path) -> tuple[str, Path]:
+    if path.is_file():
+        if path.suffix == ".npz":
+            return "npz", path
+        if path.suffix.lower() == ".csv":
+            with path.open(encoding="utf-8-sig", errors="replace") as f:
+                header = f.readline()
+            return ("gtsrb-official" if ";" in header else "gtsrb-csv"), path
+        raise DataError(f"cannot tell the data layout of {path}", hint="pass a folder, CSV or .npz")
+    if (path / "GT-final_test.csv").is_file():
+        return "gtsrb-official", path / "GT-final_test.csv"
+    if (path / "Test.csv").is_file():
+        return "gtsrb-csv", path / "Test.csv"
+    csvs = sorted(path.glob("GT-*.csv"))
+    if len(csvs) == 1:
+        return "gtsrb-official", csvs[0]
+    if any(p.is_dir() for p in path.iterdir()):
+        return "folder", path
+    raise DataError(
+        f"cannot tell the data layout of {path}",
+        hint="expected GT-final_test.csv, Test.csv, one subfolder per class id, or an .npz file",
+    )
+
+
+def _load_image(item: _Item, roi_crop: bool, size: tuple[int, int], resample: Any) -> np.ndarray:
+    try:
+        with Image.open(item.path) as im:
+            im = im.convert("RGB")
+            if roi_crop and item.roi is not None:
+                x1, y1, x2, y2 = item.roi
+                w, h = im.size
+                box = (max(0, x1), max(0, y1), min(w, x2 + 1), min(h, y2 + 1))
+                if box[2] > box[0] and box[3] > box[1]:
+                    im = im.crop(box)
+            if im.size != (size[1], size[0]):
+                im = im.resize((size[1], size[0]), resample)
+            return np.asarray(im, dtype=np.uint8)
+    except FileNotFoundError:
+        raise DataError(f"{item.where}: image not found: {item.path}",
+                        hint="check the path") from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise DataError(
+            f"{item.where}: unreadable image {item.path} ({type(exc).__name__})",
+            hint="replace or remove the file",
+        ) from None
+
+
+def _load_npz(path: Path, size: tuple[int, int], resample: Any) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "x" not in z or "y" not in z:
+                raise DataError(f"{path} lacks array 'x' or 'y'", hint="save with np.savez(x=, y=)")
+            x, y = z["x"], z["y"]
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is not a readable .npz ({exc})", hint="check the file") from None
+    if x.ndim != 4 or len(x) != len(y) or y.ndim != 1:
+        raise DataError(
+            f"{path}: x has shape {list(x.shape)} and y {list(y.shape)}",
+            hint="x must be [N, H, W, C] or [N, C, H, W] and y [N] with the same N",
+        )
+    if x.shape[1] in (1, 3) and x.shape[3] not in (1, 3):
+        x = x.transpose(0, 2, 3, 1)
+    if np.issubdtype(x.dtype, np.floating):
+        if x.size and (x.min() < 0 or x.max() > 1):
+            raise DataError(f"{path}: float images must lie in [0, 1]", hint="or save uint8")
+        x = np.rint(x * 255).astype(np.uint8)
+    elif x.dtype != np.uint8:
+        raise DataError(f"{path}: x has dtype {x.dtype}", hint="use uint8 or float in [0, 1]")
+    if x.shape[3] == 1:
+        x = np.repeat(x, 3, axis=3)
+    if x.shape[1:3] != size:
+        x = np.stack([np.asarray(Image.fromarray(im).resize((size[1], size[0]), resample))
+                      for im in x])
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{path}: y has dtype {y.dtype}", hint="labels must be integers")
+    return x, y.astype(np.int64)
+
+
+def load_dataset(
+    spec: DataSpec,
+    input_size: tuple[int, int],
+    class_names: Sequence[str],
+    seed: int = 0,
+    progress: Any = None,
+) -> Dataset:
+    """Load, check, subsample and resize a dataset to ``input_size`` (H, W)."""
+    if spec.path is None:
+        raise DataError("no data given", hint="pass --data PATH or set data.path in the suite")
+    path = Path(spec.path)
+    if not path.exists():
+        raise DataError(f"data path not found: {path}", hint="check --data")
+    if spec.layout not in LAYOUTS:
+        raise DataError(f"unknown data layout {spec.layout!r}", hint=f"use one of {LAYOUTS}")
+    if spec.interpolation not in INTERPOLATIONS:
+        raise DataError(
+            f"unknown interpolation {spec.interpolation!r}",
+            hint=f"use one of {', '.join(INTERPOLATIONS)}",
+        )
+    resample = INTERPOLATIONS[spec.interpolation]
+    layout, target = _detect_layout(path) if spec.layout == "auto" else (spec.layout, path)
+    if layout in ("gtsrb-official", "gtsrb-csv") and target.is_dir():
+        target = target / ("GT-final_test.csv" if layout == "gtsrb-official" else "Test.csv")
+    k = len(class_names)
+
+    if layout == "npz":
+        x_all, y_all = _load_npz(target, input_size, resample)
+        ids_all = [f"{target.name}[{i}]" for i in range(len(y_all))]
+        bad = np.flatnonzero((y_all < 0) | (y_all >= k))
+        if len(bad):
+            raise DataError(
+                f"{target}: label {int(y_all[bad[0]])} at index {int(bad[0])} "
+                f"is outside 0..{k - 1}",
+                hint="the suite names the classes; labels must index them",
+            )
+        idx = _subset(y_all, spec.samples, seed)
+        x, y, ids = x_all[idx], y_all[idx], [ids_all[i] for i in idx]
+    else:
+        items = _gtsrb_items(target, layout == "gtsrb-official") if layout != "folder" \
+            else _folder_items(target)
+        for it in items:
+            if not 0 <= it.label < k:
+                raise DataError(
+                    f"{it.where}: label {it.label} is outside 0..{k - 1}",
+                    hint="the suite names the classes; labels must index them",
+                )
+        idx = _subset(np.array([it.label for it in items], dtype=np.int64), spec.samples, seed)
+        chosen = [items[i] for i in idx]
+        if progress is not None:
+            progress.start("load data", len(chosen))
+        arrays = []
+        for it in chosen:
+            arrays.append(_load_image(it, spec.roi_crop, input_size, resample))
+            if progress is not None:
+                progress.advance(1)
+        if progress is not None:
+            progress.finish()
+        x = np.stack(arrays) if arrays else np.zeros((0, *input_size, 3), np.uint8)
+        y = np.array([it.label for it in chosen], dtype=np.int64)
+        root = target.parent if layout != "folder" else target
+        ids = [str(it.path.relative_to(root)) if it.path.is_relative_to(root) else str(it.path)
+               for it in chosen]
+    if len(y) == 0:
+        raise DataError(f"no samples found in {path}", hint="check the data path and layout")
+    return from_arrays(x, y, ids, class_names, str(path), layout)
+
+
+def _subset(labels: np.ndarray, samples: int | None, seed: int) -> np.ndarray:
+    if samples is None:
+        return np.arange(len(labels))
+    if samples <= 0:
+        raise DataError(f"--samples must be positive, got {samples}", hint="e.g. --samples 430")
+    return stratified_subset(labels, samples, seed)
+
+
+def from_arrays(
+    x: np.ndarray,
+    y: np.ndarray,
+    ids: Sequence[str],
+    class_names: Sequence[str],
+    source: str,
+    layout: str,
+) -> Dataset:
+    """Build a :class:`Dataset` from uint8 ``[N, H, W, 3]`` images; computes the digest."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(x, dtype=np.uint8).tobytes())
+    h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
+    h.update("\n".join(ids).encode())
+    tx = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).float().div_(255.0)
+    return Dataset(
+        x=tx,
+        y=torch.from_numpy(np.asarray(y, dtype=np.int64)),
+        ids=list(ids),
+        class_names=list(class_names),
+        source=source,
+        layout=layout,
+        digest=f"sha256:{h.hexdigest()}",
+    )

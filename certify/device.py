@@ -1,0 +1,84 @@
+"""Device choice, in one place.
+
+certify computes on CUDA when a usable GPU is present and on the CPU otherwise. The torch device
+(for perturbations and attacks) and the onnxruntime providers (for ONNX models) are both decided
+here, and the decision is logged once.
+
+onnxruntime-gpu lists the CUDA provider even on machines without CUDA and prints a loud error when
+asked for it there, so CUDA is only requested when the NVIDIA driver answers with a device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from certify.errors import UsageError
+
+log = logging.getLogger("certify")
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_driver_devices() -> int:
+    """Number of CUDA devices the NVIDIA driver reports; 0 when there is no driver."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    if lib.cuInit(0) != 0:
+        return 0
+    count = ctypes.c_int(0)
+    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return int(count.value)
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """Where a run computes: the torch device and the onnxruntime providers to ask for."""
+
+    requested: str
+    torch_device: torch.device
+    ort_providers: tuple[str, ...]
+    reason: str
+
+    @property
+    def name(self) -> str:
+        """``cuda`` or ``cpu``."""
+        return self.torch_device.type
+
+
+def choose_device(requested: str = "auto") -> DeviceChoice:
+    """Decide the run's device from ``auto``, ``cpu`` or ``cuda`` and log the decision once."""
+    if requested not in DEVICE_CHOICES:
+        raise UsageError(
+            f"unknown device {requested!r}", hint=f"use one of {', '.join(DEVICE_CHOICES)}"
+        )
+    gpus = cuda_driver_devices()
+    if requested == "cpu":
+        choice = DeviceChoice(requested, torch.device("cpu"), ("CPUExecutionProvider",), "asked")
+    elif gpus == 0:
+        if requested == "cuda":
+            raise UsageError(
+                "--device cuda was asked for but no CUDA device is visible",
+                hint="check nvidia-smi, or use --device auto to fall back to the CPU",
+            )
+        choice = DeviceChoice(
+            requested, torch.device("cpu"), ("CPUExecutionProvider",), "no CUDA device found"
+        )
+    else:
+        tdev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        choice = DeviceChoice(
+            requested,
+            tdev,
+            ("CUDAExecutionProvider", "CPUExecutionProvider"),
+            f"{gpus} CUDA device(s) found",
+        )
+    log.info("device: %s (%s)", choice.name, choice.reason)
+    return choice

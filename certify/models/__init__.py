@@ -1,0 +1,39 @@
+"""Model adapters behind one interface (see :mod:`certify.models.base`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from certify.device import DeviceChoice
+from certify.errors import ModelError
+from certify.models.base import FeatureModel, Model, ModelInfo, Preprocessing, QueryCounter
+
+__all__ = [
+    "FeatureModel",
+    "Model",
+    "ModelInfo",
+    "Preprocessing",
+    "QueryCounter",
+    "load_model",
+]
+
+
+def load_model(
+    spec: str,
+    device: DeviceChoice,
+    preprocessing: Preprocessing | None = None,
+    input_size: tuple[int, int] | None = None,
+    num_classes: int | None = None,
+) -> Model:
+    """Load a model from a path (``.onnx``); raise :class:`ModelError` when it cannot be used."""
+    if spec.startswith(("http://", "https://")):
+        raise ModelError(
+            f"HTTP endpoints are not supported yet: {spec}",
+            hint="certify currently certifies ONNX files; pass a path to a .onnx model",
+        )
+    path = Path(spec)
+    if path.is_dir():
+        raise ModelError(f"{spec} is a directory, not a model file", hint="pass a .onnx file")
+    from certify.models.onnx import OnnxModel
+
+    return OnnxModel(path, device, preprocessing, input_size=input_size, num_classes=num_classes)

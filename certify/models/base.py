@@ -1,0 +1,115 @@
+"""The model interface: one verb, ``predict``, and one counting wrapper.
+
+Inside certify an image batch is a float32 ``torch.Tensor`` of shape ``[N, C, H, W]`` with values
+in ``[0, 1]``. Each adapter converts to its model's own input convention at its edge and returns
+the model's scores as a ``[N, K]`` tensor (``ModelInfo.output`` says whether they are logits,
+probabilities or one-hot labels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+from certify.errors import BudgetExceeded
+
+OutputKind = Literal["logits", "probs", "labels"]
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How a model wants its pixels: value range, per-channel mean/std and channel order.
+
+    A model input is ``((x * input_scale) - mean) / std`` with ``x`` in ``[0, 1]`` in RGB order,
+    then reordered to BGR when ``channel_order`` says so.
+    """
+
+    input_scale: float = 1.0
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    channel_order: Literal["RGB", "BGR"] = "RGB"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, as it appears in results.json."""
+        d = asdict(self)
+        d["mean"] = list(self.mean)
+        d["std"] = list(self.std)
+        return d
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What certify knows about a model once it is loaded.
+
+    ``input_shape`` is ``(C, H, W)`` in certify's convention whatever the model's layout is.
+    """
+
+    name: str
+    identity: str
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    output: OutputKind
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    batch: str = "dynamic"
+    provider: str = "CPUExecutionProvider"
+    preprocessing: Preprocessing = field(default_factory=Preprocessing)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form, as it appears in results.json."""
+        d = asdict(self)
+        d["input_shape"] = list(self.input_shape)
+        d["preprocessing"] = self.preprocessing.to_dict()
+        return d
+
+
+@runtime_checkable
+class Model(Protocol):
+    """An image classifier: ``predict(x[N, C, H, W] in [0, 1]) -> scores[N, K]``."""
+
+    info: ModelInfo
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores for a batch, on the same device as ``x``."""
+        ...
+
+
+@runtime_checkable
+class FeatureModel(Model, Protocol):
+    """A model that can also return its penultimate features ``[N, D]``."""
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features for a batch."""
+        ...
+
+
+class QueryCounter:
+    """Counts every image sent to the model and enforces an optional budget.
+
+    Every model query in certify goes through one of these, so the number on the card is the
+    number of images the model actually saw. ``budget=None`` means unlimited.
+    """
+
+    def __init__(self, model: Model, budget: int | None = None) -> None:
+        self.model = model
+        self.info = model.info
+        self.budget = budget
+        self.queries = 0
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Forward ``x`` to the model, counting ``len(x)`` queries."""
+        n = int(x.shape[0])
+        if self.budget is not None and self.queries + n > self.budget:
+            raise BudgetExceeded(
+                f"query budget of {self.budget} would be exceeded "
+                f"({self.queries} used, {n} more asked)",
+                hint="raise the budget in the suite or lower the number of samples",
+            )
+        self.queries += n
+        return self.model.predict(x)
+
+    def remaining(self) -> int | None:
+        """Queries left, or ``None`` when unlimited."""
+        return None if self.budget is None else self.budget - self.queries

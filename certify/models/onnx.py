@@ -1,0 +1,336 @@
+"""ONNX classifiers on onnxruntime.
+
+The adapter owns the model's input convention: layout (NCHW or NHWC, read off the input shape),
+value scale, mean/std, channel order, input dtype and a batch dimension fixed in the graph. A
+batch dimension fixed to 1 is made symbolic when the graph allows it (checked by comparing a
+batched run against one-image runs); otherwise batches are chunked to the fixed size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from certify.device import DeviceChoice
+from certify.errors import ModelError
+from certify.models.base import ModelInfo, OutputKind, Preprocessing
+
+log = logging.getLogger("certify")
+
+_ORT_DTYPES: dict[str, Any] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(uint8)": np.uint8,
+}
+_BATCH_PARAM = "certify_batch"
+_SILENCED = False
+
+
+def _silence_ort() -> None:
+    """Keep onnxruntime's own logging to errors that matter (warnings go to our log line)."""
+    global _SILENCED
+    if not _SILENCED:
+        ort.set_default_logger_severity(3)
+        _SILENCED = True
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
+    dims: list[int | str] = []
+    for d in value_info.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or "?")
+    return dims
+
+
+def _image_layout(name: str, dims: list[int | str]) -> tuple[str, int, int | str, int | str]:
+    """Return (layout, channels, height, width) or raise: the input must be an image."""
+    if len(dims) == 4:
+        if dims[1] in (1, 3):
+            return "NCHW", int(dims[1]), dims[2], dims[3]
+        if dims[3] in (1, 3):
+            return "NHWC", int(dims[3]), dims[1], dims[2]
+    raise ModelError(
+        f"model input {name!r} has shape {dims}, which is not an image batch",
+        hint="certify needs one input shaped [N, C, H, W] or [N, H, W, C] with C = 1 or 3",
+    )
+
+
+def _make_batch_symbolic(model: onnx.ModelProto) -> bytes:
+    """Rewrite a graph whose batch dimension is fixed to 1 so that it takes any batch size."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    initializers = {i.name for i in m.graph.initializer}
+    for vi in list(m.graph.input) + list(m.graph.output):
+        if vi.name in initializers:
+            continue
+        shape = vi.type.tensor_type.shape
+        if len(shape.dim) and shape.dim[0].HasField("dim_value") and shape.dim[0].dim_value == 1:
+            shape.dim[0].Clear()
+            shape.dim[0].dim_param = _BATCH_PARAM
+    # Intermediate shapes recorded at export time still say 1; let onnxruntime infer them again.
+    del m.graph.value_info[:]
+    # A Reshape to a constant shape that starts with the batch of 1 keeps the batch fixed; -1 in
+    # the first place is only safe when no other dimension is -1 (checked by the caller's test).
+    for init in m.graph.initializer:
+        consumers = [
+            n for n in m.graph.node if n.op_type == "Reshape" and len(n.input) > 1
+            and n.input[1] == init.name
+        ]
+        if not consumers:
+            continue
+        arr = onnx.numpy_helper.to_array(init)
+        if arr.ndim == 1 and arr.size >= 2 and arr[0] == 1 and -1 not in arr[1:]:
+            new = arr.copy()
+            new[0] = -1
+            init.CopyFrom(onnx.numpy_helper.from_array(new, init.name))
+    return m.SerializeToString()
+
+
+class OnnxModel:
+    """An ONNX image classifier run by onnxruntime.
+
+    ``predict(x)`` takes ``[N, C, H, W]`` float32 in ``[0, 1]`` (RGB) and returns ``[N, K]``
+    float32 scores on ``x``'s device. Every call is one forward pass per chunk of the model's
+    batch size.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        device: DeviceChoice,
+        preprocessing: Preprocessing | None = None,
+        input_size: tuple[int, int] | None = None,
+        num_classes: int | None = None,
+        threads: int = 0,
+    ) -> None:
+        _silence_ort()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"model file not found: {self.path}", hint="check the MODEL path")
+        self.preprocessing = preprocessing or Preprocessing()
+        identity = sha256_file(self.path)
+        try:
+            proto = onnx.load(str(self.path))
+        except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt file
+            raise ModelError(
+                f"{self.path} is not a readable ONNX model ({type(exc).__name__})",
+                hint="re-export the model, and check the file was not truncated",
+            ) from exc
+        initializers = {i.name for i in proto.graph.initializer}
+        inputs = [i for i in proto.graph.input if i.name not in initializers]
+        if len(inputs) != 1:
+            raise ModelError(
+                f"model has {len(inputs)} inputs ({', '.join(i.name for i in inputs)})",
+                hint="certify needs an image classifier with exactly one image input",
+            )
+        if not proto.graph.output:
+            raise ModelError("model has no outputs", hint="re-export the model")
+        inp = inputs[0]
+        dims = _dims(inp)
+        layout, channels, height, width = _image_layout(inp.name, dims)
+        if not isinstance(height, int) or not isinstance(width, int):
+            if input_size is None:
+                raise ModelError(
+                    f"model input {inp.name!r} has a symbolic image size {dims}",
+                    hint="set preprocessing.input_size: [H, W] in the suite",
+                )
+            height, width = input_size
+        self.layout = layout
+        self.input_name = inp.name
+        self.output_name = proto.graph.output[0].name
+        elem = onnx.helper.tensor_dtype_to_string(inp.type.tensor_type.elem_type)
+        self._np_dtype = {
+            "TensorProto.FLOAT": np.float32,
+            "TensorProto.FLOAT16": np.float16,
+            "TensorProto.DOUBLE": np.float64,
+            "TensorProto.UINT8": np.uint8,
+        }.get(elem)
+        if self._np_dtype is None:
+            raise ModelError(
+                f"model input {inp.name!r} has element type {elem}",
+                hint="certify feeds float32, float16, float64 or uint8 images",
+            )
+        self._sess_options = ort.SessionOptions()
+        self._sess_options.log_severity_level = 3
+        if threads:
+            self._sess_options.intra_op_num_threads = threads
+        self._providers = list(device.ort_providers)
+
+        fixed_batch = dims[0] if isinstance(dims[0], int) else None
+        self.fixed_batch: int | None = fixed_batch
+        self.batch_mode = "dynamic"
+        self.session = self._session(str(self.path))
+        self.input_shape = (channels, int(height), int(width))
+        if fixed_batch == 1:
+            self._try_symbolic_batch(proto)
+        elif fixed_batch is not None:
+            self.batch_mode = f"fixed {fixed_batch} (chunked)"
+
+        provider = self.session.get_providers()[0]
+        if "CUDAExecutionProvider" in self._providers and provider != "CUDAExecutionProvider":
+            log.info("onnxruntime: CUDA provider could not load; running on the CPU")
+        probe = self._probe_outputs()
+        output = self._output_kind(probe)
+        k = probe.shape[1] if probe.ndim == 2 else (num_classes or 0)
+        if output == "labels" and not k:
+            raise ModelError(
+                "model returns labels but the number of classes is unknown",
+                hint="name the classes in the suite",
+            )
+        self.num_classes = int(k)
+        self.output_kind: OutputKind = output
+        meta = {p.key: p.value for p in proto.metadata_props}
+        if proto.producer_name:
+            meta["producer"] = f"{proto.producer_name} {proto.producer_version}".strip()
+        self.info = ModelInfo(
+            name=self.path.name,
+            identity=f"sha256:{identity}",
+            input_shape=self.input_shape,
+            num_classes=self.num_classes,
+            output=output,
+            layout=layout,  # type: ignore[arg-type]
+            batch=self.batch_mode,
+            provider=provider,
+            preprocessing=self.preprocessing,
+            metadata=meta,
+        )
+
+    # -- construction helpers -------------------------------------------------------------
+    def _session(self, model: str | bytes) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(
+                model, sess_options=self._sess_options, providers=self._providers
+            )
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises several unrelated types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(
+                f"onnxruntime cannot load {self.path}: {first[:300]}",
+                hint="check that the model is a valid ONNX graph for this onnxruntime version",
+            ) from exc
+
+    def _try_symbolic_batch(self, proto: onnx.ModelProto) -> None:
+        """Make a batch of 1 symbolic if the rewritten graph agrees with one-image runs."""
+        fixed_session = self.session
+        try:
+            session = ort.InferenceSession(
+                _make_batch_symbolic(proto),
+                sess_options=self._sess_options,
+                providers=self._providers,
+            )
+            rng = np.random.default_rng(0)
+            x = self._to_model_input(torch.from_numpy(
+                rng.random((3, *self.input_shape), dtype=np.float32)
+            ))
+            batched = session.run([self.output_name], {self.input_name: x})[0]
+            single = np.concatenate([
+                fixed_session.run([self.output_name], {self.input_name: x[i : i + 1]})[0]
+                for i in range(len(x))
+            ])
+            ok = batched.shape == single.shape and np.allclose(
+                batched, single, rtol=1e-4, atol=1e-5
+            )
+        except Exception:  # noqa: BLE001 - any failure means the graph does not allow it
+            ok = False
+        if ok:
+            self.session = session
+            self.fixed_batch = None
+            self.batch_mode = "symbolic (rewritten from fixed 1)"
+        else:
+            self.batch_mode = "fixed 1 (chunked)"
+        log.info("model batch dimension: %s", self.batch_mode)
+
+    def _probe_outputs(self) -> np.ndarray:
+        rng = np.random.default_rng(1234)
+        x = torch.from_numpy(rng.random((4, *self.input_shape), dtype=np.float32))
+        try:
+            out = self._run(self._to_model_input(x))
+        except Exception as exc:  # noqa: BLE001
+            raise ModelError(
+                f"a test forward pass of {self.path.name} failed: {str(exc).splitlines()[0][:300]}",
+                hint="check the model's input size and type",
+            ) from exc
+        if out.ndim == 2 and out.shape[0] == 4:
+            return out
+        if out.ndim == 1 and out.shape[0] == 4:
+            return out
+        raise ModelError(
+            f"model output {self.output_name!r} has shape {list(out.shape)} for 4 images",
+            hint="certify needs class scores [N, K] or labels [N]",
+        )
+
+    @staticmethod
+    def _output_kind(out: np.ndarray) -> OutputKind:
+        if out.ndim == 1:
+            return "labels"
+        if np.all(out >= -1e-6) and np.all(out <= 1 + 1e-6) and np.allclose(
+            out.sum(axis=1), 1.0, atol=1e-3
+        ):
+            return "probs"
+        return "logits"
+
+    # -- the one verb ---------------------------------------------------------------------
+    def _to_model_input(self, x: torch.Tensor) -> np.ndarray:
+        p = self.preprocessing
+        x = x.detach()
+        c = self.input_shape[0]
+        if c == 1 and x.shape[1] == 3:
+            w = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype, device=x.device)
+            x = (x * w.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
+        if p.input_scale != 1.0:
+            x = x * p.input_scale
+        if any(m != 0.0 for m in p.mean) or any(s != 1.0 for s in p.std):
+            mean = torch.tensor(p.mean[:c], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+            std = torch.tensor(p.std[:c], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+            x = (x - mean) / std
+        if p.channel_order == "BGR" and c == 3:
+            x = x.flip(1)
+        if self.layout == "NHWC":
+            x = x.permute(0, 2, 3, 1)
+        arr = x.contiguous().cpu().numpy()
+        if self._np_dtype is np.uint8:
+            return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+        return arr.astype(self._np_dtype, copy=False)
+
+    def _run(self, arr: np.ndarray) -> np.ndarray:
+        fb = self.fixed_batch
+        if fb is None:
+            return self.session.run([self.output_name], {self.input_name: arr})[0]
+        outs = []
+        n = len(arr)
+        for start in range(0, n, fb):
+            chunk = arr[start : start + fb]
+            short = fb - len(chunk)
+            if short:
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], short, axis=0)])
+            outs.append(self.session.run([self.output_name], {self.input_name: chunk})[0])
+        return np.concatenate(outs)[:n]
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
+        out = self._run(self._to_model_input(x))
+        if out.ndim == 1:
+            scores = torch.nn.functional.one_hot(
+                torch.from_numpy(out.astype(np.int64)), self.num_classes
+            ).float()
+        else:
+            scores = torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+        return scores.to(x.device)

@@ -1,0 +1,117 @@
+"""The robustness model card: jinja2 HTML (autoescaped, StrictUndefined) and WeasyPrint PDF."""
+
+from __future__ import annotations
+
+import importlib.resources
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from certify.report.payload import normalize, script_safe_json
+
+log = logging.getLogger("certify")
+
+#: Check families the card knows about, with the issue that brings them; shown under
+#: "Limitations" when a suite does not run them.
+FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "clean": ("Clean accuracy", ("clean_accuracy",)),
+    "corruption": ("Corruption properties (noise, geometric, colour, stickers)", ()),
+    "attack": ("Query-based attacks validated by the binarization test", ()),
+    "brittleness": ("Black-box brittle score (LIME)", ()),
+    "confidence": ("Coverage, confident mistakes and suspect-model checks", ()),
+}
+
+
+def _environment() -> jinja2.Environment:
+    root = importlib.resources.files("certify._templates")
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: (root / name).read_text(encoding="utf-8")),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * float(v):.1f}%"
+    env.filters["num"] = lambda v, d=3: "–" if v is None else f"{float(v):.{d}f}"
+    return env
+
+
+def per_class_svg(per_class: list[dict[str, Any]]) -> str:
+    """A bar chart of per-class accuracy as inline SVG (deterministic ids, no timestamp)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context({"svg.hashsalt": "certify", "svg.fonttype": "none",
+                                "font.size": 7}):
+        fig, ax = plt.subplots(figsize=(7.2, 2.0))
+        classes = [r["class"] for r in per_class]
+        acc = [r["accuracy"] for r in per_class]
+        colors = ["#2e7d32" if a >= 0.9 else "#f9a825" if a >= 0.7 else "#c62828" for a in acc]
+        ax.bar([str(c) for c in classes], acc, color=colors, width=0.8)
+        ax.set_ylim(0, 1.02)
+        ax.set_ylabel("accuracy")
+        ax.set_xlabel("class id")
+        ax.tick_params(axis="x", labelsize=5)
+        ax.spines[["top", "right"]].set_visible(False)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+        plt.close(fig)
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def card_context(results: dict[str, Any], signature: str | None = None) -> dict[str, Any]:
+    """Everything the template shows, computed from the results document alone."""
+    results = normalize(results)
+    kinds = {c["kind"] for c in results["checks"]}
+    not_tested = [
+        {"family": label, "why": "not in this suite" if known else "not yet supported by "
+         f"certify {results['certify_version']}"}
+        for _, (label, known) in FAMILIES.items()
+        if not kinds.intersection(known)
+    ]
+    figures: dict[str, str] = {}
+    for c in results["checks"]:
+        if c["kind"] == "clean_accuracy" and c["status"] != "ERROR":
+            figures[c["id"]] = per_class_svg(c["details"]["per_class"])
+    return {
+        "r": results,
+        "not_tested": not_tested,
+        "figures": figures,
+        "payload": script_safe_json(results),
+        "signature": signature,
+    }
+
+
+def render_html(results: dict[str, Any], signature: str | None = None) -> str:
+    """The self-contained card HTML."""
+    env = _environment()
+    css = (importlib.resources.files("certify._templates") / "card.css").read_text("utf-8")
+    ctx = card_context(results, signature)
+    return env.get_template("card.html.j2").render(css=css, **ctx)
+
+
+def render_pdf(html: str, path: Path, payload: bytes) -> None:
+    """Render the card HTML to PDF with WeasyPrint, attaching the results payload."""
+    import weasyprint
+
+    # WeasyPrint logs font-subsetting chatter at INFO/WARNING; keep it out of the user's way.
+    logging.getLogger("weasyprint").setLevel(logging.ERROR)
+    logging.getLogger("fontTools").setLevel(logging.ERROR)
+    doc = weasyprint.HTML(string=html, base_url=str(path.parent))
+    attachment = weasyprint.Attachment(
+        string=payload.decode("utf-8"), name="results.json",
+        description="certify results (canonical JSON)",
+    )
+    pdf = doc.write_pdf(attachments=[attachment])
+    if pdf is None:
+        raise RuntimeError("WeasyPrint produced no PDF")
+    from certify.rundir import atomic_write
+
+    atomic_write(path, pdf)

@@ -1,0 +1,112 @@
+"""The run directory: fingerprint, streamed per-sample records, atomic output files.
+
+``records.jsonl`` is appended one batch at a time and fsync'd, so a run killed at any moment
+loses at most the batch in flight; a torn last line (SIGKILL mid-write) is dropped on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from certify.errors import UsageError
+
+RUN_FILE = "run.json"
+RECORDS_FILE = "records.jsonl"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and rename: never a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """A run's output folder; ``records`` maps check id to {sample index: record}."""
+
+    def __init__(self, path: Path, fingerprint: dict[str, Any], resume: bool) -> None:
+        self.path = path
+        self.records: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create output folder {path}: {exc.strerror}",
+                             hint="choose another --out") from None
+        run_file = path / RUN_FILE
+        rec_file = path / RECORDS_FILE
+        if run_file.exists() or rec_file.exists():
+            if not resume:
+                raise UsageError(
+                    f"{path} already holds a run",
+                    hint="pass --resume to continue it, or choose another --out",
+                )
+            self._check_fingerprint(run_file, fingerprint)
+            self._load_records(rec_file)
+        atomic_write(run_file, json.dumps({"fingerprint": fingerprint}, indent=2,
+                                          sort_keys=True).encode())
+        self._out = rec_file.open("a", encoding="utf-8")
+
+    @property
+    def resumed_records(self) -> int:
+        """How many records were found on disk when the run directory was opened."""
+        return sum(len(v) for v in self.records.values())
+
+    def _check_fingerprint(self, run_file: Path, fingerprint: dict[str, Any]) -> None:
+        try:
+            old = json.loads(run_file.read_text(encoding="utf-8"))["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UsageError(f"{run_file} is unreadable, so the run cannot be resumed",
+                             hint="start again with another --out") from None
+        diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+        if diff:
+            raise UsageError(
+                f"cannot resume {self.path}: {', '.join(diff)} differ from the interrupted run",
+                hint="resume with the same model, suite, data, samples and seed, "
+                "or use another --out",
+            )
+
+    def _load_records(self, rec_file: Path) -> None:
+        if not rec_file.exists():
+            return
+        raw = rec_file.read_bytes()
+        lines = raw.split(b"\n")
+        good = 0  # bytes of complete, parseable lines
+        for lineno, line in enumerate(lines, start=1):
+            last = lineno == len(lines)
+            if not line.strip():
+                good += len(line) + (0 if last else 1)
+                continue
+            try:
+                rec = json.loads(line)
+                if last:
+                    raise ValueError("no newline: torn write")
+            except ValueError:
+                if lineno >= len(lines) - 1:  # the torn tail of a killed run: drop it
+                    break
+                raise UsageError(f"{rec_file}:{lineno} is corrupt", hint="use another --out") \
+                    from None
+            self.records[rec["check"]].setdefault(int(rec["i"]), rec)
+            good += len(line) + 1
+        if good < len(raw):
+            with rec_file.open("r+b") as f:
+                f.truncate(good)
+
+    def append(self, check_id: str, rows: list[dict[str, Any]]) -> None:
+        """Append one batch of records and make it durable."""
+        buf = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows)
+        self._out.write(buf)
+        self._out.flush()
+        os.fsync(self._out.fileno())
+        for r in rows:
+            self.records[check_id][int(r["i"])] = r
+
+    def close(self) -> None:
+        """Close the records file."""
+        self._out.close()

@@ -1,0 +1,195 @@
+"""run_suite(): seeding, budgets, timing, verdicts, per-sample records and resume.
+
+Checks only measure. The runner derives every seed from (suite seed, check id, sample index),
+feeds each check the samples it has not recorded yet in batches, streams the records to the run
+directory, turns an exception inside a check into an ERROR result (so a card is still produced)
+and applies the suite's thresholds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import time
+import traceback
+from typing import Any
+
+import torch
+
+import certify
+from certify.checks import CheckContext
+from certify.data import Dataset
+from certify.device import DeviceChoice
+from certify.errors import CertifyError, ModelError
+from certify.models.base import Model, QueryCounter
+from certify.progress import NullProgress, Progress
+from certify.rundir import RunDir
+from certify.suite import CheckSpec, Suite
+
+log = logging.getLogger("certify")
+
+SCHEMA = "certify.results/1"
+
+
+def check_seed(suite_seed: int, check_id: str) -> int:
+    """The seed of one check, derived from the suite seed and the check id."""
+    digest = hashlib.sha256(f"{suite_seed}:{check_id}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+def _versions() -> dict[str, str]:
+    import numpy
+    import onnxruntime
+
+    return {
+        "certify": certify.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "platform": platform.platform(terse=True),
+    }
+
+
+def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int) -> dict[str, Any]:
+    """What must match for ``--resume`` to continue a run."""
+    return {
+        "model": model.info.identity,
+        "suite": suite.digest,
+        "data": data.digest,
+        "seed": seed,
+        "preprocessing": model.info.preprocessing.to_dict(),
+    }
+
+
+def _run_check(
+    spec: CheckSpec,
+    model: Model,
+    data: Dataset,
+    run: RunDir,
+    ctx: CheckContext,
+    batch_size: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    done = run.records[spec.id]
+    pending = [i for i in range(len(data)) if i not in done]
+    used = sum(int(r.get("queries", 0)) for r in done.values())
+    budget = None if spec.budget is None else max(0, spec.budget - used)
+    counter = QueryCounter(model, budget)
+    progress.start(spec.id, len(data))
+    progress.advance(len(data) - len(pending))
+    device = ctx.device
+    for start in range(0, len(pending), batch_size):
+        idx = pending[start : start + batch_size]
+        x = data.x[idx].to(device)
+        y = data.y[idx].to(device)
+        before = counter.queries
+        rows = spec.check.run_batch(counter, x, y, idx, ctx)
+        if len(rows) != len(idx):
+            raise RuntimeError(f"check returned {len(rows)} records for {len(idx)} samples")
+        # Checks report their own per-sample queries; the counter is the authority on totals.
+        spent = counter.queries - before
+        claimed = sum(int(r.get("queries", 0)) for r in rows)
+        if claimed != spent:
+            raise RuntimeError(f"check claimed {claimed} queries but the model saw {spent}")
+        for i, r in zip(idx, rows, strict=True):
+            r.update({"check": spec.id, "i": i, "id": data.ids[i]})
+        run.append(spec.id, rows)
+        progress.advance(len(idx))
+    progress.finish()
+    return run.records[spec.id]
+
+
+def run_suite(
+    model: Model,
+    data: Dataset,
+    suite: Suite,
+    run: RunDir,
+    device: DeviceChoice,
+    *,
+    seed: int | None = None,
+    batch_size: int = 256,
+    progress: Progress | None = None,
+    model_spec: str = "",
+) -> dict[str, Any]:
+    """Run every check of ``suite`` and return the results document (results.json)."""
+    progress = progress or NullProgress()
+    seed = suite.seed if seed is None else seed
+    t0 = time.perf_counter()
+    checks: list[dict[str, Any]] = []
+    seeds: dict[str, int] = {}
+    for spec in suite.checks:
+        cseed = check_seed(seed, spec.id)
+        seeds[spec.id] = cseed
+        ctx = CheckContext(check_seed=cseed, device=device.torch_device,
+                           class_names=list(data.class_names))
+        entry: dict[str, Any] = {
+            "id": spec.id,
+            "kind": spec.kind,
+            "params": spec.check.get_params(),
+            "threshold": None if spec.threshold is None else {
+                "metric": spec.threshold.metric, "min": spec.threshold.min,
+                "max": spec.threshold.max, "text": spec.threshold.describe(),
+            },
+            "budget": spec.budget,
+        }
+        c0 = time.perf_counter()
+        try:
+            records = _run_check(spec, model, data, run, ctx, batch_size, progress)
+            ordered = [records[i] for i in sorted(records)]
+            m = spec.check.summarize(ordered, data)
+            queries = [int(r.get("queries", 0)) for r in ordered]
+            entry.update({
+                "metrics": m.metrics,
+                "intervals": {k: list(v) for k, v in m.intervals.items()},
+                "details": m.details,
+                "queries": {"total": sum(queries),
+                            "mean_per_sample": sum(queries) / len(queries) if queries else 0.0},
+                "error": None,
+            })
+            if spec.threshold is None:
+                entry["status"] = "INFO"
+            else:
+                value = float(m.metrics[spec.threshold.metric])
+                entry["status"] = "PASS" if spec.threshold.passes(value) else "FAIL"
+        except (KeyboardInterrupt, ModelError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a check's crash is a result, not a crash
+            progress.finish()
+            if isinstance(exc, CertifyError):
+                message = exc.message
+            else:
+                message = f"{type(exc).__name__}: {exc}"
+            log.debug("check %s failed:\n%s", spec.id, traceback.format_exc())
+            log.error("check %s errored: %s", spec.id, message)
+            entry.update({"status": "ERROR", "metrics": {}, "intervals": {}, "details": {},
+                          "queries": {"total": 0, "mean_per_sample": 0.0}, "error": message})
+        entry["duration_s"] = time.perf_counter() - c0
+        checks.append(entry)
+
+    statuses = [c["status"] for c in checks]
+    if "ERROR" in statuses:
+        verdict = "ERROR"
+    elif "FAIL" in statuses:
+        verdict = "FAIL"
+    else:
+        verdict = "PASS"
+    return {
+        "schema": SCHEMA,
+        "certify_version": certify.__version__,
+        "suite": {"name": suite.name, "source": suite.source, "digest": suite.digest,
+                  "description": suite.description},
+        "model": {"spec": model_spec, **model.info.to_dict()},
+        "data": data.describe(),
+        "device": {"name": device.name, "requested": device.requested, "reason": device.reason,
+                   "provider": model.info.provider},
+        "environment": _versions(),
+        "seeds": {"suite": seed, "checks": seeds},
+        "timings": {"total_s": time.perf_counter() - t0,
+                    "checks": {c["id"]: c["duration_s"] for c in checks},
+                    "resumed_records": run.resumed_records},
+        "checks": checks,
+        "summary": {s.lower(): statuses.count(s) for s in ("PASS", "FAIL", "ERROR", "INFO")},
+        "verdict": verdict,
+    }

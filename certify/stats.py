@@ -1,0 +1,38 @@
+"""Small statistics shared by checks: confidence intervals."""
+
+from __future__ import annotations
+
+import math
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion.
+
+    Returns ``(0.0, 1.0)`` for ``n == 0`` (nothing is known). The interval stays inside
+    ``[0, 1]`` and is sensible at 0 and ``n`` successes, unlike the normal approximation.
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes={successes} outside 0..{n}")
+    z = _z(confidence)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _z(confidence: float) -> float:
+    """Two-sided standard-normal quantile, by bisection on erf (no scipy needed)."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    target = confidence
+    lo, hi = 0.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if math.erf(mid / math.sqrt(2)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

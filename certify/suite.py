@@ -1,0 +1,281 @@
+"""Suites: YAML files that say what to test, on which data, and what passes.
+
+A suite is data only. ``load_suite`` accepts a packaged suite name (``gtsrb``) or a path, and
+validates everything before any model query: unknown keys and unknown check kinds are errors that
+name the valid ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from certify.checks import CHECKS, Check
+from certify.data import INTERPOLATIONS, DataSpec
+from certify.data.loaders import LAYOUTS
+from certify.errors import SuiteError
+from certify.models.base import ModelInfo, Preprocessing
+
+_TOP_KEYS = {"name", "description", "version", "seed", "classes", "data", "preprocessing",
+             "checks"}
+_REQUIRED_TOP = {"name", "classes", "checks"}
+_DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
+_PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
+_CHECK_KEYS = {"id", "kind", "params", "threshold", "budget"}
+_THRESHOLD_KEYS = {"metric", "min", "max"}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Pass condition on one metric: ``min <= value`` and/or ``value <= max``."""
+
+    metric: str
+    min: float | None = None
+    max: float | None = None
+
+    def passes(self, value: float) -> bool:
+        """Whether ``value`` meets the threshold."""
+        if self.min is not None and value < self.min:
+            return False
+        return not (self.max is not None and value > self.max)
+
+    def describe(self) -> str:
+        """Human form, e.g. ``accuracy >= 0.9``."""
+        parts = []
+        if self.min is not None:
+            parts.append(f"{self.metric} ≥ {self.min:g}")
+        if self.max is not None:
+            parts.append(f"{self.metric} ≤ {self.max:g}")
+        return " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One entry of the suite's ``checks`` list."""
+
+    id: str
+    kind: str
+    check: Check
+    threshold: Threshold | None = None
+    budget: int | None = None
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A validated suite; ``digest`` is the sha256 of its canonical JSON form."""
+
+    name: str
+    source: str
+    digest: str
+    seed: int
+    classes: tuple[str, ...]
+    data: DataSpec
+    preprocessing: Preprocessing
+    input_size: tuple[int, int] | None
+    checks: tuple[CheckSpec, ...]
+    description: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def validate_for(self, info: ModelInfo) -> None:
+        """Refuse a model this suite cannot test, before any query is spent on the data."""
+        if info.output != "labels" and info.num_classes != len(self.classes):
+            raise SuiteError(
+                f"model {info.name} outputs {info.num_classes} scores but suite {self.name!r} "
+                f"names {len(self.classes)} classes",
+                hint="use the suite that matches the model's classes",
+            )
+        for spec in self.checks:
+            spec.check.validate(info)
+
+
+def packaged_suites() -> dict[str, Path]:
+    """Names and paths of the suites shipped with certify."""
+    root = importlib.resources.files("certify._suites")
+    return {
+        Path(str(p)).stem: Path(str(p))
+        for p in root.iterdir()
+        if str(p).endswith(".yaml")
+    }
+
+
+def _unknown(where: str, got: dict[str, Any], valid: set[str]) -> None:
+    unknown = sorted(set(got) - valid)
+    if unknown:
+        raise SuiteError(
+            f"{where}: unknown key(s) {', '.join(unknown)}",
+            hint=f"valid keys: {', '.join(sorted(valid))}",
+        )
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SuiteError(f"{where} must be a mapping, got {type(value).__name__}",
+                         hint="see `certify suites show gtsrb` for an example")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SuiteError(f"{where} must be a number, got {value!r}", hint="fix the suite")
+    return float(value)
+
+
+def _triple(value: Any, where: str) -> tuple[float, ...]:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (float(value),) * 3
+    if not isinstance(value, list) or len(value) not in (1, 3):
+        raise SuiteError(f"{where} must be a number or a list of 3 numbers", hint="fix the suite")
+    vals = tuple(_number(v, where) for v in value)
+    return vals * 3 if len(vals) == 1 else vals
+
+
+def resolve_suite_path(name_or_path: str) -> Path:
+    """A packaged suite name or a path to a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise SuiteError(f"suite file not found: {path}", hint="check the --suite path")
+        return path
+    suites = packaged_suites()
+    if name_or_path not in suites:
+        raise SuiteError(
+            f"unknown suite {name_or_path!r}",
+            hint=f"packaged suites: {', '.join(sorted(suites))}; or pass a path to a YAML file",
+        )
+    return suites[name_or_path]
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """Load and validate a suite by packaged name or path."""
+    path = resolve_suite_path(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise SuiteError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})",
+                         hint="check indentation and quoting") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"cannot read suite {path}: {exc}", hint="check the file") from None
+    return parse_suite(raw, str(path))
+
+
+def parse_suite(raw: Any, source: str) -> Suite:
+    """Validate a suite's parsed YAML; ``source`` names it in errors."""
+    raw = _mapping(raw, source)
+    _unknown(source, raw, _TOP_KEYS)
+    missing = sorted(_REQUIRED_TOP - set(raw))
+    if missing:
+        raise SuiteError(f"{source}: missing key(s) {', '.join(missing)}",
+                         hint="a suite needs name, classes and checks")
+    classes = raw["classes"]
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise SuiteError(f"{source}: classes must be a non-empty list of names",
+                         hint="list one name per class id, in class-id order")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise SuiteError(f"{source}: seed must be a non-negative integer", hint="e.g. seed: 0")
+
+    d = _mapping(raw.get("data"), f"{source}: data")
+    _unknown(f"{source}: data", d, _DATA_KEYS)
+    layout = d.get("layout", "auto")
+    if layout not in LAYOUTS:
+        raise SuiteError(f"{source}: data.layout {layout!r} is not known",
+                         hint=f"valid layouts: {', '.join(LAYOUTS)}")
+    interp = d.get("interpolation", "bilinear")
+    if interp not in INTERPOLATIONS:
+        raise SuiteError(f"{source}: data.interpolation {interp!r} is not known",
+                         hint=f"valid: {', '.join(INTERPOLATIONS)}")
+    samples = d.get("samples")
+    if samples is not None and (not isinstance(samples, int) or samples <= 0):
+        raise SuiteError(f"{source}: data.samples must be a positive integer", hint="e.g. 430")
+    data = DataSpec(
+        path=d.get("path"),
+        layout=layout,
+        roi_crop=bool(d.get("roi_crop", True)),
+        interpolation=interp,
+        samples=samples,
+    )
+
+    p = _mapping(raw.get("preprocessing"), f"{source}: preprocessing")
+    _unknown(f"{source}: preprocessing", p, _PRE_KEYS)
+    order = p.get("channel_order", "RGB")
+    if order not in ("RGB", "BGR"):
+        raise SuiteError(f"{source}: preprocessing.channel_order must be RGB or BGR",
+                         hint="RGB unless the model was trained on OpenCV-loaded images")
+    std = _triple(p.get("std", 1.0), f"{source}: preprocessing.std")
+    if any(s == 0 for s in std):
+        raise SuiteError(f"{source}: preprocessing.std must not be 0", hint="fix the suite")
+    pre = Preprocessing(
+        input_scale=_number(p.get("input_scale", 1.0), f"{source}: preprocessing.input_scale"),
+        mean=_triple(p.get("mean", 0.0), f"{source}: preprocessing.mean"),
+        std=std,
+        channel_order=order,
+    )
+    size = p.get("input_size")
+    if size is not None and (not isinstance(size, list) or len(size) != 2
+                             or not all(isinstance(v, int) and v > 0 for v in size)):
+        raise SuiteError(f"{source}: preprocessing.input_size must be [H, W]", hint="e.g. [32, 32]")
+
+    checks_raw = raw["checks"]
+    if not isinstance(checks_raw, list) or not checks_raw:
+        raise SuiteError(f"{source}: checks must be a non-empty list", hint="see gtsrb.yaml")
+    specs: list[CheckSpec] = []
+    seen: set[str] = set()
+    for i, c in enumerate(checks_raw):
+        where = f"{source}: checks[{i}]"
+        c = _mapping(c, where)
+        _unknown(where, c, _CHECK_KEYS)
+        kind = c.get("kind")
+        if kind not in CHECKS:
+            raise SuiteError(f"{where}: unknown check kind {kind!r}",
+                             hint=f"valid kinds: {', '.join(sorted(CHECKS))}")
+        cid = c.get("id", kind)
+        if not isinstance(cid, str) or not cid or cid in seen:
+            raise SuiteError(f"{where}: check id {cid!r} is empty or repeated",
+                             hint="give each check a unique id")
+        seen.add(cid)
+        cls = CHECKS[kind]
+        check = cls.from_params(_mapping(c.get("params"), f"{where}.params"), where)
+        threshold = None
+        if c.get("threshold") is not None:
+            t = _mapping(c["threshold"], f"{where}.threshold")
+            _unknown(f"{where}.threshold", t, _THRESHOLD_KEYS)
+            metric = t.get("metric", cls.metric_names[0] if cls.metric_names else None)
+            if metric not in cls.metric_names:
+                raise SuiteError(f"{where}.threshold: metric {metric!r} is not reported by {kind}",
+                                 hint=f"valid metrics: {', '.join(cls.metric_names)}")
+            if "min" not in t and "max" not in t:
+                raise SuiteError(f"{where}.threshold needs min or max", hint="e.g. min: 0.9")
+            threshold = Threshold(
+                metric=metric,
+                min=_number(t["min"], f"{where}.threshold.min") if "min" in t else None,
+                max=_number(t["max"], f"{where}.threshold.max") if "max" in t else None,
+            )
+        budget = c.get("budget")
+        if budget is not None and (not isinstance(budget, int) or budget <= 0):
+            raise SuiteError(f"{where}.budget must be a positive integer", hint="queries per run")
+        specs.append(CheckSpec(cid, kind, check, threshold, budget))
+
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return Suite(
+        name=str(raw["name"]),
+        source=source,
+        digest="sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+        seed=seed,
+        classes=tuple(classes),
+        data=data,
+        preprocessing=pre,
+        input_size=tuple(size) if size else None,
+        checks=tuple(specs),
+        description=str(raw.get("description", "")),
+        raw=raw,
+    )

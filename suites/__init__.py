@@ -1,0 +1,1 @@
+"""Packaged suites (packaged as certify._suites)."""

@@ -1,0 +1,1 @@
+"""Card templates (packaged as certify._templates)."""

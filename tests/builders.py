@@ -1,0 +1,144 @@
+"""Small models and data sets built by the tests themselves (no downloads)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from PIL import Image
+from torch import nn
+
+NUM_CLASSES = 43
+ROI_PAD = 2  # images are written with a 2-pixel border around a 32x32 ROI
+
+
+class TinyNet(nn.Module):
+    """A small CNN over [N, 3, 32, 32] inputs in [0, 1]."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, reshape_fixed: bool = False) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        )
+        self.head = nn.Linear(16 * 16, num_classes)
+        self.reshape_fixed = reshape_fixed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.features(x)
+        # view(1, -1) bakes the batch of 1 into a Reshape: the graph cannot be made symbolic.
+        f = f.view(1, -1) if self.reshape_fixed else f.flatten(1)
+        return self.head(f)
+
+
+class Convention(nn.Module):
+    """Wraps a TinyNet to take NHWC and/or 0-255 input and/or return probabilities."""
+
+    def __init__(self, net: nn.Module, nhwc: bool, scale255: bool, probs: bool) -> None:
+        super().__init__()
+        self.net, self.nhwc, self.scale255, self.probs = net, nhwc, scale255, probs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.nhwc:
+            x = x.permute(0, 3, 1, 2)
+        if self.scale255:
+            x = x / 255.0
+        out = self.net(x)
+        return torch.softmax(out, dim=1) if self.probs else out
+
+
+def make_net(seed: int = 0, reshape_fixed: bool = False) -> TinyNet:
+    """A seeded, randomly initialised TinyNet in eval mode."""
+    torch.manual_seed(seed)
+    return TinyNet(reshape_fixed=reshape_fixed).eval()
+
+
+def export(module: nn.Module, path: Path, *, nhwc: bool = False, fixed_batch: bool = False,
+           probs: bool = False, scale255: bool = False) -> Path:
+    """Export to ONNX with the legacy exporter (needs only the onnx package)."""
+    wrapped = Convention(module, nhwc, scale255, probs).eval()
+    shape = (1, 32, 32, 3) if nhwc else (1, 3, 32, 32)
+    dummy = torch.rand(shape)
+    dynamic = None if fixed_batch else {"input": {0: "batch"}, "output": {0: "batch"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapped, (dummy,), str(path), input_names=["input"],
+                          output_names=["output"], dynamic_axes=dynamic, dynamo=False,
+                          opset_version=17)
+    return path
+
+
+def predict_net(net: nn.Module, x: np.ndarray) -> np.ndarray:
+    """Labels predicted by a torch net for uint8 [N, H, W, 3] images."""
+    with torch.no_grad():
+        t = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).float() / 255.0
+        return net(t).argmax(1).numpy()
+
+
+def make_images(n: int, seed: int) -> np.ndarray:
+    """Smooth random uint8 images [n, 32, 32, 3] (upsampled noise, so models disagree less)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8)
+    return np.stack([np.asarray(Image.fromarray(s).resize((32, 32), Image.BILINEAR))
+                     for s in small])
+
+
+def make_labels(net: nn.Module, x: np.ndarray, seed: int, wrong: float = 0.3) -> np.ndarray:
+    """Labels that agree with ``net`` except for a seeded ``wrong`` fraction."""
+    rng = np.random.default_rng(seed + 1)
+    pred = predict_net(net, x)
+    y = pred.copy()
+    flip = rng.random(len(y)) < wrong
+    y[flip] = (pred[flip] + rng.integers(1, NUM_CLASSES, size=flip.sum())) % NUM_CLASSES
+    return y.astype(np.int64)
+
+
+def _padded(img: np.ndarray) -> np.ndarray:
+    return np.pad(img, ((ROI_PAD, ROI_PAD), (ROI_PAD, ROI_PAD), (0, 0)), mode="edge")
+
+
+def write_gtsrb_official(root: Path, x: np.ndarray, y: np.ndarray) -> Path:
+    """The official test layout: GT-final_test.csv (;-separated) with .ppm images beside it."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId"]
+    for i, (img, label) in enumerate(zip(x, y, strict=True)):
+        name = f"{i:05d}.ppm"
+        p = _padded(img)
+        Image.fromarray(p).save(root / name)
+        h, w = p.shape[:2]
+        lines.append(f"{name};{w};{h};{ROI_PAD};{ROI_PAD};{w - ROI_PAD - 1};{h - ROI_PAD - 1};"
+                     f"{label}")
+    (root / "GT-final_test.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def write_gtsrb_csv(root: Path, x: np.ndarray, y: np.ndarray) -> Path:
+    """The common CSV layout: Test.csv (comma-separated) with Path like Test/00000.png."""
+    (root / "Test").mkdir(parents=True, exist_ok=True)
+    lines = ["Width,Height,Roi.X1,Roi.Y1,Roi.X2,Roi.Y2,ClassId,Path"]
+    for i, (img, label) in enumerate(zip(x, y, strict=True)):
+        p = _padded(img)
+        Image.fromarray(p).save(root / "Test" / f"{i:05d}.png")
+        h, w = p.shape[:2]
+        lines.append(f"{w},{h},{ROI_PAD},{ROI_PAD},{w - ROI_PAD - 1},{h - ROI_PAD - 1},{label},"
+                     f"Test/{i:05d}.png")
+    (root / "Test.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def reference_accuracy(model_path: Path, images: np.ndarray, y: np.ndarray, *, nhwc: bool,
+                       scale255: bool) -> float:
+    """Accuracy computed with a bare onnxruntime session, one image at a time."""
+    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    x = images.astype(np.float32) / 255.0
+    if scale255:
+        x = x * 255.0
+    if not nhwc:
+        x = x.transpose(0, 3, 1, 2)
+    name = sess.get_inputs()[0].name
+    preds = [int(np.argmax(sess.run(None, {name: np.ascontiguousarray(x[i : i + 1])})[0]))
+             for i in range(len(x))]
+    return float(np.mean(np.array(preds) == y))
