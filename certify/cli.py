@@ -15,6 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -89,10 +90,9 @@ def _setup_logging(debug: bool, quiet: bool) -> None:
 def _fail(exc: CertifyError, debug: bool) -> int:
     if debug:
         err_console.print_exception()
-    err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True,
+    hint = f" [dim](hint: {escape(exc.hint)})[/]" if exc.hint else ""
+    err_console.print(f"[bold red]error:[/] {escape(exc.message)}{hint}", highlight=False,
                       soft_wrap=True)
-    if exc.hint:
-        err_console.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
     return exc.exit_code
 
 
@@ -109,22 +109,19 @@ class _Group(click.Group):
         except click.ClickException as e:
             e.show()
             sys.exit(EXIT_USAGE)
-        except click.exceptions.Abort:
-            err_console.print("aborted")
-            sys.exit(EXIT_INTERRUPTED)
         except CertifyError as e:
             sys.exit(_fail(e, debug))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, click.exceptions.Abort):
+            # click turns Ctrl-C into Abort; records already on disk are durable.
             err_console.print("[yellow]interrupted[/]: recorded samples are kept; "
                               "run the same command with --resume to continue")
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001 - last resort: one line, not a traceback
             if debug:
                 raise
-            err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}",
-                              highlight=False, soft_wrap=True)
-            err_console.print("[dim]hint:[/] rerun with --debug for the traceback and "
-                              "report it", highlight=False)
+            err_console.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
+                              f"{escape(str(e))} [dim](hint: rerun with --debug for the "
+                              "traceback, and report it)[/]", highlight=False, soft_wrap=True)
             sys.exit(EXIT_FAILED)
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -142,3 +145,10 @@ def reference_accuracy(model_path: Path, images: np.ndarray, y: np.ndarray, *, n
     preds = [int(np.argmax(sess.run(None, {name: np.ascontiguousarray(x[i : i + 1])})[0]))
              for i in range(len(x))]
     return float(np.mean(np.array(preds) == y))
+
+
+def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``certify`` console script and capture its output."""
+    exe = Path(sys.executable).parent / "certify"
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})

@@ -171,8 +171,9 @@ class _Frame:
         self._mirror = mirror
         self._px_scale = scale * (parent._px_scale if parent is not None else half)
 
-    def sub(self, cx: float, cy: float, scale: float, angle: float = 0.0, mirror: bool = False
-            ) -> _Frame:
+    def sub(
+        self, cx: float, cy: float, scale: float, angle: float = 0.0, mirror: bool = False
+    ) -> _Frame:
         """Return a child frame centred at ``(cx, cy)`` of this frame."""
         return _Frame(self._draw, self._half, self, (cx, cy), scale, angle, mirror)
 
@@ -232,7 +233,9 @@ class _Frame:
     def line(self, pts: Sequence[Pt], width: float, fill: Colour, caps: bool = True) -> None:
         """Stroke a polyline with round joints (and round end caps unless ``caps`` is False)."""
         self._draw.line(
-            [self.to_px(x, y) for x, y in pts], fill=fill, width=self.width_px(width),
+            [self.to_px(x, y) for x, y in pts],
+            fill=fill,
+            width=self.width_px(width),
             joint="curve",
         )
         if caps:
@@ -240,8 +243,7 @@ class _Frame:
                 self.circle(x, y, width / 2.0, fill)
 
 
-def _arc(cx: float, cy: float, rx: float, ry: float, a0: float, a1: float, n: int = 0
-         ) -> list[Pt]:
+def _arc(cx: float, cy: float, rx: float, ry: float, a0: float, a1: float, n: int = 0) -> list[Pt]:
     """Points on an elliptical arc from ``a0`` to ``a1`` degrees (0 = +x, 90 = +y / down)."""
     if n <= 0:
         n = max(4, int(abs(a1 - a0) / 6.0))
@@ -308,8 +310,9 @@ def _glyph(ch: str) -> list[list[Pt]]:
     if ch == "3":
         return [_arc(0.5, 0.29, 0.33, 0.215, 205, 450) + _arc(0.5, 0.71, 0.36, 0.215, 270, 515)]
     if ch == "5":
-        return [[(0.84, 0.075), (0.22, 0.075), (0.17, 0.47)] + _arc(0.5, 0.66, 0.36, 0.265,
-                                                                      235, 500)]
+        return [
+            [(0.84, 0.075), (0.22, 0.075), (0.17, 0.47)] + _arc(0.5, 0.66, 0.36, 0.265, 235, 500)
+        ]
     if ch == "6":
         return [_arc(0.62, 0.66, 0.48, 0.585, 292, 180), _arc(0.5, 0.66, 0.35, 0.265, 0, 360)]
     if ch == "7":
@@ -385,8 +388,12 @@ def _end_bars(f: _Frame, n: int = 5, band: float = 0.46, r: float = 0.9) -> None
         o = -band / 2.0 + k * band / (n - 1)
         half = math.sqrt(max(r * r - o * o, 0.0))
         cx, cy = nrm[0] * o, nrm[1] * o
-        f.line([(cx - d[0] * half, cy - d[1] * half), (cx + d[0] * half, cy + d[1] * half)],
-               lw, _BAR_GREY, caps=False)
+        f.line(
+            [(cx - d[0] * half, cy - d[1] * half), (cx + d[0] * half, cy + d[1] * half)],
+            lw,
+            _BAR_GREY,
+            caps=False,
+        )
 
 
 def _mandatory(f: _Frame) -> None:
@@ -401,7 +408,7 @@ def _warning(f: _Frame) -> _Frame:
     _rounded_regular(f, red, _TRI_UP_C, _TRI_R - 0.035, 0.08, _RED)
     inner = _inset(_TRI_UP, _TRI_UP_C, _TRI_R, 0.22)
     _rounded_regular(f, inner, _TRI_UP_C, _TRI_R - 0.22, 0.03, _WHITE)
-    return f.sub(0.0, 0.24, 0.36)
+    return f.sub(0.0, 0.25, 0.39)
 
 
 def _speed(f: _Frame, digits: str, fill: Colour = _BLACK) -> None:
@@ -418,8 +425,10 @@ def _speed(f: _Frame, digits: str, fill: Colour = _BLACK) -> None:
 
 def _car_back(f: _Frame, fill: Colour, window: Colour = _WHITE) -> None:
     f.poly([(-0.72, -0.12), (-0.52, -0.78), (0.52, -0.78), (0.72, -0.12)], fill)
-    f.poly([(-0.92, -0.02), (-0.8, -0.16), (0.8, -0.16), (0.92, -0.02), (0.92, 0.56),
-            (-0.92, 0.56)], fill)
+    f.poly(
+        [(-0.92, -0.02), (-0.8, -0.16), (0.8, -0.16), (0.92, -0.02), (0.92, 0.56), (-0.92, 0.56)],
+        fill,
+    )
     f.poly([(-0.5, -0.22), (-0.37, -0.63), (0.37, -0.63), (0.5, -0.22)], window)
     f.rect(-0.86, 0.5, -0.5, 0.92, fill)
     f.rect(0.5, 0.5, 0.86, 0.92, fill)
@@ -440,8 +449,9 @@ def _truck_side(f: _Frame, fill: Colour, window: Colour = _WHITE) -> None:
         f.circle(x, 0.47, 0.18, fill)
 
 
-def _two_vehicles(f: _Frame, left: Callable[[_Frame, Colour], None], left_fill: Colour,
-                  right_fill: Colour) -> None:
+def _two_vehicles(
+    f: _Frame, left: Callable[[_Frame, Colour], None], left_fill: Colour, right_fill: Colour
+) -> None:
     left(f.sub(-0.32, 0.0, 0.29), left_fill)
     _car_back(f.sub(0.33, 0.04, 0.29), right_fill)
 
@@ -546,8 +556,7 @@ def _bicycle(f: _Frame) -> None:
     for x in (-0.56, 0.56):
         f.ring(x, 0.42, 0.34, 0.11, _BLACK)
     w = 0.09
-    f.line([(-0.56, 0.42), (-0.05, 0.42), (0.36, -0.12), (-0.2, -0.12), (-0.56, 0.42)], w,
-           _BLACK)
+    f.line([(-0.56, 0.42), (-0.05, 0.42), (0.36, -0.12), (-0.2, -0.12), (-0.56, 0.42)], w, _BLACK)
     f.line([(-0.05, 0.42), (-0.26, -0.3)], w, _BLACK)
     f.line([(0.56, 0.42), (0.3, -0.4), (0.12, -0.46)], w, _BLACK)
     f.line([(-0.4, -0.33), (-0.13, -0.33)], 0.11, _BLACK)
@@ -624,8 +633,9 @@ def _speed_sign(digits: str) -> Callable[[_Frame], None]:
     return paint
 
 
-def _warning_sign(picto: Callable[[_Frame], None], mirror: bool = False
-                  ) -> Callable[[_Frame], None]:
+def _warning_sign(
+    picto: Callable[[_Frame], None], mirror: bool = False
+) -> Callable[[_Frame], None]:
     def paint(f: _Frame) -> None:
         p = _warning(f)
         picto(p.sub(0.0, 0.0, 1.0, mirror=mirror) if mirror else p)
@@ -633,8 +643,9 @@ def _warning_sign(picto: Callable[[_Frame], None], mirror: bool = False
     return paint
 
 
-def _mandatory_sign(picto: Callable[[_Frame], None], mirror: bool = False
-                    ) -> Callable[[_Frame], None]:
+def _mandatory_sign(
+    picto: Callable[[_Frame], None], mirror: bool = False
+) -> Callable[[_Frame], None]:
     def paint(f: _Frame) -> None:
         _mandatory(f)
         picto(f.sub(0.0, 0.0, 1.0, mirror=mirror))
@@ -662,10 +673,8 @@ def _paint_priority(f: _Frame) -> None:
     diamond = [(0.0, -0.97), (0.97, 0.0), (0.0, 0.97), (-0.97, 0.0)]
     r = 0.97 * math.sqrt(0.5)
     _rounded_regular(f, diamond, (0.0, 0.0), r, 0.05, _RIM_GREY)
-    _rounded_regular(f, _inset(diamond, (0.0, 0.0), r, 0.025), (0.0, 0.0), r - 0.025, 0.04,
-                     _WHITE)
-    _rounded_regular(f, _inset(diamond, (0.0, 0.0), r, 0.22), (0.0, 0.0), r - 0.22, 0.03,
-                     _YELLOW)
+    _rounded_regular(f, _inset(diamond, (0.0, 0.0), r, 0.025), (0.0, 0.0), r - 0.025, 0.04, _WHITE)
+    _rounded_regular(f, _inset(diamond, (0.0, 0.0), r, 0.22), (0.0, 0.0), r - 0.22, 0.03, _YELLOW)
 
 
 def _paint_yield(f: _Frame) -> None:
@@ -678,8 +687,10 @@ def _paint_yield(f: _Frame) -> None:
 
 def _octagon(apothem: float) -> list[Pt]:
     rc = apothem / math.cos(math.pi / 8.0)
-    return [(rc * math.cos(math.radians(22.5 + 45.0 * k)),
-             rc * math.sin(math.radians(22.5 + 45.0 * k))) for k in range(8)]
+    return [
+        (rc * math.cos(math.radians(22.5 + 45.0 * k)), rc * math.sin(math.radians(22.5 + 45.0 * k)))
+        for k in range(8)
+    ]
 
 
 def _paint_stop(f: _Frame) -> None:
@@ -816,9 +827,13 @@ def _palette_colour(rng: np.random.Generator, kind: int) -> np.ndarray:
     return rng.uniform(30, 220) * (1.0 - sat) + rng.uniform(20, 235, 3) * sat
 
 
-def _background(rng: np.random.Generator, res: int, pole: tuple[float, float, float] | None
-                ) -> np.ndarray:
-    """Random cluttered background, float32 [res, res, 3] in 0..255."""
+def _background(
+    rng: np.random.Generator, res: int, pole: tuple[float, float, float] | None
+) -> np.ndarray:
+    """Random cluttered background, float32 [res, res, 3] in 0..255.
+
+    ``pole`` is ``(x, y, width)`` in pixels: a grey post from ``(x, y)`` down to the bottom.
+    """
     kind = int(rng.integers(5))
     c1 = _palette_colour(rng, kind)
     c2 = np.clip(c1 + rng.normal(0, 30, 3), 0, 255)
@@ -848,14 +863,15 @@ def _background(rng: np.random.Generator, res: int, pole: tuple[float, float, fl
     for _ in range(int(rng.integers(0, 4))):
         col = tuple(int(v) for v in np.clip(_palette_colour(rng, int(rng.integers(5))), 0, 255))
         p = rng.uniform(-0.1, 1.1, 4) * res
-        draw.line([(p[0], p[1]), (p[2], p[3])], fill=col,
-                  width=int(rng.integers(1, max(2, res // 20))))
+        draw.line(
+            [(p[0], p[1]), (p[2], p[3])], fill=col, width=int(rng.integers(1, max(2, res // 20)))
+        )
     if pole is not None:
         px, py, pw = pole
         v = int(rng.uniform(70, 190))
         draw.rectangle([px - pw / 2, py, px + pw / 2, res], fill=(v, v, v))
-    blur = rng.uniform(0.0, 3.0) * res / 128.0
-    if blur > 0.6:
+    blur = rng.uniform(0.0, 1.5) * res / 64.0
+    if blur > 0.4:
         pil = pil.filter(ImageFilter.GaussianBlur(blur))
     return np.asarray(pil, dtype=np.float32)
 
@@ -940,68 +956,66 @@ def render_sign(
     if not variation:
         return _clean(class_id, size)
 
+    # The sign is warped at ``res`` (>= 4x supersampled canonical drawing) and box-filtered to
+    # ``mid`` = 2 * size, where the background, compositing, occlusion and blur happen.
     res = _work_res(size)
-    # geometry
+    mid = 2 * size
+    # geometry, in units of the frame side
     scale = rng.uniform(0.55, 0.95)
-    shift = (max(0.0, 1.0 - scale) / 2.0 * 0.85 + 0.02) * res
-    centre = (res / 2.0 + rng.uniform(-shift, shift), res / 2.0 + rng.uniform(-shift, shift))
+    shift = max(0.0, 1.0 - scale) / 2.0 * 0.85 + 0.02
+    cx, cy = 0.5 + rng.uniform(-shift, shift), 0.5 + rng.uniform(-shift, shift)
     angle = math.radians(rng.uniform(-10.0, 10.0))
     yaw = math.radians(rng.uniform(-30.0, 30.0))
     pitch = math.radians(rng.uniform(-15.0, 15.0))
     pole = None
     if rng.random() < 0.4:
-        pole = (centre[0], centre[1], rng.uniform(0.04, 0.08) * res)
+        pole = (cx * mid, cy * mid, rng.uniform(0.04, 0.08) * mid)
 
-    bg = _background(rng, res, pole)
-    sign = np.asarray(
-        _place(_canonical(class_id, res), res, scale, centre, angle, yaw, pitch),
-        dtype=np.float32,
-    )
+    bg = _background(rng, mid, pole)
+    placed = _place(_canonical(class_id, res), res, scale, (cx * res, cy * res), angle, yaw, pitch)
+    if res != mid:
+        placed = placed.resize((mid, mid), Image.Resampling.BOX)
+    sign = np.asarray(placed, dtype=np.float32)
     alpha = sign[..., 3:] / 255.0
     rgb = sign[..., :3]
 
     # sign appearance: fading towards grey, per-channel tint and a soft shading ramp
-    fade = rng.uniform(0.0, 0.3) if rng.random() < 0.5 else 0.0
+    if rng.random() < 0.5:
+        fade = rng.uniform(0.0, 0.3)
+        grey = rgb.mean(axis=2, keepdims=True)
+        rgb = (1.0 - fade) * rgb + fade * (0.6 * grey + 80.0 * alpha)
     tint = rng.uniform(0.92, 1.06, 3).astype(np.float32)
-    xg, yg = _grid(res)
+    xg, yg = _grid(mid)
     ang = rng.uniform(0, 2 * math.pi)
     shade = 1.0 + rng.uniform(-0.25, 0.25) * (xg * math.cos(ang) + yg * math.sin(ang))
-    grey = rgb.mean(axis=2, keepdims=True)
-    rgb = ((1.0 - fade) * rgb + fade * (0.6 * grey + 0.4 * 200.0 * alpha)) * tint * shade
-    img = bg * (1.0 - alpha) + rgb
+    img = bg * (1.0 - alpha) + rgb * (shade * tint)
+    pil = Image.fromarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
 
     # occasional small occluder on the rim (leaf, branch, another object)
     if rng.random() < 0.12:
-        r_sign = scale * res / 2.0
+        r_sign = scale * mid / 2.0
         th = rng.uniform(0, 2 * math.pi)
-        ox = centre[0] + 0.95 * r_sign * math.cos(th)
-        oy = centre[1] + 0.95 * r_sign * math.sin(th)
+        ox = cx * mid + 0.95 * r_sign * math.cos(th)
+        oy = cy * mid + 0.95 * r_sign * math.sin(th)
         orad = r_sign * rng.uniform(0.18, 0.35)
         col = tuple(int(v) for v in np.clip(_palette_colour(rng, int(rng.integers(5))), 0, 255))
-        pil = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
         draw = ImageDraw.Draw(pil)
         if rng.random() < 0.5:
-            draw.ellipse([ox - orad, oy - orad * rng.uniform(0.5, 1.0), ox + orad,
-                          oy + orad * rng.uniform(0.5, 1.0)], fill=col)
+            ry0, ry1 = orad * rng.uniform(0.5, 1.0), orad * rng.uniform(0.5, 1.0)
+            draw.ellipse([ox - orad, oy - ry0, ox + orad, oy + ry1], fill=col)
         else:
-            pts = [(ox + orad * math.cos(a) * rng.uniform(0.5, 1.2),
-                    oy + orad * math.sin(a) * rng.uniform(0.5, 1.2))
-                   for a in np.linspace(0, 2 * math.pi, 6, endpoint=False)]
+            pts = [
+                (
+                    ox + orad * math.cos(a) * rng.uniform(0.5, 1.2),
+                    oy + orad * math.sin(a) * rng.uniform(0.5, 1.2),
+                )
+                for a in np.linspace(0, 2 * math.pi, 6, endpoint=False)
+            ]
             draw.polygon(pts, fill=col)
-        img = np.asarray(pil, dtype=np.float32)
 
-    # global lighting: brightness, contrast, colour cast, illumination gradient
-    bright = float(np.clip(math.exp(rng.normal(0.0, 0.35)), 0.3, 1.6))
-    contrast = rng.uniform(0.6, 1.15)
-    cast = np.exp(rng.normal(0.0, 0.07, 3)).astype(np.float32)
-    ang = rng.uniform(0, 2 * math.pi)
-    ramp = 1.0 + rng.uniform(0.0, 0.2) * (xg * math.cos(ang) + yg * math.sin(ang))
-    mean = float(img.mean())
-    img = ((img - mean) * contrast + mean) * (bright * ramp) * cast
-
-    pil = Image.fromarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
-    blur = rng.uniform(0.0, 1.8) * res / 128.0
-    if blur > 0.3:
+    # optics: defocus blur (at twice the output size), downsampling, low-resolution capture
+    blur = rng.uniform(0.0, 0.9) * mid / 64.0
+    if blur > 0.15:
         pil = pil.filter(ImageFilter.GaussianBlur(blur))
     pil = pil.resize((size, size), Image.Resampling.BOX)
     if rng.random() < 0.15:  # low-resolution capture, upsampled again
@@ -1010,8 +1024,18 @@ def render_sign(
             (size, size), Image.Resampling.BILINEAR
         )
     out = np.asarray(pil, dtype=np.float32)
+
+    # global lighting: brightness, contrast, colour cast, illumination gradient; sensor noise
+    bright = float(np.clip(math.exp(rng.normal(0.0, 0.35)), 0.3, 1.6))
+    contrast = rng.uniform(0.6, 1.15)
+    cast = np.exp(rng.normal(0.0, 0.05, 3)).astype(np.float32)
+    xs, ys = _grid(size)
+    ang = rng.uniform(0, 2 * math.pi)
+    ramp = 1.0 + rng.uniform(0.0, 0.2) * (xs * math.cos(ang) + ys * math.sin(ang))
+    mean = float(out.mean())
+    out = ((out - mean) * contrast + mean) * (ramp * (bright * cast))
     sigma = rng.uniform(0.0, 9.0)
-    out = out + rng.normal(0.0, sigma, out.shape).astype(np.float32)
+    out += rng.normal(0.0, sigma, out.shape).astype(np.float32)
     return np.clip(out + 0.5, 0, 255).astype(np.uint8)
 
 

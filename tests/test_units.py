@@ -1,0 +1,132 @@
+"""Unit tests of the small pieces: intervals, subsets, payload, run directory, suites."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from certify.data import stratified_subset
+from certify.errors import SuiteError, UsageError
+from certify.report.payload import canonical_json, script_safe_json
+from certify.rundir import RunDir
+from certify.stats import wilson_interval
+from certify.suite import load_suite, parse_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wilson_known_values():
+    # Reference values (Wilson 1927; e.g. statsmodels proportion_confint(method="wilson")).
+    lo, hi = wilson_interval(81, 263)
+    assert lo == pytest.approx(0.2553, abs=1e-4)
+    assert hi == pytest.approx(0.3662, abs=1e-4)
+    assert wilson_interval(0, 10)[0] == 0.0
+    assert wilson_interval(10, 10)[1] == pytest.approx(1.0)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+@given(st.integers(1, 500), st.data())
+def test_wilson_contains_estimate(n, data):
+    k = data.draw(st.integers(0, n))
+    lo, hi = wilson_interval(k, n)
+    assert 0.0 <= lo <= k / n + 1e-12 <= hi + 2e-12 <= 1.0 + 2e-12
+
+
+@settings(max_examples=50)
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=300), st.integers(1, 400),
+       st.integers(0, 2**32 - 1))
+def test_stratified_subset(labels, n, seed):
+    idx = stratified_subset(labels, n, seed)
+    assert len(idx) == min(n, len(labels))
+    assert len(set(idx.tolist())) == len(idx)
+    assert np.array_equal(idx, stratified_subset(labels, n, seed))
+    counts = np.bincount(np.asarray(labels)[idx], minlength=10)
+    avail = np.bincount(labels, minlength=10)
+    # a class that still had samples left never has 2 fewer than another class
+    short = [c for c in range(10) if counts[c] < avail[c]]
+    if short:
+        assert counts.max() - min(counts[c] for c in short) <= 1
+
+
+def test_canonical_json_is_stable_and_script_safe():
+    doc = {"b": 0.1 + 0.2, "a": [1, 2.0, float("nan")], "name": "</script><b>"}
+    assert canonical_json(doc) == canonical_json(json.loads(canonical_json(doc)))
+    assert json.loads(canonical_json(doc))["b"] == 0.3
+    safe = script_safe_json(doc)
+    assert "</script>" not in safe
+    assert json.loads(safe)["name"] == "</script><b>"
+
+
+def test_rundir_drops_a_torn_last_line(tmp_path):
+    fp = {"model": "m", "seed": 0}
+    run = RunDir(tmp_path, fp, resume=False)
+    run.append("clean", [{"check": "clean", "i": 0, "queries": 1}])
+    run.close()
+    with (tmp_path / "records.jsonl").open("a") as f:
+        f.write('{"check": "clean", "i": 1, "que')  # SIGKILL mid-write
+    run = RunDir(tmp_path, fp, resume=True)
+    assert set(run.records["clean"]) == {0}
+    run.append("clean", [{"check": "clean", "i": 1, "queries": 1}])
+    run.close()
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert [json.loads(x)["i"] for x in lines] == [0, 1]
+    with pytest.raises(UsageError):
+        RunDir(tmp_path, {"model": "other", "seed": 0}, resume=True)
+
+
+def test_packaged_suite_loads_with_digest():
+    s = load_suite("gtsrb")
+    assert len(s.classes) == 43
+    assert s.digest.startswith("sha256:")
+    assert s.checks[0].kind == "clean_accuracy"
+    assert load_suite(str(ROOT / "suites" / "gtsrb.yaml")).digest == s.digest
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"name": "x", "classes": ["a"], "checks": [{"kind": "clean_accuracy",
+                                                      "params": {"top": 3}}]}, "top_confusions"),
+        ({"name": "x", "classes": ["a"], "checks": []}, "non-empty"),
+        ({"name": "x", "classes": "a", "checks": [{"kind": "clean_accuracy"}]}, "classes"),
+        ({"name": "x", "classes": ["a"], "checks": [{"kind": "clean_accuracy", "id": "c"},
+                                                   {"kind": "clean_accuracy", "id": "c"}]},
+         "repeated"),
+        ({"name": "x", "classes": ["a"], "preprocessing": {"std": [0, 1, 1]},
+          "checks": [{"kind": "clean_accuracy"}]}, "std"),
+    ],
+)
+def test_suite_validation(raw, needle):
+    with pytest.raises(SuiteError) as e:
+        parse_suite(raw, "t.yaml")
+    assert needle in e.value.message + (e.value.hint or "")
+
+
+def test_wheel_ships_templates_and_suites(tmp_path):
+    """A normal (non-editable) install finds the templates and suites."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    wheel = next(tmp_path.glob("certify-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "certify/_templates/card.html.j2" in names
+    assert "certify/_suites/gtsrb.yaml" in names
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(target), str(wheel)], check=True, capture_output=True)
+    code = ("import certify, certify.suite as s, certify.report.card as c;"
+            "print(certify.__file__); print(sorted(s.packaged_suites()));"
+            "print(c.importlib.resources.files('certify._templates'))")
+    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, "
+                          f"{str(target)!r}); {code}"], capture_output=True, text=True,
+                         check=True, cwd=tmp_path).stdout
+    assert str(target) in out.splitlines()[0]
+    assert "gtsrb" in out
+    assert str(target) in out.splitlines()[2]
