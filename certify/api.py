@@ -9,6 +9,7 @@ from typing import Any
 
 from certify.data import load_dataset
 from certify.device import choose_device
+from certify.errors import ModelError
 from certify.models import load_model
 from certify.progress import NullProgress, Progress
 from certify.report import write_report
@@ -78,3 +79,39 @@ def certify_model(
         run.close()
     paths = write_report(results, opts.out, pdf=opts.pdf)
     return results, paths
+
+
+DEMO_SEED = 20_240_607  # the demo test set; training used other seeds/indices
+DEMO_PER_CLASS = 10
+
+
+def demo_model_path(name: str = "standard") -> Path:
+    """Path of a bundled demo model (``standard`` or ``robust``)."""
+    import importlib.resources
+
+    path = Path(str(importlib.resources.files("certify.demo") / f"{name}.onnx"))
+    if not path.is_file():
+        raise ModelError(
+            f"the bundled demo model {name}.onnx is missing from {path.parent}",
+            hint="reinstall certify, or rebuild it with scripts/train_demo.py",
+        )
+    return path
+
+
+def run_demo(
+    out: Path, progress: Progress | None = None, pdf: bool = True, resume: bool = False
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Certify the bundled standard model on a seeded synthetic GTSRB-like test set."""
+    import numpy as np
+
+    from certify.data.synthetic import generate
+
+    model = demo_model_path("standard")
+    data_dir = out / "demo-data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
+    npz = data_dir / "synthetic-gtsrb-test.npz"
+    np.savez(npz, x=x, y=y)
+    opts = RunOptions(model=str(model), suite="gtsrb", data=str(npz), out=out,
+                      samples=len(y), resume=resume, pdf=pdf)
+    return certify_model(opts, progress)

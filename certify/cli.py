@@ -137,6 +137,7 @@ def main() -> None:
       certify run model.onnx --suite my-suite.yaml --data test.npz --samples 200
       certify run model.onnx --suite gtsrb --data Test.csv --out run1 --resume
       certify suites list
+      certify demo --out demo-card
     """
 
 
@@ -204,6 +205,44 @@ def _print_summary(results: dict[str, Any], paths: dict[str, Path]) -> None:
     out.print(f"verdict: {results['verdict']}", highlight=False)
     for name, p in paths.items():
         out.print(f"{name}: {p}", highlight=False)
+
+
+@main.command()
+@click.option("--out", "out_dir", default="demo-card", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted demo run in --out.")
+@click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
+@_common_logging
+def demo(out_dir: Path, resume: bool, no_pdf: bool, debug: bool, quiet: bool) -> int:
+    """Certify the bundled traffic-sign model on generated signs: no data or model needed.
+
+    \b
+    Example:
+      certify demo --out demo-card   # then open demo-card/card.html
+    """
+    _setup_logging(debug, quiet)
+    from certify.api import run_demo
+
+    with RichProgress(err_console, enabled=not quiet) as progress:
+        results, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume)
+    _print_summary(results, paths)
+    return EXIT_OK if results["verdict"] == "PASS" else EXIT_FAILED
+
+
+@main.command("contact-sheet")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--per-class", type=click.IntRange(min=1, max=64), default=8, show_default=True)
+@click.option("--size", type=click.IntRange(min=8, max=256), default=32, show_default=True)
+@click.option("--scale", type=click.IntRange(min=1, max=8), default=2, show_default=True)
+def contact_sheet_cmd(path: Path, seed: int, per_class: int, size: int, scale: int) -> None:
+    """Write a PNG of generated signs, one row per class, to check them by eye."""
+    from certify.data.synthetic import contact_sheet
+
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"{path} does not end in .png", hint="e.g. certify contact-sheet s.png")
+    contact_sheet(path, seed=seed, per_class=per_class, size=size, scale=scale)
+    click.echo(f"contact sheet: {path}")
 
 
 @main.group()
