@@ -194,14 +194,12 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
 
 
 def _print_summary(results: dict[str, Any], paths: dict[str, Path]) -> None:
+    from certify.report.card import headline
+
     out = Console()
     for c in results["checks"]:
-        headline = ""
-        if c["status"] == "ERROR":
-            headline = c["error"]
-        elif "accuracy" in c["metrics"]:
-            headline = f"accuracy {100 * c['metrics']['accuracy']:.1f}%"
-        out.print(f"{c['status']:<6} {c['id']:<20} {headline}", highlight=False)
+        out.print(f"{c['status']:<6} {c['id']:<22} {headline(c)}", highlight=False,
+                  soft_wrap=True)
     out.print(f"verdict: {results['verdict']}", highlight=False)
     for name, p in paths.items():
         out.print(f"{name}: {p}", highlight=False)

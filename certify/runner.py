@@ -126,7 +126,8 @@ def run_suite(
         cseed = check_seed(seed, spec.id)
         seeds[spec.id] = cseed
         ctx = CheckContext(check_seed=cseed, device=device.torch_device,
-                           class_names=list(data.class_names))
+                           class_names=list(data.class_names),
+                           flip_invariant_classes=suite.flip_invariant_classes)
         entry: dict[str, Any] = {
             "id": spec.id,
             "kind": spec.kind,

@@ -22,8 +22,8 @@ from certify.data.loaders import LAYOUTS
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
 
-_TOP_KEYS = {"name", "description", "version", "seed", "classes", "data", "preprocessing",
-             "checks"}
+_TOP_KEYS = {"name", "description", "version", "seed", "classes", "flip_invariant_classes",
+             "data", "preprocessing", "checks"}
 _REQUIRED_TOP = {"name", "classes", "checks"}
 _DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
 _PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
@@ -79,6 +79,7 @@ class Suite:
     preprocessing: Preprocessing
     input_size: tuple[int, int] | None
     checks: tuple[CheckSpec, ...]
+    flip_invariant_classes: frozenset[int] = frozenset()
     description: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -245,6 +246,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
         seen.add(cid)
         cls = CHECKS[kind]
         check = cls.from_params(_mapping(c.get("params"), f"{where}.params"), where)
+        check.check_params(where)
         threshold = None
         if c.get("threshold") is not None:
             t = _mapping(c["threshold"], f"{where}.threshold")
@@ -265,6 +267,13 @@ def parse_suite(raw: Any, source: str) -> Suite:
             raise SuiteError(f"{where}.budget must be a positive integer", hint="queries per run")
         specs.append(CheckSpec(cid, kind, check, threshold, budget))
 
+    flips = raw.get("flip_invariant_classes", [])
+    if not isinstance(flips, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) and 0 <= c < len(classes) for c in flips
+    ):
+        raise SuiteError(f"{source}: flip_invariant_classes must list class ids",
+                         hint=f"integers in 0..{len(classes) - 1}")
+
     canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return Suite(
         name=str(raw["name"]),
@@ -276,6 +285,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
         preprocessing=pre,
         input_size=tuple(size) if size else None,
         checks=tuple(specs),
+        flip_invariant_classes=frozenset(flips),
         description=str(raw.get("description", "")),
         raw=raw,
     )

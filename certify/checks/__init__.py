@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from certify.checks.base import Check, CheckContext, Measurement
 from certify.checks.clean import CleanAccuracy
+from certify.checks.corruption import Corruption, CorruptionPair
 
-CHECKS: dict[str, type[Check]] = {c.kind: c for c in (CleanAccuracy,)}
+CHECKS: dict[str, type[Check]] = {c.kind: c for c in (CleanAccuracy, Corruption, CorruptionPair)}
 
-__all__ = ["CHECKS", "Check", "CheckContext", "CleanAccuracy", "Measurement"]
+__all__ = ["CHECKS", "Check", "CheckContext", "CleanAccuracy", "Corruption", "CorruptionPair",
+           "Measurement"]

@@ -37,6 +37,7 @@ class CheckContext:
     check_seed: int
     device: torch.device
     class_names: Sequence[str]
+    flip_invariant_classes: frozenset[int] = frozenset()
 
     def generator(self, sample_index: int) -> torch.Generator:
         """A CPU generator seeded from (suite seed, check id, sample index)."""
@@ -76,6 +77,9 @@ class Check:
             return cls(**params)
         except TypeError as exc:
             raise SuiteError(f"{where}: {exc}", hint="check the parameter types") from None
+
+    def check_params(self, where: str) -> None:
+        """Validate the parameters themselves when the suite loads (raise SuiteError)."""
 
     def validate(self, info: ModelInfo) -> None:
         """Refuse, before any query, a model this check cannot run on (raise SuiteError)."""

@@ -18,7 +18,8 @@ log = logging.getLogger("certify")
 #: "Limitations" when a suite does not run them.
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "clean": ("Clean accuracy", ("clean_accuracy",)),
-    "corruption": ("Corruption properties (noise, geometric, colour, stickers)", ()),
+    "corruption": ("Corruption properties (noise, geometric, colour, stickers)",
+                   ("corruption", "corruption_pair")),
     "attack": ("Query-based attacks validated by the binarization test", ()),
     "brittleness": ("Black-box brittle score (LIME)", ()),
     "confidence": ("Coverage, confident mistakes and suspect-model checks", ()),
@@ -66,6 +67,56 @@ def per_class_svg(per_class: list[dict[str, Any]]) -> str:
     return svg[svg.index("<svg"):]
 
 
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * float(v):.1f}%"
+
+
+def headline(c: dict[str, Any]) -> str:
+    """One line that says what a check measured (the card's summary and the CLI's)."""
+    if c["status"] == "ERROR":
+        return f"error: {c['error']}"
+    m, iv = c["metrics"], c["intervals"]
+    if c["kind"] == "clean_accuracy":
+        lo, hi = iv["accuracy"]
+        return f"accuracy {_pct(m['accuracy'])} (95% CI {_pct(lo)}–{_pct(hi)})"
+    if c["kind"] == "corruption":
+        lo, hi = iv["robustness_score"]
+        d = c["details"]
+        return (f"robustness {_pct(m['robustness_score'])} (95% CI {_pct(lo)}–{_pct(hi)}) "
+                f"within {d['bound']:g} {d['unit']}, n={m['n_evaluated']}")
+    if c["kind"] == "corruption_pair":
+        return (f"joint robustness {_pct(m['robustness_score'])}; alone "
+                f"{_pct(m['score_first'])} and {_pct(m['score_second'])}; change vs weaker "
+                f"{100 * m['change_vs_weaker']:+.1f} points")
+    return ", ".join(f"{k}={v}" for k, v in m.items())
+
+
+def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
+    """Robustness score as a function of the intensity bound, as inline SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(p["intensity"], p["score"]) for p in curve if p["score"] is not None]
+    with matplotlib.rc_context({"svg.hashsalt": "certify", "svg.fonttype": "none",
+                                "font.size": 7}):
+        fig, ax = plt.subplots(figsize=(2.6, 1.6))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2.5,
+                    color="#1565c0", linewidth=1.2, drawstyle="steps-post")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel(unit)
+        ax.set_ylabel("robustness")
+        ax.spines[["top", "right"]].set_visible(False)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+        plt.close(fig)
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
 def card_context(results: dict[str, Any], signature: str | None = None) -> dict[str, Any]:
     """Everything the template shows, computed from the results document alone."""
     results = normalize(results)
@@ -78,12 +129,21 @@ def card_context(results: dict[str, Any], signature: str | None = None) -> dict[
     ]
     figures: dict[str, str] = {}
     for c in results["checks"]:
-        if c["kind"] == "clean_accuracy" and c["status"] != "ERROR":
+        if c["status"] == "ERROR":
+            continue
+        if c["kind"] == "clean_accuracy":
             figures[c["id"]] = per_class_svg(c["details"]["per_class"])
+        elif c["kind"] == "corruption":
+            figures[c["id"]] = curve_svg(c["details"]["curve"], c["details"]["unit"])
+    corruption = [c for c in results["checks"] if c["kind"] == "corruption"]
+    pairs = [c for c in results["checks"] if c["kind"] == "corruption_pair"]
     return {
         "r": results,
         "not_tested": not_tested,
         "figures": figures,
+        "headlines": {c["id"]: headline(c) for c in results["checks"]},
+        "corruption": corruption,
+        "pairs": pairs,
         "payload": script_safe_json(results),
         "signature": signature,
     }

@@ -1,0 +1,354 @@
+"""Corruption properties (Berghoff et al. 2021, §3.3–§4.3) and their robustness score.
+
+A sample is *robust* to a property when the model's prediction stays correct for every tried
+transform within the bound; the **robustness score** is the share of robust samples among the
+correctly classified ones (§3.4). Candidates are tried from the weakest intensity up and a
+sample's search stops at its first failure, so each record keeps the smallest intensity that
+broke it, which gives the score as a function of the bound (the card's curve) for free.
+
+Threat model: natural corruptions, not adversarial ones: a grid over each deterministic
+property's parameters, and ``tries`` seeded random draws per intensity level for random ones.
+Queries per sample: one clean query plus at most the number of candidates.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from PIL import Image
+
+from certify.checks.base import Check, CheckContext, Measurement
+from certify.data import Dataset
+from certify.errors import SuiteError
+from certify.models.base import Model
+from certify.perturbations import PROPERTIES, Property, mix_seed
+from certify.stats import wilson_interval
+
+Apply = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _property(name: Any, where: str) -> Property:
+    if name not in PROPERTIES:
+        raise SuiteError(f"{where}: unknown property {name!r}",
+                         hint=f"valid properties: {', '.join(PROPERTIES)}")
+    return PROPERTIES[name]
+
+
+def _bound_steps(prop: Property, bound: Any, steps: Any, where: str) -> tuple[float, int]:
+    b = prop.default_bound if bound is None else bound
+    s = prop.default_steps if steps is None else steps
+    if isinstance(b, bool) or not isinstance(b, int | float) or b <= 0:
+        raise SuiteError(f"{where}: bound must be a positive number, got {b!r}",
+                         hint=f"{prop.name} is measured in {prop.unit}")
+    if prop.max_bound is not None and b > prop.max_bound:
+        raise SuiteError(f"{where}: bound {b} exceeds {prop.max_bound} for {prop.name}",
+                         hint=f"{prop.name} is measured in {prop.unit}")
+    if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+        raise SuiteError(f"{where}: steps must be a positive integer", hint="e.g. steps: 5")
+    return float(b), s
+
+
+def png_data_uri(img: torch.Tensor) -> str:
+    """A ``[C, H, W]`` image in [0, 1] as a base64 PNG data URI."""
+    arr = (img.detach().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).round()
+    buf = io.BytesIO()
+    Image.fromarray(arr.astype(np.uint8).squeeze()).save(buf, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def search(
+    model: Model,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    alive: torch.Tensor,
+    candidates: torch.Tensor,
+    apply: Apply,
+    seed_of: Callable[[int, int], int],
+    index: Sequence[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Try candidates in order on the ``alive`` samples, stopping each at its first failure.
+
+    Returns (index of the breaking candidate or -1 ``[B]``, predicted label there ``[B]``,
+    queries spent ``[B]``).
+    """
+    b = len(y)
+    broken_at = torch.full((b,), -1, dtype=torch.long)
+    broken_pred = torch.full((b,), -1, dtype=torch.long)
+    queries = torch.zeros(b, dtype=torch.long)
+    alive = alive.clone().cpu()
+    for t in range(len(candidates)):
+        ai = alive.nonzero().flatten()
+        if len(ai) == 0:
+            break
+        params = candidates[t].expand(len(ai), -1).to(x.device)
+        seeds = torch.tensor([seed_of(int(index[i]), t) for i in ai.tolist()], dtype=torch.long)
+        xt = apply(x[ai.to(x.device)], params, seeds)
+        pred = model.predict(xt).argmax(1).cpu()
+        queries[ai] += 1
+        bad = pred != y[ai.to(y.device)].cpu()
+        hit = ai[bad]
+        broken_at[hit] = t
+        broken_pred[hit] = pred[bad]
+        alive[hit] = False
+    return broken_at, broken_pred, queries
+
+
+class _CorruptionBase(Check):
+    metric_names: ClassVar[tuple[str, ...]] = ("robustness_score",)
+
+    def _clean(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
+               flip_only: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pred = model.predict(x).argmax(1)
+        correct = (pred == y).cpu()
+        applicable = torch.ones_like(correct)
+        if flip_only:
+            allowed = torch.tensor(sorted(ctx.flip_invariant_classes), dtype=torch.long)
+            applicable = torch.isin(y.cpu(), allowed)
+        return pred.cpu(), correct, applicable
+
+    @staticmethod
+    def _outcome(correct: bool, applicable: bool, broken: bool) -> str:
+        if not applicable:
+            return "not_applicable"
+        if not correct:
+            return "misclassified"
+        return "broken" if broken else "robust"
+
+    @staticmethod
+    def _score(records: list[dict[str, Any]], key: str = "outcome") -> tuple[int, int]:
+        robust = sum(r[key] == "robust" for r in records)
+        evaluated = sum(r[key] in ("robust", "broken") for r in records)
+        return robust, evaluated
+
+
+class Corruption(_CorruptionBase):
+    """Robustness score of one corruption property within a bound (Berghoff et al. 2021).
+
+    Parameters: ``property`` (see :data:`certify.perturbations.PROPERTIES`), ``bound`` (in the
+    property's unit; default per property), ``steps`` (grid resolution or number of intensity
+    levels), ``tries`` (seeded draws per level for random properties), ``max_examples`` (failure
+    examples kept for the card's gallery).
+    """
+
+    kind: ClassVar[str] = "corruption"
+
+    def __init__(self, property: str, bound: float | None = None, steps: int | None = None,
+                 tries: int = 4, max_examples: int = 4) -> None:
+        self.property = property
+        self.bound = bound
+        self.steps = steps
+        self.tries = tries
+        self.max_examples = max_examples
+
+    def check_params(self, where: str) -> None:
+        """Validate the parameters when the suite loads."""
+        prop = _property(self.property, where)
+        _bound_steps(prop, self.bound, self.steps, where)
+        if not isinstance(self.tries, int) or self.tries < 1:
+            raise SuiteError(f"{where}: tries must be a positive integer", hint="e.g. tries: 4")
+
+    def _candidates(self) -> tuple[Property, torch.Tensor, torch.Tensor]:
+        prop = PROPERTIES[self.property]
+        bound, steps = _bound_steps(prop, self.bound, self.steps, self.kind)
+        rows, inten, _ = prop.candidates(bound, steps, self.tries)
+        return prop, rows, inten
+
+    def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+                  ctx: CheckContext) -> list[dict[str, Any]]:
+        prop, rows, inten = self._candidates()
+        pred, correct, applicable = self._clean(model, x, y, ctx, prop.name == "flip")
+        broken_at, broken_pred, queries = search(
+            model, x, y, correct & applicable, rows, prop.apply,
+            lambda i, t: mix_seed(ctx.check_seed, i, t), index)
+        out = []
+        for j, i in enumerate(index):
+            t = int(broken_at[j])
+            rec: dict[str, Any] = {
+                "outcome": self._outcome(bool(correct[j]), bool(applicable[j]), t >= 0),
+                "label": int(y[j]), "pred": int(pred[j]), "queries": 1 + int(queries[j]),
+            }
+            if t >= 0:
+                rec.update({"break_intensity": float(inten[t]),
+                            "break_params": [float(v) for v in rows[t]],
+                            "break_pred": int(broken_pred[j]),
+                            "break_seed": mix_seed(ctx.check_seed, int(i), t)})
+            out.append(rec)
+        return out
+
+    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+        prop, rows, inten = self._candidates()
+        robust, evaluated = self._score(records)
+        levels = [0.0, *sorted({float(v) for v in inten.tolist()})]
+        broken = [r["break_intensity"] for r in records if r["outcome"] == "broken"]
+        curve = [
+            {"intensity": lv, "score": (evaluated - sum(b <= lv + 1e-12 for b in broken))
+             / evaluated if evaluated else None}
+            for lv in levels
+        ]
+        return Measurement(
+            metrics={
+                "robustness_score": robust / evaluated if evaluated else 0.0,
+                "n_evaluated": evaluated,
+                "n_robust": robust,
+                "n_misclassified": sum(r["outcome"] == "misclassified" for r in records),
+                "n_not_applicable": sum(r["outcome"] == "not_applicable" for r in records),
+                "candidates": len(rows),
+            },
+            intervals={"robustness_score": wilson_interval(robust, evaluated)},
+            details={
+                "property": prop.name,
+                "family": prop.family,
+                "description": prop.description,
+                "unit": prop.unit,
+                "param_names": list(prop.params),
+                "bound": _bound_steps(prop, self.bound, self.steps, self.kind)[0],
+                "search": "random" if prop.random else "grid",
+                "curve": curve,
+                "examples": self._examples(prop.apply, records, data),
+            },
+        )
+
+    def _examples(self, apply: Apply, records: list[dict[str, Any]], data: Dataset,
+                  ) -> list[dict[str, Any]]:
+        """Regenerate the weakest breaking transforms for the gallery (deterministic)."""
+        broken = sorted((r for r in records if r["outcome"] == "broken"),
+                        key=lambda r: (r["break_intensity"], r["i"]))[: self.max_examples]
+        names = data.class_names
+        out = []
+        for r in broken:
+            x = data.x[r["i"] : r["i"] + 1]
+            xt = apply(x, torch.tensor([r["break_params"]], dtype=torch.float32),
+                       torch.tensor([r["break_seed"]], dtype=torch.long))
+            out.append({
+                "id": r["id"], "label": r["label"], "label_name": names[r["label"]],
+                "pred": r["break_pred"], "pred_name": names[r["break_pred"]]
+                if 0 <= r["break_pred"] < len(names) else str(r["break_pred"]),
+                "intensity": r["break_intensity"], "params": r["break_params"],
+                "original": png_data_uri(x[0]), "perturbed": png_data_uri(xt[0]),
+            })
+        return out
+
+
+class CorruptionPair(_CorruptionBase):
+    """Two properties combined over their joint parameter space (Berghoff et al. 2021, §4.3).
+
+    ``first`` and ``second`` are ``{property, bound, steps}`` mappings. Reports the joint
+    robustness score, each property's own score on the same grids, and the change against the
+    weaker of the two (negative: the combination finds failures neither finds alone).
+    """
+
+    kind: ClassVar[str] = "corruption_pair"
+    metric_names: ClassVar[tuple[str, ...]] = ("robustness_score", "change_vs_weaker")
+
+    def __init__(self, first: dict[str, Any], second: dict[str, Any], tries: int = 2,
+                 max_examples: int = 4) -> None:
+        self.first = first
+        self.second = second
+        self.tries = tries
+        self.max_examples = max_examples
+
+    def _spec(self, part: Any, where: str) -> tuple[Property, float, int]:
+        if not isinstance(part, dict) or set(part) - {"property", "bound", "steps"}:
+            raise SuiteError(f"{where} must be a mapping with keys property, bound, steps",
+                             hint="e.g. first: {property: rotation, bound: 10, steps: 2}")
+        prop = _property(part.get("property"), where)
+        if prop.name == "flip":
+            raise SuiteError(f"{where}: flip cannot be combined", hint="test flip on its own")
+        b, s = _bound_steps(prop, part.get("bound"), part.get("steps"), where)
+        return prop, b, s
+
+    def check_params(self, where: str) -> None:
+        """Validate the parameters when the suite loads."""
+        self._spec(self.first, f"{where}.params.first")
+        self._spec(self.second, f"{where}.params.second")
+        if not isinstance(self.tries, int) or self.tries < 1:
+            raise SuiteError(f"{where}: tries must be a positive integer", hint="e.g. tries: 2")
+
+    def _grids(self) -> dict[str, Any]:
+        pa, ba, sa = self._spec(self.first, "first")
+        pb, bb, sb = self._spec(self.second, "second")
+        ra, ia, _ = pa.candidates(ba, sa, self.tries)
+        rb, ib, _ = pb.candidates(bb, sb, self.tries)
+        na, nb = len(pa.params), len(pb.params)
+        za, zb = torch.zeros(1, na), torch.zeros(1, nb)
+        fa, fb = torch.cat([za, ra]), torch.cat([zb, rb])
+        ja = torch.cat([torch.zeros(1, dtype=ia.dtype), ia]) / ba
+        jb = torch.cat([torch.zeros(1, dtype=ib.dtype), ib]) / bb
+        pairs = [(i, j) for i in range(len(fa)) for j in range(len(fb)) if i and j]
+        pairs.sort(key=lambda ij: (float(max(ja[ij[0]], jb[ij[1]])), ij))
+        joint = torch.stack([torch.cat([fa[i], fb[j]]) for i, j in pairs]) if pairs else \
+            torch.zeros(0, na + nb)
+
+        def apply(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+            return pb.apply(pa.apply(x, p[:, :na], seeds), p[:, na:], seeds ^ 0x5EED)
+
+        return {"a": pa, "b": pb, "ra": ra, "rb": rb, "joint": joint, "apply": apply,
+                "na": na, "nb": nb}
+
+    def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+                  ctx: CheckContext) -> list[dict[str, Any]]:
+        g = self._grids()
+        pred, correct, _ = self._clean(model, x, y, ctx, False)
+        ba, _, qa = search(model, x, y, correct, g["ra"], g["a"].apply,
+                           lambda i, t: mix_seed(ctx.check_seed, i, 1, t), index)
+        bb, _, qb = search(model, x, y, correct, g["rb"], g["b"].apply,
+                           lambda i, t: mix_seed(ctx.check_seed, i, 2, t), index)
+        # a failure of either property alone is already a failure of the combination
+        alive = correct & (ba < 0) & (bb < 0)
+        bj, pj, qj = search(model, x, y, alive, g["joint"], g["apply"],
+                            lambda i, t: mix_seed(ctx.check_seed, i, 3, t), index)
+        out = []
+        for j, i in enumerate(index):
+            c = bool(correct[j])
+            joint_broken = (ba[j] >= 0) or (bb[j] >= 0) or (bj[j] >= 0)
+            rec: dict[str, Any] = {
+                "outcome": self._outcome(c, True, bool(joint_broken)),
+                "outcome_first": self._outcome(c, True, bool(ba[j] >= 0)),
+                "outcome_second": self._outcome(c, True, bool(bb[j] >= 0)),
+                "label": int(y[j]), "pred": int(pred[j]),
+                "queries": 1 + int(qa[j] + qb[j] + qj[j]),
+            }
+            t = int(bj[j])
+            if t >= 0:
+                rec.update({"break_params": [float(v) for v in g["joint"][t]],
+                            "break_pred": int(pj[j]),
+                            "break_seed": mix_seed(ctx.check_seed, int(i), 3, t)})
+            out.append(rec)
+        return out
+
+    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+        g = self._grids()
+        rj, n = self._score(records)
+        ra, _ = self._score(records, "outcome_first")
+        rb, _ = self._score(records, "outcome_second")
+        sj, sa, sb = (v / n if n else 0.0 for v in (rj, ra, rb))
+        only_joint = [r for r in records if "break_params" in r]
+        examples = []
+        for r in sorted(only_joint, key=lambda r: r["i"])[: self.max_examples]:
+            x = data.x[r["i"] : r["i"] + 1]
+            xt = g["apply"](x, torch.tensor([r["break_params"]]),
+                            torch.tensor([r["break_seed"]], dtype=torch.long))
+            names = data.class_names
+            examples.append({
+                "id": r["id"], "label": r["label"], "label_name": names[r["label"]],
+                "pred": r["break_pred"], "pred_name": names[r["break_pred"]],
+                "params": r["break_params"],
+                "original": png_data_uri(x[0]), "perturbed": png_data_uri(xt[0]),
+            })
+        return Measurement(
+            metrics={"robustness_score": sj, "score_first": sa, "score_second": sb,
+                     "change_vs_weaker": sj - min(sa, sb), "n_evaluated": n,
+                     "n_robust": rj, "joint_only_failures": len(only_joint),
+                     "candidates": len(g["ra"]) + len(g["rb"]) + len(g["joint"])},
+            intervals={"robustness_score": wilson_interval(rj, n)},
+            details={"first": g["a"].name, "second": g["b"].name,
+                     "first_bound": self._spec(self.first, "first")[1],
+                     "second_bound": self._spec(self.second, "second")[1],
+                     "param_names": [*g["a"].params, *g["b"].params],
+                     "examples": examples},
+        )

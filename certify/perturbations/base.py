@@ -1,0 +1,102 @@
+"""The property interface shared by every perturbation.
+
+A property (Berghoff et al. 2021, §3.3) is a family of image transforms with a scalar
+*intensity* (degrees, pixels, noise sigma, ...). Its search space inside a bound is a sorted list
+of candidate parameter vectors; random properties try each intensity level several times with
+per-image seeds. ``apply`` is pure: the same images, parameters and seeds give the same output.
+
+Shapes: images ``[N, C, H, W]`` float in ``[0, 1]``; parameters ``[N, P]``; seeds ``[N]`` int64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """Combine integers into one 63-bit seed (splitmix64 steps; order matters)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) & MASK64)) & MASK64
+        h = (h + 0x9E3779B97F4A7C15) & MASK64
+        z = h
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        h = z ^ (z >> 31)
+    return h & ((1 << 63) - 1)
+
+
+def generators(seeds: torch.Tensor) -> list[torch.Generator]:
+    """One CPU generator per image seed."""
+    out = []
+    for s in seeds.tolist():
+        g = torch.Generator()
+        g.manual_seed(int(s))
+        out.append(g)
+    return out
+
+
+def per_image(seeds: torch.Tensor, shape: tuple[int, ...], draw: str, device: torch.device,
+              ) -> torch.Tensor:
+    """Stack one seeded draw per image: ``draw`` is ``rand`` or ``randn``; shape excludes N."""
+    fn = torch.rand if draw == "rand" else torch.randn
+    return torch.stack([fn(shape, generator=g) for g in generators(seeds)]).to(device)
+
+
+ApplyFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Property:
+    """One robustness property: how to search it and how to apply it.
+
+    ``levels(bound, steps)`` returns candidate parameter rows ``[T, P]``; ``intensity(params)``
+    maps rows to their scalar intensity ``[T]`` (0 is the identity). Random properties
+    (``random=True``) are tried ``tries`` times per level with distinct seeds.
+    """
+
+    name: str
+    family: str
+    unit: str
+    description: str
+    params: tuple[str, ...]
+    levels: Callable[[float, int], torch.Tensor]
+    intensity: Callable[[torch.Tensor], torch.Tensor]
+    apply: ApplyFn
+    random: bool = False
+    default_bound: float = 1.0
+    default_steps: int = 5
+    max_bound: float | None = None
+
+    def candidates(self, bound: float, steps: int, tries: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor]:
+        """Sorted (params ``[T, P]``, intensity ``[T]``, try index ``[T]``) inside ``bound``.
+
+        The identity (intensity 0) is left out: the clean prediction already covers it.
+        """
+        rows = self.levels(bound, steps).to(torch.float64)
+        inten = self.intensity(rows)
+        keep = inten > 0
+        rows, inten = rows[keep], inten[keep]
+        repeat = tries if self.random else 1
+        rows = rows.repeat_interleave(repeat, dim=0)
+        inten = inten.repeat_interleave(repeat)
+        tri = torch.arange(repeat).repeat(int(keep.sum()))
+        order = torch.argsort(inten, stable=True)
+        return rows[order].float(), inten[order], tri[order]
+
+
+def symmetric_grid(bound: float, steps: int) -> torch.Tensor:
+    """``2 * steps + 1`` values evenly spread over ``[-bound, bound]`` as a column."""
+    pos = torch.linspace(0, bound, steps + 1, dtype=torch.float64)[1:]
+    return torch.cat([-pos.flip(0), torch.zeros(1, dtype=torch.float64), pos]).unsqueeze(1)
+
+
+def positive_grid(bound: float, steps: int) -> torch.Tensor:
+    """``steps`` values evenly spread over ``(0, bound]`` as a column."""
+    return torch.linspace(0, bound, steps + 1, dtype=torch.float64)[1:].unsqueeze(1)

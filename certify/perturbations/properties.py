@@ -1,0 +1,278 @@
+"""The corruption properties of Berghoff et al. 2021 (§3.3 and §4.2), batched and seeded.
+
+Geometric and colour transforms are kornia's; noise and the task-specific properties are
+written with torch. Every ``apply`` returns images in ``[0, 1]`` of the input's shape and dtype,
+and returns the input unchanged where the intensity is 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import kornia
+import torch
+import torch.nn.functional as F
+
+from certify.perturbations.base import (
+    Property,
+    per_image,
+    positive_grid,
+    symmetric_grid,
+)
+
+
+def _identity_where_zero(x: torch.Tensor, out: torch.Tensor, inten: torch.Tensor) -> torch.Tensor:
+    keep = (inten == 0).view(-1, 1, 1, 1)
+    return torch.where(keep, x, out.clamp(0.0, 1.0).to(x.dtype))
+
+
+def _abs0(p: torch.Tensor) -> torch.Tensor:
+    return p[:, 0].abs()
+
+
+def _maxabs(p: torch.Tensor) -> torch.Tensor:
+    return p.abs().max(dim=1).values
+
+
+def _grid2(bound: float, steps: int) -> torch.Tensor:
+    g = symmetric_grid(bound, steps)[:, 0]
+    return torch.cartesian_prod(g, g)
+
+
+# -- image noise ---------------------------------------------------------------------------
+
+def _gaussian(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    noise = per_image(seeds, tuple(x.shape[1:]), "randn", x.device)
+    return _identity_where_zero(x, x + p[:, 0].view(-1, 1, 1, 1).to(x) * noise, p[:, 0])
+
+
+def _uniform(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    u = per_image(seeds, tuple(x.shape[1:]), "rand", x.device) * 2 - 1
+    return _identity_where_zero(x, x + p[:, 0].view(-1, 1, 1, 1).to(x) * u, p[:, 0])
+
+
+def _impulse(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    # salt and pepper on each value: with probability p set to 0 or 1 (half each)
+    u = per_image(seeds, (2, *x.shape[1:]), "rand", x.device)
+    hit = u[:, 0] < p[:, 0].view(-1, 1, 1, 1).to(x)
+    out = torch.where(hit, (u[:, 1] < 0.5).to(x.dtype), x)
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _linf(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    # p = [eps, corner]: uniform inside the L-inf ball, or a random corner of it
+    u = per_image(seeds, tuple(x.shape[1:]), "rand", x.device) * 2 - 1
+    corner = (p[:, 1] > 0.5).view(-1, 1, 1, 1)
+    delta = torch.where(corner, torch.sign(u) + (u == 0).to(u.dtype), u)
+    return _identity_where_zero(x, x + p[:, 0].view(-1, 1, 1, 1).to(x) * delta, p[:, 0])
+
+
+def _linf_levels(bound: float, steps: int) -> torch.Tensor:
+    eps = positive_grid(bound, steps)[:, 0]
+    return torch.cartesian_prod(eps, torch.tensor([0.0, 1.0], dtype=torch.float64))
+
+
+def _l0(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    # k pixel locations, every channel set to 0 or 1 (the extremes change a pixel the most)
+    n, c, h, w = x.shape
+    u = per_image(seeds, (h * w + c * h * w,), "rand", x.device)
+    rank = u[:, : h * w].argsort(dim=1).argsort(dim=1)
+    chosen = (rank < p[:, 0].round().view(-1, 1).to(x.device)).view(n, 1, h, w)
+    values = (u[:, h * w :] < 0.5).to(x.dtype).view(n, c, h, w)
+    return _identity_where_zero(x, torch.where(chosen, values, x), p[:, 0])
+
+
+def _l0_levels(bound: float, steps: int) -> torch.Tensor:
+    ks = torch.unique(torch.linspace(0, bound, steps + 1, dtype=torch.float64).round())
+    return ks[ks > 0].unsqueeze(1)
+
+
+# -- geometric -----------------------------------------------------------------------------
+
+def _rotation(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    out = kornia.geometry.transform.rotate(x, p[:, 0].to(x), padding_mode="border")
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _translation(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    out = kornia.geometry.transform.translate(x, p[:, :2].to(x), padding_mode="border")
+    return _identity_where_zero(x, out, _maxabs(p))
+
+
+def _scaling(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    factor = (1.0 + p[:, 0]).to(x).view(-1, 1).repeat(1, 2)
+    out = kornia.geometry.transform.scale(x, factor, padding_mode="border")
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _shearing(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    # kornia shears about the top-left corner; shear about the centre instead so that the sign
+    # stays in the frame: translate by -c, shear, translate back.
+    n, _, h, w = x.shape
+    sh = p[:, :2].to(x)
+    cx, cy = (w - 1) / 2, (h - 1) / 2
+    m = torch.zeros(n, 2, 3, dtype=x.dtype, device=x.device)
+    m[:, 0, 0] = 1
+    m[:, 1, 1] = 1
+    m[:, 0, 1] = sh[:, 0]
+    m[:, 1, 0] = sh[:, 1]
+    m[:, 0, 2] = -sh[:, 0] * cy
+    m[:, 1, 2] = -sh[:, 1] * cx
+    out = kornia.geometry.transform.warp_affine(x, m, (h, w), padding_mode="border",
+                                                align_corners=True)
+    return _identity_where_zero(x, out, _maxabs(p))
+
+
+def _blur(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    sigma = p[:, 0].clamp(min=1e-3).to(x)
+    k = 2 * math.ceil(3 * float(sigma.max())) + 1
+    k = min(k, 2 * (min(x.shape[-2:]) // 2) - 1)
+    out = kornia.filters.gaussian_blur2d(x, (k, k), sigma.view(-1, 1).repeat(1, 2))
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _sharpen(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    out = kornia.enhance.sharpness(x, (1.0 + p[:, 0]).to(x))
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _flip(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    return _identity_where_zero(x, kornia.geometry.transform.hflip(x), p[:, 0])
+
+
+# -- colour --------------------------------------------------------------------------------
+
+def _brightness(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    out = kornia.enhance.adjust_brightness(x, p[:, 0].to(x), clip_output=True)
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _contrast(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    out = kornia.enhance.adjust_contrast_with_mean_subtraction(x, (1.0 + p[:, 0]).to(x))
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _saturation(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    out = kornia.enhance.adjust_saturation(x, (1.0 + p[:, 0]).to(x))
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _hue(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    out = kornia.enhance.adjust_hue(x, torch.deg2rad(p[:, 0]).to(x))
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _grayscale(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    gray = kornia.color.rgb_to_grayscale(x).expand_as(x)
+    a = p[:, 0].to(x).view(-1, 1, 1, 1)
+    return _identity_where_zero(x, x * (1 - a) + gray * a, p[:, 0])
+
+
+def _colour_depth(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    bits = (8 - p[:, 0].round()).clamp(1, 8).to(torch.uint8).to(x.device)
+    out = kornia.enhance.posterize(x, bits)
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _depth_levels(bound: float, steps: int) -> torch.Tensor:
+    return torch.arange(1, int(bound) + 1, dtype=torch.float64).unsqueeze(1)
+
+
+# -- task-specific -------------------------------------------------------------------------
+
+def _adaptive_brightness(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    # a smooth field: a 4x4 grid of offsets in [-d, d] upsampled bicubically over the image,
+    # so some parts of the sign get brighter and others darker (Berghoff et al., Fig. 4)
+    n, _, h, w = x.shape
+    coarse = per_image(seeds, (1, 4, 4), "rand", x.device) * 2 - 1
+    field = F.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=True).clamp(-1, 1)
+    out = x + p[:, 0].to(x).view(-1, 1, 1, 1) * field.to(x)
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+def _sticker(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    # one square sticker of side p * image side, centred on the sign's central region, with a
+    # random colour and orientation (Berghoff et al., Fig. 5)
+    n, c, h, w = x.shape
+    r = per_image(seeds, (7,), "rand", x.device).to(x)
+    cx = (0.3 + 0.4 * r[:, 0]) * (w - 1)
+    cy = (0.3 + 0.4 * r[:, 1]) * (h - 1)
+    angle = r[:, 2] * (math.pi / 2)
+    colour = r[:, 3:6]
+    half = p[:, 0].to(x) * min(h, w) / 2
+    ys = torch.arange(h, device=x.device, dtype=x.dtype).view(1, h, 1)
+    xs = torch.arange(w, device=x.device, dtype=x.dtype).view(1, 1, w)
+    dx, dy = xs - cx.view(-1, 1, 1), ys - cy.view(-1, 1, 1)
+    cos, sin = torch.cos(angle).view(-1, 1, 1), torch.sin(angle).view(-1, 1, 1)
+    u, v = cos * dx + sin * dy, -sin * dx + cos * dy
+    # one pixel of anti-aliasing at the edge
+    edge = (half.view(-1, 1, 1) + 0.5 - torch.maximum(u.abs(), v.abs())).clamp(0, 1)
+    m = edge.unsqueeze(1)
+    out = x * (1 - m) + colour[:, :c].view(n, c, 1, 1) * m
+    return _identity_where_zero(x, out, p[:, 0])
+
+
+PROPERTIES: dict[str, Property] = {
+    p.name: p
+    for p in (
+        Property("gaussian_noise", "noise", "sigma", "Gaussian noise of standard deviation "
+                 "sigma on every value", ("sigma",), positive_grid, _abs0, _gaussian,
+                 random=True, default_bound=0.1, default_steps=5),
+        Property("uniform_noise", "noise", "half-width", "uniform noise in [-a, a] on every "
+                 "value", ("a",), positive_grid, _abs0, _uniform, random=True,
+                 default_bound=0.15, default_steps=5),
+        Property("impulse_noise", "noise", "probability", "salt-and-pepper noise: each value "
+                 "set to 0 or 1 with probability p", ("p",), positive_grid, _abs0, _impulse,
+                 random=True, default_bound=0.05, default_steps=5, max_bound=1.0),
+        Property("linf", "pixel", "epsilon", "every value changed by at most epsilon "
+                 "(random search: uniform in the ball and on its corners)",
+                 ("epsilon", "corner"), _linf_levels, _abs0, _linf, random=True,
+                 default_bound=8 / 255, default_steps=4),
+        Property("l0", "pixel", "pixels", "k pixels set to arbitrary (extreme) values",
+                 ("k",), _l0_levels, _abs0, _l0, random=True, default_bound=10,
+                 default_steps=5),
+        Property("rotation", "geometric", "degrees", "rotation about the image centre",
+                 ("angle",), symmetric_grid, _abs0, _rotation, default_bound=15,
+                 default_steps=5),
+        Property("translation", "geometric", "pixels", "shift by (dx, dy) pixels",
+                 ("dx", "dy"), _grid2, _maxabs, _translation, default_bound=3,
+                 default_steps=3),
+        Property("scaling", "geometric", "relative", "zoom by a factor 1 + s about the centre",
+                 ("s",), symmetric_grid, _abs0, _scaling, default_bound=0.2, default_steps=4,
+                 max_bound=0.9),
+        Property("shearing", "geometric", "shear", "shear by (sx, sy) about the centre",
+                 ("sx", "sy"), _grid2, _maxabs, _shearing, default_bound=0.2,
+                 default_steps=2),
+        Property("blur", "geometric", "sigma (pixels)", "Gaussian blur", ("sigma",),
+                 positive_grid, _abs0, _blur, default_bound=1.5, default_steps=5),
+        Property("sharpen", "geometric", "amount", "sharpening (kornia sharpness 1 + a)",
+                 ("a",), positive_grid, _abs0, _sharpen, default_bound=2.0, default_steps=4),
+        Property("flip", "geometric", "flipped", "horizontal flip (flip-invariant classes only)",
+                 ("flipped",), lambda b, s: torch.tensor([[1.0]], dtype=torch.float64),
+                 _abs0, _flip, default_bound=1, default_steps=1),
+        Property("brightness", "colour", "offset", "brightness offset added to every value",
+                 ("delta",), symmetric_grid, _abs0, _brightness, default_bound=0.3,
+                 default_steps=5),
+        Property("contrast", "colour", "relative", "contrast factor 1 + c about the mean",
+                 ("c",), symmetric_grid, _abs0, _contrast, default_bound=0.5,
+                 default_steps=5, max_bound=1.0),
+        Property("saturation", "colour", "relative", "saturation factor 1 + s", ("s",),
+                 symmetric_grid, _abs0, _saturation, default_bound=0.5, default_steps=5,
+                 max_bound=1.0),
+        Property("hue", "colour", "degrees", "hue rotation", ("degrees",), symmetric_grid,
+                 _abs0, _hue, default_bound=18, default_steps=3, max_bound=180),
+        Property("grayscale", "colour", "blend", "blend towards grayscale", ("alpha",),
+                 positive_grid, _abs0, _grayscale, default_bound=1.0, default_steps=4,
+                 max_bound=1.0),
+        Property("colour_depth", "colour", "bits removed", "fewer bits per channel "
+                 "(8 - k bits)", ("k",), _depth_levels, _abs0, _colour_depth,
+                 default_bound=5, default_steps=5, max_bound=7),
+        Property("adaptive_brightness", "task", "offset", "smooth, spatially varying "
+                 "brightness field in [-d, d]", ("delta",), positive_grid, _abs0,
+                 _adaptive_brightness, random=True, default_bound=0.3, default_steps=3),
+        Property("sticker", "task", "side (fraction)", "one square sticker of random "
+                 "position, colour and orientation on the sign", ("size",), positive_grid,
+                 _abs0, _sticker, random=True, default_bound=0.25, default_steps=5,
+                 max_bound=1.0),
+    )
+}
