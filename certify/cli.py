@@ -214,6 +214,8 @@ def _print_summary(results: dict[str, Any], paths: dict[str, Path]) -> None:
 def demo(out_dir: Path, resume: bool, no_pdf: bool, debug: bool, quiet: bool) -> int:
     """Certify the bundled traffic-sign model on generated signs: no data or model needed.
 
+    Exits 0 once the card is written, whatever its verdict (the verdict is the finding).
+
     \b
     Example:
       certify demo --out demo-card   # then open demo-card/card.html
@@ -224,7 +226,8 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, debug: bool, quiet: bool) ->
     with RichProgress(err_console, enabled=not quiet) as progress:
         results, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume)
     _print_summary(results, paths)
-    return EXIT_OK if results["verdict"] == "PASS" else EXIT_FAILED
+    # The demo's job is to produce the card; the verdict inside it is the finding, not an error.
+    return EXIT_OK
 
 
 @main.command("contact-sheet")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import warnings
 
-import builders
 import pytest
 import torch
+
+import builders
 
 
 def _one_clear_line(proc, code: int, *needles: str) -> None:

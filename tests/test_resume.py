@@ -10,9 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import builders
 import numpy as np
 import pytest
+
+import builders
 
 N = 1500
 

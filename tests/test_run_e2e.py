@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import builders
 import numpy as np
 import pytest
+
+import builders
 
 
 def _results(out: Path) -> dict:

@@ -1,0 +1,86 @@
+"""Property tests of the perturbations (Hypothesis): identity, range, determinism, monotony."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from certify.perturbations import PROPERTIES
+
+NAMES = sorted(PROPERTIES)
+settings.register_profile("certify", deadline=None, max_examples=15,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("certify")
+
+
+def _images(seed: int, n: int = 3, size: int = 16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 3, size, size, generator=g)
+
+
+def _params(name: str, frac: float, n: int) -> torch.Tensor:
+    prop = PROPERTIES[name]
+    rows, inten, _ = prop.candidates(prop.default_bound, prop.default_steps, 1)
+    row = rows[min(len(rows) - 1, int(frac * len(rows)))]
+    return row.expand(n, -1).clone()
+
+
+@given(name=st.sampled_from(NAMES), seed=st.integers(0, 2**31 - 1))
+def test_intensity_zero_is_identity(name, seed):
+    x = _images(seed)
+    p = torch.zeros(len(x), len(PROPERTIES[name].params))
+    out = PROPERTIES[name].apply(x, p, torch.arange(len(x)) + seed)
+    assert torch.equal(out, x)
+
+
+@given(name=st.sampled_from(NAMES), seed=st.integers(0, 2**31 - 1),
+       frac=st.floats(0, 1), size=st.sampled_from([8, 16, 32]))
+def test_range_shape_dtype_and_determinism(name, seed, frac, size):
+    x = _images(seed, size=size)
+    p = _params(name, frac, len(x))
+    seeds = torch.arange(len(x)) * 7 + seed
+    out = PROPERTIES[name].apply(x, p, seeds)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert float(out.min()) >= 0.0 and float(out.max()) <= 1.0
+    assert torch.equal(out, PROPERTIES[name].apply(x, p, seeds))
+    assert torch.equal(out[1:2], PROPERTIES[name].apply(x[1:2], p[1:2], seeds[1:2]))
+
+
+@pytest.mark.parametrize("name", ["blur", "gaussian_noise", "uniform_noise", "impulse_noise",
+                                  "adaptive_brightness"])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_monotone_in_intensity(name, seed):
+    x = _images(seed, n=2, size=32)
+    prop = PROPERTIES[name]
+    seeds = torch.tensor([seed, seed + 1])
+    levels = torch.linspace(0, prop.default_bound, 6)
+    dist = []
+    for lv in levels:
+        p = torch.full((2, len(prop.params)), float(lv))
+        dist.append(float((prop.apply(x, p, seeds) - x).abs().mean()))
+    assert all(b >= a - 1e-6 for a, b in zip(dist, dist[1:], strict=False)), dist
+    assert dist[-1] > dist[0]
+
+
+def test_random_properties_differ_by_seed():
+    x = _images(0)
+    for name, prop in PROPERTIES.items():
+        if not prop.random:
+            continue
+        p = _params(name, 1.0, len(x))
+        a = prop.apply(x, p, torch.tensor([1, 2, 3]))
+        b = prop.apply(x, p, torch.tensor([4, 5, 6]))
+        assert not torch.equal(a, b), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_matches_cpu():
+    x = _images(0, size=32)
+    for name, prop in PROPERTIES.items():
+        p = _params(name, 0.7, len(x))
+        seeds = torch.arange(len(x))
+        cpu = prop.apply(x, p, seeds)
+        gpu = prop.apply(x.cuda(), p.cuda(), seeds).cpu()
+        assert torch.allclose(cpu, gpu, atol=1e-4), name
