@@ -19,6 +19,7 @@ import torch
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
+from certify.perturbations.base import mix_seed
 
 
 @dataclass
@@ -39,11 +40,13 @@ class CheckContext:
     class_names: Sequence[str]
     flip_invariant_classes: frozenset[int] = frozenset()
 
-    def generator(self, sample_index: int) -> torch.Generator:
-        """A CPU generator seeded from (suite seed, check id, sample index)."""
-        g = torch.Generator()
-        g.manual_seed((self.check_seed * 1_000_003 + sample_index) % (2**63 - 1))
-        return g
+    def seed(self, sample_index: int, *more: int) -> int:
+        """The seed of one random draw: from (suite seed, check id), the sample and ``more``.
+
+        Independent of batching and sharding, so a sample's result never depends on which
+        other samples were processed with it.
+        """
+        return mix_seed(self.check_seed, sample_index, *more)
 
 
 class Check:

@@ -26,7 +26,7 @@ from certify.checks.base import Check, CheckContext, Measurement
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model
-from certify.perturbations import PROPERTIES, Property, mix_seed
+from certify.perturbations import PROPERTIES, Property
 from certify.stats import wilson_interval
 
 Apply = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -164,7 +164,7 @@ class Corruption(_CorruptionBase):
         pred, correct, applicable = self._clean(model, x, y, ctx, prop.name == "flip")
         broken_at, broken_pred, queries = search(
             model, x, y, correct & applicable, rows, prop.apply,
-            lambda i, t: mix_seed(ctx.check_seed, i, t), index)
+            ctx.seed, index)
         out = []
         for j, i in enumerate(index):
             t = int(broken_at[j])
@@ -176,7 +176,7 @@ class Corruption(_CorruptionBase):
                 rec.update({"break_intensity": float(inten[t]),
                             "break_params": [float(v) for v in rows[t]],
                             "break_pred": int(broken_pred[j]),
-                            "break_seed": mix_seed(ctx.check_seed, int(i), t)})
+                            "break_seed": ctx.seed(int(i), t)})
             out.append(rec)
         return out
 
@@ -295,13 +295,13 @@ class CorruptionPair(_CorruptionBase):
         g = self._grids()
         pred, correct, _ = self._clean(model, x, y, ctx, False)
         ba, _, qa = search(model, x, y, correct, g["ra"], g["a"].apply,
-                           lambda i, t: mix_seed(ctx.check_seed, i, 1, t), index)
+                           lambda i, t: ctx.seed(i, 1, t), index)
         bb, _, qb = search(model, x, y, correct, g["rb"], g["b"].apply,
-                           lambda i, t: mix_seed(ctx.check_seed, i, 2, t), index)
+                           lambda i, t: ctx.seed(i, 2, t), index)
         # a failure of either property alone is already a failure of the combination
         alive = correct & (ba < 0) & (bb < 0)
         bj, pj, qj = search(model, x, y, alive, g["joint"], g["apply"],
-                            lambda i, t: mix_seed(ctx.check_seed, i, 3, t), index)
+                            lambda i, t: ctx.seed(i, 3, t), index)
         out = []
         for j, i in enumerate(index):
             c = bool(correct[j])
@@ -317,7 +317,7 @@ class CorruptionPair(_CorruptionBase):
             if t >= 0:
                 rec.update({"break_params": [float(v) for v in g["joint"][t]],
                             "break_pred": int(pj[j]),
-                            "break_seed": mix_seed(ctx.check_seed, int(i), 3, t)})
+                            "break_seed": ctx.seed(int(i), 3, t)})
             out.append(rec)
         return out
 
