@@ -48,3 +48,17 @@ def npz_path(dataset_arrays, tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("npz") / "data.npz"
     np.savez(p, x=x, y=y)
     return p
+
+
+@pytest.fixture(scope="session")
+def clean_suite(tmp_path_factory) -> Path:
+    """The gtsrb suite reduced to its clean-accuracy check (fast end-to-end runs)."""
+    import yaml
+
+    from certify.suite import resolve_suite_path
+
+    raw = yaml.safe_load(resolve_suite_path("gtsrb").read_text())
+    raw["checks"] = [c for c in raw["checks"] if c["kind"] == "clean_accuracy"]
+    path = tmp_path_factory.mktemp("suites") / "gtsrb-clean.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path

@@ -156,17 +156,17 @@ def test_unknown_suite_name(model_path, tmp_path):
     assert "gtsrb" in proc.stderr
 
 
-def test_existing_run_dir_needs_resume(model_path, official_dir, tmp_path):
+def test_existing_run_dir_needs_resume(model_path, official_dir, clean_suite, tmp_path):
     out = tmp_path / "o"
-    args = ("run", model_path, "--suite", "gtsrb", "--data", official_dir, "--out", out,
+    args = ("run", model_path, "--suite", clean_suite, "--data", official_dir, "--out", out,
             "--no-pdf", "--samples", "20")
     assert builders.run_cli(*args).returncode == 1
     _one_clear_line(builders.run_cli(*args), 2, "already holds a run")
 
 
-def test_resume_with_other_seed_is_refused(model_path, official_dir, tmp_path):
+def test_resume_with_other_seed_is_refused(model_path, official_dir, clean_suite, tmp_path):
     out = tmp_path / "o"
-    args = ["run", model_path, "--suite", "gtsrb", "--data", official_dir, "--out", out,
+    args = ["run", model_path, "--suite", clean_suite, "--data", official_dir, "--out", out,
             "--no-pdf", "--samples", "20"]
     assert builders.run_cli(*args).returncode == 1
     _one_clear_line(builders.run_cli(*args, "--resume", "--seed", "5"), 2, "cannot resume")

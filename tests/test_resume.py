@@ -27,9 +27,9 @@ def big_npz(net, tmp_path_factory) -> Path:
     return p
 
 
-def _args(model: Path, data: Path, out: Path) -> list[str]:
+def _args(model: Path, data: Path, out: Path, suite: Path) -> list[str]:
     # batch size 1: one durable append per sample, so the run is slow enough to interrupt
-    return ["run", str(model), "--suite", "gtsrb", "--data", str(data), "--out", str(out),
+    return ["run", str(model), "--suite", str(suite), "--data", str(data), "--out", str(out),
             "--samples", str(N), "--batch-size", "1", "--no-pdf"]
 
 
@@ -41,9 +41,9 @@ def _lines(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(model_path, big_npz, tmp_path_factory) -> dict:
+def uninterrupted(model_path, big_npz, clean_suite, tmp_path_factory) -> dict:
     full = tmp_path_factory.mktemp("full")
-    args = _args(model_path, big_npz, full)
+    args = _args(model_path, big_npz, full, clean_suite)
     args[args.index("--batch-size") + 1] = "256"  # batching must not change any figure
     assert builders.run_cli(*args).returncode == 1
     return json.loads((full / "results.json").read_text())
@@ -51,12 +51,12 @@ def uninterrupted(model_path, big_npz, tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_run_resumes_to_same_metrics(sig, model_path, big_npz, uninterrupted,
-                                                 tmp_path):
+                                                 clean_suite, tmp_path):
     expected = uninterrupted
 
     out = tmp_path / "cut"
     exe = Path(sys.executable).parent / "certify"
-    proc = subprocess.Popen([str(exe), *_args(model_path, big_npz, out)],
+    proc = subprocess.Popen([str(exe), *_args(model_path, big_npz, out, clean_suite)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while _lines(out / "records.jsonl") < 100 and time.monotonic() < deadline:
@@ -70,7 +70,7 @@ def test_interrupted_run_resumes_to_same_metrics(sig, model_path, big_npz, unint
         assert proc.returncode == 130
         assert "--resume" in stderr and "Traceback" not in stderr
 
-    resumed = builders.run_cli(*_args(model_path, big_npz, out), "--resume")
+    resumed = builders.run_cli(*_args(model_path, big_npz, out, clean_suite), "--resume")
     assert resumed.returncode == 1, resumed.stderr
     got = json.loads((out / "results.json").read_text())
     assert got["checks"][0]["metrics"] == expected["checks"][0]["metrics"]

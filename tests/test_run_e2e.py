@@ -20,12 +20,12 @@ def _accuracy(out: Path) -> float:
 
 
 @pytest.mark.parametrize("layout", ["official", "csv"])
-def test_clean_accuracy_matches_bare_onnxruntime(layout, model_path, official_dir, csv_dir,
-                                                 dataset_arrays, tmp_path):
+def test_clean_accuracy_matches_bare_onnxruntime(clean_suite, layout, model_path, official_dir,
+                                                 csv_dir, dataset_arrays, tmp_path):
     x, y = dataset_arrays
     data = official_dir if layout == "official" else csv_dir
     out = tmp_path / "run"
-    proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", data, "--out", out)
+    proc = builders.run_cli("run", model_path, "--suite", clean_suite, "--data", data, "--out", out)
     expected = builders.reference_accuracy(model_path, x, y, nhwc=False, scale255=False)
     # the suite threshold is 0.9 and the labels are 30% wrong by construction: exit 1 (FAIL)
     assert proc.returncode == 1, proc.stderr
@@ -40,12 +40,12 @@ def test_clean_accuracy_matches_bare_onnxruntime(layout, model_path, official_di
     assert (out / "card.pdf").read_bytes().startswith(b"%PDF")
 
 
-def test_nhwc_255_probs_fixed_batch_model(net, dataset_arrays, csv_dir, tmp_path):
+def test_nhwc_255_probs_fixed_batch_model(clean_suite, net, dataset_arrays, csv_dir, tmp_path):
     x, y = dataset_arrays
     model = builders.export(net, tmp_path / "conv.onnx", nhwc=True, fixed_batch=True,
                             probs=True, scale255=True)
     out = tmp_path / "run"
-    proc = builders.run_cli("run", model, "--suite", "gtsrb", "--data", csv_dir, "--out", out,
+    proc = builders.run_cli("run", model, "--suite", clean_suite, "--data", csv_dir, "--out", out,
                             "--input-scale", "255", "--no-pdf")
     assert proc.returncode == 1, proc.stderr
     expected = builders.reference_accuracy(model, x, y, nhwc=True, scale255=True)
@@ -60,13 +60,13 @@ def test_nhwc_255_probs_fixed_batch_model(net, dataset_arrays, csv_dir, tmp_path
     assert expected == pytest.approx(plain)
 
 
-def test_fixed_batch_graph_that_cannot_be_rewritten_is_chunked(dataset_arrays, npz_path,
-                                                               tmp_path):
+def test_fixed_batch_graph_that_cannot_be_rewritten_is_chunked(clean_suite, dataset_arrays,
+                                                               npz_path, tmp_path):
     x, y = dataset_arrays
     net = builders.make_net(seed=0, reshape_fixed=True)
     model = builders.export(net, tmp_path / "fixed.onnx", fixed_batch=True)
     out = tmp_path / "run"
-    proc = builders.run_cli("run", model, "--suite", "gtsrb", "--data", npz_path, "--out", out,
+    proc = builders.run_cli("run", model, "--suite", clean_suite, "--data", npz_path, "--out", out,
                             "--no-pdf", "--batch-size", "64")
     assert proc.returncode == 1, proc.stderr
     r = _results(out)
@@ -75,7 +75,7 @@ def test_fixed_batch_graph_that_cannot_be_rewritten_is_chunked(dataset_arrays, n
     assert _accuracy(out) == pytest.approx(expected, abs=1e-9)
 
 
-def test_image_folder_layout_and_samples(model_path, dataset_arrays, tmp_path):
+def test_image_folder_layout_and_samples(clean_suite, model_path, dataset_arrays, tmp_path):
     from PIL import Image
 
     x, y = dataset_arrays
@@ -85,7 +85,7 @@ def test_image_folder_layout_and_samples(model_path, dataset_arrays, tmp_path):
         d.mkdir(parents=True, exist_ok=True)
         Image.fromarray(img).save(d / f"{i}.png")
     out = tmp_path / "run"
-    proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", root, "--out", out,
+    proc = builders.run_cli("run", model_path, "--suite", clean_suite, "--data", root, "--out", out,
                             "--no-pdf", "--samples", "50")
     assert proc.returncode == 1, proc.stderr
     r = _results(out)
@@ -99,22 +99,22 @@ def test_image_folder_layout_and_samples(model_path, dataset_arrays, tmp_path):
     assert counts[avail > 0].max() - counts[avail >= counts.max()].min() <= 1
 
 
-def test_passing_run_exits_zero(net, tmp_path):
+def test_passing_run_exits_zero(clean_suite, net, tmp_path):
     x = builders.make_images(86, seed=9)
     y = builders.predict_net(net, x)  # labels the model gets right
     np.savez(tmp_path / "d.npz", x=x, y=y)
     model = builders.export(net, tmp_path / "m.onnx")
-    proc = builders.run_cli("run", model, "--suite", "gtsrb", "--data", tmp_path / "d.npz",
+    proc = builders.run_cli("run", model, "--suite", clean_suite, "--data", tmp_path / "d.npz",
                             "--out", tmp_path / "run", "--no-pdf")
     assert proc.returncode == 0, proc.stderr
     assert _accuracy(tmp_path / "run") == 1.0
     assert "verdict: PASS" in proc.stdout
 
 
-def test_same_inputs_give_same_metrics(model_path, official_dir, tmp_path):
+def test_same_inputs_give_same_metrics(clean_suite, model_path, official_dir, tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
-        builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", official_dir,
+        builders.run_cli("run", model_path, "--suite", clean_suite, "--data", official_dir,
                          "--out", out, "--no-pdf", "--samples", "60", "--seed", "7")
     a, b = (_results(o) for o in outs)
     assert a["checks"][0]["metrics"] == b["checks"][0]["metrics"]

@@ -110,6 +110,23 @@ class QueryCounter:
         self.queries += n
         return self.model.predict(x)
 
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features through the same count and budget as ``predict``."""
+        n = int(x.shape[0])
+        if self.budget is not None and self.queries + n > self.budget:
+            raise BudgetExceeded(
+                f"query budget of {self.budget} would be exceeded "
+                f"({self.queries} used, {n} more asked)",
+                hint="raise the budget in the suite or lower the number of samples",
+            )
+        self.queries += n
+        return self.model.features(x)  # type: ignore[attr-defined]
+
+    def has_features(self) -> bool:
+        """Whether the wrapped model exposes penultimate features."""
+        return getattr(self.model, "feature_name", None) is not None and hasattr(
+            self.model, "features")
+
     def remaining(self) -> int | None:
         """Queries left, or ``None`` when unlimited."""
         return None if self.budget is None else self.budget - self.queries

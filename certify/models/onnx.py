@@ -105,6 +105,32 @@ def _make_batch_symbolic(model: onnx.ModelProto) -> bytes:
     return m.SerializeToString()
 
 
+_PASS_THROUGH = {"Softmax", "LogSoftmax", "Identity", "Sigmoid", "Cast", "Flatten", "Reshape",
+                 "Squeeze", "Unsqueeze", "Add"}
+
+
+def _penultimate(proto: onnx.ModelProto) -> str | None:
+    """The tensor that feeds the final linear layer (Gemm, or MatMul + Add), if any."""
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    initializers = {i.name for i in proto.graph.initializer}
+    constants = {o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
+    tensor = proto.graph.output[0].name
+    for _ in range(16):
+        node = producers.get(tensor)
+        if node is None:
+            return None
+        if node.op_type in ("Gemm", "MatMul"):
+            data = [i for i in node.input[:2] if i not in initializers and i not in constants]
+            return data[0] if len(data) == 1 else None
+        if node.op_type not in _PASS_THROUGH:
+            return None
+        data = [i for i in node.input if i and i not in initializers and i not in constants]
+        if len(data) != 1:
+            return None
+        tensor = data[0]
+    return None
+
+
 class OnnxModel:
     """An ONNX image classifier run by onnxruntime.
 
@@ -154,6 +180,9 @@ class OnnxModel:
                     hint="set preprocessing.input_size: [H, W] in the suite",
                 )
             height, width = input_size
+        self._proto = proto
+        self._feature_session: ort.InferenceSession | None = None
+        self.feature_name: str | None = _penultimate(proto)
         self.layout = layout
         self.input_name = inp.name
         self.output_name = proto.graph.output[0].name
@@ -310,10 +339,14 @@ class OnnxModel:
             return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
         return arr.astype(self._np_dtype, copy=False)
 
-    def _run(self, arr: np.ndarray) -> np.ndarray:
+    def _run(self, arr: np.ndarray, session: ort.InferenceSession | None = None,
+             output: str | None = None) -> np.ndarray:
+        """One forward pass per chunk of the model's fixed batch (padded), or one in all."""
+        session = session or self.session
+        names = [output or self.output_name]
         fb = self.fixed_batch
         if fb is None:
-            return self.session.run([self.output_name], {self.input_name: arr})[0]
+            return session.run(names, {self.input_name: arr})[0]
         outs = []
         n = len(arr)
         for start in range(0, n, fb):
@@ -321,8 +354,28 @@ class OnnxModel:
             short = fb - len(chunk)
             if short:
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], short, axis=0)])
-            outs.append(self.session.run([self.output_name], {self.input_name: chunk})[0])
+            outs.append(session.run(names, {self.input_name: chunk})[0])
         return np.concatenate(outs)[:n]
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features ``[N, D]``: the input of the last Gemm/MatMul before the output.
+
+        Raises :class:`ModelError` when the graph has no such tensor (``feature_name`` is None).
+        """
+        if self.feature_name is None:
+            raise ModelError("no penultimate tensor found in the graph",
+                             hint="the model has no final Gemm/MatMul layer")
+        if self._feature_session is None:
+            m = onnx.ModelProto()
+            m.CopyFrom(self._proto)
+            m.graph.output.append(onnx.helper.make_empty_tensor_value_info(self.feature_name))
+            data = m.SerializeToString()
+            if self.fixed_batch is None and self.batch_mode.startswith("symbolic (rewritten"):
+                data = _make_batch_symbolic(m)
+            self._feature_session = self._session(data)
+        arr = self._to_model_input(x)
+        feats = self._run(arr, self._feature_session, self.feature_name).reshape(len(arr), -1)
+        return torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)).to(x.device)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""

@@ -1,0 +1,88 @@
+"""The attack interface: black-box attacks that only call ``predict``.
+
+An attack is constructed from its suite parameters and ``run`` on a batch of samples with one
+seed per sample. It returns candidate adversarial images and the queries it spent per sample.
+It never grades itself: the caller projects the candidates onto the threat model
+(:func:`project`), queries the model once more and decides success from that answer.
+
+Shapes: ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]``, seeds ``[B]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from certify.perturbations.base import generators
+
+
+@dataclass
+class AttackResult:
+    """Candidates ``x_adv`` ``[B, C, H, W]`` and queries spent per sample ``[B]``."""
+
+    x_adv: torch.Tensor
+    queries: torch.Tensor
+
+
+def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> torch.Tensor:
+    """Clip candidates to the ε-ball around ``x`` (L∞ or L2) and to ``[0, 1]``."""
+    delta = x_adv - x
+    if norm == "linf":
+        delta = delta.clamp(-epsilon, epsilon)
+    elif norm == "l2":
+        n = delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+        delta = delta * torch.clamp(epsilon / n, max=1.0)
+    return (x + delta).clamp(0.0, 1.0)
+
+
+def margin(scores: torch.Tensor, y: torch.Tensor, output: str) -> torch.Tensor:
+    """Margin loss ``s_y - max_{j != y} s_j`` (log-probabilities for probability outputs).
+
+    Negative means misclassified.
+    """
+    s = torch.log(scores.clamp(min=1e-12)) if output == "probs" else scores
+    true = s.gather(1, y.view(-1, 1)).squeeze(1)
+    other = s.clone()
+    other.scatter_(1, y.view(-1, 1), float("-inf"))
+    return true - other.max(dim=1).values
+
+
+class Uniforms:
+    """Per-sample random streams: ``draw(k, idx)`` gives ``[len(idx), k]`` uniforms.
+
+    Every sample draws from its own generator, so its attack does not depend on which other
+    samples share its batch.
+    """
+
+    def __init__(self, seeds: torch.Tensor) -> None:
+        self.gens = generators(seeds)
+
+    def draw(self, k: int, idx: torch.Tensor | list[int]) -> torch.Tensor:
+        """``k`` uniforms in ``[0, 1)`` for each listed sample."""
+        ids = idx.tolist() if isinstance(idx, torch.Tensor) else idx
+        return torch.stack([torch.rand(k, generator=self.gens[i]) for i in ids])
+
+    def normal(self, shape: tuple[int, ...], i: int) -> torch.Tensor:
+        """Standard normals of ``shape`` from sample ``i``'s stream."""
+        return torch.randn(shape, generator=self.gens[i])
+
+
+class Attack:
+    """Base class: subclasses set ``name``, ``norm``, ``needs_scores`` and write ``run``."""
+
+    name: ClassVar[str] = ""
+    norm: ClassVar[str] = "linf"  # linf | l2 | spatial
+    needs_scores: ClassVar[bool] = True
+    epsilon: float
+    max_queries: int
+
+    def params(self) -> dict[str, Any]:
+        """The constructor parameters (as given in the suite)."""
+        return dict(vars(self))
+
+    def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+            output: str) -> AttackResult:
+        """Attack the batch; ``model.predict`` is the only access to the model."""
+        raise NotImplementedError

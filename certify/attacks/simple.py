@@ -1,0 +1,144 @@
+"""Baselines: random search in the ε-ball, and the brute-force spatial grid attack.
+
+Random search is also what the binarization test's R-ASR uses: how often blind sampling with
+the same number of queries finds an adversarial point (Zimmermann et al. 2022, §3.1).
+The spatial attack tries every rotation × translation on a grid and keeps the first that
+fools the model (Engstrom et al. 2019, used by Brown et al. 2018).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import kornia
+import torch
+
+from certify.attacks.base import Attack, AttackResult, Uniforms
+
+
+def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tensor,
+                       gauss: torch.Tensor | None = None, corner: torch.Tensor | None = None,
+                       ) -> torch.Tensor:
+    """Points in the ε-ball around ``x``: uniform, or on corners (L∞) / the sphere (L2).
+
+    ``u`` holds uniforms shaped like ``x``; ``gauss`` normals shaped like ``x`` (L2 only) and
+    ``corner`` a ``[B]`` bool choosing corners or the sphere surface.
+    """
+    if norm == "linf":
+        delta = (u * 2 - 1) * epsilon
+        if corner is not None:
+            delta = torch.where(corner.view(-1, 1, 1, 1), torch.sign(delta) * epsilon, delta)
+    else:
+        assert gauss is not None
+        d = gauss / gauss.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+        n = d[0].numel()
+        radius = u.flatten(1)[:, 0] ** (1.0 / n)  # uniform in the ball
+        if corner is not None:
+            radius = torch.where(corner, torch.ones_like(radius), radius)
+        delta = d * radius.view(-1, 1, 1, 1) * epsilon
+    return (x + delta.to(x)).clamp(0, 1)
+
+
+class RandomSearch(Attack):
+    """Blind random sampling in the ε-ball (half uniform inside, half on corners / sphere).
+
+    Threat model: L∞ or L2; labels suffice; one query per draw.
+    """
+
+    name: ClassVar[str] = "random"
+    needs_scores: ClassVar[bool] = False
+
+    def __init__(self, epsilon: float, max_queries: int = 1000, norm: str = "linf") -> None:
+        self.epsilon = epsilon
+        self.max_queries = max_queries
+        self.norm = norm  # type: ignore[misc]
+
+    def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+            output: str) -> AttackResult:
+        b = len(x)
+        rng = Uniforms(seeds)
+        queries = torch.zeros(b, dtype=torch.long)
+        found = torch.zeros(b, dtype=torch.bool)
+        x_adv = x.clone()
+        shape = tuple(x.shape[1:])
+        for q in range(self.max_queries):
+            active = (~found).nonzero().flatten()
+            if len(active) == 0:
+                break
+            u = rng.draw(math.prod(shape), active).view(len(active), *shape)
+            gauss = None
+            if self.norm == "l2":
+                gauss = torch.stack([rng.normal(shape, int(i)) for i in active])
+            corner = torch.full((len(active),), q % 2 == 1)
+            cand = random_ball_points(x[active], self.norm, self.epsilon, u.to(x), gauss,
+                                      corner)
+            pred = model.predict(cand).argmax(1).cpu()
+            queries[active] += 1
+            hit = pred != y[active].cpu()
+            x_adv[active[hit]] = cand[hit]
+            found[active[hit]] = True
+        return AttackResult(x_adv, queries)
+
+
+class SpatialGrid(Attack):
+    """Every rotation × translation on a grid; the first that fools the model wins.
+
+    ``max_rotation`` degrees and ``max_translation`` pixels, ``rotation_steps`` and
+    ``translation_steps`` grid points per side (Brown et al. 2018 use ±30°, ±3 px).
+    Threat model: spatial (no pixel-norm bound); labels suffice.
+    """
+
+    name: ClassVar[str] = "spatial_grid"
+    norm: ClassVar[str] = "spatial"
+    needs_scores: ClassVar[bool] = False
+
+    def __init__(self, max_rotation: float = 30.0, max_translation: float = 3.0,
+                 rotation_steps: int = 5, translation_steps: int = 3,
+                 max_queries: int | None = None) -> None:
+        self.max_rotation = max_rotation
+        self.max_translation = max_translation
+        self.rotation_steps = rotation_steps
+        self.translation_steps = translation_steps
+        self.max_queries = max_queries
+        self.epsilon = 0.0
+
+    def grid(self) -> torch.Tensor:
+        """Rows of (angle, dx, dy), weakest first, identity excluded."""
+        def sym(b: float, s: int) -> torch.Tensor:
+            pos = torch.linspace(0, b, s + 1)[1:]
+            return torch.cat([torch.zeros(1), pos, -pos])
+
+        g = torch.cartesian_prod(sym(self.max_rotation, self.rotation_steps),
+                                 sym(self.max_translation, self.translation_steps),
+                                 sym(self.max_translation, self.translation_steps))
+        g = g[(g != 0).any(dim=1)]
+        key = torch.maximum(g[:, 0].abs() / max(self.max_rotation, 1e-9),
+                            g[:, 1:].abs().max(dim=1).values / max(self.max_translation, 1e-9))
+        return g[torch.argsort(key, stable=True)]
+
+    def transform(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Rotate then translate each image by its row of (angle, dx, dy)."""
+        r = kornia.geometry.transform.rotate(x, rows[:, 0].to(x), padding_mode="border")
+        return kornia.geometry.transform.translate(r, rows[:, 1:].to(x), padding_mode="border")
+
+    def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+            output: str) -> AttackResult:
+        g = self.grid()
+        if self.max_queries is not None:
+            g = g[: self.max_queries]
+        b = len(x)
+        queries = torch.zeros(b, dtype=torch.long)
+        found = torch.zeros(b, dtype=torch.bool)
+        x_adv = x.clone()
+        for row in g:
+            active = (~found).nonzero().flatten()
+            if len(active) == 0:
+                break
+            cand = self.transform(x[active], row.expand(len(active), -1))
+            pred = model.predict(cand).argmax(1).cpu()
+            queries[active] += 1
+            hit = pred != y[active].cpu()
+            x_adv[active[hit]] = cand[hit]
+            found[active[hit]] = True
+        return AttackResult(x_adv, queries)
