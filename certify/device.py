@@ -80,5 +80,11 @@ def choose_device(requested: str = "auto") -> DeviceChoice:
             ("CUDAExecutionProvider", "CPUExecutionProvider"),
             f"{gpus} CUDA device(s) found",
         )
+    if choice.name == "cpu":
+        # The model's forward passes run on onnxruntime's own thread pool; certify's tensor
+        # work between them is small. A second multi-threaded pool (torch's) spinning beside
+        # it made whole runs several times slower on a 2-core machine, so torch stays on one
+        # thread (measured in benchmarks/RESULTS.md).
+        torch.set_num_threads(1)
     log.info("device: %s (%s)", choice.name, choice.reason)
     return choice

@@ -104,6 +104,29 @@ def _run_check(
     return run.records[spec.id]
 
 
+def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
+    """Robust accuracy against all of the suite's attacks at once, per (norm, ε)."""
+    groups: dict[tuple[str, float], list[str]] = {}
+    for spec in suite.checks:
+        if spec.kind == "attack":
+            chk: Any = spec.check
+            try:
+                key = (chk._norm(), chk._epsilon())
+            except KeyError:
+                continue
+            groups.setdefault(key, []).append(spec.id)
+    out = []
+    for (norm, eps), ids in sorted(groups.items()):
+        recs = [run.records.get(i, {}) for i in ids]
+        common = set.intersection(*(set(r) for r in recs)) if recs else set()
+        if not common:
+            continue
+        robust = sum(all(r[s]["outcome"] == "robust" for r in recs) for s in common)
+        out.append({"norm": norm, "epsilon": eps, "attacks": ids, "n": len(common),
+                    "robust_accuracy": robust / len(common)})
+    return out
+
+
 def run_suite(
     model: Model,
     data: Dataset,
@@ -127,7 +150,8 @@ def run_suite(
         seeds[spec.id] = cseed
         ctx = CheckContext(check_seed=cseed, device=device.torch_device,
                            class_names=list(data.class_names),
-                           flip_invariant_classes=suite.flip_invariant_classes)
+                           flip_invariant_classes=suite.flip_invariant_classes,
+                           n_samples=len(data))
         entry: dict[str, Any] = {
             "id": spec.id,
             "kind": spec.kind,
@@ -151,12 +175,15 @@ def run_suite(
                 "queries": {"total": sum(queries),
                             "mean_per_sample": sum(queries) / len(queries) if queries else 0.0},
                 "error": None,
+                "warnings": m.warnings,
             })
             if spec.threshold is None:
-                entry["status"] = "INFO"
+                entry["status"] = "WARN" if m.warnings else "INFO"
             else:
                 value = float(m.metrics[spec.threshold.metric])
                 entry["status"] = "PASS" if spec.threshold.passes(value) else "FAIL"
+                if entry["status"] == "PASS" and m.warnings:
+                    entry["status"] = "WARN"
         except (KeyboardInterrupt, ModelError):
             raise
         except Exception as exc:  # noqa: BLE001 - a check's crash is a result, not a crash
@@ -168,17 +195,13 @@ def run_suite(
             log.debug("check %s failed:\n%s", spec.id, traceback.format_exc())
             log.error("check %s errored: %s", spec.id, message)
             entry.update({"status": "ERROR", "metrics": {}, "intervals": {}, "details": {},
-                          "queries": {"total": 0, "mean_per_sample": 0.0}, "error": message})
+                          "queries": {"total": 0, "mean_per_sample": 0.0}, "error": message,
+                          "warnings": []})
         entry["duration_s"] = time.perf_counter() - c0
         checks.append(entry)
 
     statuses = [c["status"] for c in checks]
-    if "ERROR" in statuses:
-        verdict = "ERROR"
-    elif "FAIL" in statuses:
-        verdict = "FAIL"
-    else:
-        verdict = "PASS"
+    verdict = next((v for v in ("ERROR", "FAIL", "WARN") if v in statuses), "PASS")
     return {
         "schema": SCHEMA,
         "certify_version": certify.__version__,
@@ -194,6 +217,8 @@ def run_suite(
                     "checks": {c["id"]: c["duration_s"] for c in checks},
                     "resumed_records": run.resumed_records},
         "checks": checks,
-        "summary": {s.lower(): statuses.count(s) for s in ("PASS", "FAIL", "ERROR", "INFO")},
+        "summary": {s.lower(): statuses.count(s)
+                    for s in ("PASS", "FAIL", "WARN", "ERROR", "INFO")},
+        "attack_worst_case": _worst_case(suite, run),
         "verdict": verdict,
     }

@@ -29,6 +29,8 @@ class Measurement:
     metrics: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    #: Reasons not to trust the measured value (the runner turns a PASS into WARN).
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -39,6 +41,7 @@ class CheckContext:
     device: torch.device
     class_names: Sequence[str]
     flip_invariant_classes: frozenset[int] = frozenset()
+    n_samples: int = 0
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.

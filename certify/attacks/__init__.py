@@ -1,0 +1,15 @@
+"""Query-based black-box attacks behind one interface (see :mod:`certify.attacks.base`)."""
+
+from __future__ import annotations
+
+from certify.attacks.base import Attack, AttackResult, margin, project
+from certify.attacks.hsj import HopSkipJump
+from certify.attacks.simple import RandomSearch, SpatialGrid
+from certify.attacks.square import SquareL2, SquareLinf
+
+ATTACKS: dict[str, type[Attack]] = {
+    a.name: a for a in (SquareLinf, SquareL2, HopSkipJump, RandomSearch, SpatialGrid)
+}
+
+__all__ = ["ATTACKS", "Attack", "AttackResult", "HopSkipJump", "RandomSearch", "SpatialGrid",
+           "SquareL2", "SquareLinf", "margin", "project"]

@@ -1,0 +1,248 @@
+"""Robust accuracy under a query-based attack, validated by the binarization test.
+
+For every sample the check queries the model once (clean), runs the attack on the correctly
+classified ones, projects the attack's output onto the threat model (ε-ball and [0, 1]),
+queries once more and counts a success only from that answer: attacks never grade themselves.
+On a seeded, evenly spread subset of samples it then runs the binarization test
+(:mod:`certify.checks.binarization`) with the same attack configuration. An attack whose test
+score is below 0.95, or not clearly above random sampling (R-ASR + 0.1), is reported as too
+weak to support the robust accuracy it measured, and the check's verdict becomes WARN.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from certify.attacks import ATTACKS, Attack, margin, project
+from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.binarization import BinarizationSettings, binarization_test
+from certify.data import Dataset
+from certify.errors import SuiteError
+from certify.models.base import Model, ModelInfo
+from certify.stats import wilson_interval
+
+PASS_SCORE = 0.95
+RASR_MARGIN = 0.1
+_DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5}
+_BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness"}
+
+
+class AttackCheck(Check):
+    """Robust accuracy at ε under one attack and budget (queries per sample).
+
+    Parameters: ``attack`` (square_linf, square_l2, hopskipjump, random, spatial_grid),
+    ``epsilon`` (L∞ or L2 radius in [0, 1] pixel units; 8/255 and 0.5 by default), ``norm``
+    (for hopskipjump and random), ``max_queries`` per sample, ``attack_params`` (extra
+    constructor arguments of the attack), ``binarization`` (``false``, or settings: samples,
+    n_inner, n_boundary, inner_gap, closeness).
+    """
+
+    kind: ClassVar[str] = "attack"
+    metric_names: ClassVar[tuple[str, ...]] = ("robust_accuracy", "attack_success_rate",
+                                               "binarization_score")
+
+    def __init__(self, attack: str, epsilon: float | None = None, norm: str | None = None,
+                 max_queries: int = 1000, attack_params: dict[str, Any] | None = None,
+                 binarization: dict[str, Any] | bool = True) -> None:
+        self.attack = attack
+        self.epsilon = epsilon
+        self.norm = norm
+        self.max_queries = max_queries
+        self.attack_params = attack_params
+        self.binarization = binarization
+
+    # -- configuration --------------------------------------------------------------------
+    def _norm(self) -> str:
+        cls = ATTACKS[self.attack]
+        if cls.name == "hopskipjump":
+            return self.norm or "l2"
+        if cls.name == "random":
+            return self.norm or "linf"
+        return cls.norm
+
+    def _epsilon(self) -> float:
+        norm = self._norm()
+        return 0.0 if norm == "spatial" else float(
+            self.epsilon if self.epsilon is not None else _DEFAULT_EPS[norm])
+
+    def build(self) -> Attack:
+        """The configured attack object."""
+        cls = ATTACKS[self.attack]
+        kw: dict[str, Any] = dict(self.attack_params or {})
+        if cls.name == "spatial_grid":
+            kw.setdefault("max_queries", self.max_queries)
+            return cls(**kw)
+        kw.update(epsilon=self._epsilon(), max_queries=self.max_queries)
+        if cls.name in ("hopskipjump", "random"):
+            kw["norm"] = self._norm()
+        return cls(**kw)
+
+    def _bt(self) -> tuple[BinarizationSettings, int] | None:
+        if self.binarization is False or self._norm() == "spatial":
+            return None
+        raw = {} if self.binarization is True else dict(self.binarization)
+        samples = int(raw.pop("samples", 20))
+        return BinarizationSettings(**raw), samples
+
+    def check_params(self, where: str) -> None:
+        """Validate the parameters when the suite loads."""
+        if self.attack not in ATTACKS:
+            raise SuiteError(f"{where}: unknown attack {self.attack!r}",
+                             hint=f"valid attacks: {', '.join(ATTACKS)}")
+        if self.norm is not None and self.norm not in ("linf", "l2"):
+            raise SuiteError(f"{where}: norm must be linf or l2", hint="e.g. norm: linf")
+        if self.norm is not None and ATTACKS[self.attack].name.startswith("square") and \
+                self.norm != ATTACKS[self.attack].norm:
+            raise SuiteError(f"{where}: {self.attack} works in {ATTACKS[self.attack].norm}",
+                             hint="use square_l2 for L2")
+        if not isinstance(self.max_queries, int) or self.max_queries < 2:
+            raise SuiteError(f"{where}: max_queries must be an integer >= 2", hint="e.g. 1000")
+        if self.epsilon is not None and (not isinstance(self.epsilon, int | float)
+                                         or self.epsilon <= 0):
+            raise SuiteError(f"{where}: epsilon must be positive", hint="e.g. 0.0314 (8/255)")
+        if isinstance(self.binarization, dict):
+            unknown = set(self.binarization) - _BT_KEYS
+            if unknown:
+                raise SuiteError(f"{where}: unknown binarization key(s) {sorted(unknown)}",
+                                 hint=f"valid: {', '.join(sorted(_BT_KEYS))}")
+        elif not isinstance(self.binarization, bool):
+            raise SuiteError(f"{where}: binarization must be false or a mapping",
+                             hint="e.g. binarization: {samples: 20}")
+        try:
+            self.build()
+            self._bt()
+        except TypeError as exc:
+            raise SuiteError(f"{where}: {exc}", hint="check attack_params") from None
+
+    def validate(self, info: ModelInfo) -> None:
+        """Refuse a score-based attack on a labels-only model before any query."""
+        if ATTACKS[self.attack].needs_scores and info.output == "labels":
+            raise SuiteError(
+                f"attack {self.attack} needs scores but {info.name} returns labels only",
+                hint="use hopskipjump, random or spatial_grid for labels-only models",
+            )
+
+    # -- measurement ----------------------------------------------------------------------
+    def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+                  ctx: CheckContext) -> list[dict[str, Any]]:
+        counter: Any = model
+        output = counter.info.output
+        attack, norm, eps = self.build(), self._norm(), self._epsilon()
+        scores = counter.predict(x)
+        correct = (scores.argmax(1) == y).cpu()
+        m0 = margin(scores.cpu(), y.cpu(), output)
+        rec: list[dict[str, Any]] = [
+            {"outcome": "robust" if bool(c) else "misclassified", "label": int(t),
+             "queries": 1, "attack_queries": 0}
+            for c, t in zip(correct.tolist(), y.tolist(), strict=True)
+        ]
+        ci = correct.nonzero().flatten()
+        if len(ci):
+            seeds = torch.tensor([ctx.seed(int(index[i]), 1) for i in ci.tolist()])
+            dev = x.device
+            res = attack.run(counter, x[ci.to(dev)], y[ci.to(dev)], seeds, output)
+            x_adv = res.x_adv if norm == "spatial" else project(res.x_adv, x[ci.to(dev)],
+                                                               norm, eps)
+            pred = counter.predict(x_adv).argmax(1).cpu()
+            for k, i in enumerate(ci.tolist()):
+                broken = int(pred[k]) != int(y[i])
+                rec[i].update({"outcome": "broken" if broken else "robust",
+                               "attack_queries": int(res.queries[k]),
+                               "queries": 2 + int(res.queries[k])})
+                if broken:
+                    rec[i]["adv_pred"] = int(pred[k])
+        bt = self._bt()
+        if bt is not None:
+            settings, samples = bt
+            stride = max(1, math.ceil(ctx.n_samples / max(samples, 1)))
+            for j, i in enumerate(index):
+                if int(i) % stride:
+                    continue
+                before = counter.queries
+                fields = binarization_test(counter, x[j], attack, norm, eps,
+                                           ctx.seed(int(i), 2), settings, output,
+                                           float(m0[j]))
+                rec[j].update(fields)
+                rec[j]["queries"] += counter.queries - before
+        return rec
+
+    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+        n = len(records)
+        correct = [r for r in records if r["outcome"] != "misclassified"]
+        robust = sum(r["outcome"] == "robust" for r in records)
+        broken = sum(r["outcome"] == "broken" for r in records)
+        aq = [r["attack_queries"] for r in correct]
+        metrics: dict[str, Any] = {
+            "robust_accuracy": robust / n if n else 0.0,
+            "attack_success_rate": broken / len(correct) if correct else 0.0,
+            "clean_accuracy": len(correct) / n if n else 0.0,
+            "n": n, "n_robust": robust, "n_broken": broken,
+            "queries_median": statistics.median(aq) if aq else 0,
+            "queries_mean": statistics.fmean(aq) if aq else 0.0,
+            "queries_max": max(aq) if aq else 0,
+        }
+        intervals = {"robust_accuracy": wilson_interval(robust, n),
+                     "attack_success_rate": wilson_interval(broken, len(correct))}
+        details: dict[str, Any] = {
+            "attack": self.attack, "norm": self._norm(), "epsilon": self._epsilon(),
+            "max_queries": self.max_queries, "attack_params": self.build().params(),
+            "queries_histogram": _histogram(aq, self.max_queries),
+        }
+        warnings: list[str] = []
+        tested = [r for r in records if r.get("bt") in ("success", "failure")]
+        failed_setup = [r for r in records if r.get("bt") == "setup_failed"]
+        if self._bt() is not None:
+            asr_n = sum(r["bt"] == "success" for r in tested)
+            rasr_n = sum(bool(r["bt_rasr"]) for r in tested)
+            asr = asr_n / len(tested) if tested else None
+            rasr = rasr_n / len(tested) if tested else None
+            sources = sorted({r.get("bt_features", "none") for r in tested + failed_setup})
+            metrics.update({
+                "binarization_score": asr if asr is not None else 0.0,
+                "binarization_rasr": rasr if rasr is not None else 0.0,
+                "binarization_tested": len(tested),
+                "binarization_setup_failed": len(failed_setup),
+            })
+            if tested:
+                intervals["binarization_score"] = wilson_interval(asr_n, len(tested))
+                intervals["binarization_rasr"] = wilson_interval(rasr_n, len(tested))
+            trusted = asr is not None and rasr is not None and asr >= PASS_SCORE and \
+                asr >= rasr + RASR_MARGIN
+            details["binarization"] = {
+                "settings": vars(self._bt()[0]) | {"samples": self._bt()[1]},
+                "features": sources,
+                "separation_rate": len(tested) / (len(tested) + len(failed_setup))
+                if tested or failed_setup else None,
+                "setup_failures": [{"id": r["id"], "reason": r.get("bt_reason", "")}
+                                   for r in failed_setup][:10],
+                "trusted": trusted,
+                "pass_score": PASS_SCORE, "rasr_margin": RASR_MARGIN,
+            }
+            if not tested:
+                warnings.append("the binarization test could not be set up on any sample, so "
+                                "the strength of this attack is unverified")
+            elif not trusted:
+                why = (f"its binarization-test score {asr:.2f} is below {PASS_SCORE}"
+                       if asr < PASS_SCORE else
+                       f"its binarization-test score {asr:.2f} is not clearly above random "
+                       f"sampling (R-ASR {rasr:.2f})")
+                warnings.append(f"attack too weak to support the robust accuracy it measured: "
+                                f"{why}")
+        else:
+            details["binarization"] = None
+        return Measurement(metrics=metrics, intervals=intervals, details=details,
+                           warnings=warnings)
+
+
+def _histogram(values: list[int], top: int, bins: int = 10) -> list[dict[str, int]]:
+    edges = [round(top * k / bins) for k in range(bins + 1)]
+    out = []
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        out.append({"from": lo, "to": hi,
+                    "count": sum(lo < v <= hi or (lo == 0 and v == 0) for v in values)})
+    return out
