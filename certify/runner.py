@@ -19,7 +19,7 @@ import torch
 
 import certify
 from certify.checks import CheckContext
-from certify.data import Dataset
+from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
 from certify.errors import CertifyError, ModelError
 from certify.models.base import Model, QueryCounter
@@ -73,12 +73,17 @@ def _run_check(
     progress: Progress,
 ) -> dict[str, Any]:
     done = run.records[spec.id]
-    pending = [i for i in range(len(data)) if i not in done]
+    selected = range(len(data))
+    if spec.samples is not None and spec.samples < len(data):
+        # a seeded, class-stratified subset, the same whoever runs which shard
+        selected = stratified_subset(data.y.numpy(), spec.samples, ctx.check_seed).tolist()
+    pending = [i for i in selected if i not in done]
+    total = len(selected)
     used = sum(int(r.get("queries", 0)) for r in done.values())
     budget = None if spec.budget is None else max(0, spec.budget - used)
     counter = QueryCounter(model, budget)
-    progress.start(spec.id, len(data))
-    progress.advance(len(data) - len(pending))
+    progress.start(spec.id, total)
+    progress.advance(total - len(pending))
     device = ctx.device
     for start in range(0, len(pending), batch_size):
         idx = pending[start : start + batch_size]
@@ -151,7 +156,7 @@ def run_suite(
         ctx = CheckContext(check_seed=cseed, device=device.torch_device,
                            class_names=list(data.class_names),
                            flip_invariant_classes=suite.flip_invariant_classes,
-                           n_samples=len(data))
+                           n_samples=min(spec.samples or len(data), len(data)))
         entry: dict[str, Any] = {
             "id": spec.id,
             "kind": spec.kind,

@@ -27,7 +27,7 @@ _TOP_KEYS = {"name", "description", "version", "seed", "classes", "flip_invarian
 _REQUIRED_TOP = {"name", "classes", "checks"}
 _DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
 _PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
-_CHECK_KEYS = {"id", "kind", "params", "threshold", "budget"}
+_CHECK_KEYS = {"id", "kind", "params", "threshold", "budget", "samples"}
 _THRESHOLD_KEYS = {"metric", "min", "max"}
 
 
@@ -64,6 +64,7 @@ class CheckSpec:
     check: Check
     threshold: Threshold | None = None
     budget: int | None = None
+    samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,11 @@ def parse_suite(raw: Any, source: str) -> Suite:
         budget = c.get("budget")
         if budget is not None and (not isinstance(budget, int) or budget <= 0):
             raise SuiteError(f"{where}.budget must be a positive integer", hint="queries per run")
-        specs.append(CheckSpec(cid, kind, check, threshold, budget))
+        n_samples = c.get("samples")
+        if n_samples is not None and (not isinstance(n_samples, int) or n_samples <= 0):
+            raise SuiteError(f"{where}.samples must be a positive integer",
+                             hint="a class-stratified subset of the run's samples")
+        specs.append(CheckSpec(cid, kind, check, threshold, budget, n_samples))
 
     flips = raw.get("flip_invariant_classes", [])
     if not isinstance(flips, list) or not all(

@@ -20,7 +20,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "clean": ("Clean accuracy", ("clean_accuracy",)),
     "corruption": ("Corruption properties (noise, geometric, colour, stickers)",
                    ("corruption", "corruption_pair")),
-    "attack": ("Query-based attacks validated by the binarization test", ()),
+    "attack": ("Query-based attacks validated by the binarization test", ("attack",)),
     "brittleness": ("Black-box brittle score (LIME)", ()),
     "confidence": ("Coverage, confident mistakes and suspect-model checks", ()),
 }
@@ -88,6 +88,16 @@ def headline(c: dict[str, Any]) -> str:
         return (f"joint robustness {_pct(m['robustness_score'])}; alone "
                 f"{_pct(m['score_first'])} and {_pct(m['score_second'])}; change vs weaker "
                 f"{100 * m['change_vs_weaker']:+.1f} points")
+    if c["kind"] == "attack":
+        lo, hi = iv["robust_accuracy"]
+        d = c["details"]
+        bound = "spatial grid" if d["norm"] == "spatial" else f"{d['norm']} ε={d['epsilon']:.4g}"
+        text = (f"robust accuracy {_pct(m['robust_accuracy'])} (95% CI {_pct(lo)}–{_pct(hi)}) "
+                f"under {d['attack']} at {bound}, ≤{d['max_queries']} queries")
+        if d.get("binarization"):
+            text += (f"; binarization test {m['binarization_score']:.2f} "
+                     f"(R-ASR {m['binarization_rasr']:.2f})")
+        return text
     return ", ".join(f"{k}={v}" for k, v in m.items())
 
 
@@ -137,6 +147,9 @@ def card_context(results: dict[str, Any], signature: str | None = None) -> dict[
             figures[c["id"]] = curve_svg(c["details"]["curve"], c["details"]["unit"])
     corruption = [c for c in results["checks"] if c["kind"] == "corruption"]
     pairs = [c for c in results["checks"] if c["kind"] == "corruption_pair"]
+    attacks = [c for c in results["checks"] if c["kind"] == "attack"]
+    warnings = [{"check": c["id"], "text": w} for c in results["checks"]
+                for w in c.get("warnings", [])]
     return {
         "r": results,
         "not_tested": not_tested,
@@ -144,6 +157,8 @@ def card_context(results: dict[str, Any], signature: str | None = None) -> dict[
         "headlines": {c["id"]: headline(c) for c in results["checks"]},
         "corruption": corruption,
         "pairs": pairs,
+        "attacks": attacks,
+        "warnings": warnings,
         "payload": script_safe_json(results),
         "signature": signature,
     }

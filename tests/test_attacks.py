@@ -1,0 +1,220 @@
+"""Attacks: threat-model and budget properties, planted adversarials, the binarization test."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from certify.attacks import (
+    ATTACKS,
+    HopSkipJump,
+    RandomSearch,
+    SquareL2,
+    SquareLinf,
+    margin,
+    project,
+)
+from certify.checks.binarization import BinarizationSettings, binarization_test
+from certify.models.base import ModelInfo, QueryCounter
+
+import builders
+
+EPS = {"linf": 8 / 255, "l2": 0.5}
+
+
+class PlantedLinear:
+    """A linear 43-class model over [N, 3, 8, 8] with a known adversarial direction.
+
+    Class 0 wins while ``<v, x - x0> < tau``; past it class 1 wins. ``tau`` is set to a fraction
+    of the best achievable change in the ε-ball, so an adversarial example exists at ε.
+    """
+
+    def __init__(self, x0: torch.Tensor, norm: str, frac: float = 0.5, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x0 = x0
+        self.v = torch.randn(x0.shape[1:], generator=g)
+        best = EPS[norm] * (self.v.abs().sum() if norm == "linf" else self.v.norm())
+        self.tau = frac * float(best)
+        self.info = ModelInfo(name="planted", identity="planted", input_shape=(3, 8, 8),
+                              num_classes=43, output="logits")
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        z = ((x - self.x0[: len(x)] if len(x) == len(self.x0) else x - self.x0[0]) * self.v
+             ).flatten(1).sum(1)
+        logits = torch.full((len(x), 43), -10.0)
+        logits[:, 0] = self.tau - z
+        logits[:, 1] = 0.0
+        return logits
+
+
+def _images(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return 0.25 + 0.5 * torch.rand(n, 3, 8, 8, generator=g)
+
+
+@pytest.mark.parametrize(("cls", "norm"), [(SquareLinf, "linf"), (SquareL2, "l2"),
+                                           (HopSkipJump, "l2")])
+def test_planted_linear_direction_is_found_within_budget(cls, norm):
+    x = _images(1, 0)
+    model = PlantedLinear(x, norm, frac=0.5)
+    kw = {"norm": norm} if cls is HopSkipJump else {}
+    attack = cls(epsilon=EPS[norm], max_queries=2000, **kw)
+    counter = QueryCounter(model)
+    y = torch.zeros(1, dtype=torch.long)
+    res = attack.run(counter, x, y, torch.tensor([3]), "logits")
+    adv = project(res.x_adv, x, norm, EPS[norm])
+    assert int(model.predict(adv).argmax(1)[0]) != 0
+    assert counter.queries <= 2000
+
+
+@settings(max_examples=12, deadline=None)
+@given(name=st.sampled_from(["square_linf", "square_l2", "hopskipjump", "random"]),
+       norm=st.sampled_from(["linf", "l2"]), budget=st.integers(2, 60),
+       seed=st.integers(0, 10_000), frac=st.floats(0.3, 3.0))
+def test_attacks_stay_in_the_threat_model_and_budget(name, norm, budget, seed, frac):
+    cls = ATTACKS[name]
+    if name.startswith("square"):
+        norm = cls.norm
+    x = _images(3, seed)
+    model = PlantedLinear(x, norm, frac=frac, seed=seed)
+    kw = {"norm": norm} if name in ("hopskipjump", "random") else {}
+    attack = cls(epsilon=EPS[norm], max_queries=budget, **kw)
+    counter = QueryCounter(model, budget=3 * budget)
+    res = attack.run(counter, x, torch.zeros(3, dtype=torch.long), torch.tensor([1, 2, 3]),
+                     "logits")
+    assert counter.queries <= 3 * budget
+    assert bool((res.queries <= budget).all())
+    assert int(res.queries.sum()) == counter.queries
+    out = res.x_adv if name == "hopskipjump" else res.x_adv
+    proj = project(out, x, norm, EPS[norm])
+    assert float(proj.min()) >= 0.0 and float(proj.max()) <= 1.0
+    d = (proj - x).flatten(1)
+    size = d.abs().max(dim=1).values if norm == "linf" else d.norm(dim=1)
+    assert bool((size <= EPS[norm] + 1e-5).all())
+    if name != "hopskipjump":  # score-based and random attacks never leave the ball at all
+        d = (res.x_adv - x).flatten(1)
+        raw = d.abs().max(dim=1).values if norm == "linf" else d.norm(dim=1)
+        assert bool((raw <= EPS[norm] + 1e-5).all())
+        assert float(res.x_adv.min()) >= 0.0 and float(res.x_adv.max()) <= 1.0
+
+
+def test_attacks_are_repeatable_from_a_seed():
+    x = _images(2, 5)
+    for cls, norm in ((SquareLinf, "linf"), (HopSkipJump, "l2"), (RandomSearch, "linf")):
+        kw = {"norm": norm} if cls is not SquareLinf else {}
+        runs = []
+        for _ in range(2):
+            model = PlantedLinear(x, norm, frac=0.9)
+            res = cls(epsilon=EPS[norm], max_queries=300, **kw).run(
+                QueryCounter(model), x, torch.zeros(2, dtype=torch.long),
+                torch.tensor([7, 8]), "logits")
+            runs.append(res)
+        assert torch.equal(runs[0].x_adv, runs[1].x_adv), cls
+        assert torch.equal(runs[0].queries, runs[1].queries), cls
+
+
+@pytest.fixture(scope="module")
+def demo_model():
+    from certify.api import demo_model_path
+    from certify.device import choose_device
+    from certify.models.onnx import OnnxModel
+
+    return OnnxModel(demo_model_path("standard"), choose_device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def demo_images():
+    from certify.data.synthetic import generate
+
+    x, y = generate(1, seed=77, classes=list(range(0, 43, 4)))
+    return torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).float() / 255, torch.from_numpy(y)
+
+
+def _bt_scores(model, x, y, attack, n_inner=499):
+    out = []
+    for i in range(len(x)):
+        counter = QueryCounter(model)
+        m0 = float(margin(model.predict(x[i:i + 1]), y[i:i + 1], "logits")[0])
+        out.append(binarization_test(counter, x[i], attack, "linf", 8 / 255, 100 + i,
+                                     BinarizationSettings(n_inner=n_inner), "logits", m0))
+    tested = [r for r in out if r["bt"] != "setup_failed"]
+    asr = sum(r["bt"] == "success" for r in tested) / len(tested)
+    rasr = sum(bool(r["bt_rasr"]) for r in tested) / len(tested)
+    return asr, rasr, out
+
+
+def test_binarization_test_passes_a_real_attack_and_fails_a_starved_one(demo_model,
+                                                                         demo_images):
+    x, y = demo_images
+    asr, rasr, out = _bt_scores(demo_model, x, y, SquareLinf(epsilon=8 / 255, max_queries=1000))
+    assert all(r["bt_features"] == "penultimate" for r in out)
+    assert asr >= 0.95
+    assert rasr < asr
+    starved, _, _ = _bt_scores(demo_model, x, y, SquareLinf(epsilon=8 / 255, max_queries=10))
+    assert starved < 0.95
+
+
+class BrokenSquare(SquareLinf):
+    """A deliberately broken Square Attack: it never accepts an improvement."""
+
+    def run(self, model, x, y, seeds, output):
+        res = super().run(model, x, y, seeds, output)
+        res.x_adv = x.clone()  # throws its work away
+        return res
+
+
+def test_binarization_test_fails_a_broken_attack(demo_model, demo_images):
+    x, y = demo_images
+    asr, _, _ = _bt_scores(demo_model, x[:4], y[:4], BrokenSquare(epsilon=8 / 255,
+                                                                  max_queries=200))
+    assert asr < 0.95
+
+
+def test_attack_check_end_to_end_with_labels_only_refusal(tmp_path, net):
+    # a labels-only model: argmax inside the graph
+    class Labels(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x).argmax(dim=1)
+
+    path = tmp_path / "labels.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Labels(net).eval(), (torch.rand(2, 3, 32, 32),), str(path),
+                          input_names=["input"], output_names=["label"], dynamo=False,
+                          dynamic_axes={"input": {0: "n"}, "label": {0: "n"}})
+    x = builders.make_images(20, seed=4)
+    import numpy as np
+
+    np.savez(tmp_path / "d.npz", x=x, y=builders.predict_net(net, x))
+    suite = tmp_path / "s.yaml"
+    classes = [f"c{i}" for i in range(43)]
+    suite.write_text(yaml.safe_dump({"name": "a", "classes": classes, "checks": [
+        {"id": "sq", "kind": "attack", "params": {"attack": "square_linf"}}]}))
+    proc = builders.run_cli("run", path, "--suite", suite, "--data", tmp_path / "d.npz",
+                            "--out", tmp_path / "o")
+    assert proc.returncode == 2
+    assert "needs scores" in proc.stderr and "Traceback" not in proc.stderr
+    suite.write_text(yaml.safe_dump({"name": "a", "classes": classes, "checks": [
+        {"id": "hsj", "kind": "attack", "params": {"attack": "hopskipjump", "norm": "l2",
+                                                   "max_queries": 200,
+                                                   "binarization": False}},
+        {"id": "rnd", "kind": "attack", "params": {"attack": "random", "max_queries": 50,
+                                                   "binarization": False}}]}))
+    proc = builders.run_cli("run", path, "--suite", suite, "--data", tmp_path / "d.npz",
+                            "--out", tmp_path / "o2", "--no-pdf")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((tmp_path / "o2" / "results.json").read_text())
+    assert r["model"]["output"] == "labels"
+    for c in r["checks"]:
+        assert c["metrics"]["n"] == 20
+        assert c["metrics"]["queries_max"] <= c["params"]["max_queries"]
