@@ -36,6 +36,7 @@ class RunOptions:
     std: tuple[float, float, float] | None = None
     channel_order: str | None = None
     pdf: bool = True
+    reference: str | None = None
 
 
 def certify_model(
@@ -61,6 +62,11 @@ def certify_model(
     model = load_model(opts.model, device, pre, input_size=suite.input_size,
                        num_classes=len(suite.classes))
     suite.validate_for(model.info)
+    reference = None
+    if opts.reference is not None:
+        reference = load_model(opts.reference, device, pre, input_size=suite.input_size,
+                               num_classes=len(suite.classes))
+        suite.validate_for(reference.info)
     seed = suite.seed if opts.seed is None else opts.seed
     spec = suite.data
     spec = dataclasses.replace(
@@ -70,11 +76,12 @@ def certify_model(
     )
     data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
                         progress=progress)
-    run = RunDir(opts.out, run_fingerprint(model, suite, data, seed), resume=opts.resume)
+    run = RunDir(opts.out, run_fingerprint(model, suite, data, seed, reference),
+                 resume=opts.resume)
     try:
         results = run_suite(model, data, suite, run, device, seed=seed,
                             batch_size=opts.batch_size, progress=progress,
-                            model_spec=opts.model)
+                            model_spec=opts.model, reference=reference)
     finally:
         run.close()
     paths = write_report(results, opts.out, pdf=opts.pdf)
@@ -113,5 +120,6 @@ def run_demo(
     npz = data_dir / "synthetic-gtsrb-test.npz"
     np.savez(npz, x=x, y=y)
     opts = RunOptions(model=str(model), suite="gtsrb", data=str(npz), out=out,
-                      samples=len(y), resume=resume, pdf=pdf)
+                      samples=len(y), resume=resume, pdf=pdf,
+                      reference=str(demo_model_path("robust")))
     return certify_model(opts, progress)

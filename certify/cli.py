@@ -167,12 +167,14 @@ def _common_logging(f: Any) -> Any:
 @click.option("--channel-order", type=click.Choice(["RGB", "BGR"]),
               help="Channel order the model expects (overrides the suite).")
 @click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
+@click.option("--reference", metavar="MODEL",
+              help="A reference model to compare against (brittle score R.I.).")
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
         seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
-        debug: bool, quiet: bool) -> int:
+        reference: str | None, debug: bool, quiet: bool) -> int:
     """Certify MODEL (an .onnx file) with a suite and write results.json, card.html, card.pdf.
 
     \b
@@ -185,7 +187,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
     opts = RunOptions(
         model=model, suite=suite_name, data=data_path, out=out_dir, samples=samples, seed=seed,
         device=device, batch_size=batch_size, resume=resume, input_scale=input_scale,
-        mean=mean, std=std, channel_order=channel_order, pdf=not no_pdf,
+        mean=mean, std=std, channel_order=channel_order, pdf=not no_pdf, reference=reference,
     )
     with RichProgress(err_console, enabled=not quiet) as progress:
         results, paths = certify_model(opts, progress)

@@ -52,10 +52,12 @@ def _versions() -> dict[str, str]:
     }
 
 
-def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int) -> dict[str, Any]:
+def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
+                    reference: Model | None = None) -> dict[str, Any]:
     """What must match for ``--resume`` to continue a run."""
     return {
         "model": model.info.identity,
+        "reference": None if reference is None else reference.info.identity,
         "suite": suite.digest,
         "data": data.digest,
         "seed": seed,
@@ -143,6 +145,7 @@ def run_suite(
     batch_size: int = 256,
     progress: Progress | None = None,
     model_spec: str = "",
+    reference: Model | None = None,
 ) -> dict[str, Any]:
     """Run every check of ``suite`` and return the results document (results.json)."""
     progress = progress or NullProgress()
@@ -156,7 +159,8 @@ def run_suite(
         ctx = CheckContext(check_seed=cseed, device=device.torch_device,
                            class_names=list(data.class_names),
                            flip_invariant_classes=suite.flip_invariant_classes,
-                           n_samples=min(spec.samples or len(data), len(data)))
+                           n_samples=min(spec.samples or len(data), len(data)),
+                           reference=None if reference is None else QueryCounter(reference))
         entry: dict[str, Any] = {
             "id": spec.id,
             "kind": spec.kind,
@@ -213,6 +217,7 @@ def run_suite(
         "suite": {"name": suite.name, "source": suite.source, "digest": suite.digest,
                   "description": suite.description},
         "model": {"spec": model_spec, **model.info.to_dict()},
+        "reference_model": None if reference is None else reference.info.to_dict(),
         "data": data.describe(),
         "device": {"name": device.name, "requested": device.requested, "reason": device.reason,
                    "provider": model.info.provider},

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from certify.checks.attack import AttackCheck
 from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.brittleness import Brittleness
 from certify.checks.clean import CleanAccuracy
 from certify.checks.corruption import Corruption, CorruptionPair
 
 CHECKS: dict[str, type[Check]] = {
-    c.kind: c for c in (CleanAccuracy, Corruption, CorruptionPair, AttackCheck)
+    c.kind: c
+    for c in (CleanAccuracy, Corruption, CorruptionPair, AttackCheck, Brittleness)
 }
 
-__all__ = ["CHECKS", "AttackCheck", "Check", "CheckContext", "CleanAccuracy", "Corruption",
-           "CorruptionPair", "Measurement"]
+__all__ = ["CHECKS", "AttackCheck", "Brittleness", "Check", "CheckContext", "CleanAccuracy",
+           "Corruption", "CorruptionPair", "Measurement"]

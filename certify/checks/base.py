@@ -42,6 +42,8 @@ class CheckContext:
     class_names: Sequence[str]
     flip_invariant_classes: frozenset[int] = frozenset()
     n_samples: int = 0
+    #: A reference model to compare against (``--reference``), counted separately.
+    reference: Any = None
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.

@@ -21,7 +21,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "corruption": ("Corruption properties (noise, geometric, colour, stickers)",
                    ("corruption", "corruption_pair")),
     "attack": ("Query-based attacks validated by the binarization test", ("attack",)),
-    "brittleness": ("Black-box brittle score (LIME)", ()),
+    "brittleness": ("Black-box brittle score (LIME)", ("brittleness",)),
     "confidence": ("Coverage, confident mistakes and suspect-model checks", ()),
 }
 
@@ -88,6 +88,12 @@ def headline(c: dict[str, Any]) -> str:
         return (f"joint robustness {_pct(m['robustness_score'])}; alone "
                 f"{_pct(m['score_first'])} and {_pct(m['score_second'])}; change vs weaker "
                 f"{100 * m['change_vs_weaker']:+.1f} points")
+    if c["kind"] == "brittleness":
+        text = f"brittle score {m['brittle_score']:.4g} on {m['n']} samples"
+        if "relative_improvement" in m:
+            text += (f"; reference {m['reference_brittle_score']:.4g}, "
+                     f"R.I. {100 * m['relative_improvement']:+.1f}%")
+        return text
     if c["kind"] == "attack":
         lo, hi = iv["robust_accuracy"]
         d = c["details"]
@@ -148,6 +154,7 @@ def card_context(results: dict[str, Any], signature: str | None = None) -> dict[
     corruption = [c for c in results["checks"] if c["kind"] == "corruption"]
     pairs = [c for c in results["checks"] if c["kind"] == "corruption_pair"]
     attacks = [c for c in results["checks"] if c["kind"] == "attack"]
+    brittle = [c for c in results["checks"] if c["kind"] == "brittleness"]
     warnings = [{"check": c["id"], "text": w} for c in results["checks"]
                 for w in c.get("warnings", [])]
     return {
@@ -158,6 +165,7 @@ def card_context(results: dict[str, Any], signature: str | None = None) -> dict[
         "corruption": corruption,
         "pairs": pairs,
         "attacks": attacks,
+        "brittle": brittle,
         "warnings": warnings,
         "payload": script_safe_json(results),
         "signature": signature,
