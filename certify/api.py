@@ -37,6 +37,8 @@ class RunOptions:
     channel_order: str | None = None
     pdf: bool = True
     reference: str | None = None
+    sign_key: Path | None = None
+    passphrase: bytes | None = None
 
 
 def certify_model(
@@ -48,6 +50,11 @@ def certify_model(
     the model loaded and checked against the suite, the data loaded and checked.
     """
     progress = progress or NullProgress()
+    key = None
+    if opts.sign_key is not None:  # a bad key is refused before any work
+        from certify.report.sign import load_private_key
+
+        key = load_private_key(opts.sign_key, opts.passphrase)
     suite = load_suite(opts.suite)
     device = choose_device(opts.device)
     pre = suite.preprocessing
@@ -84,8 +91,38 @@ def certify_model(
                             model_spec=opts.model, reference=reference)
     finally:
         run.close()
-    paths = write_report(results, opts.out, pdf=opts.pdf)
+    signature = None
+    if key is not None:
+        from certify.report.sign import sign
+
+        signature = sign(results, key)
+    paths = write_report(results, opts.out, pdf=opts.pdf, signature=signature)
     return results, paths
+
+
+def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
+             pdf: bool = True) -> dict[str, Path]:
+    """Sign a finished run's results.json and re-render its card with the signature."""
+    import json
+
+    from certify.errors import UsageError
+    from certify.report.payload import canonical_json
+    from certify.report.sign import load_private_key, sign
+
+    key = load_private_key(key_path, passphrase)
+    path = run_dir / "results.json"
+    try:
+        raw = path.read_bytes()
+        results = json.loads(raw)
+    except FileNotFoundError:
+        raise UsageError(f"{path} not found", hint="sign the --out folder of a finished run") \
+            from None
+    except ValueError:
+        raise UsageError(f"{path} is not valid JSON", hint="was it edited?") from None
+    if raw != canonical_json(results):
+        raise UsageError(f"{path} is not in certify's canonical form",
+                         hint="it was edited after the run; rerun instead of signing it")
+    return write_report(results, run_dir, pdf=pdf, signature=sign(results, key))
 
 
 DEMO_SEED = 20_240_607  # the demo test set; training used other seeds/indices

@@ -169,12 +169,17 @@ def _common_logging(f: Any) -> Any:
 @click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
 @click.option("--reference", metavar="MODEL",
               help="A reference model to compare against (brittle score R.I.).")
+@click.option("--sign-key", type=click.Path(dir_okay=False, path_type=Path),
+              help="Sign the results with this private key (from `certify keygen`).")
+@click.option("--passphrase-env", metavar="VAR",
+              help="Environment variable holding the signing key's passphrase.")
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
         seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
-        reference: str | None, debug: bool, quiet: bool) -> int:
+        reference: str | None, sign_key: Path | None, passphrase_env: str | None,
+        debug: bool, quiet: bool) -> int:
     """Certify MODEL (an .onnx file) with a suite and write results.json, card.html, card.pdf.
 
     \b
@@ -188,6 +193,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         model=model, suite=suite_name, data=data_path, out=out_dir, samples=samples, seed=seed,
         device=device, batch_size=batch_size, resume=resume, input_scale=input_scale,
         mean=mean, std=std, channel_order=channel_order, pdf=not no_pdf, reference=reference,
+        sign_key=sign_key, passphrase=_passphrase(passphrase_env),
     )
     with RichProgress(err_console, enabled=not quiet) as progress:
         results, paths = certify_model(opts, progress)
@@ -246,6 +252,77 @@ def contact_sheet_cmd(path: Path, seed: int, per_class: int, size: int, scale: i
         raise UsageError(f"{path} does not end in .png", hint="e.g. certify contact-sheet s.png")
     contact_sheet(path, seed=seed, per_class=per_class, size=size, scale=scale)
     click.echo(f"contact sheet: {path}")
+
+
+def _passphrase(var: str | None) -> bytes | None:
+    if var is None:
+        return None
+    import os
+
+    value = os.environ.get(var)
+    if value is None:
+        raise UsageError(f"environment variable {var} is not set",
+                         hint="export it, or drop --passphrase-env")
+    return value.encode()
+
+
+@main.command()
+@click.option("--out", "out_dir", default=".", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="Folder for the keys.")
+@click.option("--name", default="certify", show_default=True, help="File name stem.")
+@click.option("--passphrase-env", metavar="VAR",
+              help="Encrypt the private key with the passphrase in this variable.")
+def keygen(out_dir: Path, name: str, passphrase_env: str | None) -> None:
+    """Create an ECDSA P-256 key pair: NAME.key (mode 0600) and NAME.pub.
+
+    \b
+    Example:
+      certify keygen --out keys && certify sign demo-card --key keys/certify.key
+    """
+    from certify.report.sign import fingerprint, load_public_key
+    from certify.report.sign import keygen as make_keys
+
+    key, pub = make_keys(out_dir, name, _passphrase(passphrase_env))
+    click.echo(f"private key: {key}\npublic key:  {pub}\nfingerprint: "
+               f"{fingerprint(load_public_key(pub))}")
+
+
+@main.command("sign")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--key", "key_path", required=True, type=click.Path(dir_okay=False,
+              path_type=Path), help="Private key from `certify keygen`.")
+@click.option("--passphrase-env", metavar="VAR", help="Variable holding the passphrase.")
+@click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
+def sign_cmd(run_dir: Path, key_path: Path, passphrase_env: str | None, no_pdf: bool) -> None:
+    """Sign a finished run: results.json.sig, and the card re-rendered with the signature."""
+    from certify.api import sign_run
+
+    for name, p in sign_run(run_dir, key_path, _passphrase(passphrase_env),
+                            pdf=not no_pdf).items():
+        click.echo(f"{name}: {p}")
+
+
+@main.command("verify")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--pubkey", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The signer's public key.")
+def verify_cmd(path: Path, pubkey: Path) -> None:
+    """Verify card.html, card.pdf or results.json against a public key (exit 0 only if valid).
+
+    \b
+    Example:
+      certify verify demo-card/card.pdf --pubkey keys/certify.pub
+    """
+    from certify.report.sign import fingerprint, load_public_key, verify_file
+
+    key = load_public_key(pubkey)
+    results = verify_file(path, key)
+    click.echo(f"OK: {path} is intact and signed by {fingerprint(key)}")
+    model = results.get("model", {})
+    click.echo(f"model: {model.get('name')} {model.get('identity')}")
+    click.echo(f"verdict: {results.get('verdict')}")
+    for c in results.get("checks", []):
+        click.echo(f"  {c.get('status', '?'):<6} {c.get('id')}")
 
 
 @main.group()

@@ -62,3 +62,15 @@ def clean_suite(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("suites") / "gtsrb-clean.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> Path:
+    """One `certify demo` run shared by the tests that look at its card."""
+    import builders as b
+
+    out = tmp_path_factory.mktemp("demo") / "card"
+    proc = b.run_cli("demo", "--out", out, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    (out / "stdout.txt").write_text(proc.stdout)
+    return out

@@ -15,6 +15,7 @@ from PIL import Image
 
 from certify.api import demo_model_path
 from certify.data.synthetic import GTSRB_CLASS_NAMES, generate
+from certify.perturbations import PROPERTIES
 from certify.suite import load_suite
 
 import builders
@@ -89,14 +90,17 @@ def test_training_is_deterministic(tmp_path):
         assert a["clean_accuracy"] == b["clean_accuracy"]
 
 
-def test_demo_command_writes_the_card(tmp_path):
-    out = tmp_path / "demo"
-    proc = builders.run_cli("demo", "--out", out, timeout=900)
-    assert proc.returncode == 0, proc.stderr
+def test_demo_command_writes_the_card(demo_run):
+    out = demo_run
     assert (out / "card.html").stat().st_size > 10_000
     assert (out / "card.pdf").read_bytes().startswith(b"%PDF")
     r = json.loads((out / "results.json").read_text())
     clean = next(c for c in r["checks"] if c["kind"] == "clean_accuracy")
     assert clean["metrics"]["n"] == 430
     assert clean["metrics"]["accuracy"] >= 0.9
-    assert str(out / "card.html") in proc.stdout
+    assert str(out / "card.html") in (out / "stdout.txt").read_text()
+    brittle = next(c for c in r["checks"] if c["kind"] == "brittleness")
+    # the paper's claim on the demo card: the adversarially trained reference is less brittle
+    assert brittle["metrics"]["reference_brittle_score"] < brittle["metrics"]["brittle_score"]
+    assert {c["details"]["property"] for c in r["checks"] if c["kind"] == "corruption"} == \
+        set(PROPERTIES)

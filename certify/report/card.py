@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.resources
 import io
 import logging
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -133,7 +132,7 @@ def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
     return svg[svg.index("<svg"):]
 
 
-def card_context(results: dict[str, Any], signature: str | None = None) -> dict[str, Any]:
+def card_context(results: dict[str, Any], signature: Any = None) -> dict[str, Any]:
     """Everything the template shows, computed from the results document alone."""
     results = normalize(results)
     kinds = {c["kind"] for c in results["checks"]}
@@ -169,10 +168,12 @@ def card_context(results: dict[str, Any], signature: str | None = None) -> dict[
         "warnings": warnings,
         "payload": script_safe_json(results),
         "signature": signature,
+        "signature_json": "null" if signature is None else signature.to_json().strip()
+        .replace("<", "\\u003c"),
     }
 
 
-def render_html(results: dict[str, Any], signature: str | None = None) -> str:
+def render_html(results: dict[str, Any], signature: Any = None) -> str:
     """The self-contained card HTML."""
     env = _environment()
     css = (importlib.resources.files("certify._templates") / "card.css").read_text("utf-8")
@@ -180,21 +181,24 @@ def render_html(results: dict[str, Any], signature: str | None = None) -> str:
     return env.get_template("card.html.j2").render(css=css, **ctx)
 
 
-def render_pdf(html: str, path: Path, payload: bytes) -> None:
-    """Render the card HTML to PDF with WeasyPrint, attaching the results payload."""
+def render_pdf(html: str, payload: bytes, signature: Any = None) -> bytes:
+    """Render the card HTML to PDF with WeasyPrint, attaching the payload and signature."""
     import weasyprint
 
     # WeasyPrint logs font-subsetting chatter at INFO/WARNING; keep it out of the user's way.
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
     logging.getLogger("fontTools").setLevel(logging.ERROR)
-    doc = weasyprint.HTML(string=html, base_url=str(path.parent))
+    doc = weasyprint.HTML(string=html)
     attachment = weasyprint.Attachment(
         string=payload.decode("utf-8"), name="results.json",
         description="certify results (canonical JSON)",
     )
-    pdf = doc.write_pdf(attachments=[attachment])
+    attachments = [attachment]
+    if signature is not None:
+        attachments.append(weasyprint.Attachment(
+            string=signature.to_json(), name="results.json.sig",
+            description="certify signature of results.json"))
+    pdf = doc.write_pdf(attachments=attachments)
     if pdf is None:
         raise RuntimeError("WeasyPrint produced no PDF")
-    from certify.rundir import atomic_write
-
-    atomic_write(path, pdf)
+    return pdf

@@ -1,0 +1,217 @@
+"""Signing and verifying results: ECDSA P-256 over the canonical JSON payload.
+
+The signed bytes are exactly ``results.json`` (:func:`certify.report.payload.canonical_json`).
+A card embeds the same document and its signature; a verifier recomputes the canonical bytes
+from whatever it parsed (HTML, PDF attachment or results.json), so any change to a value fails
+verification while formatting of the embedding does not matter. The key pair is ECDSA P-256
+(PEM, PKCS#8 / SubjectPublicKeyInfo), which cosign-style tooling reads too.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from certify.errors import CertifyError, UsageError
+from certify.report.payload import canonical_json, script_safe_json
+
+ALGORITHM = "ecdsa-p256-sha256"
+
+
+class VerificationError(CertifyError):
+    """The payload or its signature does not check out (exit 1)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A detached signature and the fingerprint of the key that made it."""
+
+    algorithm: str
+    value: str  # base64 DER
+    key_fingerprint: str
+
+    def to_json(self) -> str:
+        """The ``results.json.sig`` document."""
+        return json.dumps({"algorithm": self.algorithm, "signature": self.value,
+                           "key_fingerprint": self.key_fingerprint}, indent=2) + "\n"
+
+    @staticmethod
+    def from_json(text: str, where: str) -> Signature:
+        """Parse a signature document, or raise VerificationError naming ``where``."""
+        try:
+            d = json.loads(text)
+            return Signature(d["algorithm"], d["signature"], d["key_fingerprint"])
+        except (ValueError, KeyError, TypeError):
+            raise VerificationError(f"{where}: the signature is malformed",
+                                    hint="re-sign with `certify sign`") from None
+
+
+def fingerprint(public_key: ec.EllipticCurvePublicKey) -> str:
+    """sha256 of the DER SubjectPublicKeyInfo, as ``sha256:<hex>``."""
+    der = public_key.public_bytes(serialization.Encoding.DER,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def keygen(out_dir: Path, name: str = "certify", passphrase: bytes | None = None
+           ) -> tuple[Path, Path]:
+    """Write ``NAME.key`` (mode 0600, optionally encrypted) and ``NAME.pub`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key_path, pub_path = out_dir / f"{name}.key", out_dir / f"{name}.pub"
+    for p in (key_path, pub_path):
+        if p.exists():
+            raise UsageError(f"{p} already exists", hint="choose another --out or --name")
+    key = ec.generate_private_key(ec.SECP256R1())
+    enc = (serialization.BestAvailableEncryption(passphrase) if passphrase
+           else serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    pub_path.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key_path, pub_path
+
+
+def load_private_key(path: Path, passphrase: bytes | None = None) -> ec.EllipticCurvePrivateKey:
+    """Read a PEM private key; a clear UsageError for every way it can be wrong."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read key {path}: {exc.strerror}", hint="check --key") from None
+    try:
+        key = serialization.load_pem_private_key(data, password=passphrase)
+    except TypeError:
+        raise UsageError(f"{path} is encrypted", hint="set the passphrase variable") from None
+    except ValueError:
+        raise UsageError(f"{path} is not a readable PEM private key (or wrong passphrase)",
+                         hint="create one with `certify keygen`") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
+        raise UsageError(f"{path} is not an ECDSA P-256 key", hint="use `certify keygen`")
+    return key
+
+
+def load_public_key(path: Path) -> ec.EllipticCurvePublicKey:
+    """Read a PEM public key (ECDSA P-256)."""
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}", hint="check --pubkey") from None
+    except ValueError:
+        raise UsageError(f"{path} is not a PEM public key", hint="use the .pub from keygen") \
+            from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise UsageError(f"{path} is not an ECDSA public key", hint="use the .pub from keygen")
+    return key
+
+
+def sign(results: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> Signature:
+    """Sign the canonical payload of ``results``."""
+    der = key.sign(canonical_json(results), ec.ECDSA(hashes.SHA256()))
+    return Signature(ALGORITHM, base64.b64encode(der).decode("ascii"),
+                     fingerprint(key.public_key()))
+
+
+_SCRIPT = re.compile(r'<script type="application/json" id="certify-(results|signature)">'
+                     r"(.*?)</script>", re.S)
+
+
+def extract(path: Path) -> tuple[dict[str, Any], Signature, bool]:
+    """The results document, its signature, and whether its bytes are in canonical form.
+
+    A value changed after signing fails the signature; a byte changed without changing any
+    value (reformatting) leaves the signature valid but the form non-canonical, and
+    :func:`verify_file` refuses that too.
+    """
+    if not path.is_file():
+        raise UsageError(f"{path} not found", hint="pass card.html, card.pdf or results.json")
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        sig_path = path.with_name(path.name + ".sig")
+        if not sig_path.is_file():
+            raise VerificationError(f"{path} has no detached signature {sig_path.name}",
+                                    hint="sign the run with `certify sign`")
+        raw = path.read_bytes()
+        doc = _parse(raw.decode("utf-8", errors="replace"), path)
+        return (doc, Signature.from_json(sig_path.read_text(encoding="utf-8"), str(sig_path)),
+                raw == canonical_json(doc))
+    if suffix in (".html", ".htm"):
+        parts = dict(_SCRIPT.findall(path.read_text(encoding="utf-8")))
+        if "results" not in parts:
+            raise VerificationError(f"{path} carries no certify results", hint="not a card?")
+        if "signature" not in parts or parts["signature"].strip() in ("", "null"):
+            raise VerificationError(f"{path} is not signed", hint="sign with `certify sign`")
+        doc = _parse(parts["results"], path)
+        return (doc, Signature.from_json(parts["signature"], str(path)),
+                parts["results"] == script_safe_json(doc))
+    if suffix == ".pdf":
+        from pypdf import PdfReader
+        from pypdf.errors import PdfReadError
+
+        try:
+            files = PdfReader(str(path)).attachments
+        except (PdfReadError, OSError, ValueError) as exc:
+            raise VerificationError(f"{path} is not a readable PDF ({exc})",
+                                    hint="is the file complete?") from None
+        if "results.json" not in files:
+            raise VerificationError(f"{path} carries no results.json", hint="not a card?")
+        if "results.json.sig" not in files:
+            raise VerificationError(f"{path} is not signed", hint="sign with `certify sign`")
+        raw = files["results.json"][0]
+        doc = _parse(raw.decode("utf-8", errors="replace"), path)
+        return (doc, Signature.from_json(files["results.json.sig"][0].decode("utf-8"), str(path)),
+                raw == canonical_json(doc))
+    raise UsageError(f"cannot verify a {suffix or 'suffix-less'} file",
+                     hint="pass card.html, card.pdf or results.json")
+
+
+def _parse(text: str, where: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise VerificationError(f"{where}: the embedded results are not valid JSON",
+                                hint="the file was altered") from None
+    if not isinstance(doc, dict):
+        raise VerificationError(f"{where}: the embedded results are not a document",
+                                hint="the file was altered")
+    return doc
+
+
+def verify(results: dict[str, Any], sig: Signature, key: ec.EllipticCurvePublicKey) -> None:
+    """Raise VerificationError unless ``sig`` is a valid signature of ``results`` by ``key``."""
+    if sig.algorithm != ALGORITHM:
+        raise VerificationError(f"unsupported signature algorithm {sig.algorithm!r}",
+                                hint=f"certify signs with {ALGORITHM}")
+    if sig.key_fingerprint != fingerprint(key):
+        raise VerificationError(
+            f"signed by key {sig.key_fingerprint}, not by the given key {fingerprint(key)}",
+            hint="check that --pubkey is the signer's public key")
+    try:
+        der = base64.b64decode(sig.value, validate=True)
+        key.verify(der, canonical_json(results), ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, ValueError):
+        raise VerificationError("the signature does not match the results: the payload was "
+                                "changed after signing", hint="do not trust this card") from None
+
+
+def verify_file(path: Path, key: ec.EllipticCurvePublicKey) -> dict[str, Any]:
+    """Verify a card or results.json; return its results or raise VerificationError."""
+    doc, sig, canonical = extract(path)
+    verify(doc, sig, key)
+    if not canonical:
+        raise VerificationError(f"{path}: the signed values are intact but the payload's bytes "
+                                "were reformatted after signing",
+                                hint="use the file as certify wrote it")
+    return doc

@@ -1,0 +1,190 @@
+"""The card: real headless Chromium, PDF pages and text, signatures and tampering, escaping."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from pypdf import PdfReader, PdfWriter
+
+import builders
+
+SECTIONS = ["Robustness model card", "Summary of verdicts", "Model details", "Intended use",
+            "Evaluation data", "Metrics", "Corruption robustness",
+            "Adversarial robustness (query-based attacks)", "Black-box brittle score (LIME)",
+            "Warnings", "Limitations", "Reproducibility"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    proc = builders.run_cli("keygen", "--out", d)
+    assert proc.returncode == 0, proc.stderr
+    other = tmp_path_factory.mktemp("other")
+    builders.run_cli("keygen", "--out", other)
+    return d / "certify.key", d / "certify.pub", other / "certify.pub"
+
+
+@pytest.fixture(scope="module")
+def demo_card(keys, demo_run, tmp_path_factory):
+    """A copy of the demo run, signed afterwards with `certify sign`."""
+    out = tmp_path_factory.mktemp("signed") / "card"
+    shutil.copytree(demo_run, out)
+    proc = builders.run_cli("sign", out, "--key", keys[0])
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_private_key_is_private(keys):
+    assert keys[0].stat().st_mode & 0o777 == 0o600
+    assert keys[1].read_text().startswith("-----BEGIN PUBLIC KEY-----")
+
+
+def _chromium(url: str, shot: Path) -> str:
+    profile = tempfile.mkdtemp()
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+         "--window-size=1200,1600", f"--screenshot={shot}", url],
+        capture_output=True, text=True, timeout=120)
+    shutil.rmtree(profile, ignore_errors=True)
+    return proc.stderr
+
+
+def _console_errors(log: str) -> list[str]:
+    return [ln for ln in log.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by setup.sh")
+def test_card_renders_in_headless_chromium(demo_card, tmp_path):
+    # the detector works: a page that logs a console error is caught
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><script>console.error('boom');</script>x</body></html>")
+    assert _console_errors(_chromium(bad.as_uri(), tmp_path / "bad.png"))
+    log = _chromium((demo_card / "card.html").as_uri(), tmp_path / "card.png")
+    assert not _console_errors(log), _console_errors(log)
+    with Image.open(tmp_path / "card.png") as im:
+        arr = np.asarray(im.convert("L"), dtype=np.float64)
+    assert arr.std() > 10, "the screenshot is blank"
+    assert (arr < 128).mean() > 0.01, "no text or figures drawn"
+
+
+def test_pdf_pages_and_section_titles(demo_card, tmp_path):
+    subprocess.run(["pdftoppm", "-r", "30", "-png", str(demo_card / "card.pdf"),
+                    str(tmp_path / "page")], check=True)
+    pages = sorted(tmp_path.glob("page-*.png"))
+    assert len(pages) >= 3
+    for p in pages[:2]:
+        with Image.open(p) as im:
+            assert np.asarray(im.convert("L")).std() > 5
+    text = subprocess.run(["pdftotext", "-layout", str(demo_card / "card.pdf"), "-"],
+                          check=True, capture_output=True, text=True).stdout
+    for title in SECTIONS:
+        assert title in text, title
+    assert "Page 1 of" in text
+
+
+@pytest.mark.parametrize("name", ["card.html", "card.pdf", "results.json"])
+def test_untouched_card_verifies(demo_card, keys, name):
+    proc = builders.run_cli("verify", demo_card / name, "--pubkey", keys[1])
+    assert proc.returncode == 0, proc.stderr
+    assert "intact" in proc.stdout and "sha256:" in proc.stdout and "verdict:" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["card.html", "card.pdf", "results.json"])
+def test_other_key_fails(demo_card, keys, name):
+    proc = builders.run_cli("verify", demo_card / name, "--pubkey", keys[2])
+    assert proc.returncode == 1
+    assert "not by the given key" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _change_a_digit(text: str, key: str) -> str:
+    i = text.index(key) + len(key)
+    while not text[i].isdigit():
+        i += 1
+    return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:]
+
+
+def test_tampered_html_fails(demo_card, keys, tmp_path):
+    card = tmp_path / "card.html"
+    text = (demo_card / "card.html").read_text()
+    card.write_text(_change_a_digit(text, '"robustness_score": '))
+    proc = builders.run_cli("verify", card, "--pubkey", keys[1])
+    assert proc.returncode == 1, proc.stdout
+    assert "changed after signing" in proc.stderr
+
+
+def test_tampered_results_json_fails(demo_card, keys, tmp_path):
+    for name in ("results.json", "results.json.sig"):
+        shutil.copy(demo_card / name, tmp_path / name)
+    p = tmp_path / "results.json"
+    p.write_text(_change_a_digit(p.read_text(), '"accuracy": '))
+    proc = builders.run_cli("verify", p, "--pubkey", keys[1])
+    assert proc.returncode == 1
+    assert "changed after signing" in proc.stderr
+    # and a byte that changes no value (formatting) is caught too
+    shutil.copy(demo_card / "results.json", p)
+    p.write_text(p.read_text().replace("\n", "\r\n", 1))
+    proc = builders.run_cli("verify", p, "--pubkey", keys[1])
+    assert proc.returncode == 1 and "reformatted" in proc.stderr
+
+
+def test_tampered_pdf_attachment_fails(demo_card, keys, tmp_path):
+    reader = PdfReader(str(demo_card / "card.pdf"))
+    files = reader.attachments
+    payload = json.loads(files["results.json"][0])
+    payload["verdict"] = "PASS" if payload["verdict"] != "PASS" else "FAIL"
+    from certify.report.payload import canonical_json
+
+    writer = PdfWriter(clone_from=reader)
+    writer.attachments  # noqa: B018 - materialise the attachment tree before replacing it
+    for _name in list(writer.attachments):
+        writer._root_object["/Names"].pop("/EmbeddedFiles", None)
+        break
+    writer.add_attachment("results.json", canonical_json(payload))
+    writer.add_attachment("results.json.sig", files["results.json.sig"][0])
+    out = tmp_path / "card.pdf"
+    with out.open("wb") as f:
+        writer.write(f)
+    assert PdfReader(str(out)).attachments["results.json"][0] == canonical_json(payload)
+    proc = builders.run_cli("verify", out, "--pubkey", keys[1])
+    assert proc.returncode == 1
+    assert "changed after signing" in proc.stderr
+
+
+def test_unsigned_card_does_not_verify(keys, tmp_path, model_path, npz_path, clean_suite):
+    out = tmp_path / "run"
+    builders.run_cli("run", model_path, "--suite", clean_suite, "--data", npz_path, "--out", out,
+                     "--no-pdf")
+    proc = builders.run_cli("verify", out / "card.html", "--pubkey", keys[1])
+    assert proc.returncode == 1 and "not signed" in proc.stderr
+
+
+def test_text_from_model_and_data_is_escaped(tmp_path, model_path, npz_path):
+    import yaml
+
+    from certify.suite import resolve_suite_path
+
+    raw = yaml.safe_load(resolve_suite_path("gtsrb").read_text())
+    raw["checks"] = [c for c in raw["checks"] if c["kind"] == "clean_accuracy"]
+    raw["classes"] = [f"<script>alert({i})</script>" for i in range(43)]
+    raw["description"] = "<img src=x onerror=alert(1)>"
+    suite = tmp_path / "xss.yaml"
+    suite.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path, "--out", out,
+                     "--no-pdf")
+    html = (out / "card.html").read_text()
+    assert "<script>alert(" not in html
+    assert "&lt;script&gt;alert(" in html
+    assert "<img src=x" not in html
+    # the embedded JSON cannot close its script element either
+    assert html.count("</script>") == 2
