@@ -6,12 +6,14 @@ from certify.checks.attack import AttackCheck
 from certify.checks.base import Check, CheckContext, Measurement
 from certify.checks.brittleness import Brittleness
 from certify.checks.clean import CleanAccuracy
+from certify.checks.confidence import Coverage, Sanity
 from certify.checks.corruption import Corruption, CorruptionPair
 
 CHECKS: dict[str, type[Check]] = {
     c.kind: c
-    for c in (CleanAccuracy, Corruption, CorruptionPair, AttackCheck, Brittleness)
+    for c in (Sanity, CleanAccuracy, Coverage, Corruption, CorruptionPair, AttackCheck,
+              Brittleness)
 }
 
 __all__ = ["CHECKS", "AttackCheck", "Brittleness", "Check", "CheckContext", "CleanAccuracy",
-           "Corruption", "CorruptionPair", "Measurement"]
+           "Corruption", "CorruptionPair", "Coverage", "Measurement", "Sanity"]

@@ -136,6 +136,10 @@ class AttackCheck(Check):
         scores = counter.predict(x)
         correct = (scores.argmax(1) == y).cpu()
         m0 = margin(scores.cpu(), y.cpu(), output)
+        # a model answering with one-hot vectors gets a one-hot binarized copy (footnote 3)
+        probs = scores.float().cpu() if output != "logits" else torch.softmax(
+            scores.float().cpu(), 1)
+        one_hot = (probs.max(dim=1).values >= 1 - 1e-6).tolist()
         rec: list[dict[str, Any]] = [
             {"outcome": "robust" if bool(c) else "misclassified", "label": int(t),
              "queries": 1, "attack_queries": 0}
@@ -166,7 +170,7 @@ class AttackCheck(Check):
                 before = counter.queries
                 fields = binarization_test(counter, x[j], attack, norm, eps,
                                            ctx.seed(int(i), 2), settings, output,
-                                           float(m0[j]))
+                                           float(m0[j]), bool(one_hot[j]))
                 rec[j].update(fields)
                 rec[j]["queries"] += counter.queries - before
         return rec

@@ -42,13 +42,14 @@ class BinarizedModel:
     """
 
     def __init__(self, model: Any, feature_fn: Any, w: torch.Tensor, threshold: float,
-                 scale: float, output: str) -> None:
+                 scale: float, output: str, one_hot: bool = False) -> None:
         self.model = model
         self.feature_fn = feature_fn
         self.w = w
         self.threshold = threshold
         self.scale = scale
         self.output = output
+        self.one_hot = one_hot
 
     def score(self, x: torch.Tensor) -> torch.Tensor:
         """The readout's raw score ``w · f*(x)`` (class 1 when above the threshold)."""
@@ -60,7 +61,7 @@ class BinarizedModel:
         logits = torch.stack([torch.zeros_like(z), z], dim=1)
         if self.output == "probs":
             return torch.softmax(logits, dim=1)
-        if self.output == "labels":
+        if self.output == "labels" or self.one_hot:
             return torch.nn.functional.one_hot((z > 0).long(), 2).float()
         return logits
 
@@ -104,6 +105,7 @@ def binarization_test(
     settings: BinarizationSettings,
     output: str,
     original_margin: float,
+    one_hot: bool = False,
 ) -> dict[str, Any]:
     """Run the test for one image ``x_c`` ``[C, H, W]``; returns the per-sample record fields.
 
@@ -145,7 +147,7 @@ def binarization_test(
     threshold = float(s_in.max() + settings.closeness * (s_b.min() - s_in.max()))
     s_c = float(s_in[0])
     scale = max(abs(original_margin), 1e-3) / max(threshold - s_c, 1e-12)
-    h = BinarizedModel(counter, feature_fn, direction, threshold, scale, output)
+    h = BinarizedModel(counter, feature_fn, direction, threshold, scale, output, one_hot)
     y0 = torch.zeros(1, dtype=torch.long, device=x_c.device)
     res = attack.run(h, x0, y0, torch.tensor([seed + 1]), output)
     adv = project(res.x_adv, x0, norm, epsilon)

@@ -105,29 +105,19 @@ def _make_batch_symbolic(model: onnx.ModelProto) -> bytes:
     return m.SerializeToString()
 
 
-_PASS_THROUGH = {"Softmax", "LogSoftmax", "Identity", "Sigmoid", "Cast", "Flatten", "Reshape",
-                 "Squeeze", "Unsqueeze", "Add"}
-
-
 def _penultimate(proto: onnx.ModelProto) -> str | None:
-    """The tensor that feeds the final linear layer (Gemm, or MatMul + Add), if any."""
-    producers = {o: n for n in proto.graph.node for o in n.output}
-    initializers = {i.name for i in proto.graph.initializer}
-    constants = {o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
-    tensor = proto.graph.output[0].name
-    for _ in range(16):
-        node = producers.get(tensor)
-        if node is None:
-            return None
+    """The tensor that feeds the last linear layer (Gemm or MatMul with constant weights).
+
+    Graph nodes are stored in topological order, so the last such node is the classifier
+    head, whatever follows it (softmax, argmax, one-hot ...).
+    """
+    consts = {i.name for i in proto.graph.initializer}
+    consts |= {o for n in proto.graph.node if n.op_type == "Constant" for o in n.output}
+    for node in reversed(proto.graph.node):
         if node.op_type in ("Gemm", "MatMul"):
-            data = [i for i in node.input[:2] if i not in initializers and i not in constants]
-            return data[0] if len(data) == 1 else None
-        if node.op_type not in _PASS_THROUGH:
-            return None
-        data = [i for i in node.input if i and i not in initializers and i not in constants]
-        if len(data) != 1:
-            return None
-        tensor = data[0]
+            data = [i for i in node.input[:2] if i not in consts]
+            if len(data) == 1 and len(node.input) >= 2:
+                return data[0]
     return None
 
 

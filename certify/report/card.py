@@ -21,7 +21,8 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
                    ("corruption", "corruption_pair")),
     "attack": ("Query-based attacks validated by the binarization test", ("attack",)),
     "brittleness": ("Black-box brittle score (LIME)", ("brittleness",)),
-    "confidence": ("Coverage, confident mistakes and suspect-model checks", ()),
+    "confidence": ("Coverage, confident mistakes and suspect-model checks",
+                   ("coverage", "sanity")),
 }
 
 
@@ -87,6 +88,15 @@ def headline(c: dict[str, Any]) -> str:
         return (f"joint robustness {_pct(m['robustness_score'])}; alone "
                 f"{_pct(m['score_first'])} and {_pct(m['score_second'])}; change vs weaker "
                 f"{100 * m['change_vs_weaker']:+.1f} points")
+    if c["kind"] == "coverage":
+        return (f"accuracy {_pct(m['accuracy_at_coverage'])} at {_pct(m['coverage'])} coverage "
+                f"(full coverage {_pct(m['accuracy_full_coverage'])}); confident mistakes "
+                f"{_pct(m['confident_mistake_rate'])} at ≥ "
+                f"{c['details']['confidence_threshold']:g}")
+    if c["kind"] == "sanity":
+        found = len(c.get("warnings", []))
+        return (f"{found} suspect behaviour(s) found" if found else "no suspect behaviour: "
+                "deterministic, unsaturated outputs") + f" on {m['n']} samples"
     if c["kind"] == "brittleness":
         text = f"brittle score {m['brittle_score']:.4g} on {m['n']} samples"
         if "relative_improvement" in m:

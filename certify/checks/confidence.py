@@ -1,0 +1,168 @@
+"""No confident mistakes (Brown et al. 2018) and suspect-model sanity checks.
+
+``coverage``: accuracy at a coverage level, as on the unrestricted-adversarial-examples
+leaderboard: abstain on the (1 − coverage) share of inputs with the lowest top score, and
+report accuracy on the rest; plus the confident-mistake rate (wrong with top score at or above
+a threshold). A model with an explicit abstain output declares its class id; predicting it
+counts as abstaining.
+
+``sanity``: before any attack, look for models that defeat fixed attacks instead of being
+robust (Brown et al., Appendix E; AutoAttack's checks): randomised outputs (the same input gives
+different scores), saturated or one-hot outputs (score-based attacks get no signal), and
+probabilities instead of logits. Each finding is a warning on the card.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from certify.checks.base import Check, CheckContext, Measurement
+from certify.data import Dataset
+from certify.errors import SuiteError
+from certify.models.base import Model
+from certify.stats import wilson_interval
+
+
+def confidences(scores: torch.Tensor, output: str) -> torch.Tensor:
+    """Top-class probability ``[N]`` (softmax of logits; one-hot labels give 1.0)."""
+    p = torch.softmax(scores.float(), dim=1) if output == "logits" else scores.float()
+    return p.max(dim=1).values
+
+
+class Coverage(Check):
+    """Accuracy at a coverage level and the confident-mistake rate on clean data.
+
+    Parameters: ``coverage`` (share of inputs answered; 0.8), ``confidence_threshold`` (a
+    mistake at or above it is a confident mistake; 0.9), ``abstain_class`` (class id of an
+    explicit abstain output, if the model has one). One query per sample.
+    """
+
+    kind: ClassVar[str] = "coverage"
+    metric_names: ClassVar[tuple[str, ...]] = ("accuracy_at_coverage", "confident_mistake_rate")
+
+    def __init__(self, coverage: float = 0.8, confidence_threshold: float = 0.9,
+                 abstain_class: int | None = None) -> None:
+        self.coverage = coverage
+        self.confidence_threshold = confidence_threshold
+        self.abstain_class = abstain_class
+
+    def check_params(self, where: str) -> None:
+        """Validate the parameters when the suite loads."""
+        if not isinstance(self.coverage, int | float) or not 0 < self.coverage <= 1:
+            raise SuiteError(f"{where}: coverage must be in (0, 1]", hint="e.g. 0.8")
+        if not isinstance(self.confidence_threshold, int | float) or not \
+                0 < self.confidence_threshold <= 1:
+            raise SuiteError(f"{where}: confidence_threshold must be in (0, 1]", hint="e.g. 0.9")
+        if self.abstain_class is not None and (not isinstance(self.abstain_class, int)
+                                               or self.abstain_class < 0):
+            raise SuiteError(f"{where}: abstain_class must be a class id", hint="e.g. 43")
+
+    def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+                  ctx: CheckContext) -> list[dict[str, Any]]:
+        scores = model.predict(x)
+        conf = confidences(scores, model.info.output).cpu()
+        pred = scores.argmax(1).cpu()
+        return [{"pred": int(p), "label": int(t), "confidence": float(c), "queries": 1,
+                 "abstained": self.abstain_class is not None and int(p) == self.abstain_class}
+                for p, t, c in zip(pred.tolist(), y.cpu().tolist(), conf.tolist(), strict=True)]
+
+    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+        n = len(records)
+        # explicit abstentions rank below every answer; then the least confident abstain
+        conf = [float("-inf") if r["abstained"] else r["confidence"] for r in records]
+        correct = [r["pred"] == r["label"] and not r["abstained"] for r in records]
+        keep = math.ceil(self.coverage * n - 1e-9)
+        kept = [i for i in sorted(range(n), key=lambda i: (-conf[i], i))[:keep]
+                if not records[i]["abstained"]]
+        hits = sum(correct[i] for i in kept)
+        wrong_confident = sum(not correct[i] and not records[i]["abstained"]
+                              and conf[i] >= self.confidence_threshold for i in range(n))
+        return Measurement(
+            metrics={"accuracy_at_coverage": hits / len(kept) if kept else 0.0,
+                     "coverage": self.coverage, "answered": len(kept), "n": n,
+                     "explicit_abstentions": sum(r["abstained"] for r in records),
+                     "confident_mistake_rate": wrong_confident / n if n else 0.0,
+                     "confident_mistakes": wrong_confident,
+                     "accuracy_full_coverage": sum(correct) / n if n else 0.0},
+            intervals={"accuracy_at_coverage": wilson_interval(hits, len(kept)),
+                       "confident_mistake_rate": wilson_interval(wrong_confident, n)},
+            details={"confidence_threshold": self.confidence_threshold,
+                     "abstain_class": self.abstain_class,
+                     "confidence": "top-class probability (softmax of logits)"},
+        )
+
+
+class Sanity(Check):
+    """Suspect-model checks before any attack: randomness, saturation, probabilities.
+
+    Parameters: ``repeats`` (queries of the same input; 3), ``saturation_threshold`` (a top
+    probability at or above it counts as saturated; 0.999), ``saturated_share`` (warn when more
+    samples than this are saturated; 0.5), ``tolerance`` (output change counted as random).
+    """
+
+    kind: ClassVar[str] = "sanity"
+    metric_names: ClassVar[tuple[str, ...]] = ("nondeterministic_share", "saturated_share")
+
+    def __init__(self, repeats: int = 3, saturation_threshold: float = 0.999,
+                 saturated_share: float = 0.5, tolerance: float = 1e-5) -> None:
+        self.repeats = repeats
+        self.saturation_threshold = saturation_threshold
+        self.saturated_share = saturated_share
+        self.tolerance = tolerance
+
+    def check_params(self, where: str) -> None:
+        """Validate the parameters when the suite loads."""
+        if not isinstance(self.repeats, int) or self.repeats < 2:
+            raise SuiteError(f"{where}: repeats must be an integer >= 2", hint="e.g. 3")
+
+    def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+                  ctx: CheckContext) -> list[dict[str, Any]]:
+        outs = [model.predict(x).float().cpu() for _ in range(self.repeats)]
+        spread = torch.stack(outs).amax(dim=0) - torch.stack(outs).amin(dim=0)
+        scale = outs[0].abs().amax(dim=1).clamp(min=1.0)
+        random = (spread.amax(dim=1) / scale) > self.tolerance
+        flips = torch.stack([o.argmax(1) for o in outs]).ne(outs[0].argmax(1)).any(dim=0)
+        conf = confidences(outs[0], model.info.output)
+        p = torch.softmax(outs[0], 1) if model.info.output == "logits" else outs[0]
+        one_hot = (p.max(dim=1).values >= 1 - 1e-6) & (p.sum(dim=1) - 1).abs().lt(1e-4)
+        return [{"random": bool(r), "label_flips": bool(f), "confidence": float(c),
+                 "output": model.info.output,
+                 "saturated": bool(c >= self.saturation_threshold), "one_hot": bool(o),
+                 "queries": self.repeats}
+                for r, f, c, o in zip(random.tolist(), flips.tolist(), conf.tolist(),
+                                      one_hot.tolist(), strict=True)]
+
+    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+        n = len(records) or 1
+        rnd = sum(r["random"] for r in records) / n
+        flips = sum(r["label_flips"] for r in records) / n
+        sat = sum(r["saturated"] for r in records) / n
+        hot = sum(r["one_hot"] for r in records) / n
+        output = records[0]["output"] if records else ""
+        warnings = []
+        if rnd > 0:
+            warnings.append(
+                f"randomised model: the same input gave different outputs for {rnd:.0%} of the "
+                f"samples ({flips:.0%} changed label); fixed attacks can be defeated by "
+                "randomness, so robust accuracies on this card may be inflated "
+                "(Brown et al. 2018, Appendix E)")
+        if sat > self.saturated_share or hot > self.saturated_share:
+            warnings.append(
+                f"saturated outputs: {max(sat, hot):.0%} of the samples get a top probability "
+                f"of at least {self.saturation_threshold} ({hot:.0%} exactly one-hot); "
+                "score-based attacks get little or no signal from such outputs")
+        if output == "probs":
+            warnings.append(
+                "the model returns probabilities, not logits: score-based attacks work on "
+                "log-probabilities, which lose precision when probabilities saturate "
+                "(AutoAttack's check)")
+        return Measurement(
+            metrics={"nondeterministic_share": rnd, "label_flip_share": flips,
+                     "saturated_share": sat, "one_hot_share": hot, "n": len(records)},
+            details={"repeats": self.repeats, "output": output},
+            warnings=warnings,
+        )
