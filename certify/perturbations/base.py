@@ -10,6 +10,8 @@ Shapes: images ``[N, C, H, W]`` float in ``[0, 1]``; parameters ``[N, P]``; seed
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,11 +43,34 @@ def generators(seeds: torch.Tensor) -> list[torch.Generator]:
     return out
 
 
+BANK_SIZE = 1 << 23
+
+
+@functools.lru_cache(maxsize=8)
+def _bank(draw: str, device: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0xC3471F7 if draw == "rand" else 0x9A55)
+    fn = torch.rand if draw == "rand" else torch.randn
+    return fn(BANK_SIZE, generator=g).to(device)
+
+
 def per_image(seeds: torch.Tensor, shape: tuple[int, ...], draw: str, device: torch.device,
               ) -> torch.Tensor:
-    """Stack one seeded draw per image: ``draw`` is ``rand`` or ``randn``; shape excludes N."""
-    fn = torch.rand if draw == "rand" else torch.randn
-    return torch.stack([fn(shape, generator=g) for g in generators(seeds)]).to(device)
+    """One seeded draw per image (``rand`` or ``randn``), ``[N, *shape]``.
+
+    Each image reads a contiguous window of a fixed bank of 2^23 random numbers, at an offset
+    derived from its own seed, so its noise depends on its seed only, not on the other images
+    in the batch. Seeding a generator per image cost more than the transform itself
+    (benchmarks/RESULTS.md); slicing the bank is cheap and works the same on a GPU.
+    """
+    n = math.prod(shape)
+    if n > BANK_SIZE // 4:
+        # very large images: fall back to one generator per image
+        fn = torch.rand if draw == "rand" else torch.randn
+        return torch.stack([fn(shape, generator=g) for g in generators(seeds)]).to(device)
+    bank = _bank(draw, str(device))
+    span = BANK_SIZE - n
+    return torch.stack([bank[o:o + n] for o in (seeds.cpu() % span).tolist()]).view(
+        len(seeds), *shape)
 
 
 ApplyFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

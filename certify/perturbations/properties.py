@@ -22,8 +22,11 @@ from certify.perturbations.base import (
 
 
 def _identity_where_zero(x: torch.Tensor, out: torch.Tensor, inten: torch.Tensor) -> torch.Tensor:
-    keep = (inten == 0).view(-1, 1, 1, 1)
-    return torch.where(keep, x, out.clamp(0.0, 1.0).to(x.dtype))
+    out = out.to(x.dtype).clamp_(0.0, 1.0)
+    keep = inten == 0
+    if bool(keep.any()):  # rare in a search (candidates exclude 0), so only then pay for it
+        out = torch.where(keep.view(-1, 1, 1, 1).to(out.device), x, out)
+    return out
 
 
 def _abs0(p: torch.Tensor) -> torch.Tensor:
@@ -43,7 +46,8 @@ def _grid2(bound: float, steps: int) -> torch.Tensor:
 
 def _gaussian(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     noise = per_image(seeds, tuple(x.shape[1:]), "randn", x.device)
-    return _identity_where_zero(x, x + p[:, 0].view(-1, 1, 1, 1).to(x) * noise, p[:, 0])
+    out = torch.addcmul(x, noise, p[:, 0].view(-1, 1, 1, 1).to(x))
+    return _identity_where_zero(x, out, p[:, 0])
 
 
 def _uniform(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
@@ -52,10 +56,11 @@ def _uniform(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Ten
 
 
 def _impulse(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-    # salt and pepper on each value: with probability p set to 0 or 1 (half each)
-    u = per_image(seeds, (2, *x.shape[1:]), "rand", x.device)
-    hit = u[:, 0] < p[:, 0].view(-1, 1, 1, 1).to(x)
-    out = torch.where(hit, (u[:, 1] < 0.5).to(x.dtype), x)
+    # salt and pepper on each value: with probability p set to 0 or 1 (half each): one uniform
+    # u decides both, u < p/2 pepper, p/2 <= u < p salt
+    u = per_image(seeds, tuple(x.shape[1:]), "rand", x.device)
+    prob = p[:, 0].view(-1, 1, 1, 1).to(x)
+    out = torch.where(u < prob, (u >= prob / 2).to(x.dtype), x)
     return _identity_where_zero(x, out, p[:, 0])
 
 
