@@ -150,7 +150,8 @@ class Sanity(Check):
                 f"samples ({flips:.0%} changed label); fixed attacks can be defeated by "
                 "randomness, so robust accuracies on this card may be inflated "
                 "(Brown et al. 2018, Appendix E)")
-        if sat > self.saturated_share or hot > self.saturated_share:
+        # with logits, attacks read the logits, so a saturated softmax costs them nothing
+        if output != "logits" and (sat > self.saturated_share or hot > self.saturated_share):
             warnings.append(
                 f"saturated outputs: {max(sat, hot):.0%} of the samples get a top probability "
                 f"of at least {self.saturation_threshold} ({hot:.0%} exactly one-hot); "
