@@ -9,6 +9,7 @@ fools the model (Engstrom et al. 2019, used by Brown et al. 2018).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import kornia
@@ -40,6 +41,26 @@ def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tens
     return (x + delta.to(x)).clamp(0, 1)
 
 
+def first_success(model: Any, x: torch.Tensor, y: torch.Tensor, steps: int,
+                  candidates: Callable[[int, torch.Tensor], torch.Tensor]) -> AttackResult:
+    """Query ``candidates(step, active)`` for the samples not yet fooled; keep the first hit."""
+    b = len(x)
+    queries = torch.zeros(b, dtype=torch.long)
+    found = torch.zeros(b, dtype=torch.bool)
+    x_adv = x.clone()
+    for q in range(steps):
+        active = (~found).nonzero().flatten()
+        if len(active) == 0:
+            break
+        cand = candidates(q, active)
+        pred = model.predict(cand).argmax(1).cpu()
+        queries[active] += 1
+        hit = pred != y[active].cpu()
+        x_adv[active[hit]] = cand[hit]
+        found[active[hit]] = True
+    return AttackResult(x_adv, queries)
+
+
 class RandomSearch(Attack):
     """Blind random sampling in the ε-ball (half uniform inside, half on corners / sphere).
 
@@ -56,29 +77,19 @@ class RandomSearch(Attack):
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
-        b = len(x)
         rng = Uniforms(seeds)
-        queries = torch.zeros(b, dtype=torch.long)
-        found = torch.zeros(b, dtype=torch.bool)
-        x_adv = x.clone()
         shape = tuple(x.shape[1:])
-        for q in range(self.max_queries):
-            active = (~found).nonzero().flatten()
-            if len(active) == 0:
-                break
+
+        def candidates(q: int, active: torch.Tensor) -> torch.Tensor:
             u = rng.draw(math.prod(shape), active).view(len(active), *shape)
             gauss = None
             if self.norm == "l2":
                 gauss = torch.stack([rng.normal(shape, int(i)) for i in active])
             corner = torch.full((len(active),), q % 2 == 1)
-            cand = random_ball_points(x[active], self.norm, self.epsilon, u.to(x), gauss,
+            return random_ball_points(x[active], self.norm, self.epsilon, u.to(x), gauss,
                                       corner)
-            pred = model.predict(cand).argmax(1).cpu()
-            queries[active] += 1
-            hit = pred != y[active].cpu()
-            x_adv[active[hit]] = cand[hit]
-            found[active[hit]] = True
-        return AttackResult(x_adv, queries)
+
+        return first_success(model, x, y, self.max_queries, candidates)
 
 
 class SpatialGrid(Attack):
@@ -127,18 +138,5 @@ class SpatialGrid(Attack):
         g = self.grid()
         if self.max_queries is not None:
             g = g[: self.max_queries]
-        b = len(x)
-        queries = torch.zeros(b, dtype=torch.long)
-        found = torch.zeros(b, dtype=torch.bool)
-        x_adv = x.clone()
-        for row in g:
-            active = (~found).nonzero().flatten()
-            if len(active) == 0:
-                break
-            cand = self.transform(x[active], row.expand(len(active), -1))
-            pred = model.predict(cand).argmax(1).cpu()
-            queries[active] += 1
-            hit = pred != y[active].cpu()
-            x_adv[active[hit]] = cand[hit]
-            found[active[hit]] = True
-        return AttackResult(x_adv, queries)
+        return first_success(model, x, y, len(g), lambda q, active: self.transform(
+            x[active], g[q].expand(len(active), -1)))

@@ -98,8 +98,7 @@ class QueryCounter:
         self.budget = budget
         self.queries = 0
 
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Forward ``x`` to the model, counting ``len(x)`` queries."""
+    def _spend(self, x: torch.Tensor) -> None:
         n = int(x.shape[0])
         if self.budget is not None and self.queries + n > self.budget:
             raise BudgetExceeded(
@@ -108,18 +107,15 @@ class QueryCounter:
                 hint="raise the budget in the suite or lower the number of samples",
             )
         self.queries += n
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Forward ``x`` to the model, counting ``len(x)`` queries."""
+        self._spend(x)
         return self.model.predict(x)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Penultimate features through the same count and budget as ``predict``."""
-        n = int(x.shape[0])
-        if self.budget is not None and self.queries + n > self.budget:
-            raise BudgetExceeded(
-                f"query budget of {self.budget} would be exceeded "
-                f"({self.queries} used, {n} more asked)",
-                hint="raise the budget in the suite or lower the number of samples",
-            )
-        self.queries += n
+        self._spend(x)
         return self.model.features(x)  # type: ignore[attr-defined]
 
     def has_features(self) -> bool:

@@ -58,11 +58,18 @@ def per_class_svg(per_class: list[dict[str, Any]]) -> str:
         ax.set_ylabel("accuracy")
         ax.set_xlabel("class id")
         ax.tick_params(axis="x", labelsize=5)
-        ax.spines[["top", "right"]].set_visible(False)
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-        plt.close(fig)
+        return _svg(fig, ax)
+
+
+def _svg(fig: Any, ax: Any) -> str:
+    """Finish a figure and return it as inline SVG (no XML header, no timestamp)."""
+    import matplotlib.pyplot as plt
+
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    plt.close(fig)
     svg = buf.getvalue()
     return svg[svg.index("<svg"):]
 
@@ -133,13 +140,7 @@ def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel(unit)
         ax.set_ylabel("robustness")
-        ax.spines[["top", "right"]].set_visible(False)
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-        plt.close(fig)
-    svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+        return _svg(fig, ax)
 
 
 def card_context(results: dict[str, Any], signature: Any = None) -> dict[str, Any]:
