@@ -325,6 +325,27 @@ def verify_cmd(path: Path, pubkey: Path) -> None:
         click.echo(f"  {c.get('status', '?'):<6} {c.get('id')}")
 
 
+@main.command("export")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+def export_cmd(run_dir: Path) -> None:
+    """Write model-index.md (Hugging Face front matter) and summary.md for a release page."""
+    import json
+
+    from certify.report.export import markdown_summary, model_index
+    from certify.rundir import atomic_write
+
+    path = run_dir / "results.json"
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path} not found", hint="export the --out folder of a run") from None
+    except ValueError:
+        raise UsageError(f"{path} is not valid JSON", hint="was it edited?") from None
+    atomic_write(run_dir / "model-index.md", model_index(results).encode())
+    atomic_write(run_dir / "summary.md", markdown_summary(results).encode())
+    click.echo(f"model-index: {run_dir / 'model-index.md'}\nsummary: {run_dir / 'summary.md'}")
+
+
 @main.group()
 def suites() -> None:
     """List and show packaged suites."""

@@ -188,3 +188,22 @@ def test_text_from_model_and_data_is_escaped(tmp_path, model_path, npz_path):
     assert "<img src=x" not in html
     # the embedded JSON cannot close its script element either
     assert html.count("</script>") == 2
+
+
+def test_release_exports(demo_run, tmp_path):
+    import yaml
+
+    out = tmp_path / "run"
+    shutil.copytree(demo_run, out)
+    proc = builders.run_cli("export", out)
+    assert proc.returncode == 0, proc.stderr
+    text = (out / "model-index.md").read_text()
+    assert text.startswith("---\n") and text.rstrip().endswith("---")
+    doc = yaml.safe_load(text.strip().strip("-"))
+    entry = doc["model-index"][0]
+    assert entry["name"] == "standard.onnx"
+    names = [m["name"] for m in entry["results"][0]["metrics"]]
+    assert any(n.startswith("Clean accuracy") for n in names)
+    assert any(n.startswith("Robust accuracy") for n in names)
+    summary = (out / "summary.md").read_text()
+    assert "| check | result | verdict |" in summary and "certify verify" in summary
