@@ -52,6 +52,18 @@ def test_explicit_abstentions_are_not_mistakes():
     assert m["accuracy_at_coverage"] == 1.0 and m["answered"] == 3
 
 
+def test_worst_case_coverage_known_answer():
+    from certify.checks.confidence import worst_case_coverage
+
+    recs = [{"confidence": c, "outcome": o} for c, o in [
+        (0.99, "robust"), (0.95, "broken"), (0.2, "broken"), (0.9, "robust"), (0.3, "robust"),
+        (0.8, "robust"), (0.7, "misclassified"), (0.6, "robust"), (0.5, "robust"),
+        (0.1, "broken")]]
+    m = worst_case_coverage(recs, lambda r: r["outcome"] == "robust")
+    # keep the 8 most confident: 0.99 0.95 0.9 0.8 0.7 0.6 0.5 0.3 -> 6 right of 8
+    assert m["worst_case_accuracy_at_coverage"] == pytest.approx(6 / 8)
+
+
 class UninterestingDefense(torch.nn.Module):
     """Brown et al. 2018, Appendix E: Gaussian input noise, then a one-hot output."""
 

@@ -161,6 +161,7 @@ def test_full_gtsrb_suite_on_a_user_model(model_path, official_dir, tmp_path):
         if c["kind"] != "corruption":
             continue
         m = c["metrics"]
+        assert 0.0 <= m["worst_case_accuracy_at_coverage"] <= 1.0
         lo, hi = c["intervals"]["robustness_score"]
         assert lo <= m["robustness_score"] <= hi
         assert c["details"]["curve"][0] == {"intensity": 0, "score": 1 if m["n_evaluated"]

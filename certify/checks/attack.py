@@ -21,6 +21,7 @@ import torch
 from certify.attacks import ATTACKS, Attack, margin, project
 from certify.checks.base import Check, CheckContext, Measurement
 from certify.checks.binarization import BinarizationSettings, binarization_test
+from certify.checks.confidence import confidences, worst_case_coverage
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
@@ -140,10 +141,11 @@ class AttackCheck(Check):
         probs = scores.float().cpu() if output != "logits" else torch.softmax(
             scores.float().cpu(), 1)
         one_hot = (probs.max(dim=1).values >= 1 - 1e-6).tolist()
+        clean_conf = confidences(scores.cpu(), output)
         rec: list[dict[str, Any]] = [
             {"outcome": "robust" if bool(c) else "misclassified", "label": int(t),
-             "queries": 1, "attack_queries": 0}
-            for c, t in zip(correct.tolist(), y.tolist(), strict=True)
+             "queries": 1, "attack_queries": 0, "confidence": float(cc)}
+            for c, t, cc in zip(correct.tolist(), y.tolist(), clean_conf.tolist(), strict=True)
         ]
         ci = correct.nonzero().flatten()
         if len(ci):
@@ -152,12 +154,15 @@ class AttackCheck(Check):
             res = attack.run(counter, x[ci.to(dev)], y[ci.to(dev)], seeds, output)
             x_adv = res.x_adv if norm == "spatial" else project(res.x_adv, x[ci.to(dev)],
                                                                norm, eps)
-            pred = counter.predict(x_adv).argmax(1).cpu()
+            adv_scores = counter.predict(x_adv).cpu()
+            pred = adv_scores.argmax(1)
+            adv_conf = confidences(adv_scores, output)
             for k, i in enumerate(ci.tolist()):
                 broken = int(pred[k]) != int(y[i])
                 rec[i].update({"outcome": "broken" if broken else "robust",
                                "attack_queries": int(res.queries[k]),
-                               "queries": 2 + int(res.queries[k])})
+                               "queries": 2 + int(res.queries[k]),
+                               "confidence": float(adv_conf[k])})
                 if broken:
                     rec[i]["adv_pred"] = int(pred[k])
         bt = self._bt()
@@ -189,6 +194,7 @@ class AttackCheck(Check):
             "queries_median": statistics.median(aq) if aq else 0,
             "queries_mean": statistics.fmean(aq) if aq else 0.0,
             "queries_max": max(aq) if aq else 0,
+            **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
         }
         intervals = {"robust_accuracy": wilson_interval(robust, n),
                      "attack_success_rate": wilson_interval(broken, len(correct))}

@@ -33,6 +33,27 @@ def confidences(scores: torch.Tensor, output: str) -> torch.Tensor:
     return p.max(dim=1).values
 
 
+#: The coverage level at which corruption and attack results are also reported.
+COVERAGE = 0.8
+
+
+def worst_case_coverage(records: list[dict[str, Any]], right: Any,
+                        coverage: float = COVERAGE) -> dict[str, float]:
+    """Accuracy at ``coverage`` over each sample's worst case (Brown et al. 2018).
+
+    Each record carries ``confidence`` (the model's top probability on the sample's worst case:
+    the breaking input, or the least confident correct one); ``right(record)`` says whether the
+    model was right there. The least confident ``1 - coverage`` share abstains.
+    """
+    rows = [(r["confidence"], bool(right(r))) for r in records
+            if r.get("confidence") is not None and r.get("outcome") != "not_applicable"]
+    keep = math.ceil(coverage * len(rows) - 1e-9)
+    kept = sorted(range(len(rows)), key=lambda i: (-rows[i][0], i))[:keep]
+    return {"worst_case_accuracy_at_coverage":
+            sum(rows[i][1] for i in kept) / keep if keep else 0.0,
+            "worst_case_coverage": coverage}
+
+
 class Coverage(Check):
     """Accuracy at a coverage level and the confident-mistake rate on clean data.
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
 from PIL import Image
 
 from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.confidence import confidences, worst_case_coverage
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model
@@ -61,6 +62,17 @@ def png_data_uri(img: torch.Tensor) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+class SearchResult(NamedTuple):
+    """Per sample: breaking candidate (-1 if none), label predicted there, queries, and the
+    confidence of the worst case found (at the break, or the lowest over the tries; NaN when
+    the sample was not searched)."""
+
+    broken_at: torch.Tensor
+    broken_pred: torch.Tensor
+    queries: torch.Tensor
+    confidence: torch.Tensor
+
+
 def search(
     model: Model,
     x: torch.Tensor,
@@ -70,17 +82,15 @@ def search(
     apply: Apply,
     seed_of: Callable[[int, int], int],
     index: Sequence[int],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Try candidates in order on the ``alive`` samples, stopping each at its first failure.
-
-    Returns (index of the breaking candidate or -1 ``[B]``, predicted label there ``[B]``,
-    queries spent ``[B]``).
-    """
+) -> SearchResult:
+    """Try candidates in order on the ``alive`` samples, stopping each at its first failure."""
     b = len(y)
     broken_at = torch.full((b,), -1, dtype=torch.long)
     broken_pred = torch.full((b,), -1, dtype=torch.long)
     queries = torch.zeros(b, dtype=torch.long)
+    conf = torch.full((b,), float("nan"))
     alive = alive.clone().cpu()
+    output = model.info.output
     for t in range(len(candidates)):
         ai = alive.nonzero().flatten()
         if len(ai) == 0:
@@ -88,14 +98,19 @@ def search(
         params = candidates[t].expand(len(ai), -1).to(x.device)
         seeds = torch.tensor([seed_of(int(index[i]), t) for i in ai.tolist()], dtype=torch.long)
         xt = apply(x[ai.to(x.device)], params, seeds)
-        pred = model.predict(xt).argmax(1).cpu()
+        scores = model.predict(xt).cpu()
+        pred = scores.argmax(1)
+        c = confidences(scores, output)
         queries[ai] += 1
         bad = pred != y[ai.to(y.device)].cpu()
         hit = ai[bad]
         broken_at[hit] = t
         broken_pred[hit] = pred[bad]
+        conf[hit] = c[bad]
+        ok = ai[~bad]
+        conf[ok] = torch.fmin(conf[ok], c[~bad])
         alive[hit] = False
-    return broken_at, broken_pred, queries
+    return SearchResult(broken_at, broken_pred, queries, conf)
 
 
 class _CorruptionBase(Check):
@@ -103,7 +118,9 @@ class _CorruptionBase(Check):
 
     def _clean(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
                flip_only: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        pred = model.predict(x).argmax(1)
+        scores = model.predict(x)
+        pred = scores.argmax(1)
+        self._clean_conf = confidences(scores.cpu(), model.info.output)
         correct = (pred == y).cpu()
         applicable = torch.ones_like(correct)
         if flip_only:
@@ -162,15 +179,16 @@ class Corruption(_CorruptionBase):
                   ctx: CheckContext) -> list[dict[str, Any]]:
         prop, rows, inten = self._candidates()
         pred, correct, applicable = self._clean(model, x, y, ctx, prop.name == "flip")
-        broken_at, broken_pred, queries = search(
-            model, x, y, correct & applicable, rows, prop.apply,
-            ctx.seed, index)
+        found = search(model, x, y, correct & applicable, rows, prop.apply, ctx.seed, index)
+        broken_at, broken_pred, queries = found.broken_at, found.broken_pred, found.queries
+        worst = torch.where(found.confidence.isnan(), self._clean_conf, found.confidence)
         out = []
         for j, i in enumerate(index):
             t = int(broken_at[j])
             rec: dict[str, Any] = {
                 "outcome": self._outcome(bool(correct[j]), bool(applicable[j]), t >= 0),
                 "label": int(y[j]), "pred": int(pred[j]), "queries": 1 + int(queries[j]),
+                "confidence": float(worst[j]),
             }
             if t >= 0:
                 rec.update({"break_intensity": float(inten[t]),
@@ -193,6 +211,7 @@ class Corruption(_CorruptionBase):
         return Measurement(
             metrics={
                 "robustness_score": robust / evaluated if evaluated else 0.0,
+                **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
                 "n_evaluated": evaluated,
                 "n_robust": robust,
                 "n_misclassified": sum(r["outcome"] == "misclassified" for r in records),
@@ -294,14 +313,24 @@ class CorruptionPair(_CorruptionBase):
                   ctx: CheckContext) -> list[dict[str, Any]]:
         g = self._grids()
         pred, correct, _ = self._clean(model, x, y, ctx, False)
-        ba, _, qa = search(model, x, y, correct, g["ra"], g["a"].apply,
-                           lambda i, t: ctx.seed(i, 1, t), index)
-        bb, _, qb = search(model, x, y, correct, g["rb"], g["b"].apply,
-                           lambda i, t: ctx.seed(i, 2, t), index)
+        ra = search(model, x, y, correct, g["ra"], g["a"].apply,
+                    lambda i, t: ctx.seed(i, 1, t), index)
+        rb = search(model, x, y, correct, g["rb"], g["b"].apply,
+                    lambda i, t: ctx.seed(i, 2, t), index)
+        ba, qa, bb, qb = ra.broken_at, ra.queries, rb.broken_at, rb.queries
         # a failure of either property alone is already a failure of the combination
         alive = correct & (ba < 0) & (bb < 0)
-        bj, pj, qj = search(model, x, y, alive, g["joint"], g["apply"],
-                            lambda i, t: ctx.seed(i, 3, t), index)
+        rj = search(model, x, y, alive, g["joint"], g["apply"],
+                    lambda i, t: ctx.seed(i, 3, t), index)
+        bj, pj, qj = rj.broken_at, rj.broken_pred, rj.queries
+        # worst case: the confidence at the first break found, else the lowest seen
+        worst = self._clean_conf.clone()
+        for part in (rj, rb, ra):
+            seen = ~part.confidence.isnan()
+            worst[seen] = torch.fmin(worst[seen], part.confidence[seen])
+        for part in (ra, rb, rj):
+            hit = part.broken_at >= 0
+            worst[hit] = part.confidence[hit]
         out = []
         for j, i in enumerate(index):
             c = bool(correct[j])
@@ -312,6 +341,7 @@ class CorruptionPair(_CorruptionBase):
                 "outcome_second": self._outcome(c, True, bool(bb[j] >= 0)),
                 "label": int(y[j]), "pred": int(pred[j]),
                 "queries": 1 + int(qa[j] + qb[j] + qj[j]),
+                "confidence": float(worst[j]),
             }
             t = int(bj[j])
             if t >= 0:
@@ -342,6 +372,7 @@ class CorruptionPair(_CorruptionBase):
             })
         return Measurement(
             metrics={"robustness_score": sj, "score_first": sa, "score_second": sb,
+                     **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
                      "change_vs_weaker": sj - min(sa, sb), "n_evaluated": n,
                      "n_robust": rj, "joint_only_failures": len(only_joint),
                      "candidates": len(g["ra"]) + len(g["rb"]) + len(g["joint"])},
