@@ -325,6 +325,37 @@ def verify_cmd(path: Path, pubkey: Path) -> None:
         click.echo(f"  {c.get('status', '?'):<6} {c.get('id')}")
 
 
+@main.command("bundle")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", "model_path", required=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The certified model file.")
+@click.option("--key", "key_path", required=True, type=click.Path(dir_okay=False,
+              path_type=Path), help="Private key from `certify keygen`.")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Folder to create for the bundle.")
+@click.option("--passphrase-env", metavar="VAR", help="Variable holding the passphrase.")
+def bundle_cmd(run_dir: Path, model_path: Path, key_path: Path, out_dir: Path,
+               passphrase_env: str | None) -> None:
+    """Sign the model and its card together as an OpenSSF model-signing bundle."""
+    from certify.report.bundle import make_bundle
+
+    pw = _passphrase(passphrase_env)
+    sig = make_bundle(run_dir, model_path, key_path, out_dir, None if pw is None else pw.decode())
+    click.echo(f"bundle: {out_dir}\nsignature: {sig}")
+
+
+@main.command("verify-bundle")
+@click.argument("bundle_dir", type=click.Path(path_type=Path))
+@click.option("--signature", required=True, type=click.Path(path_type=Path))
+@click.option("--pubkey", required=True, type=click.Path(dir_okay=False, path_type=Path))
+def verify_bundle_cmd(bundle_dir: Path, signature: Path, pubkey: Path) -> None:
+    """Verify a model-signing bundle made by `certify bundle` (exit 0 only if intact)."""
+    from certify.report.bundle import verify_bundle
+
+    verify_bundle(bundle_dir, signature, pubkey)
+    click.echo(f"OK: {bundle_dir} matches {signature}")
+
+
 @main.command("export")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 def export_cmd(run_dir: Path) -> None:

@@ -207,3 +207,20 @@ def test_release_exports(demo_run, tmp_path):
     assert any(n.startswith("Robust accuracy") for n in names)
     summary = (out / "summary.md").read_text()
     assert "| check | result | verdict |" in summary and "certify verify" in summary
+
+
+def test_model_signing_bundle(demo_card, keys, tmp_path):
+    from certify.api import demo_model_path
+
+    out = tmp_path / "bundle"
+    proc = builders.run_cli("bundle", demo_card, "--model", demo_model_path("standard"),
+                            "--key", keys[0], "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    sig = tmp_path / "bundle.sigstore.json"
+    assert {p.name for p in out.iterdir()} >= {"standard.onnx", "card.pdf", "results.json.sig"}
+    ok = builders.run_cli("verify-bundle", out, "--signature", sig, "--pubkey", keys[1])
+    assert ok.returncode == 0, ok.stderr
+    with (out / "standard.onnx").open("ab") as f:
+        f.write(b"\0")
+    bad = builders.run_cli("verify-bundle", out, "--signature", sig, "--pubkey", keys[1])
+    assert bad.returncode == 1 and "standard.onnx" in bad.stderr
