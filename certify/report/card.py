@@ -102,8 +102,8 @@ def headline(c: dict[str, Any]) -> str:
                 f"{c['details']['confidence_threshold']:g}")
     if c["kind"] == "sanity":
         found = len(c.get("warnings", []))
-        return (f"{found} suspect behaviour(s) found" if found else "no suspect behaviour: "
-                "deterministic, unsaturated outputs") + f" on {m['n']} samples"
+        return (f"{found} suspect behaviour(s) found" if found else "no suspect behaviour "
+                "found (randomness, saturation, probability outputs)") + f" on {m['n']} samples"
     if c["kind"] == "brittleness":
         text = f"brittle score {m['brittle_score']:.4g} on {m['n']} samples"
         if "relative_improvement" in m:
