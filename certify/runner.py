@@ -117,11 +117,7 @@ def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
     for spec in suite.checks:
         if spec.kind == "attack":
             chk: Any = spec.check
-            try:
-                key = (chk._norm(), chk._epsilon())
-            except KeyError:
-                continue
-            groups.setdefault(key, []).append(spec.id)
+            groups.setdefault(chk.threat_model(), []).append(spec.id)
     out = []
     for (norm, eps), ids in sorted(groups.items()):
         recs = [run.records.get(i, {}) for i in ids]

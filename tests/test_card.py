@@ -145,10 +145,8 @@ def test_tampered_pdf_attachment_fails(demo_card, keys, tmp_path):
     from certify.report.payload import canonical_json
 
     writer = PdfWriter(clone_from=reader)
-    writer.attachments  # noqa: B018 - materialise the attachment tree before replacing it
-    for _name in list(writer.attachments):
-        writer._root_object["/Names"].pop("/EmbeddedFiles", None)
-        break
+    # drop the original attachments, then attach the edited payload with the old signature
+    writer._root_object["/Names"].pop("/EmbeddedFiles", None)
     writer.add_attachment("results.json", canonical_json(payload))
     writer.add_attachment("results.json.sig", files["results.json.sig"][0])
     out = tmp_path / "card.pdf"

@@ -71,6 +71,10 @@ class AttackCheck(Check):
         return 0.0 if norm == "spatial" else float(
             self.epsilon if self.epsilon is not None else _DEFAULT_EPS[norm])
 
+    def threat_model(self) -> tuple[str, float]:
+        """(norm, ε): ``linf``/``l2`` with the radius, or ``spatial`` with 0."""
+        return self._norm(), self._epsilon()
+
     def build(self) -> Attack:
         """The configured attack object."""
         cls = ATTACKS[self.attack]

@@ -117,16 +117,18 @@ class _CorruptionBase(Check):
     metric_names: ClassVar[tuple[str, ...]] = ("robustness_score",)
 
     def _clean(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
-               flip_only: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               flip_only: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Clean predictions, correctness, applicability and confidence ``[B]`` each."""
         scores = model.predict(x)
         pred = scores.argmax(1)
-        self._clean_conf = confidences(scores.cpu(), model.info.output)
+        conf = confidences(scores.cpu(), model.info.output)
         correct = (pred == y).cpu()
         applicable = torch.ones_like(correct)
         if flip_only:
             allowed = torch.tensor(sorted(ctx.flip_invariant_classes), dtype=torch.long)
             applicable = torch.isin(y.cpu(), allowed)
-        return pred.cpu(), correct, applicable
+        return pred.cpu(), correct, applicable, conf
 
     @staticmethod
     def _outcome(correct: bool, applicable: bool, broken: bool) -> str:
@@ -178,10 +180,11 @@ class Corruption(_CorruptionBase):
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[dict[str, Any]]:
         prop, rows, inten = self._candidates()
-        pred, correct, applicable = self._clean(model, x, y, ctx, prop.name == "flip")
+        pred, correct, applicable, clean_conf = self._clean(model, x, y, ctx,
+                                                            prop.name == "flip")
         found = search(model, x, y, correct & applicable, rows, prop.apply, ctx.seed, index)
         broken_at, broken_pred, queries = found.broken_at, found.broken_pred, found.queries
-        worst = torch.where(found.confidence.isnan(), self._clean_conf, found.confidence)
+        worst = torch.where(found.confidence.isnan(), clean_conf, found.confidence)
         out = []
         for j, i in enumerate(index):
             t = int(broken_at[j])
@@ -312,7 +315,7 @@ class CorruptionPair(_CorruptionBase):
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[dict[str, Any]]:
         g = self._grids()
-        pred, correct, _ = self._clean(model, x, y, ctx, False)
+        pred, correct, _, clean_conf = self._clean(model, x, y, ctx, False)
         ra = search(model, x, y, correct, g["ra"], g["a"].apply,
                     lambda i, t: ctx.seed(i, 1, t), index)
         rb = search(model, x, y, correct, g["rb"], g["b"].apply,
@@ -324,7 +327,7 @@ class CorruptionPair(_CorruptionBase):
                     lambda i, t: ctx.seed(i, 3, t), index)
         bj, pj, qj = rj.broken_at, rj.broken_pred, rj.queries
         # worst case: the confidence at the first break found, else the lowest seen
-        worst = self._clean_conf.clone()
+        worst = clean_conf.clone()
         for part in (rj, rb, ra):
             seen = ~part.confidence.isnan()
             worst[seen] = torch.fmin(worst[seen], part.confidence[seen])
