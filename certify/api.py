@@ -10,7 +10,7 @@ from typing import Any
 from certify.data import load_dataset
 from certify.device import choose_device
 from certify.errors import ModelError
-from certify.models import load_model
+from certify.models import HttpOptions, load_model
 from certify.progress import NullProgress, Progress
 from certify.report import write_report
 from certify.rundir import RunDir
@@ -39,6 +39,9 @@ class RunOptions:
     reference: str | None = None
     sign_key: Path | None = None
     passphrase: bytes | None = None
+    http: HttpOptions | None = None
+    query_budget: int | None = None
+    input_size: tuple[int, int] | None = None
 
 
 def certify_model(
@@ -66,13 +69,14 @@ def certify_model(
     }
     if overrides:
         pre = dataclasses.replace(pre, **overrides)
-    model = load_model(opts.model, device, pre, input_size=suite.input_size,
-                       num_classes=len(suite.classes))
+    input_size = opts.input_size or suite.input_size
+    model = load_model(opts.model, device, pre, input_size=input_size,
+                       num_classes=len(suite.classes), http=opts.http)
     suite.validate_for(model.info)
     reference = None
     if opts.reference is not None:
-        reference = load_model(opts.reference, device, pre, input_size=suite.input_size,
-                               num_classes=len(suite.classes))
+        reference = load_model(opts.reference, device, pre, input_size=input_size,
+                               num_classes=len(suite.classes), http=opts.http)
         suite.validate_for(reference.info)
     seed = suite.seed if opts.seed is None else opts.seed
     spec = suite.data
@@ -88,9 +92,14 @@ def certify_model(
     try:
         results = run_suite(model, data, suite, run, device, seed=seed,
                             batch_size=opts.batch_size, progress=progress,
-                            model_spec=opts.model, reference=reference)
+                            model_spec=_public_spec(opts.model), reference=reference,
+                            query_budget=opts.query_budget)
     finally:
         run.close()
+        for m in (model, reference):
+            close = getattr(m, "close", None)
+            if close is not None:
+                close()
     signature = None
     if key is not None:
         from certify.report.sign import sign
@@ -98,6 +107,13 @@ def certify_model(
         signature = sign(results, key)
     paths = write_report(results, opts.out, pdf=opts.pdf, signature=signature)
     return results, paths
+
+
+def _public_spec(spec: str) -> str:
+    """The model argument as it may appear on the card: no credentials inside a URL."""
+    import re
+
+    return re.sub(r"^(https?://)[^/@]*@", r"\1", spec)
 
 
 def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,

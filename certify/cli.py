@@ -173,18 +173,44 @@ def _common_logging(f: Any) -> Any:
               help="Sign the results with this private key (from `certify keygen`).")
 @click.option("--passphrase-env", metavar="VAR",
               help="Environment variable holding the signing key's passphrase.")
+@click.option("--query-budget", type=click.IntRange(min=1),
+              help="Most model queries for the whole run (resumed records included).")
+@click.option("--auth-env", metavar="VAR",
+              help="HTTP: environment variable holding the auth header's value.")
+@click.option("--auth-header", metavar="NAME",
+              help="HTTP: header the --auth-env value is sent in [default: Authorization].")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
+              help="HTTP: seconds to wait for a response [default: 30].")
+@click.option("--retries", type=click.IntRange(min=0),
+              help="HTTP: retries on connection errors, timeouts, 5xx and 429 [default: 5].")
+@click.option("--concurrency", type=click.IntRange(min=1),
+              help="HTTP: requests in flight at once [default: 4].")
+@click.option("--http-batch", type=click.IntRange(min=1),
+              help="HTTP: images per request [default: 64].")
+@click.option("--model-version", metavar="V",
+              help="HTTP: the model version the endpoint serves, stated on the card.")
+@click.option("--input-size", type=click.IntRange(min=1), nargs=2, metavar="H W",
+              help="Model input size, when the model does not state it (overrides the suite).")
+@click.option("--input-layout", type=click.Choice(["NCHW", "NHWC"]),
+              help="HTTP v1: the layout the endpoint expects [default: NHWC].")
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
         seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
         reference: str | None, sign_key: Path | None, passphrase_env: str | None,
-        debug: bool, quiet: bool) -> int:
-    """Certify MODEL (an .onnx file) with a suite and write results.json, card.html, card.pdf.
+        query_budget: int | None, input_size: tuple[int, int] | None, debug: bool,
+        quiet: bool, **http: Any) -> int:
+    """Certify MODEL with a suite and write results.json, card.html, card.pdf.
+
+    MODEL is an .onnx file or an inference endpoint: http://HOST:PORT/v2/models/NAME
+    (KServe v2: Triton, MLServer, KServe) or http://HOST:PORT/v1/models/NAME (TF-Serving).
 
     \b
-    Example:
+    Examples:
       certify run traffic.onnx --suite gtsrb --data GTSRB/Final_Test/Images --out card1
+      TOKEN="Bearer abc" certify run https://api.example.com/v2/models/signs \\
+          --suite gtsrb --data Test.csv --auth-env TOKEN --model-version 3 --query-budget 2000000
     """
     _setup_logging(debug, quiet)
     from certify.api import RunOptions, certify_model
@@ -194,11 +220,29 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         device=device, batch_size=batch_size, resume=resume, input_scale=input_scale,
         mean=mean, std=std, channel_order=channel_order, pdf=not no_pdf, reference=reference,
         sign_key=sign_key, passphrase=_passphrase(passphrase_env),
+        http=_http_options(model, reference, http), query_budget=query_budget,
+        input_size=input_size or None,
     )
     with RichProgress(err_console, enabled=not quiet) as progress:
         results, paths = certify_model(opts, progress)
     _print_summary(results, paths)
     return EXIT_OK if results["verdict"] == "PASS" else EXIT_FAILED
+
+
+def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> Any:
+    """HttpOptions from the HTTP flags, refused when no model is an endpoint."""
+    from certify.models.http import HttpOptions
+
+    names = {"auth_env": "auth_env", "auth_header": "auth_header", "timeout": "timeout",
+             "retries": "retries", "concurrency": "concurrency", "http_batch": "batch",
+             "model_version": "version", "input_layout": "layout"}
+    set_ = {names[k]: v for k, v in given.items() if v is not None}
+    remote = any(m and m.startswith(("http://", "https://")) for m in (model, reference))
+    if set_ and not remote:
+        flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v is not None)
+        raise UsageError(f"{flags} only apply to HTTP endpoints",
+                         hint="MODEL is a file; drop those options or pass an http(s):// URL")
+    return HttpOptions(**set_) if remote else None
 
 
 def _print_summary(results: dict[str, Any], paths: dict[str, Path]) -> None:

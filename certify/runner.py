@@ -142,10 +142,19 @@ def run_suite(
     progress: Progress | None = None,
     model_spec: str = "",
     reference: Model | None = None,
+    query_budget: int | None = None,
 ) -> dict[str, Any]:
-    """Run every check of ``suite`` and return the results document (results.json)."""
+    """Run every check of ``suite`` and return the results document (results.json).
+
+    ``query_budget`` caps the queries of the whole run, records of a resumed run included;
+    a check that would cross it ends as an ERROR row and the checks after it find it spent.
+    """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
+    recorded = sum(int(r.get("queries", 0)) for recs in run.records.values()
+                   for r in recs.values())
+    run_counter = QueryCounter(
+        model, None if query_budget is None else max(0, query_budget - recorded))
     t0 = time.perf_counter()
     checks: list[dict[str, Any]] = []
     seeds: dict[str, int] = {}
@@ -169,7 +178,7 @@ def run_suite(
         }
         c0 = time.perf_counter()
         try:
-            records = _run_check(spec, model, data, run, ctx, batch_size, progress)
+            records = _run_check(spec, run_counter, data, run, ctx, batch_size, progress)
             ordered = [records[i] for i in sorted(records)]
             m = spec.check.summarize(ordered, data)
             queries = [int(r.get("queries", 0)) for r in ordered]
@@ -205,6 +214,10 @@ def run_suite(
         entry["duration_s"] = time.perf_counter() - c0
         checks.append(entry)
 
+    model_doc: dict[str, Any] = {"spec": model_spec, **model.info.to_dict()}
+    traffic = getattr(model, "traffic", None)
+    if traffic is not None:  # an endpoint: what this invocation sent it
+        model_doc["traffic"] = traffic()
     statuses = [c["status"] for c in checks]
     verdict = next((v for v in ("ERROR", "FAIL", "WARN") if v in statuses), "PASS")
     return {
@@ -212,7 +225,8 @@ def run_suite(
         "certify_version": certify.__version__,
         "suite": {"name": suite.name, "source": suite.source, "digest": suite.digest,
                   "description": suite.description},
-        "model": {"spec": model_spec, **model.info.to_dict()},
+        "model": model_doc,
+        "queries": {"total": recorded + run_counter.queries, "budget": query_budget},
         "reference_model": None if reference is None else reference.info.to_dict(),
         "data": data.describe(),
         "device": {"name": device.name, "requested": device.requested, "reason": device.reason,

@@ -30,3 +30,13 @@ if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 fi
 .venv/bin/python -c "import certify, onnxruntime, weasyprint, torch" \
   || { echo "setup: certify's dependencies failed to import" >&2; exit 1; }
+
+# MLServer for the HTTP end-to-end tests, in its own environment (it needs protobuf < 7)
+if [ ! -x .venv-mlserver/bin/mlserver ]; then
+  "$python" -m venv .venv-mlserver
+  if ! .venv-mlserver/bin/python -m pip install -q --disable-pip-version-check \
+      "mlserver==1.7.1" onnxruntime numpy >.venv-mlserver/pip-install.log 2>&1; then
+    grep -v "is ignored: it is neither a file nor a directory" .venv-mlserver/pip-install.log >&2
+    exit 1
+  fi
+fi

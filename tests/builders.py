@@ -147,8 +147,9 @@ def reference_accuracy(model_path: Path, images: np.ndarray, y: np.ndarray, *, n
     return float(np.mean(np.array(preds) == y))
 
 
-def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str | Path, timeout: float = 300, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
     """Run the installed ``certify`` console script and capture its output."""
     exe = Path(sys.executable).parent / "certify"
     return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})

@@ -7,9 +7,11 @@ from pathlib import Path
 from certify.device import DeviceChoice
 from certify.errors import ModelError
 from certify.models.base import FeatureModel, Model, ModelInfo, Preprocessing, QueryCounter
+from certify.models.http import HttpOptions
 
 __all__ = [
     "FeatureModel",
+    "HttpOptions",
     "Model",
     "ModelInfo",
     "Preprocessing",
@@ -24,13 +26,17 @@ def load_model(
     preprocessing: Preprocessing | None = None,
     input_size: tuple[int, int] | None = None,
     num_classes: int | None = None,
+    http: HttpOptions | None = None,
 ) -> Model:
-    """Load a model from a path (``.onnx``); raise :class:`ModelError` when it cannot be used."""
+    """Load a model from a path (``.onnx``) or an endpoint URL (``http(s)://…``).
+
+    Raises :class:`ModelError` when it cannot be loaded, reached or used as a classifier.
+    """
     if spec.startswith(("http://", "https://")):
-        raise ModelError(
-            f"HTTP endpoints are not supported yet: {spec}",
-            hint="certify currently certifies ONNX files; pass a path to a .onnx model",
-        )
+        from certify.models.http import HttpModel
+
+        return HttpModel(spec, device, preprocessing, input_size=input_size,
+                         num_classes=num_classes, options=http)
     path = Path(spec)
     if path.is_dir():
         raise ModelError(f"{spec} is a directory, not a model file", hint="pass a .onnx file")

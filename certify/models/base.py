@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
-from certify.errors import BudgetExceeded
+from certify.errors import BudgetExceeded, ModelError
 
 OutputKind = Literal["logits", "probs", "labels"]
 
@@ -120,9 +121,66 @@ class QueryCounter:
 
     def has_features(self) -> bool:
         """Whether the wrapped model exposes penultimate features."""
+        if isinstance(self.model, QueryCounter):
+            return self.model.has_features()
         return getattr(self.model, "feature_name", None) is not None and hasattr(
             self.model, "features")
 
     def remaining(self) -> int | None:
         """Queries left, or ``None`` when unlimited."""
         return None if self.budget is None else self.budget - self.queries
+
+
+def to_model_input(x: torch.Tensor, pre: Preprocessing, channels: int, layout: str
+                   ) -> np.ndarray:
+    """certify's ``[N, C, H, W]`` RGB batch in ``[0, 1]`` as the model wants it (float32 numpy).
+
+    Grayscale models get the ITU-R 601 luma of RGB images; then scale, mean/std, channel order
+    and layout are applied, in that order.
+    """
+    x = x.detach()
+    c = channels
+    if c == 1 and x.shape[1] == 3:
+        w = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype, device=x.device)
+        x = (x * w.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
+    if pre.input_scale != 1.0:
+        x = x * pre.input_scale
+    if any(m != 0.0 for m in pre.mean) or any(s != 1.0 for s in pre.std):
+        mean = torch.tensor(pre.mean[:c], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+        std = torch.tensor(pre.std[:c], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
+        x = (x - mean) / std
+    if pre.channel_order == "BGR" and c == 3:
+        x = x.flip(1)
+    if layout == "NHWC":
+        x = x.permute(0, 2, 3, 1)
+    return np.ascontiguousarray(x.cpu().numpy(), dtype=np.float32)
+
+
+def output_kind(out: np.ndarray) -> OutputKind:
+    """Labels ``[N]``, probabilities (rows in [0, 1] summing to 1) or logits ``[N, K]``."""
+    if out.ndim == 1:
+        return "labels"
+    if np.all(out >= -1e-6) and np.all(out <= 1 + 1e-6) and np.allclose(
+        out.sum(axis=1), 1.0, atol=1e-3
+    ):
+        return "probs"
+    return "logits"
+
+
+def probe_images(shape: tuple[int, int, int], n: int = 4) -> torch.Tensor:
+    """Fixed pseudo-random images used to probe a model's outputs when it is loaded."""
+    rng = np.random.default_rng(1234)
+    return torch.from_numpy(rng.random((n, *shape), dtype=np.float32))
+
+
+def image_layout(name: str, dims: list[int | str]) -> tuple[str, int, int | str, int | str]:
+    """Return (layout, channels, height, width) or raise: the input must be an image."""
+    if len(dims) == 4:
+        if dims[1] in (1, 3):
+            return "NCHW", int(dims[1]), dims[2], dims[3]
+        if dims[3] in (1, 3):
+            return "NHWC", int(dims[3]), dims[1], dims[2]
+    raise ModelError(
+        f"model input {name!r} has shape {dims}, which is not an image batch",
+        hint="certify needs one input shaped [N, C, H, W] or [N, H, W, C] with C = 1 or 3",
+    )

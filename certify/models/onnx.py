@@ -20,7 +20,15 @@ import torch
 
 from certify.device import DeviceChoice
 from certify.errors import ModelError
-from certify.models.base import ModelInfo, OutputKind, Preprocessing
+from certify.models.base import (
+    ModelInfo,
+    OutputKind,
+    Preprocessing,
+    image_layout,
+    output_kind,
+    probe_images,
+    to_model_input,
+)
 
 log = logging.getLogger("certify")
 
@@ -59,19 +67,6 @@ def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
         else:
             dims.append(d.dim_param or "?")
     return dims
-
-
-def _image_layout(name: str, dims: list[int | str]) -> tuple[str, int, int | str, int | str]:
-    """Return (layout, channels, height, width) or raise: the input must be an image."""
-    if len(dims) == 4:
-        if dims[1] in (1, 3):
-            return "NCHW", int(dims[1]), dims[2], dims[3]
-        if dims[3] in (1, 3):
-            return "NHWC", int(dims[3]), dims[1], dims[2]
-    raise ModelError(
-        f"model input {name!r} has shape {dims}, which is not an image batch",
-        hint="certify needs one input shaped [N, C, H, W] or [N, H, W, C] with C = 1 or 3",
-    )
 
 
 def _make_batch_symbolic(model: onnx.ModelProto) -> bytes:
@@ -162,7 +157,7 @@ class OnnxModel:
             raise ModelError("model has no outputs", hint="re-export the model")
         inp = inputs[0]
         dims = _dims(inp)
-        layout, channels, height, width = _image_layout(inp.name, dims)
+        layout, channels, height, width = image_layout(inp.name, dims)
         if not isinstance(height, int) or not isinstance(width, int):
             if input_size is None:
                 raise ModelError(
@@ -208,7 +203,7 @@ class OnnxModel:
         if "CUDAExecutionProvider" in self._providers and provider != "CUDAExecutionProvider":
             log.info("onnxruntime: CUDA provider could not load; running on the CPU")
         probe = self._probe_outputs()
-        output = self._output_kind(probe)
+        output = output_kind(probe)
         k = probe.shape[1] if probe.ndim == 2 else (num_classes or 0)
         if output == "labels" and not k:
             raise ModelError(
@@ -278,8 +273,7 @@ class OnnxModel:
         log.info("model batch dimension: %s", self.batch_mode)
 
     def _probe_outputs(self) -> np.ndarray:
-        rng = np.random.default_rng(1234)
-        x = torch.from_numpy(rng.random((4, *self.input_shape), dtype=np.float32))
+        x = probe_images(self.input_shape)
         try:
             out = self._run(self._to_model_input(x))
         except Exception as exc:  # noqa: BLE001
@@ -296,35 +290,9 @@ class OnnxModel:
             hint="certify needs class scores [N, K] or labels [N]",
         )
 
-    @staticmethod
-    def _output_kind(out: np.ndarray) -> OutputKind:
-        if out.ndim == 1:
-            return "labels"
-        if np.all(out >= -1e-6) and np.all(out <= 1 + 1e-6) and np.allclose(
-            out.sum(axis=1), 1.0, atol=1e-3
-        ):
-            return "probs"
-        return "logits"
-
     # -- the one verb ---------------------------------------------------------------------
     def _to_model_input(self, x: torch.Tensor) -> np.ndarray:
-        p = self.preprocessing
-        x = x.detach()
-        c = self.input_shape[0]
-        if c == 1 and x.shape[1] == 3:
-            w = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype, device=x.device)
-            x = (x * w.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
-        if p.input_scale != 1.0:
-            x = x * p.input_scale
-        if any(m != 0.0 for m in p.mean) or any(s != 1.0 for s in p.std):
-            mean = torch.tensor(p.mean[:c], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
-            std = torch.tensor(p.std[:c], dtype=x.dtype, device=x.device).view(1, c, 1, 1)
-            x = (x - mean) / std
-        if p.channel_order == "BGR" and c == 3:
-            x = x.flip(1)
-        if self.layout == "NHWC":
-            x = x.permute(0, 2, 3, 1)
-        arr = x.contiguous().cpu().numpy()
+        arr = to_model_input(x, self.preprocessing, self.input_shape[0], self.layout)
         if self._np_dtype is np.uint8:
             return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
         return arr.astype(self._np_dtype, copy=False)

@@ -1,0 +1,289 @@
+"""Real model servers on 127.0.0.1 for the HTTP tests and benchmark.
+
+- :class:`OnnxHttpServer`: a threaded ``http.server`` that serves an ONNX model over the KServe v2
+  and the v1 (TF-Serving) protocols, with optional bearer auth and injectable faults (500s,
+  429 with Retry-After, responses slower than the client's timeout, malformed JSON, dropped
+  connections, and a hard outage after N requests).
+- :func:`mlserver`: MLServer 1.7.1 (its own virtual environment, ``.venv-mlserver``, made by
+  scripts/setup.sh because it needs protobuf < 7) serving the same ONNX model through a small
+  custom runtime over v2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+MLSERVER = ROOT / ".venv-mlserver" / "bin" / "mlserver"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Faults:
+    """Fault probabilities per inference request (drawn from a seeded generator)."""
+
+    seed: int = 0
+    p_500: float = 0.0
+    p_429: float = 0.0
+    p_slow: float = 0.0
+    p_malformed: float = 0.0
+    p_drop: float = 0.0
+    slow_s: float = 1.0
+    retry_after: int = 1
+    outage_after: int | None = None  # every inference request after this many answers 503
+    first: tuple[str, ...] = ()  # faults for inference requests 2, 3, … before random ones
+
+
+class OnnxHttpServer:
+    """Serves ``model_path`` as ``NAME`` on 127.0.0.1 over v2 and v1 until :meth:`stop`."""
+
+    def __init__(self, model_path: Path, name: str = "signs", token: str | None = None,
+                 faults: Faults | None = None, labels_only: bool = False,
+                 threads: int = 0) -> None:
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(model_path), opts,
+                                            providers=["CPUExecutionProvider"])
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        self.input_shape = [d if isinstance(d, int) else -1 for d in inp.shape]
+        self.name = name
+        self.token = token
+        self.faults = faults or Faults()
+        self.labels_only = labels_only
+        self.rng = random.Random(self.faults.seed)
+        self.lock = threading.Lock()
+        self.infer_requests = 0
+        self.faults_injected: dict[str, int] = {}
+        self.headers_seen: list[dict[str, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                server._get(self)
+
+            def do_POST(self) -> None:  # noqa: N802
+                server._post(self)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def v2_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v2/models/{self.name}"
+
+    @property
+    def v1_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/models/{self.name}"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- handlers -------------------------------------------------------------------------
+    def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes,
+              headers: dict[str, str] | None = None) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        with contextlib.suppress(OSError):
+            h.wfile.write(body)
+
+    def _authorised(self, h: BaseHTTPRequestHandler) -> bool:
+        with self.lock:
+            self.headers_seen.append(dict(h.headers))
+        if self.token is None or h.headers.get("Authorization") == f"Bearer {self.token}":
+            return True
+        self._send(h, 401, b'{"error": "unauthorised"}')
+        return False
+
+    def _get(self, h: BaseHTTPRequestHandler) -> None:
+        if not self._authorised(h):
+            return
+        if h.path.rstrip("/") == f"/v2/models/{self.name}":
+            out = self.session.get_outputs()[0]
+            meta = {"name": self.name, "versions": ["1"], "platform": "onnxruntime",
+                    "inputs": [{"name": self.input_name, "datatype": "FP32",
+                                "shape": self.input_shape}],
+                    "outputs": [{"name": out.name, "datatype": "FP32", "shape": [-1, -1]}]}
+            self._send(h, 200, json.dumps(meta).encode())
+        elif h.path.rstrip("/") == f"/v1/models/{self.name}":
+            self._send(h, 200, json.dumps({"model_version_status": [
+                {"version": "1", "state": "AVAILABLE"}]}).encode())
+        else:
+            self._send(h, 404, b'{"error": "not found"}')
+
+    def _fault(self) -> str | None:
+        f = self.faults
+        with self.lock:
+            self.infer_requests += 1
+            if f.outage_after is not None and self.infer_requests > f.outage_after:
+                kind: str | None = "outage"
+            elif 2 <= self.infer_requests < 2 + len(f.first):
+                kind = f.first[self.infer_requests - 2]
+            else:
+                r = self.rng.random()
+                kind = None
+                for name, p in (("500", f.p_500), ("429", f.p_429), ("slow", f.p_slow),
+                                ("malformed", f.p_malformed), ("drop", f.p_drop)):
+                    if r < p:
+                        kind = name
+                        break
+                    r -= p
+            if kind:
+                self.faults_injected[kind] = self.faults_injected.get(kind, 0) + 1
+        return kind
+
+    def _post(self, h: BaseHTTPRequestHandler) -> None:
+        body = h.rfile.read(int(h.headers.get("Content-Length", 0)))
+        if not self._authorised(h):
+            return
+        path = h.path.rstrip("/")
+        if path not in (f"/v2/models/{self.name}/infer", f"/v1/models/{self.name}:predict"):
+            self._send(h, 404, b'{"error": "not found"}')
+            return
+        fault = self._fault()
+        if fault == "drop":
+            h.close_connection = True
+            with contextlib.suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault in ("500", "outage"):
+            self._send(h, 503 if fault == "outage" else 500, b'{"error": "injected"}')
+            return
+        if fault == "429":
+            self._send(h, 429, b'{"error": "slow down"}',
+                       {"Retry-After": str(self.faults.retry_after)})
+            return
+        if fault == "slow":
+            time.sleep(self.faults.slow_s)
+        if fault == "malformed":
+            self._send(h, 200, b'{"outputs": [{"name": "y", "data": [1, 2')
+            return
+        try:
+            doc = json.loads(body)
+            if path.endswith(":predict"):
+                x = np.asarray(doc["instances"], dtype=np.float32)
+            else:
+                t = doc["inputs"][0]
+                x = np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
+            y = self.session.run(None, {self.input_name: x})[0]
+        except Exception as exc:  # noqa: BLE001 - a bad request is the client's 400
+            self._send(h, 400, json.dumps({"error": str(exc)[:200]}).encode())
+            return
+        if self.labels_only:
+            y = y.argmax(axis=1)
+        if path.endswith(":predict"):
+            out = {"predictions": y.tolist()}
+        else:
+            out = {"model_name": self.name, "outputs": [{
+                "name": "label" if self.labels_only else "scores", "shape": list(y.shape),
+                "datatype": "INT64" if self.labels_only else "FP32",
+                "data": y.reshape(-1).tolist()}]}
+        self._send(h, 200, json.dumps(out).encode())
+
+
+_RUNTIME = '''
+import numpy as np
+import onnxruntime as ort
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec
+from mlserver.types import InferenceRequest, InferenceResponse
+
+
+class OnnxRuntime(MLModel):
+    async def load(self) -> bool:
+        self.session = ort.InferenceSession(self.settings.parameters.uri,
+                                            providers=["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        x = NumpyCodec.decode_input(payload.inputs[0]).astype(np.float32)
+        y = self.session.run(None, {self.input_name: x})[0]
+        return InferenceResponse(model_name=self.name,
+                                 outputs=[NumpyCodec.encode_output("scores", y)])
+'''
+
+
+@contextlib.contextmanager
+def mlserver(model_path: Path, workdir: Path, name: str = "signs",
+             input_shape: tuple[int, ...] = (-1, 3, 32, 32)) -> Iterator[str]:
+    """Run MLServer on 127.0.0.1 serving ``model_path``; yields the v2 model URL."""
+    if not MLSERVER.exists():
+        raise RuntimeError(f"{MLSERVER} is missing: run scripts/setup.sh (it builds "
+                           ".venv-mlserver)")
+    http_port, grpc_port = free_port(), free_port()
+    model_dir = workdir / name
+    model_dir.mkdir(parents=True)
+    (model_dir / "onnx_runtime.py").write_text(_RUNTIME)
+    (model_dir / "model-settings.json").write_text(json.dumps({
+        "name": name, "implementation": "onnx_runtime.OnnxRuntime",
+        "parameters": {"uri": str(model_path)},
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": list(input_shape)}],
+    }))
+    (workdir / "settings.json").write_text(json.dumps({
+        "host": "127.0.0.1", "http_port": http_port, "grpc_port": grpc_port,
+        "metrics_endpoint": None, "parallel_workers": 0, "debug": False,
+        "metrics_dir": str(workdir / ".metrics"), "environments_dir": str(workdir / ".envs"),
+        "load_models_at_startup": True,
+    }))
+    log = (workdir / "mlserver.log").open("w")
+    proc = subprocess.Popen([str(MLSERVER), "start", str(workdir)], cwd=workdir,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{http_port}/v2/models/{name}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("mlserver exited: "
+                                   + (workdir / "mlserver.log").read_text()[-2000:])
+            try:
+                if requests.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("mlserver did not become ready in 60 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

@@ -1,0 +1,240 @@
+"""Certifying a model behind an HTTP endpoint: real servers on 127.0.0.1, started here.
+
+The same ONNX model is certified as a file and through MLServer (v2), a v1 server and a
+fault-injecting server; results.json metrics must be equal. An outage beyond the retry budget
+stops the run with exit 3, and --resume finishes it with nothing lost.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import builders
+from servers import Faults, OnnxHttpServer, mlserver
+
+N = 24
+CLASSES = [f"c{i}" for i in range(43)]
+
+
+@pytest.fixture(scope="module")
+def data(net, tmp_path_factory) -> Path:
+    x = builders.make_images(N, seed=21)
+    p = tmp_path_factory.mktemp("http") / "d.npz"
+    np.savez(p, x=x, y=builders.make_labels(net, x, seed=21, wrong=0.1))
+    return p
+
+
+def _suite(path: Path, attacks: bool = True, binarization: bool = False) -> Path:
+    checks: list[dict] = [
+        {"id": "clean", "kind": "clean_accuracy", "threshold": {"metric": "accuracy",
+                                                                 "min": 0.0}},
+        {"id": "coverage", "kind": "coverage"},
+        {"id": "rotation", "kind": "corruption", "params": {"property": "rotation",
+                                                            "bound": 15, "steps": 3}},
+        {"id": "noise", "kind": "corruption", "params": {"property": "gaussian_noise",
+                                                         "bound": 0.1, "steps": 2, "tries": 2}},
+        {"id": "brittle", "kind": "brittleness", "samples": 4, "params": {"num_masks": 60}},
+    ]
+    if attacks:
+        checks += [
+            {"id": "square", "kind": "attack", "samples": 8, "params": {
+                "attack": "square_linf", "epsilon": 0.03, "max_queries": 60,
+                "binarization": {"samples": 2, "n_inner": 49} if binarization else False}},
+            {"id": "hsj", "kind": "attack", "samples": 4, "params": {
+                "attack": "hopskipjump", "norm": "l2", "epsilon": 0.5, "max_queries": 120,
+                "binarization": False}},
+        ]
+    path.write_text(yaml.safe_dump({"name": "http-test", "classes": CLASSES, "seed": 5,
+                                    "data": {"samples": N}, "checks": checks}))
+    return path
+
+
+def _metrics(out: Path) -> dict[str, dict]:
+    r = json.loads((out / "results.json").read_text())
+    return {c["id"]: c["metrics"] for c in r["checks"]}
+
+
+def _run(model: str | Path, suite: Path, data: Path, out: Path, *extra: str,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return builders.run_cli("run", model, "--suite", suite, "--data", data, "--out", out,
+                            "--no-pdf", *extra, env=env)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory) -> Path:
+    return _suite(tmp_path_factory.mktemp("suite") / "s.yaml")
+
+
+@pytest.fixture(scope="module")
+def baseline(model_path, suite, data, tmp_path_factory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("onnx") / "run"
+    proc = _run(model_path, suite, data, out)
+    assert proc.returncode in (0, 1), proc.stderr
+    return _metrics(out)
+
+
+def test_mlserver_v2_gives_the_onnx_metrics(model_path, suite, data, baseline, tmp_path):
+    with mlserver(model_path, tmp_path / "mls") as url:
+        proc = _run(url, suite, data, tmp_path / "run", "--model-version", "7")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert _metrics(tmp_path / "run") == baseline
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert r["model"]["provider"] == "HTTP (v2)"
+    assert r["model"]["metadata"]["declared_version"] == "7"
+    assert r["model"]["identity"].startswith(url)
+    assert r["model"]["traffic"]["images"] >= r["queries"]["total"] > 0
+    card = (tmp_path / "run" / "card.html").read_text()
+    assert "cannot vouch" in card and url in card
+
+
+def test_v1_server_gives_the_onnx_metrics(net, suite, data, baseline, tmp_path):
+    server = OnnxHttpServer(builders.export(net, tmp_path / "nhwc.onnx", nhwc=True))
+    try:
+        proc = _run(server.v1_url, suite, data, tmp_path / "run", "--input-size", "32", "32")
+    finally:
+        server.stop()
+    assert proc.returncode in (0, 1), proc.stderr
+    assert _metrics(tmp_path / "run") == baseline
+
+
+def test_faults_are_retried_to_the_same_metrics(model_path, suite, data, baseline, tmp_path):
+    faults = Faults(seed=3, p_500=0.08, p_429=0.03, p_slow=0.02, p_malformed=0.04,
+                    p_drop=0.04, slow_s=1.0, retry_after=1,
+                    first=("500", "429", "slow", "malformed", "drop"))
+    server = OnnxHttpServer(model_path, faults=faults)
+    try:
+        proc = _run(server.v2_url, suite, data, tmp_path / "run", "--timeout", "0.5",
+                    "--retries", "6", "--http-batch", "16")
+    finally:
+        server.stop()
+    assert proc.returncode in (0, 1), proc.stderr
+    assert set(server.faults_injected) == {"500", "429", "slow", "malformed", "drop"}, \
+        server.faults_injected
+    assert _metrics(tmp_path / "run") == baseline
+
+
+def test_outage_exits_3_and_resume_loses_nothing(model_path, suite, data, baseline, tmp_path):
+    server = OnnxHttpServer(model_path, faults=Faults(outage_after=40))
+    out = tmp_path / "run"
+    try:
+        proc = _run(server.v2_url, suite, data, out, "--retries", "1", "--http-batch", "8")
+        assert proc.returncode == 3, proc.stderr
+        assert "error:" in proc.stderr and "--resume" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not (out / "results.json").exists() and not (out / "card.html").exists()
+        kept = (out / "records.jsonl").read_text().splitlines()
+        assert kept, "records written before the outage are on disk"
+        server.faults.outage_after = None
+        proc = _run(server.v2_url, suite, data, out, "--resume", "--http-batch", "8")
+    finally:
+        server.stop()
+    assert proc.returncode in (0, 1), proc.stderr
+    assert _metrics(out) == baseline
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    keys = [(r["check"], r["i"]) for r in rows]
+    assert len(keys) == len(set(keys)), "no sample is recorded twice"
+    assert [json.loads(line) for line in kept] == rows[:len(kept)], "nothing recorded is lost"
+
+
+def test_secret_appears_in_no_output(model_path, data, tmp_path):
+    secret = "s3cr3t-t0ken-4242"
+    suite = _suite(tmp_path / "s.yaml", attacks=False)
+    server = OnnxHttpServer(model_path, token=secret)
+    env = {"CERTIFY_TEST_TOKEN": f"Bearer {secret}"}
+    out = tmp_path / "run"
+    try:
+        denied = _run(server.v2_url, suite, data, tmp_path / "denied", "--auth-env",
+                      "NO_SUCH_VAR_SET")
+        wrong = _run(server.v2_url, suite, data, tmp_path / "wrong", "--auth-env",
+                     "CERTIFY_TEST_TOKEN", env={"CERTIFY_TEST_TOKEN": "Bearer nope"})
+        proc = builders.run_cli("run", server.v2_url, "--suite", suite, "--data", data,
+                                "--out", out, "--auth-env", "CERTIFY_TEST_TOKEN", "--debug",
+                                env=env)
+    finally:
+        server.stop()
+    assert denied.returncode == 2 and "NO_SUCH_VAR_SET" in denied.stderr
+    assert wrong.returncode == 3 and "401" in wrong.stderr and "--auth-env" in wrong.stderr
+    assert proc.returncode in (0, 1), proc.stderr
+    assert any(h.get("Authorization") == f"Bearer {secret}" for h in server.headers_seen)
+    assert secret not in proc.stdout + proc.stderr
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert {"results.json", "card.html", "card.pdf", "records.jsonl"} <= {p.name for p in files}
+    for p in files:
+        assert secret.encode() not in p.read_bytes(), p
+    text = subprocess.run(["pdftotext", str(out / "card.pdf"), "-"], capture_output=True,
+                          check=True).stdout
+    assert secret.encode() not in text
+
+
+def test_labels_only_endpoint(model_path, data, tmp_path):
+    server = OnnxHttpServer(model_path, labels_only=True)
+    try:
+        refused = _run(server.v2_url, _suite(tmp_path / "s.yaml"), data, tmp_path / "r")
+        suite = tmp_path / "labels.yaml"
+        suite.write_text(yaml.safe_dump({"name": "labels", "classes": CLASSES, "checks": [
+            {"id": "clean", "kind": "clean_accuracy"},
+            {"id": "rotation", "kind": "corruption",
+             "params": {"property": "rotation", "bound": 15, "steps": 3}},
+            {"id": "hsj", "kind": "attack", "samples": 4, "params": {
+                "attack": "hopskipjump", "norm": "l2", "epsilon": 0.5, "max_queries": 100,
+                "binarization": False}}]}))
+        proc = _run(server.v2_url, suite, data, tmp_path / "ok")
+    finally:
+        server.stop()
+    assert refused.returncode == 2 and "needs scores" in refused.stderr
+    assert proc.returncode in (0, 1), proc.stderr
+    r = json.loads((tmp_path / "ok" / "results.json").read_text())
+    assert r["model"]["output"] == "labels"
+    assert {c["id"]: c["status"] for c in r["checks"]}.keys() == {"clean", "rotation", "hsj"}
+    assert all(c["status"] != "ERROR" for c in r["checks"])
+
+
+def test_binarization_over_http_uses_the_output_vector(model_path, data, tmp_path):
+    server = OnnxHttpServer(model_path)
+    try:
+        proc = _run(server.v2_url, _suite(tmp_path / "s.yaml", binarization=True), data,
+                    tmp_path / "run")
+    finally:
+        server.stop()
+    assert proc.returncode in (0, 1), proc.stderr
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    sq = next(c for c in r["checks"] if c["id"] == "square")
+    assert sq["status"] != "ERROR", sq["error"]
+    assert "binarization_test_score" in sq["metrics"] or "binarization" in sq["details"]
+
+
+def test_query_budget_caps_the_run(model_path, data, tmp_path):
+    server = OnnxHttpServer(model_path)
+    try:
+        proc = _run(server.v2_url, _suite(tmp_path / "s.yaml"), data, tmp_path / "run",
+                    "--query-budget", "200")
+    finally:
+        server.stop()
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert r["queries"] == {"total": r["queries"]["total"], "budget": 200}
+    assert r["queries"]["total"] <= 200
+    errored = [c for c in r["checks"] if c["status"] == "ERROR"]
+    assert errored and all("budget" in c["error"] for c in errored)
+
+
+@pytest.mark.parametrize("url, code, words", [
+    ("http://127.0.0.1:9/v2/models/x", 3, "could not be reached"),
+    ("http://127.0.0.1:9/predict", 2, "not a model URL"),
+])
+def test_bad_endpoints(url, code, words, data, tmp_path):
+    proc = _run(url, _suite(tmp_path / "s.yaml"), data, tmp_path / "o", "--retries", "0")
+    assert proc.returncode == code, proc.stderr
+    assert words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_http_flags_refused_for_a_file(model_path, data, tmp_path):
+    proc = _run(model_path, _suite(tmp_path / "s.yaml"), data, tmp_path / "o", "--auth-env",
+                "X")
+    assert proc.returncode == 2 and "only apply to HTTP endpoints" in proc.stderr
