@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import orjson
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ class OnnxHttpServer:
 
     def __init__(self, model_path: Path, name: str = "signs", token: str | None = None,
                  faults: Faults | None = None, labels_only: bool = False,
-                 threads: int = 0) -> None:
+                 threads: int = 0, binary: bool = True) -> None:
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
@@ -73,6 +74,7 @@ class OnnxHttpServer:
         self.token = token
         self.faults = faults or Faults()
         self.labels_only = labels_only
+        self.binary = binary  # advertise and speak the v2 binary tensor data extension
         self.rng = random.Random(self.faults.seed)
         self.lock = threading.Lock()
         self.infer_requests = 0
@@ -82,6 +84,7 @@ class OnnxHttpServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -112,9 +115,10 @@ class OnnxHttpServer:
 
     # -- handlers -------------------------------------------------------------------------
     def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes,
-              headers: dict[str, str] | None = None) -> None:
+              headers: dict[str, str] | None = None,
+              content_type: str = "application/json") -> None:
         h.send_response(status)
-        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Type", content_type)
         h.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             h.send_header(k, v)
@@ -133,7 +137,11 @@ class OnnxHttpServer:
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         if not self._authorised(h):
             return
-        if h.path.rstrip("/") == f"/v2/models/{self.name}":
+        if h.path.rstrip("/") == "/v2":
+            ext = ["binary_tensor_data"] if self.binary else []
+            self._send(h, 200, json.dumps({"name": "certify-test-server", "version": "1",
+                                           "extensions": ext}).encode())
+        elif h.path.rstrip("/") == f"/v2/models/{self.name}":
             out = self.session.get_outputs()[0]
             meta = {"name": self.name, "versions": ["1"], "platform": "onnxruntime",
                     "inputs": [{"name": self.input_name, "datatype": "FP32",
@@ -193,13 +201,23 @@ class OnnxHttpServer:
         if fault == "malformed":
             self._send(h, 200, b'{"outputs": [{"name": "y", "data": [1, 2')
             return
+        head_len = h.headers.get("Inference-Header-Content-Length")
+        binary_out = False
         try:
-            doc = json.loads(body)
-            if path.endswith(":predict"):
-                x = np.asarray(doc["instances"], dtype=np.float32)
-            else:
+            if head_len is not None:  # binary tensor data extension
+                if not self.binary:
+                    raise ValueError("binary tensor data is not supported")
+                doc = orjson.loads(body[:int(head_len)])
                 t = doc["inputs"][0]
-                x = np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
+                x = np.frombuffer(body, dtype="<f4", offset=int(head_len)).reshape(t["shape"])
+                binary_out = bool((doc.get("parameters") or {}).get("binary_data_output"))
+            else:
+                doc = orjson.loads(body)
+                if path.endswith(":predict"):
+                    x = np.asarray(doc["instances"], dtype=np.float32)
+                else:
+                    t = doc["inputs"][0]
+                    x = np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
             y = self.session.run(None, {self.input_name: x})[0]
         except Exception as exc:  # noqa: BLE001 - a bad request is the client's 400
             self._send(h, 400, json.dumps({"error": str(exc)[:200]}).encode())
@@ -207,13 +225,21 @@ class OnnxHttpServer:
         if self.labels_only:
             y = y.argmax(axis=1)
         if path.endswith(":predict"):
-            out = {"predictions": y.tolist()}
-        else:
-            out = {"model_name": self.name, "outputs": [{
-                "name": "label" if self.labels_only else "scores", "shape": list(y.shape),
-                "datatype": "INT64" if self.labels_only else "FP32",
-                "data": y.reshape(-1).tolist()}]}
-        self._send(h, 200, json.dumps(out).encode())
+            self._send(h, 200, orjson.dumps({"predictions": y},
+                                            option=orjson.OPT_SERIALIZE_NUMPY))
+            return
+        tensor = {"name": "label" if self.labels_only else "scores", "shape": list(y.shape),
+                  "datatype": "INT64" if self.labels_only else "FP32"}
+        if binary_out:
+            raw = np.ascontiguousarray(y, dtype=y.dtype.newbyteorder("<")).tobytes()
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            head = orjson.dumps({"model_name": self.name, "outputs": [tensor]})
+            self._send(h, 200, head + raw, {"Inference-Header-Content-Length": str(len(head))},
+                       content_type="application/octet-stream")
+            return
+        tensor["data"] = y.reshape(-1)
+        self._send(h, 200, orjson.dumps({"model_name": self.name, "outputs": [tensor]},
+                                        option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 _RUNTIME = '''

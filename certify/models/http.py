@@ -59,6 +59,10 @@ _V2 = re.compile(r"^(?P<base>https?://[^?#]*?)/v2/models/(?P<name>[^/?#]+)"
 _V1 = re.compile(r"^(?P<base>https?://[^?#]*?)/v1/models/(?P<name>[^/:?#]+)"
                  r"(?:/versions/(?P<version>[^/:?#]+))?(?::predict)?/?$")
 _V2_DTYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "UINT8": np.uint8}
+_V2_NAMES = {np.dtype(v): k for k, v in _V2_DTYPES.items()}
+_V2_OUT_DTYPES = {**_V2_DTYPES, "INT64": np.int64, "INT32": np.int32, "INT16": np.int16,
+                  "INT8": np.int8, "UINT16": np.uint16, "UINT32": np.uint32,
+                  "UINT64": np.uint64, "BOOL": np.bool_}
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
 
@@ -176,6 +180,7 @@ class HttpModel:
         version = self.options.version or self.endpoint.version
         self.input_name = "input"
         self._dtype: Any = np.float32
+        self.binary = False
         if self.endpoint.protocol == "v2":
             self.layout, self.input_shape, meta = self._v2_metadata(input_size)
         else:
@@ -233,14 +238,15 @@ class HttpModel:
             self._local.session = s
         return s
 
-    def _call(self, method: str, url: str, parse: Callable[[Any], Any],
-              body: bytes | None = None) -> Any:
-        """One request with retries; ``parse`` turns the decoded JSON into the result."""
+    def _call(self, method: str, url: str, parse: Callable[[requests.Response], Any],
+              body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
+        """One request with retries; ``parse`` turns the response into the result."""
         o = self.options
         timeout = (min(o.timeout, 10.0), o.timeout)
         for attempt in range(o.retries + 1):
             try:
-                resp = self._session().request(method, url, data=body, timeout=timeout)
+                resp = self._session().request(method, url, data=body, headers=headers,
+                                               timeout=timeout)
             except requests.RequestException as exc:
                 raise ModelError(
                     f"{self.endpoint.display} could not be reached after {o.retries} "
@@ -264,7 +270,7 @@ class HttpModel:
                     hint=_status_hint(resp.status_code),
                 )
             try:
-                return parse(orjson.loads(resp.content))
+                return parse(resp)
             except (orjson.JSONDecodeError, _Malformed, KeyError, TypeError, ValueError) as exc:
                 if attempt == o.retries:
                     raise ModelError(
@@ -279,7 +285,7 @@ class HttpModel:
 
     def _v2_metadata(self, input_size: tuple[int, int] | None
                      ) -> tuple[str, tuple[int, int, int], dict[str, str]]:
-        meta = self._call("GET", self.endpoint.model_url, lambda d: d)
+        meta = self._call("GET", self.endpoint.model_url, _json)
         try:
             inp = meta["inputs"][0]
             name, dtype, dims = str(inp["name"]), str(inp["datatype"]), list(inp["shape"])
@@ -298,7 +304,13 @@ class HttpModel:
                 raise ModelError(f"endpoint input {name!r} has a symbolic image size {dims}",
                                  hint="set preprocessing.input_size: [H, W] in the suite")
             h, w = input_size
-        info = {"protocol": "v2 (Open Inference Protocol)"}
+        try:  # the server's extensions: binary tensors save encoding JSON floats both ways
+            server = self._call("GET", f"{self.endpoint.base}/v2", _json)
+            self.binary = "binary_tensor_data" in server.get("extensions", [])
+        except ModelError:
+            self.binary = False
+        info = {"protocol": "v2 (Open Inference Protocol)",
+                "encoding": "binary tensor extension" if self.binary else "JSON"}
         if meta.get("platform"):
             info["platform"] = str(meta["platform"])
         if meta.get("versions"):
@@ -306,31 +318,35 @@ class HttpModel:
         return layout, (channels, int(h), int(w)), info
 
     # -- encoding -------------------------------------------------------------------------
-    def _request_body(self, arr: np.ndarray) -> bytes:
+    def _request(self, arr: np.ndarray) -> tuple[bytes, dict[str, str] | None]:
+        """The body (and extra headers) of one inference request."""
         if self._dtype is np.uint8:
             arr = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
         elif self._dtype is not np.float32:
             arr = arr.astype(self._dtype)
         if self.endpoint.protocol == "v1":
-            return orjson.dumps({"instances": arr}, option=orjson.OPT_SERIALIZE_NUMPY)
-        dtype = next(k for k, v in _V2_DTYPES.items() if v is self._dtype)
-        return orjson.dumps(
-            {"inputs": [{"name": self.input_name, "shape": list(arr.shape), "datatype": dtype,
-                         "data": arr.reshape(-1)}]},
-            option=orjson.OPT_SERIALIZE_NUMPY)
+            return orjson.dumps({"instances": arr}, option=orjson.OPT_SERIALIZE_NUMPY), None
+        tensor: dict[str, Any] = {"name": self.input_name, "shape": list(arr.shape),
+                                  "datatype": _V2_NAMES[np.dtype(arr.dtype)]}
+        if not self.binary:
+            tensor["data"] = arr.reshape(-1)
+            return orjson.dumps({"inputs": [tensor]}, option=orjson.OPT_SERIALIZE_NUMPY), None
+        # KServe v2 binary tensor data extension: a JSON header, then the raw little-endian bytes
+        raw = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+        tensor["parameters"] = {"binary_data_size": len(raw)}
+        head = orjson.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}})
+        return head + raw, {"Content-Type": "application/octet-stream",
+                            "Inference-Header-Content-Length": str(len(head))}
 
-    def _parse(self, n: int) -> Callable[[Any], np.ndarray]:
-        def parse(doc: Any) -> np.ndarray:
+    def _parse(self, n: int) -> Callable[[requests.Response], np.ndarray]:
+        def parse(resp: requests.Response) -> np.ndarray:
             if self.endpoint.protocol == "v1":
-                preds = doc["predictions"]
+                preds = _json(resp)["predictions"]
                 if preds and isinstance(preds[0], dict):
                     raise _Malformed("predictions are objects, not scores or labels")
                 out = np.asarray(preds)
             else:
-                outputs = doc["outputs"]
-                pick = next((o for o in outputs if len(o.get("shape", [])) == 2
-                             and o["shape"][1] > 1), outputs[0])
-                out = np.asarray(pick["data"]).reshape(pick["shape"])
+                out = _v2_output(resp)
             if out.ndim == 2 and out.shape[1] == 1:
                 out = out[:, 0]
             if out.shape[:1] != (n,) or out.ndim > 2 or out.dtype == object:
@@ -343,8 +359,8 @@ class HttpModel:
         return parse
 
     def _post(self, arr: np.ndarray) -> np.ndarray:
-        out = self._call("POST", self.endpoint.infer_url, self._parse(len(arr)),
-                         self._request_body(arr))
+        body, headers = self._request(arr)
+        out = self._call("POST", self.endpoint.infer_url, self._parse(len(arr)), body, headers)
         with self._lock:
             self.images_sent += len(arr)
         return out
@@ -384,6 +400,31 @@ class HttpModel:
     def close(self) -> None:
         """Stop the request threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _json(resp: requests.Response) -> Any:
+    return orjson.loads(resp.content)
+
+
+def _v2_output(resp: requests.Response) -> np.ndarray:
+    """The class scores (or labels) of a v2 response, JSON or with binary tensors."""
+    content = resp.content
+    head_len = resp.headers.get("Inference-Header-Content-Length")
+    head = orjson.loads(content if head_len is None else content[:int(head_len)])
+    offset = 0 if head_len is None else int(head_len)
+    outputs = []
+    for o in head["outputs"]:
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            arr = np.asarray(o["data"])
+        else:
+            dtype = np.dtype(_V2_OUT_DTYPES[o["datatype"]]).newbyteorder("<")
+            arr = np.frombuffer(content, dtype=dtype, count=int(size) // dtype.itemsize,
+                                offset=offset)
+            offset += int(size)
+        outputs.append(arr.reshape(o["shape"]))
+    # the class scores: the first [N, K>1] output, else the first one (labels)
+    return next((a for a in outputs if a.ndim == 2 and a.shape[1] > 1), outputs[0])
 
 
 def _reason(exc: BaseException) -> str:
