@@ -29,7 +29,7 @@ from skimage.segmentation import slic
 from certify.checks.base import Check, CheckContext, Measurement
 from certify.data import Dataset
 from certify.errors import SuiteError
-from certify.models.base import Model
+from certify.models.base import Model, ModelInfo
 
 _CHUNK = 4096
 
@@ -123,6 +123,14 @@ class Brittleness(Check):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
                 raise SuiteError(f"{where}: {name} must be a positive number", hint="see docs")
+
+    def validate(self, info: ModelInfo) -> None:
+        """Refuse a labels-only model: the brittle score is defined on class probabilities."""
+        if info.output == "labels":
+            raise SuiteError(
+                f"brittleness needs scores but {info.name} returns labels only",
+                hint="remove the brittleness check from the suite for a labels-only model",
+            )
 
     def masks(self, d: int, seed: int) -> np.ndarray:
         """``num_masks`` random on/off rows over ``d`` superpixels; row 0 keeps everything."""
