@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,10 @@ class RunOptions:
     http: HttpOptions | None = None
     query_budget: int | None = None
     input_size: tuple[int, int] | None = None
+    executor: str = "local"
+    ray_address: str | None = None
+    workers: int = 2
+    threads: int = 1
 
 
 def certify_model(
@@ -90,10 +95,14 @@ def certify_model(
     run = RunDir(opts.out, run_fingerprint(model, suite, data, seed, reference),
                  resume=opts.resume)
     try:
-        results = run_suite(model, data, suite, run, device, seed=seed,
-                            batch_size=opts.batch_size, progress=progress,
-                            model_spec=_public_spec(opts.model), reference=reference,
-                            query_budget=opts.query_budget)
+        with contextlib.ExitStack() as stack:
+            executor = None
+            if opts.executor == "ray":
+                executor = stack.enter_context(_ray_executor(opts, pre, input_size, suite))
+            results = run_suite(model, data, suite, run, device, seed=seed,
+                                batch_size=opts.batch_size, progress=progress,
+                                model_spec=_public_spec(opts.model), reference=reference,
+                                query_budget=opts.query_budget, executor=executor)
     finally:
         run.close()
         for m in (model, reference):
@@ -107,6 +116,18 @@ def certify_model(
         signature = sign(results, key)
     paths = write_report(results, opts.out, pdf=opts.pdf, signature=signature)
     return results, paths
+
+
+def _ray_executor(opts: RunOptions, pre: Any, input_size: tuple[int, int] | None,
+                  suite: Any) -> Any:
+    from certify.distributed import ModelSource, RayExecutor
+
+    def source(spec: str) -> ModelSource:
+        return ModelSource(spec, opts.device, pre, input_size, len(suite.classes), opts.http)
+
+    return RayExecutor(source(opts.model),
+                       None if opts.reference is None else source(opts.reference),
+                       address=opts.ray_address, workers=opts.workers, threads=opts.threads)
 
 
 def _public_spec(spec: str) -> str:
@@ -159,7 +180,8 @@ def demo_model_path(name: str = "standard") -> Path:
 
 
 def run_demo(
-    out: Path, progress: Progress | None = None, pdf: bool = True, resume: bool = False
+    out: Path, progress: Progress | None = None, pdf: bool = True, resume: bool = False,
+    **run_options: Any,
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Certify the bundled standard model on a seeded synthetic GTSRB-like test set."""
     import numpy as np
@@ -174,5 +196,5 @@ def run_demo(
     np.savez(npz, x=x, y=y)
     opts = RunOptions(model=str(model), suite="gtsrb", data=str(npz), out=out,
                       samples=len(y), resume=resume, pdf=pdf,
-                      reference=str(demo_model_path("robust")))
+                      reference=str(demo_model_path("robust")), **run_options)
     return certify_model(opts, progress)

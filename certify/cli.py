@@ -141,6 +141,20 @@ def main() -> None:
     """
 
 
+def _executor_options(f: Any) -> Any:
+    f = click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Ray: CPU threads per worker.")(f)
+    f = click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="Ray: number of workers (one GPU each where the cluster has GPUs).")(f)
+    f = click.option("--ray-address", metavar="ADDRESS",
+                     help="Ray: an existing cluster (e.g. ray://head:10001); default: start a "
+                          "local one on 127.0.0.1.")(f)
+    return click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+                        show_default=True,
+                        help="Where checks run: this process, or Ray workers "
+                             '(pip install "certify[ray]").')(f)
+
+
 def _common_logging(f: Any) -> Any:
     f = click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")(f)
     return click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors.")(f)
@@ -193,14 +207,16 @@ def _common_logging(f: Any) -> Any:
               help="Model input size, when the model does not state it (overrides the suite).")
 @click.option("--input-layout", type=click.Choice(["NCHW", "NHWC"]),
               help="HTTP v1: the layout the endpoint expects [default: NHWC].")
+@_executor_options
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
         seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
         reference: str | None, sign_key: Path | None, passphrase_env: str | None,
-        query_budget: int | None, input_size: tuple[int, int] | None, debug: bool,
-        quiet: bool, **http: Any) -> int:
+        query_budget: int | None, input_size: tuple[int, int] | None, executor: str,
+        ray_address: str | None, workers: int, threads: int, debug: bool, quiet: bool,
+        **http: Any) -> int:
     """Certify MODEL with a suite and write results.json, card.html, card.pdf.
 
     MODEL is an .onnx file or an inference endpoint: http://HOST:PORT/v2/models/NAME
@@ -221,7 +237,8 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         mean=mean, std=std, channel_order=channel_order, pdf=not no_pdf, reference=reference,
         sign_key=sign_key, passphrase=_passphrase(passphrase_env),
         http=_http_options(model, reference, http), query_budget=query_budget,
-        input_size=input_size or None,
+        input_size=input_size or None, executor=executor, ray_address=ray_address,
+        workers=workers, threads=threads,
     )
     with RichProgress(err_console, enabled=not quiet) as progress:
         results, paths = certify_model(opts, progress)
@@ -262,8 +279,10 @@ def _print_summary(results: dict[str, Any], paths: dict[str, Path]) -> None:
               type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted demo run in --out.")
 @click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
+@_executor_options
 @_common_logging
-def demo(out_dir: Path, resume: bool, no_pdf: bool, debug: bool, quiet: bool) -> int:
+def demo(out_dir: Path, resume: bool, no_pdf: bool, executor: str, ray_address: str | None,
+         workers: int, threads: int, debug: bool, quiet: bool) -> int:
     """Certify the bundled traffic-sign model on generated signs: no data or model needed.
 
     Exits 0 once the card is written, whatever its verdict (the verdict is the finding).
@@ -276,7 +295,9 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, debug: bool, quiet: bool) ->
     from certify.api import run_demo
 
     with RichProgress(err_console, enabled=not quiet) as progress:
-        results, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume)
+        results, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume,
+                                  executor=executor, ray_address=ray_address, workers=workers,
+                                  threads=threads)
     _print_summary(results, paths)
     # The demo's job is to produce the card; the verdict inside it is the finding, not an error.
     return EXIT_OK

@@ -13,7 +13,8 @@ import logging
 import platform
 import time
 import traceback
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 
@@ -30,6 +31,25 @@ from certify.suite import CheckSpec, Suite
 log = logging.getLogger("certify")
 
 SCHEMA = "certify.results/1"
+
+
+class Executor(Protocol):
+    """Runs a check's pending samples somewhere else (e.g. Ray actors), batch by batch.
+
+    ``run_check`` yields (sample indices, records, queries the model saw) as batches finish, in
+    any order; the runner checks and records them. Seeds come from ``ctx``, so where a sample
+    runs does not change its record.
+    """
+
+    def start(self, run_budget: int | None) -> None:
+        """Called once before the first check with the run's remaining query budget."""
+        ...
+
+    def run_check(self, spec: CheckSpec, data: Dataset, pending: list[int], batch_size: int,
+                  ctx: CheckContext, budget: int | None
+                  ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
+        """Yield the finished batches of ``pending``."""
+        ...
 
 
 def check_seed(suite_seed: int, check_id: str) -> int:
@@ -65,15 +85,30 @@ def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
     }
 
 
+def _local_batches(spec: CheckSpec, counter: QueryCounter, data: Dataset,
+                   batches: list[list[int]], ctx: CheckContext
+                   ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
+    """Run batches in this process: yields (indices, records, queries the model saw)."""
+    for idx in batches:
+        if idx[-1] - idx[0] == len(idx) - 1:  # contiguous (the usual case): a view, no copy
+            x, y = data.x[idx[0] : idx[-1] + 1], data.y[idx[0] : idx[-1] + 1]
+        else:
+            x, y = data.x[idx], data.y[idx]
+        before = counter.queries
+        rows = spec.check.run_batch(counter, x.to(ctx.device), y.to(ctx.device), idx, ctx)
+        yield idx, rows, counter.queries - before
+
+
 def _run_check(
     spec: CheckSpec,
-    model: Model,
+    model: QueryCounter,
     data: Dataset,
     run: RunDir,
     ctx: CheckContext,
     batch_size: int,
     progress: Progress,
-) -> dict[str, Any]:
+    executor: Executor | None = None,
+) -> dict[int, dict[str, Any]]:
     done = run.records[spec.id]
     selected = range(len(data))
     if spec.samples is not None and spec.samples < len(data):
@@ -83,23 +118,17 @@ def _run_check(
     total = len(selected)
     used = sum(int(r.get("queries", 0)) for r in done.values())
     budget = None if spec.budget is None else max(0, spec.budget - used)
-    counter = QueryCounter(model, budget)
     progress.start(spec.id, total)
     progress.advance(total - len(pending))
-    device = ctx.device
-    for start in range(0, len(pending), batch_size):
-        idx = pending[start : start + batch_size]
-        if idx[-1] - idx[0] == len(idx) - 1:  # contiguous (the usual case): a view, no copy
-            x, y = data.x[idx[0] : idx[-1] + 1], data.y[idx[0] : idx[-1] + 1]
-        else:
-            x, y = data.x[idx], data.y[idx]
-        x, y = x.to(device), y.to(device)
-        before = counter.queries
-        rows = spec.check.run_batch(counter, x, y, idx, ctx)
+    if executor is None:
+        batches = [pending[s : s + batch_size] for s in range(0, len(pending), batch_size)]
+        results = _local_batches(spec, QueryCounter(model, budget), data, batches, ctx)
+    else:
+        results = executor.run_check(spec, data, pending, batch_size, ctx, budget)
+    for idx, rows, spent in results:
         if len(rows) != len(idx):
             raise RuntimeError(f"check returned {len(rows)} records for {len(idx)} samples")
         # Checks report their own per-sample queries; the counter is the authority on totals.
-        spent = counter.queries - before
         claimed = sum(int(r.get("queries", 0)) for r in rows)
         if claimed != spent:
             raise RuntimeError(f"check claimed {claimed} queries but the model saw {spent}")
@@ -109,6 +138,10 @@ def _run_check(
         progress.advance(len(idx))
     progress.finish()
     return run.records[spec.id]
+
+
+def _recorded_queries(run: RunDir) -> int:
+    return sum(int(r.get("queries", 0)) for recs in run.records.values() for r in recs.values())
 
 
 def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
@@ -143,18 +176,23 @@ def run_suite(
     model_spec: str = "",
     reference: Model | None = None,
     query_budget: int | None = None,
+    executor: Executor | None = None,
 ) -> dict[str, Any]:
     """Run every check of ``suite`` and return the results document (results.json).
+
+    ``executor`` runs the checks' batches elsewhere (see :mod:`certify.distributed`); by
+    default they run in this process.
 
     ``query_budget`` caps the queries of the whole run, records of a resumed run included;
     a check that would cross it ends as an ERROR row and the checks after it find it spent.
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
-    recorded = sum(int(r.get("queries", 0)) for recs in run.records.values()
-                   for r in recs.values())
-    run_counter = QueryCounter(
-        model, None if query_budget is None else max(0, query_budget - recorded))
+    recorded = _recorded_queries(run)
+    run_budget = None if query_budget is None else max(0, query_budget - recorded)
+    run_counter = QueryCounter(model, run_budget)
+    if executor is not None:
+        executor.start(run_budget)
     t0 = time.perf_counter()
     checks: list[dict[str, Any]] = []
     seeds: dict[str, int] = {}
@@ -178,7 +216,8 @@ def run_suite(
         }
         c0 = time.perf_counter()
         try:
-            records = _run_check(spec, run_counter, data, run, ctx, batch_size, progress)
+            records = _run_check(spec, run_counter, data, run, ctx, batch_size, progress,
+                                 executor)
             ordered = [records[i] for i in sorted(records)]
             m = spec.check.summarize(ordered, data)
             queries = [int(r.get("queries", 0)) for r in ordered]
@@ -226,7 +265,7 @@ def run_suite(
         "suite": {"name": suite.name, "source": suite.source, "digest": suite.digest,
                   "description": suite.description},
         "model": model_doc,
-        "queries": {"total": recorded + run_counter.queries, "budget": query_budget},
+        "queries": {"total": _recorded_queries(run), "budget": query_budget},
         "reference_model": None if reference is None else reference.info.to_dict(),
         "data": data.describe(),
         "device": {"name": device.name, "requested": device.requested, "reason": device.reason,

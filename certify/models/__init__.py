@@ -27,10 +27,12 @@ def load_model(
     input_size: tuple[int, int] | None = None,
     num_classes: int | None = None,
     http: HttpOptions | None = None,
+    threads: int = 0,
 ) -> Model:
     """Load a model from a path (``.onnx``) or an endpoint URL (``http(s)://…``).
 
-    Raises :class:`ModelError` when it cannot be loaded, reached or used as a classifier.
+    ``threads`` caps onnxruntime's CPU threads (0: its default). Raises :class:`ModelError` when
+    the model cannot be loaded, reached or used as a classifier.
     """
     if spec.startswith(("http://", "https://")):
         from certify.models.http import HttpModel
@@ -42,4 +44,5 @@ def load_model(
         raise ModelError(f"{spec} is a directory, not a model file", hint="pass a .onnx file")
     from certify.models.onnx import OnnxModel
 
-    return OnnxModel(path, device, preprocessing, input_size=input_size, num_classes=num_classes)
+    return OnnxModel(path, device, preprocessing, input_size=input_size, num_classes=num_classes,
+                     threads=threads)

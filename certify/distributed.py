@@ -1,0 +1,298 @@
+"""Run a suite's checks on a Ray cluster (``--executor ray``).
+
+The runner stays the one place that seeds, budgets, checks and records: this module only moves
+batches of samples to Ray actors and their records back. Each actor loads its own copy of the
+model (one GPU per actor when the cluster has GPUs, else ``threads`` CPU threads) and runs a
+check's ``run_batch`` on the samples it is given. Every random draw comes from (suite seed,
+check id, sample index), so where a sample runs does not change its record, and ``--resume``
+works across executors: records are the same whoever wrote them.
+
+A worker that dies is replaced and its unfinished batch is given to another actor; only the
+driver writes records, so nothing recorded is lost or counted twice. Query budgets (a check's
+``budget`` and ``--query-budget``) hold across workers through one ledger actor that every
+query is reserved against; an endpoint's ``--concurrency`` is divided between the workers.
+
+Ray is an optional extra: ``pip install "certify[ray]"``. A local instance started by certify
+listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from certify.checks import CheckContext
+from certify.data import Dataset
+from certify.device import DeviceChoice, choose_device
+from certify.errors import BudgetExceeded, CertifyError, ModelError, UsageError
+from certify.models import HttpOptions, load_model
+from certify.models.base import Model, Preprocessing, QueryCounter
+from certify.suite import CheckSpec
+
+log = logging.getLogger("certify")
+
+#: Times a dead worker is replaced before the run gives up (per worker slot).
+MAX_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Everything an actor needs to load its own copy of a model."""
+
+    spec: str
+    device: str = "auto"
+    preprocessing: Preprocessing | None = None
+    input_size: tuple[int, int] | None = None
+    num_classes: int | None = None
+    http: HttpOptions | None = None
+
+    def load(self, device: DeviceChoice, threads: int) -> Model:
+        """Load the model on ``device`` with ``threads`` CPU threads."""
+        return load_model(self.spec, device, self.preprocessing,
+                          input_size=self.input_size, num_classes=self.num_classes,
+                          http=self.http, threads=threads)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs Ray, which is not installed",
+                         hint='pip install "certify[ray]"') from None
+    return ray
+
+
+class _Ledger:
+    """Query budgets shared by all workers: ``reserve`` before every model query."""
+
+    def __init__(self) -> None:
+        self.limits: dict[str, int | None] = {}
+        self.spent: dict[str, int] = {}
+
+    def set_limit(self, key: str, limit: int | None) -> None:
+        self.limits[key] = limit
+        self.spent[key] = 0
+
+    def reserve(self, keys: list[str], n: int) -> str | None:
+        for k in keys:
+            limit = self.limits.get(k)
+            if limit is not None and self.spent.get(k, 0) + n > limit:
+                return (f"query budget of {limit} would be exceeded ({self.spent.get(k, 0)} "
+                        f"used, {n} more asked){' for the run' if k == '__run__' else ''}")
+        for k in keys:
+            self.spent[k] = self.spent.get(k, 0) + n
+        return None
+
+
+class _LedgerCounter(QueryCounter):
+    """A QueryCounter whose budget is the cluster-wide ledger's."""
+
+    def __init__(self, model: Model, ledger: Any, keys: list[str]) -> None:
+        super().__init__(model, None)
+        self._ledger, self._keys = ledger, keys
+
+    def _spend(self, x: torch.Tensor) -> None:
+        import ray
+
+        n = int(x.shape[0])
+        refused = ray.get(self._ledger.reserve.remote(self._keys, n))
+        if refused:
+            raise BudgetExceeded(refused, hint="raise the budget or lower the number of samples")
+        self.queries += n
+
+
+class _Worker:
+    """One Ray actor: its own model (and reference model) and device."""
+
+    def __init__(self, model: ModelSource, reference: ModelSource | None, threads: int) -> None:
+        logging.getLogger("certify").setLevel(logging.WARNING)
+        device = choose_device(model.device)
+        self.device = device.torch_device
+        self.model = model.load(device, threads)
+        self.reference = None if reference is None else reference.load(device, threads)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run_batch(self, check: Any, x: torch.Tensor, y: torch.Tensor, idx: list[int],
+                  ctx: dict[str, Any], ledger: Any, keys: list[str] | None) -> dict[str, Any]:
+        counter = (QueryCounter(self.model) if keys is None
+                   else _LedgerCounter(self.model, ledger, keys))
+        context = CheckContext(device=self.device, reference=None if self.reference is None
+                               else QueryCounter(self.reference), **ctx)
+        try:
+            rows = check.run_batch(counter, x.to(self.device), y.to(self.device), idx, context)
+        except CertifyError as exc:  # travels back as data: Ray cannot rebuild our errors
+            return {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+        except Exception as exc:  # noqa: BLE001 - the runner turns it into an ERROR row
+            return {"error": "RuntimeError", "message": f"{type(exc).__name__}: {exc}",
+                    "hint": None}
+        return {"rows": rows, "spent": counter.queries}
+
+
+_ERRORS: dict[str, type[CertifyError]] = {"BudgetExceeded": BudgetExceeded,
+                                          "ModelError": ModelError}
+
+
+class RayExecutor:
+    """Shards each check's pending samples across ``workers`` Ray actors.
+
+    ``address`` is an existing cluster's address (``ray://…`` or ``host:port``); without it a
+    local instance bound to 127.0.0.1 is started with ``workers × threads`` CPUs.
+    """
+
+    def __init__(self, model: ModelSource, reference: ModelSource | None = None,
+                 address: str | None = None, workers: int = 2, threads: int = 1) -> None:
+        if workers < 1 or threads < 1:
+            raise UsageError("--workers and --threads must be at least 1")
+        if model.http is not None:
+            per = model.http.concurrency // workers
+            if per < 1:
+                raise UsageError(
+                    f"--workers {workers} exceeds the endpoint's --concurrency "
+                    f"{model.http.concurrency}",
+                    hint="the concurrency limit holds across all workers: raise it or use "
+                         "fewer workers")
+            http = dataclasses.replace(model.http, concurrency=per)
+            model = dataclasses.replace(model, http=http)
+            if reference is not None and reference.http is not None:
+                reference = dataclasses.replace(reference, http=http)
+        self.model, self.reference = model, reference
+        self.address, self.workers, self.threads = address, workers, threads
+        self._ray: Any = None
+        self._started_here = False
+        self._actors: list[Any] = []
+        self._restarts = 0
+        self._ledger: Any = None
+        self._budgeted = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def __enter__(self) -> RayExecutor:
+        if self.address is None:
+            # Ray resolves 127.0.0.1 to the host's public address unless clusters are off;
+            # this must be set before ray is imported.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        ray = self._ray = _import_ray()
+        if not ray.is_initialized():
+            try:
+                if self.address is None:
+                    ray.init(num_cpus=self.workers * self.threads, include_dashboard=False,
+                             log_to_driver=False, _node_ip_address="127.0.0.1",
+                             configure_logging=False)
+                else:
+                    ray.init(address=self.address, log_to_driver=False,
+                             configure_logging=False)
+            except Exception as exc:  # noqa: BLE001 - Ray raises many kinds
+                raise UsageError(f"could not start or reach Ray: {str(exc).splitlines()[0]}",
+                                 hint="check --ray-address (e.g. ray://head:10001)") from None
+            self._started_here = True
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        self._actor_options = ({"num_gpus": 1, "num_cpus": 1} if gpus >= self.workers
+                               else {"num_cpus": self.threads})
+        log.info("ray: %d workers (%s each)", self.workers,
+                 "1 GPU" if "num_gpus" in self._actor_options else f"{self.threads} CPU")
+        self._ledger = ray.remote(num_cpus=0)(_Ledger).remote()
+        self._actors = [self._new_actor() for _ in range(self.workers)]
+        ray.get([a.pid.remote() for a in self._actors])  # fail early if a model cannot load
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ray = self._ray
+        if ray is None:
+            return
+        for a in self._actors:
+            ray.kill(a)
+        if self._started_here:
+            ray.shutdown()
+
+    def _new_actor(self) -> Any:
+        cls = self._ray.remote(max_restarts=0)(_Worker)
+        return cls.options(**self._actor_options).remote(self.model, self.reference,
+                                                         self.threads)
+
+    def actor_pids(self) -> list[int]:
+        """Process ids of the live workers (used by tests that kill one)."""
+        return self._ray.get([a.pid.remote() for a in self._actors])
+
+    # -- the executor interface -----------------------------------------------------------
+    def start(self, run_budget: int | None) -> None:
+        """Set the run-wide budget on the ledger."""
+        self._budgeted = run_budget is not None
+        self._ray.get(self._ledger.set_limit.remote("__run__", run_budget))
+
+    def run_check(self, spec: CheckSpec, data: Dataset, pending: list[int], batch_size: int,
+                  ctx: CheckContext, budget: int | None
+                  ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
+        """Yield finished batches of ``pending`` as the actors return them."""
+        ray = self._ray
+        if not pending:
+            return
+        # small enough batches that every worker gets several
+        size = max(1, min(batch_size, math.ceil(len(pending) / (4 * self.workers))))
+        queue = [pending[s : s + size] for s in range(0, len(pending), size)]
+        keys: list[str] | None = None
+        if budget is not None or self._budgeted:
+            ray.get(self._ledger.set_limit.remote(spec.id, budget))
+            keys = [spec.id, "__run__"]
+        fields = {"check_seed": ctx.check_seed, "class_names": list(ctx.class_names),
+                  "flip_invariant_classes": ctx.flip_invariant_classes,
+                  "n_samples": ctx.n_samples}
+        check_ref = ray.put(spec.check)
+        in_flight: dict[Any, tuple[int, list[int]]] = {}
+
+        def submit(slot: int) -> None:
+            idx = queue.pop(0)
+            ref = self._actors[slot].run_batch.remote(
+                check_ref, data.x[idx], data.y[idx], idx, fields, self._ledger, keys)
+            in_flight[ref] = (slot, idx)
+
+        for slot in range(len(self._actors)):
+            for _ in range(2):  # two per actor: one running, one waiting
+                if queue:
+                    submit(slot)
+        try:
+            while in_flight:
+                done, _ = ray.wait(list(in_flight), num_returns=1)
+                slot, idx = in_flight.pop(done[0])
+                try:
+                    out = ray.get(done[0])
+                except ray.exceptions.RayActorError:
+                    self._replace(slot, idx, queue)
+                    for ref, (s, other) in list(in_flight.items()):
+                        if s == slot:  # the dead actor's other batch is lost too
+                            in_flight.pop(ref)
+                            queue.insert(0, other)
+                    submit(slot)
+                    if queue:
+                        submit(slot)
+                    continue
+                if "error" in out:
+                    err = _ERRORS.get(out["error"])
+                    if err is not None:
+                        raise err(out["message"], hint=out["hint"])
+                    raise RuntimeError(out["message"])
+                if queue:
+                    submit(slot)
+                yield idx, out["rows"], int(out["spent"])
+        finally:
+            for ref in in_flight:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=False)
+
+    def _replace(self, slot: int, idx: list[int], queue: list[list[int]]) -> None:
+        self._restarts += 1
+        if self._restarts > MAX_RESTARTS * self.workers:
+            raise ModelError(f"Ray workers died {self._restarts} times",
+                             hint="check the workers' memory and logs (ray logs)")
+        log.warning("ray worker %d died; replacing it and redoing %d samples", slot, len(idx))
+        self._ray.kill(self._actors[slot])
+        self._actors[slot] = self._new_actor()
+        queue.insert(0, idx)

@@ -1,0 +1,176 @@
+"""--executor ray: a local Ray instance on 127.0.0.1, started by certify, gives the local metrics.
+
+Covers the demo suite on 2 workers, a worker killed mid-run, resume across executors both ways,
+the run-wide budget across workers, and the install hint without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import yaml
+
+import builders
+
+CLASSES = [f"c{i}" for i in range(43)]
+N = 48
+
+
+def _metrics(out: Path) -> dict[str, dict]:
+    r = json.loads((out / "results.json").read_text())
+    return {c["id"]: c["metrics"] for c in r["checks"]}
+
+
+@pytest.fixture(scope="module")
+def data(net, tmp_path_factory) -> Path:
+    x = builders.make_images(N, seed=31)
+    p = tmp_path_factory.mktemp("ray") / "d.npz"
+    np.savez(p, x=x, y=builders.make_labels(net, x, seed=31, wrong=0.1))
+    return p
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("raysuite") / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "ray-test", "classes": CLASSES, "seed": 9,
+                                    "checks": [
+        {"id": "clean", "kind": "clean_accuracy"},
+        {"id": "rotation", "kind": "corruption",
+         "params": {"property": "rotation", "bound": 15, "steps": 4}},
+        {"id": "square", "kind": "attack", "samples": 32, "params": {
+            "attack": "square_linf", "epsilon": 0.03, "max_queries": 600,
+            "binarization": False}},
+        {"id": "noise", "kind": "corruption",
+         "params": {"property": "gaussian_noise", "bound": 0.1, "steps": 3, "tries": 3}},
+    ]}))
+    return path
+
+
+def _args(model: Path, suite: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", str(model), "--suite", str(suite), "--data", str(data), "--out", str(out),
+            "--no-pdf", *extra]
+
+
+@pytest.fixture(scope="module")
+def local(model_path, suite, data, tmp_path_factory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("local") / "run"
+    proc = builders.run_cli(*_args(model_path, suite, data, out, "--batch-size", "8"))
+    assert proc.returncode in (0, 1), proc.stderr
+    return _metrics(out)
+
+
+def _popen(*args: str) -> subprocess.Popen[str]:
+    exe = Path(sys.executable).parent / "certify"
+    return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_for_record(out: Path, check: str, proc: subprocess.Popen[str], timeout: float = 120
+                     ) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = out / "records.jsonl"
+        if path.exists() and f'"check":"{check}"' in path.read_text():
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"no {check} record within {timeout} s")
+
+
+def _ray_workers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if cmd.startswith("ray::_Worker"):
+            found.append(p)
+    return found
+
+
+def _listening_addresses() -> set[str]:
+    addrs = set()
+    for p in psutil.process_iter(["cmdline", "name"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if not any(k in cmd for k in ("ray::", "gcs_server", "raylet", "ray/")):
+            continue
+        try:
+            conns = p.net_connections(kind="tcp")
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        addrs |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+    return addrs
+
+
+def test_demo_on_two_workers_matches_the_local_run(demo_run, tmp_path):
+    out = tmp_path / "ray-demo"
+    proc = _popen("demo", "--out", str(out), "--no-pdf", "--executor", "ray", "--workers", "2")
+    _wait_for_record(out, "clean", proc, timeout=300)
+    addrs = _listening_addresses()  # while Ray runs: nothing but loopback
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr
+    assert addrs and addrs <= {"127.0.0.1", "::ffff:127.0.0.1"}, addrs
+    assert _metrics(out) == _metrics(demo_run)
+
+
+def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
+    out = tmp_path / "run"
+    proc = _popen(*_args(model_path, suite, data, out, "--executor", "ray", "--workers", "2"))
+    _wait_for_record(out, "square", proc)
+    victims = _ray_workers()
+    assert victims, "no Ray worker process found"
+    victims[0].send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode in (0, 1), stderr
+    assert "died; replacing it" in stderr
+    assert _metrics(out) == local
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    keys = [(r["check"], r["i"]) for r in rows]
+    assert len(keys) == len(set(keys)), "no sample recorded twice"
+
+
+@pytest.mark.parametrize("first, then", [("local", "ray"), ("ray", "local")])
+def test_resume_across_executors(first, then, model_path, suite, data, local, tmp_path):
+    out = tmp_path / "run"
+    proc = _popen(*_args(model_path, suite, data, out, "--executor", first, "--batch-size",
+                         "4"))
+    _wait_for_record(out, "square", proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    kept = (out / "records.jsonl").read_text().splitlines()
+    proc = builders.run_cli(*_args(model_path, suite, data, out, "--executor", then,
+                                   "--resume"))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert _metrics(out) == local
+    rows = (out / "records.jsonl").read_text().splitlines()
+    assert rows[:len(kept)] == kept
+    keys = [(json.loads(r)["check"], json.loads(r)["i"]) for r in rows]
+    assert len(keys) == len(set(keys))
+
+
+def test_run_budget_holds_across_workers(model_path, suite, data, tmp_path):
+    out = tmp_path / "run"
+    proc = builders.run_cli(*_args(model_path, suite, data, out, "--executor", "ray",
+                                   "--query-budget", "3000"))
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads((out / "results.json").read_text())
+    assert r["queries"]["total"] <= 3000
+    errored = [c for c in r["checks"] if c["status"] == "ERROR"]
+    assert errored and all("budget" in c["error"] for c in errored)
+
+
+def test_without_ray_the_hint_says_how_to_install(model_path, suite, data, tmp_path):
+    code = ("import sys; sys.modules['ray'] = None; from certify.cli import main; "
+            "sys.argv = ['certify'] + sys.argv[1:]; main()")
+    proc = subprocess.run([sys.executable, "-c", code,
+                           *_args(model_path, suite, data, tmp_path / "o", "--executor", "ray")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert 'certify[ray]' in proc.stderr and "Traceback" not in proc.stderr
