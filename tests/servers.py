@@ -78,6 +78,8 @@ class OnnxHttpServer:
         self.rng = random.Random(self.faults.seed)
         self.lock = threading.Lock()
         self.infer_requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most inference requests handled at once
         self.faults_injected: dict[str, int] = {}
         self.headers_seen: list[dict[str, str]] = []
         server = self
@@ -176,6 +178,16 @@ class OnnxHttpServer:
         return kind
 
     def _post(self, h: BaseHTTPRequestHandler) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self._infer(h)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _infer(self, h: BaseHTTPRequestHandler) -> None:
         body = h.rfile.read(int(h.headers.get("Content-Length", 0)))
         if not self._authorised(h):
             return

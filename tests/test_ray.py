@@ -174,3 +174,26 @@ def test_without_ray_the_hint_says_how_to_install(model_path, suite, data, tmp_p
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert 'certify[ray]' in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_endpoint_concurrency_and_budget_hold_across_workers(model_path, suite, data,
+                                                             tmp_path):
+    from servers import OnnxHttpServer
+
+    server = OnnxHttpServer(model_path)
+    try:
+        proc = builders.run_cli(*_args(server.v2_url, suite, data, tmp_path / "run",
+                                       "--executor", "ray", "--workers", "2",
+                                       "--concurrency", "2", "--http-batch", "4",
+                                       "--query-budget", "4000"))
+        too_many = builders.run_cli(*_args(server.v2_url, suite, data, tmp_path / "o",
+                                           "--executor", "ray", "--workers", "3",
+                                           "--concurrency", "2"))
+    finally:
+        server.stop()
+    assert proc.returncode == 1, proc.stderr
+    assert 1 <= server.max_in_flight <= 2, server.max_in_flight
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert r["queries"]["total"] <= 4000
+    assert any(c["status"] == "ERROR" and "budget" in c["error"] for c in r["checks"])
+    assert too_many.returncode == 2 and "--concurrency" in too_many.stderr

@@ -1,0 +1,88 @@
+"""Scaling of ``--executor ray``: 2 workers with one CPU thread each vs 1 worker, in one run.
+
+The demo's standard model and a query-bound suite (Square Attack L∞ with 1,000 queries, no
+binarization test, and Gaussian noise with 3 tries at 4 intensities) on generated signs. Each
+configuration is a full ``certify_model`` run against a local Ray instance that certify starts
+on 127.0.0.1; throughput = model queries / time in the checks (Ray start-up and model loading
+excluded). The in-process executor (onnxruntime's default threads) is shown for reference.
+All runs must give identical metrics.
+
+Run: ``.venv/bin/python benchmarks/ray_scaling.py [--images 192] [--repeats 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from certify.api import RunOptions, certify_model, demo_model_path
+from certify.data.synthetic import generate
+
+SUITE = {
+    "name": "ray-bench", "seed": 3, "classes": [f"c{i}" for i in range(43)],
+    "checks": [
+        {"id": "square", "kind": "attack", "params": {
+            "attack": "square_linf", "epsilon": 8 / 255, "max_queries": 1000,
+            "binarization": False}},
+        {"id": "noise", "kind": "corruption",
+         "params": {"property": "gaussian_noise", "bound": 0.08, "steps": 4, "tries": 3}},
+    ],
+}
+
+
+def _run(suite: Path, data: Path, n: int, out: Path, **executor: Any
+         ) -> tuple[float, dict[str, Any]]:
+    results, _ = certify_model(RunOptions(model=str(demo_model_path("standard")),
+                                          suite=str(suite), data=str(data), out=out,
+                                          samples=n, pdf=False, **executor))
+    busy = sum(results["timings"]["checks"].values())
+    return results["queries"]["total"] / busy, {c["id"]: c["metrics"]
+                                               for c in results["checks"]}
+
+
+def main() -> None:
+    """Run the configurations and print a markdown table."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=192)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    configs = [("in-process (local executor)", {"executor": "local"}),
+               ("Ray, 1 worker × 1 thread", {"executor": "ray", "workers": 1, "threads": 1}),
+               ("Ray, 2 workers × 1 thread", {"executor": "ray", "workers": 2, "threads": 1})]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        suite = d / "suite.yaml"
+        suite.write_text(yaml.safe_dump(SUITE))
+        x, y = generate(args.images // 43 + 1, seed=91)
+        data = d / "data.npz"
+        np.savez(data, x=x[:args.images], y=y[:args.images])
+        n = min(args.images, len(y))
+        reference = None
+        k = 0
+        for label, opts in configs:
+            best = 0.0
+            for _ in range(args.repeats):
+                k += 1
+                tput, metrics = _run(suite, data, n, d / f"run{k}", **opts)
+                best = max(best, tput)
+                reference = reference or metrics
+                if metrics != reference:
+                    raise SystemExit(f"{label}: metrics differ from the first run")
+            rows.append((label, best))
+    one = rows[1][1]
+    print(f"{n} images; Square L∞ 1,000 queries + Gaussian noise; best of {args.repeats}; "
+          "identical metrics in every run")
+    print("| executor | queries/s | vs 1 Ray worker |")
+    print("|---|---|---|")
+    for label, tput in rows:
+        print(f"| {label} | {tput:,.0f} | {tput / one:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
