@@ -155,6 +155,18 @@ def _executor_options(f: Any) -> Any:
                              '(pip install "certify[ray]").')(f)
 
 
+def _refuse_idle_ray_flags(executor: str) -> None:
+    """--workers, --threads and --ray-address given without --executor ray are a mistake."""
+    if executor == "ray":
+        return
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in ("ray_address", "workers", "threads")
+             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply with --executor ray",
+                         hint="add --executor ray, or drop those options")
+
+
 def _common_logging(f: Any) -> Any:
     f = click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")(f)
     return click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors.")(f)
@@ -229,6 +241,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
           --suite gtsrb --data Test.csv --auth-env TOKEN --model-version 3 --query-budget 2000000
     """
     _setup_logging(debug, quiet)
+    _refuse_idle_ray_flags(executor)
     from certify.api import RunOptions, certify_model
 
     opts = RunOptions(
@@ -292,6 +305,7 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, executor: str, ray_address: 
       certify demo --out demo-card   # then open demo-card/card.html
     """
     _setup_logging(debug, quiet)
+    _refuse_idle_ray_flags(executor)
     from certify.api import run_demo
 
     with RichProgress(err_console, enabled=not quiet) as progress:

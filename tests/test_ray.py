@@ -197,3 +197,8 @@ def test_endpoint_concurrency_and_budget_hold_across_workers(model_path, suite, 
     assert r["queries"]["total"] <= 4000
     assert any(c["status"] == "ERROR" and "budget" in c["error"] for c in r["checks"])
     assert too_many.returncode == 2 and "--concurrency" in too_many.stderr
+
+
+def test_ray_flags_without_the_ray_executor_are_refused(model_path, suite, data, tmp_path):
+    proc = builders.run_cli(*_args(model_path, suite, data, tmp_path / "o", "--workers", "3"))
+    assert proc.returncode == 2 and "--executor ray" in proc.stderr
