@@ -206,7 +206,10 @@ def test_binarization_over_http_uses_the_output_vector(model_path, data, tmp_pat
     r = json.loads((tmp_path / "run" / "results.json").read_text())
     sq = next(c for c in r["checks"] if c["id"] == "square")
     assert sq["status"] != "ERROR", sq["error"]
-    assert "binarization_test_score" in sq["metrics"] or "binarization" in sq["details"]
+    bt = sq["details"]["binarization"]
+    assert bt["features"] == ["output"]  # no penultimate tensor behind an API
+    assert bt["separation_rate"] is not None
+    assert sq["metrics"]["binarization_tested"] + sq["metrics"]["binarization_setup_failed"] >= 1
 
 
 def test_query_budget_caps_the_run(model_path, data, tmp_path):
