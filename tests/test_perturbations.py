@@ -84,3 +84,58 @@ def test_gpu_matches_cpu():
         cpu = prop.apply(x, p, seeds)
         gpu = prop.apply(x.cuda(), p.cuda(), seeds).cpu()
         assert torch.allclose(cpu, gpu, atol=1e-4), name
+
+
+# -- fast paths against their references ---------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (3, 3, 32, 32), (2, 1, 37, 70), (1, 3, 130, 129)])
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 3.0])
+def test_blur_matches_kornia(shape, sigma):
+    # the banded-matrix blur (small images in chunks, large ones plane by plane, tiles of
+    # columns) is kornia's gaussian_blur2d with reflected borders, to float rounding
+    import kornia
+
+    from certify.perturbations.filters import gaussian_blur
+    from certify.perturbations.properties import _blur_size
+
+    x = torch.rand(*shape, generator=torch.Generator().manual_seed(len(shape) + shape[-1]))
+    k = _blur_size(sigma, *shape[-2:])
+    ref = kornia.filters.gaussian_blur2d(x, (k, k), (sigma, sigma))
+    out = gaussian_blur(x, sigma, k)
+    assert torch.allclose(out, ref.clamp(0, 1), rtol=0, atol=2e-6)
+    p = torch.full((shape[0], 1), sigma)
+    assert torch.allclose(PROPERTIES["blur"].apply(x, p, torch.arange(shape[0])),
+                          ref.clamp(0, 1), rtol=0, atol=2e-6)
+
+
+def test_blur_per_image_sigma_is_independent_of_the_batch():
+    x = _images(3, n=5, size=24)
+    p = torch.tensor([[0.3], [1.5], [0.0], [1.5], [0.9]])
+    out = PROPERTIES["blur"].apply(x, p, torch.arange(5))
+    for i in range(5):
+        assert torch.equal(out[i : i + 1], PROPERTIES["blur"].apply(x[i : i + 1], p[i : i + 1],
+                                                                   torch.arange(1)))
+    assert torch.equal(out[2], x[2])
+
+
+@pytest.mark.parametrize("size", [8, 32, 160])  # 3x160x160 goes in segments of one image
+def test_impulse_matches_reference(size):
+    # the clamp formulation sets exactly the values a plain torch.where of the definition does,
+    # whatever the batch: each image's noise comes from its seed alone
+    from certify.perturbations.base import per_image
+
+    x = _images(5, n=4, size=size)
+    p = torch.tensor([[0.05], [0.3], [0.0], [1.0]])
+    seeds = torch.tensor([11, 2**40 + 7, 3, 5])
+    u = per_image(seeds, tuple(x.shape[1:]), "rand", x.device)
+    prob = p[:, 0].view(-1, 1, 1, 1)
+    ref = torch.where(u < prob, (u >= prob / 2).to(x.dtype), x)
+    ref[2] = x[2]
+    out = PROPERTIES["impulse_noise"].apply(x, p, seeds)
+    assert torch.equal(out, ref)
+    for i in range(4):
+        assert torch.equal(out[i : i + 1],
+                           PROPERTIES["impulse_noise"].apply(x[i : i + 1], p[i : i + 1],
+                                                             seeds[i : i + 1]))
+    changed = (out != x).float().mean().item()
+    assert 0.0 < changed < 0.6

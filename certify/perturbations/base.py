@@ -53,24 +53,35 @@ def _bank(draw: str, device: str) -> torch.Tensor:
     return fn(BANK_SIZE, generator=g).to(device)
 
 
+def bank_windows(seeds: torch.Tensor, n: int, draw: str, device: torch.device,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every window of ``n`` consecutive numbers of the seeded bank, and each image's row.
+
+    Returns a read-only view ``[span, n]`` of the bank (row ``o`` is ``bank[o:o + n]``; do not
+    write into it) and the rows ``[N]`` that the seeds pick, on the bank's device.
+    """
+    bank = _bank(draw, str(device))
+    span = BANK_SIZE - n
+    return bank.as_strided((span, n), (1, 1)), seeds.to(bank.device) % span
+
+
 def per_image(seeds: torch.Tensor, shape: tuple[int, ...], draw: str, device: torch.device,
               ) -> torch.Tensor:
-    """One seeded draw per image (``rand`` or ``randn``), ``[N, *shape]``.
+    """One seeded draw per image (``rand`` or ``randn``), ``[N, *shape]``, a new tensor.
 
     Each image reads a contiguous window of a fixed bank of 2^23 random numbers, at an offset
     derived from its own seed, so its noise depends on its seed only, not on the other images
     in the batch. Seeding a generator per image cost more than the transform itself
-    (benchmarks/RESULTS.md); slicing the bank is cheap and works the same on a GPU.
+    (benchmarks/RESULTS.md); slicing the bank is cheap and works the same on a GPU, and one
+    ``index_select`` over the bank's windows gathers a whole batch without a Python loop.
     """
     n = math.prod(shape)
     if n > BANK_SIZE // 4:
         # very large images: fall back to one generator per image
         fn = torch.rand if draw == "rand" else torch.randn
         return torch.stack([fn(shape, generator=g) for g in generators(seeds)]).to(device)
-    bank = _bank(draw, str(device))
-    span = BANK_SIZE - n
-    return torch.stack([bank[o:o + n] for o in (seeds.cpu() % span).tolist()]).view(
-        len(seeds), *shape)
+    windows, rows = bank_windows(seeds, n, draw, device)
+    return windows.index_select(0, rows).view(len(seeds), *shape)
 
 
 ApplyFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

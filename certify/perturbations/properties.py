@@ -14,15 +14,23 @@ import torch
 import torch.nn.functional as F
 
 from certify.perturbations.base import (
+    BANK_SIZE,
     Property,
+    bank_windows,
     per_image,
     positive_grid,
     symmetric_grid,
 )
+from certify.perturbations.filters import gaussian_blur
+
+_SEGMENT = 1 << 16  # values per step of the noise loops: 256 KB of float32 per buffer
 
 
-def _identity_where_zero(x: torch.Tensor, out: torch.Tensor, inten: torch.Tensor) -> torch.Tensor:
-    out = out.to(x.dtype).clamp_(0.0, 1.0)
+def _identity_where_zero(x: torch.Tensor, out: torch.Tensor, inten: torch.Tensor,
+                         clamp: bool = True) -> torch.Tensor:
+    out = out.to(x.dtype)
+    if clamp:  # apply functions that already return values in [0, 1] skip this pass
+        out = out.clamp_(0.0, 1.0)
     keep = inten == 0
     if bool(keep.any()):  # rare in a search (candidates exclude 0), so only then pay for it
         out = torch.where(keep.view(-1, 1, 1, 1).to(out.device), x, out)
@@ -57,11 +65,50 @@ def _uniform(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Ten
 
 def _impulse(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # salt and pepper on each value: with probability p set to 0 or 1 (half each): one uniform
-    # u decides both, u < p/2 pepper, p/2 <= u < p salt
-    u = per_image(seeds, tuple(x.shape[1:]), "rand", x.device)
-    prob = p[:, 0].view(-1, 1, 1, 1).to(x)
-    out = torch.where(u < prob, (u >= prob / 2).to(x.dtype), x)
-    return _identity_where_zero(x, out, p[:, 0])
+    # u decides both, u < p/2 pepper, p/2 <= u < p salt. Written as a clamp of x between two 0/1
+    # bounds, lo = [p/2 <= u < p] and hi = [u >= p/2]: comparisons into float tensors and a
+    # clamp are vectorised, where boolean masks and torch.where were several times slower
+    # (benchmarks/RESULTS.md). The work goes in segments of at most _SEGMENT values, groups of
+    # small images or parts of a large one, through buffers that stay in the cache.
+    n = len(x)
+    size = math.prod(x.shape[1:])
+    prob = p[:, 0].to(x)
+    half = prob / 2
+    if n == 0 or size > BANK_SIZE // 4 or x.device.type != "cpu":
+        u = per_image(seeds, tuple(x.shape[1:]), "rand", x.device)
+        pr, hf = prob.view(-1, 1, 1, 1), half.view(-1, 1, 1, 1)
+        hi = torch.ge(u, hf).to(x.dtype)
+        out = torch.clamp(x, torch.lt(u, pr).to(x.dtype) * hi, hi)
+        return _identity_where_zero(x, out, p[:, 0], clamp=False)
+    windows, rows = bank_windows(seeds, size, "rand", x.device)
+    flat = x.reshape(n, size)
+    out = torch.empty((n, size), dtype=x.dtype, device=x.device)
+    per = _SEGMENT // size  # whole images per segment
+    if per > 1:
+        buf = torch.empty(3, per * size, dtype=x.dtype)
+        for s0 in range(0, n, per):
+            s1 = min(n, s0 + per)
+            m = (s1 - s0) * size
+            u = torch.index_select(windows, 0, rows[s0:s1], out=buf[2, :m].view(s1 - s0, size))
+            _salt_pepper(flat[s0:s1], u, prob[s0:s1, None], half[s0:s1, None], buf[:, :m],
+                         out[s0:s1])
+        return _identity_where_zero(x, out.view_as(x), p[:, 0], clamp=False)
+    buf = torch.empty(2, min(size, _SEGMENT), dtype=x.dtype)
+    for i, (o, pi, hf) in enumerate(zip(rows.tolist(), prob.tolist(), half.tolist(),
+                                        strict=True)):
+        for a in range(0, size, _SEGMENT):  # the image's window of the bank, read in place
+            b = min(size, a + _SEGMENT)
+            _salt_pepper(flat[i, a:b], windows[o, a:b], pi, hf, buf[:, : b - a], out[i, a:b])
+    return _identity_where_zero(x, out.view_as(x), p[:, 0], clamp=False)
+
+
+def _salt_pepper(x: torch.Tensor, u: torch.Tensor, prob: torch.Tensor | float,
+                 half: torch.Tensor | float, buf: torch.Tensor, out: torch.Tensor) -> None:
+    # prob and half as python floats are compared in u's dtype: for float32 images, exactly
+    # as the float32 tensors would be
+    hi = torch.ge(u, half, out=buf[0].view_as(u))
+    lo = torch.lt(u, prob, out=buf[1].view_as(u)).mul_(hi)
+    torch.clamp(x, lo, hi, out=out)
 
 
 def _linf(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
@@ -128,12 +175,33 @@ def _shearing(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Te
     return _identity_where_zero(x, out, _maxabs(p))
 
 
+def _blur_size(sigma: float, h: int, w: int) -> int:
+    # taps out to 3 sigma, at most what a reflected border allows
+    return max(1, min(2 * math.ceil(3 * sigma) + 1, 2 * (min(h, w) // 2) - 1))
+
+
 def _blur(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    # Each image is blurred with its own sigma and a kernel sized for that sigma alone, so an
+    # image's output does not depend on the rest of the batch. A search step shares one sigma
+    # across its batch, so there is usually a single group.
     sigma = p[:, 0].clamp(min=1e-3).to(x)
-    k = 2 * math.ceil(3 * float(sigma.max())) + 1
-    k = min(k, 2 * (min(x.shape[-2:]) // 2) - 1)
-    out = kornia.filters.gaussian_blur2d(x, (k, k), sigma.view(-1, 1).repeat(1, 2))
-    return _identity_where_zero(x, out, p[:, 0])
+    levels, group = torch.unique(sigma.cpu(), return_inverse=True)
+    if len(levels) == 1:
+        out = _blur_at(x, float(levels[0]))
+    else:
+        out = torch.empty_like(x)
+        for g, s in enumerate(levels.tolist()):
+            idx = (group == g).nonzero().flatten().to(x.device)
+            out[idx] = _blur_at(x[idx], s)
+    return _identity_where_zero(x, out, p[:, 0], clamp=x.device.type != "cpu")
+
+
+def _blur_at(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    k = _blur_size(sigma, *x.shape[-2:])
+    if x.device.type == "cpu":  # banded matrix products, clamped to [0, 1] (filters.py)
+        return gaussian_blur(x, sigma, k)
+    # kornia's grouped convolutions are fast enough on a GPU
+    return kornia.filters.gaussian_blur2d(x, (k, k), x.new_full((len(x), 2), sigma))
 
 
 def _sharpen(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
