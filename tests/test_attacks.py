@@ -20,7 +20,9 @@ from certify.attacks import (
     margin,
     project,
 )
-from certify.checks.binarization import BinarizationSettings, binarization_test
+from certify.attacks.square import default_p_init
+from certify.checks.attack import one_hot_answers
+from certify.checks.binarization import BinarizationSettings, _readout, binarization_test
 from certify.models.base import ModelInfo, QueryCounter
 
 import builders
@@ -103,6 +105,42 @@ def test_attacks_stay_in_the_threat_model_and_budget(name, norm, budget, seed, f
         assert float(res.x_adv.min()) >= 0.0 and float(res.x_adv.max()) <= 1.0
 
 
+def test_hopskipjump_finds_a_planted_direction_in_3072_dimensions():
+    # At d = 3072 the paper's binary-search tolerance (d^-1.5 = 5.9e-6) is what keeps the
+    # gradient probes straddling the boundary; a looser one (1e-4) left every probe on the
+    # adversarial side and this failed for every seed.
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        x = 0.25 + 0.5 * torch.rand(1, 3, 32, 32, generator=g)
+        model = PlantedLinear(x, "l2", frac=0.5, seed=seed)
+        res = HopSkipJump(epsilon=0.5, max_queries=2000).run(
+            QueryCounter(model), x, torch.zeros(1, dtype=torch.long), torch.tensor([seed]),
+            "logits")
+        adv = project(res.x_adv, x, "l2", 0.5)
+        assert int(model.predict(adv).argmax(1)[0]) != 0, seed
+
+
+@pytest.mark.parametrize("cls", [SquareLinf, HopSkipJump])
+def test_a_samples_result_does_not_depend_on_its_batch(cls):
+    x = _images(3, 11)
+    model = PlantedLinear(x[:1], "l2" if cls is HopSkipJump else "linf", frac=0.9)
+    eps = EPS["l2" if cls is HopSkipJump else "linf"]
+    seeds = torch.tensor([4, 5, 6])
+    y = torch.zeros(3, dtype=torch.long)
+    together = cls(epsilon=eps, max_queries=300).run(QueryCounter(model), x, y, seeds, "logits")
+    for i in range(3):
+        alone = cls(epsilon=eps, max_queries=300).run(QueryCounter(model), x[i:i + 1],
+                                                      y[i:i + 1], seeds[i:i + 1], "logits")
+        assert torch.equal(alone.x_adv[0], together.x_adv[i]), (cls, i)
+        assert int(alone.queries[0]) == int(together.queries[i]), (cls, i)
+
+
+def test_square_p_init_follows_the_input_size():
+    assert default_p_init("linf", 32, 32) == default_p_init("l2", 64, 64) == 0.8
+    assert default_p_init("linf", 224, 224) == 0.05
+    assert default_p_init("l2", 224, 224) == 0.1
+
+
 def test_attacks_are_repeatable_from_a_seed():
     x = _images(2, 5)
     for cls, norm in ((SquareLinf, "linf"), (HopSkipJump, "l2"), (RandomSearch, "linf")):
@@ -157,6 +195,29 @@ def test_binarization_test_passes_a_real_attack_and_fails_a_starved_one(demo_mod
     assert rasr < asr
     starved, _, _ = _bt_scores(demo_model, x, y, SquareLinf(epsilon=8 / 255, max_queries=10))
     assert starved < 0.95
+
+
+def test_confident_logits_keep_a_logit_binarized_copy():
+    # softmax of a 30-logit margin is 1.0 in float32; the model still answers with logits
+    logits = torch.tensor([[30.0, 0.0, -5.0], [1.0, 0.5, 0.0]])
+    assert one_hot_answers(logits, "logits") == [False, False]
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.5, 0.3]])
+    assert one_hot_answers(probs, "probs") == [True, False]
+
+
+def test_readout_does_not_hang_on_a_unit_dead_on_every_inner_point():
+    g = torch.Generator().manual_seed(0)
+    f_in = torch.randn(300, 16, generator=g).relu()
+    f_in[:, 15] = 0.0  # a ReLU unit that never fires inside the ball
+    f_b = torch.randn(1, 16, generator=g).relu()
+    f_b[0, :4] += 3.0
+    f_b[0, 15] = 0.05  # ... and barely fires at the boundary point
+    w = _readout(f_in, f_b)
+    assert w is not None
+    gap = float((f_b @ w).min() - (f_in @ w).max())
+    assert gap > 0
+    # per-feature standardisation gave this unit a ~1e6 weight and 99.9999% of the gap
+    assert float(w[15]) * 0.05 < 0.1 * gap
 
 
 class BrokenSquare(SquareLinf):

@@ -1,9 +1,24 @@
 """HopSkipJump (Chen, Jordan and Wainwright, IEEE S&P 2020): decision-based, L2 or L∞.
 
-Needs only the predicted label. From an adversarial starting point it alternates a binary
-search to the decision boundary, a Monte-Carlo estimate of the boundary's normal from the
-signs of ``num_evals`` random probes, and a geometric step along that estimate. Every random
-draw comes from the sample's own seeded stream, so a run is repeatable.
+Needs only the predicted label. From an adversarial starting point (uniform noise, then a
+coarse binary search towards the image) every iteration t
+
+1. binary-searches the segment to the image down to the paper's tolerance θ (θ = d^-3/2 for
+   L2, d^-2 for L∞, of the segment), so the point sits on the decision boundary;
+2. estimates the boundary's normal from the signs of ``n_t = init_evals·√t`` (at most
+   ``max_evals``) random probes at radius δ_t (0.1 at t = 1, then √d·θ·dist for L2 and
+   d·θ·dist for L∞), with the mean answer as a baseline;
+3. steps along that estimate (L∞: its sign) by dist/√t, halving until the point is adversarial
+   again (the paper's geometric progression).
+
+The tolerance matters: probes at δ_t move a point by about δ_t/√d across the boundary, which
+is θ·dist for L2; a looser binary search leaves the point further than that on the
+adversarial side, every probe answers "adversarial" and the estimate is noise.
+
+All samples advance in lockstep, so each binary-search step, probe set and step-size trial is
+one batched query; every random draw comes from the sample's own seeded stream, so a run is
+repeatable and a sample's result does not depend on its batch. A sample stops once its best
+point is within ``epsilon`` or its budget cannot pay for the next query.
 
 Threat model: L2 or L∞ ball of radius ``epsilon``; success means a final point within
 ``epsilon`` (the caller checks). Query budget per sample: ``max_queries``.
@@ -18,13 +33,12 @@ import torch
 
 from certify.attacks.base import Attack, AttackResult, Uniforms
 
-
-class _Budget(Exception):
-    pass
+_MIN_STEP = 1e-8
+_INIT_TOL = 1e-3  # coarse binary search of the starting point, as in the reference
 
 
 class HopSkipJump(Attack):
-    """HopSkipJump, untargeted, with the paper's defaults for the gradient estimate."""
+    """HopSkipJump, untargeted, with the paper's schedules (θ, δ_t, n_t, geometric steps)."""
 
     name: ClassVar[str] = "hopskipjump"
     needs_scores: ClassVar[bool] = False
@@ -38,97 +52,178 @@ class HopSkipJump(Attack):
         self.max_evals = max_evals
         self.init_tries = init_tries
 
-    def _dist(self, a: torch.Tensor, b: torch.Tensor) -> float:
-        d = (a - b).flatten()
-        return float(d.abs().max() if self.norm == "linf" else d.norm())
-
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
-        rng = Uniforms(seeds)
-        x_adv = x.clone()
-        queries = torch.zeros(len(x), dtype=torch.long)
-        for i in range(len(x)):
-            x_adv[i], queries[i] = self._one(model, x[i], int(y[i]), rng, i)
-        return AttackResult(x_adv, queries)
+        return _Run(self, model, x, y, seeds).attack()
 
-    def _one(self, model: Any, x: torch.Tensor, y: int, rng: Uniforms, i: int
-             ) -> tuple[torch.Tensor, int]:
-        used = 0
-        d = x.numel()
-        theta = d ** -1.5 if self.norm == "l2" else d ** -2.0
 
-        def adversarial(batch: torch.Tensor) -> torch.Tensor:
-            nonlocal used
-            if used + len(batch) > self.max_queries:
-                raise _Budget
-            used += len(batch)
-            return (model.predict(batch).argmax(1) != y).cpu()
+class _Run:
+    """One lockstep run of HopSkipJump over a batch (state kept per sample)."""
 
-        def blend(a: torch.Tensor, alpha: float) -> torch.Tensor:
-            if self.norm == "l2":
-                return (1 - alpha) * x + alpha * a
-            r = alpha * float((a - x).abs().max())
-            return torch.minimum(torch.maximum(a, x - r), x + r)
+    def __init__(self, attack: HopSkipJump, model: Any, x: torch.Tensor, y: torch.Tensor,
+                 seeds: torch.Tensor) -> None:
+        self.a, self.model, self.x = attack, model, x
+        self.y = y.cpu()
+        self.rng = Uniforms(seeds)
+        self.linf = attack.norm == "linf"
+        b = len(x)
+        self.d = x[0].numel()
+        self.theta = self.d ** -2.0 if self.linf else self.d ** -1.5
+        self.used = torch.zeros(b, dtype=torch.long)
+        self.live = torch.ones(b, dtype=torch.bool)
+        self.best = x.clone()
+        self.best_dist = torch.full((b,), math.inf)
 
-        def boundary(a: torch.Tensor) -> torch.Tensor:
-            lo, hi = 0.0, 1.0  # blend(a, hi) is adversarial
-            tol = theta if self.norm == "l2" else theta * d
-            tol = max(tol, 1e-4)
-            while hi - lo > tol:
-                mid = (lo + hi) / 2
-                if bool(adversarial(blend(a, mid).unsqueeze(0))[0]):
-                    hi = mid
-                else:
-                    lo = mid
-            return blend(a, hi)
+    # -- queries and bookkeeping ------------------------------------------------------------
+    def payable(self, idx: torch.Tensor, want: torch.Tensor | None = None) -> torch.Tensor:
+        """Positions in ``idx`` (where ``want``) of live samples that can pay one more query."""
+        pos = torch.arange(len(idx)) if want is None else want.nonzero().flatten()
+        pos = pos[self.live[idx[pos]]]
+        ok = self.used[idx[pos]] < self.a.max_queries
+        self.live[idx[pos[~ok]]] = False
+        return pos[ok]
 
-        best = x.clone()
-        try:
-            start = None
-            for _ in range(self.init_tries):
-                cand = torch.rand(x.shape, generator=rng.gens[i]).to(x)
-                if bool(adversarial(cand.unsqueeze(0))[0]):
-                    start = cand
-                    break
-            if start is None:
-                return x.clone(), used
-            cur = boundary(start)
-            best = cur
-            dist = self._dist(cur, x)
-            for t in range(1, 10_000):
-                if dist <= self.epsilon:
-                    break
-                delta = (math.sqrt(d) if self.norm == "l2" else d) * theta * dist
-                n = int(min(self.init_evals * math.sqrt(t), self.max_evals))
-                n = max(2, min(n, self.max_queries - used - 1))
-                if self.norm == "l2":
-                    u = rng.normal((n, *x.shape), i).to(x)
-                else:
-                    u = (torch.rand((n, *x.shape), generator=rng.gens[i]) * 2 - 1).to(x)
-                u = u / u.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
-                probes = (cur.unsqueeze(0) + delta * u).clamp(0, 1)
-                u = (probes - cur.unsqueeze(0)) / delta
-                phi = adversarial(probes).to(x).mul(2).sub(1)
-                if phi.abs().mean() < 1:  # mixed answers: the baseline lowers the variance
-                    phi = phi - phi.mean()
-                grad = (phi.view(-1, 1, 1, 1) * u).mean(dim=0)
-                if self.norm == "l2":
-                    update = grad / grad.norm().clamp(min=1e-12)
-                else:
-                    update = grad.sign()
-                step = dist / math.sqrt(t)
-                while True:
-                    cand = (cur + step * update).clamp(0, 1)
-                    if bool(adversarial(cand.unsqueeze(0))[0]):
-                        break
-                    step /= 2
-                    if step < 1e-8:
-                        cand = cur
-                        break
-                cur = boundary(cand)
-                new = self._dist(cur, x)
-                if new < dist:
-                    best, dist = cur, new
-        except _Budget:
-            pass
-        return best, used
+    def adversarial(self, owner: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
+        """One batched query; ``owner[k]`` is the sample that row ``k`` is charged to."""
+        self.used.index_add_(0, owner, torch.ones(len(owner), dtype=torch.long))
+        return (self.model.predict(pts).argmax(1).cpu() != self.y[owner]).cpu()
+
+    def dist(self, pts: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        diff = (pts - self.x[idx]).flatten(1).cpu()
+        return diff.abs().max(dim=1).values if self.linf else diff.norm(dim=1)
+
+    def keep_best(self, idx: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
+        """Record adversarial points ``pts`` of samples ``idx``; return their distances."""
+        dist = self.dist(pts, idx)
+        better = dist < self.best_dist[idx]
+        self.best[idx[better]] = pts[better]
+        self.best_dist[idx[better]] = dist[better]
+        return dist
+
+    def blend(self, idx: torch.Tensor, a: torch.Tensor, alpha: torch.Tensor,
+              linf: bool) -> torch.Tensor:
+        """Points between the images (alpha 0) and the adversarial points ``a`` (alpha 1)."""
+        x = self.x[idx]
+        al = alpha.to(x).view(-1, 1, 1, 1)
+        if not linf:
+            return (1 - al) * x + al * a
+        r = al * (a - x).flatten(1).abs().max(dim=1).values.view(-1, 1, 1, 1)
+        return torch.minimum(torch.maximum(a, x - r), x + r)
+
+    def boundary(self, idx: torch.Tensor, a: torch.Tensor, tol: float,
+                 linf: bool) -> torch.Tensor:
+        """Binary search from adversarial ``a`` towards the images down to ``tol``."""
+        lo = torch.zeros(len(idx))
+        hi = torch.ones(len(idx))
+        while True:
+            open_ = self.payable(idx, (hi - lo) > tol)
+            if not len(open_):
+                break
+            mid = (lo[open_] + hi[open_]) / 2
+            ok = self.adversarial(idx[open_], self.blend(idx[open_], a[open_], mid, linf))
+            hi[open_] = torch.where(ok, mid, hi[open_])
+            lo[open_] = torch.where(ok, lo[open_], mid)
+        return self.blend(idx, a, hi, linf)
+
+    # -- the attack -----------------------------------------------------------------------
+    def start(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform noise images until one is misclassified, per sample."""
+        shape = tuple(self.x.shape[1:])
+        found = torch.zeros(len(self.x), dtype=torch.bool)
+        start = self.x.clone()
+        for _ in range(self.a.init_tries):
+            idx = (~found).nonzero().flatten()
+            idx = idx[self.payable(idx)]
+            if not len(idx):
+                break
+            cand = torch.stack([torch.rand(shape, generator=self.rng.gens[int(i)])
+                                for i in idx]).to(self.x)
+            ok = self.adversarial(idx, cand)
+            start[idx[ok]] = cand[ok]
+            found[idx[ok]] = True
+        self.live &= found
+        idx = found.nonzero().flatten()
+        return idx, start[idx]
+
+    def gradient(self, idx: torch.Tensor, cur: torch.Tensor, t: int, dist: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Monte-Carlo estimate of the boundary normal at ``cur``; returns (kept idx, update)."""
+        shape = tuple(self.x.shape[1:])
+        n_t = int(min(self.a.init_evals * math.sqrt(t), self.a.max_evals))
+        if t == 1:
+            delta = torch.full((len(idx),), 0.1)
+        else:
+            delta = (self.d if self.linf else math.sqrt(self.d)) * self.theta * dist
+        probes, dirs, owners, keep = [], [], [], []
+        for k, i in enumerate(idx.tolist()):
+            # keep one query for the step-size search
+            n = min(n_t, self.a.max_queries - int(self.used[i]) - 1)
+            if n < 2:
+                self.live[i] = False
+                continue
+            gen = self.rng.gens[i]
+            u = torch.randn((n, *shape), generator=gen) if not self.linf else \
+                torch.rand((n, *shape), generator=gen) * 2 - 1
+            u = (u / u.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)).to(cur)
+            dk = float(delta[k])
+            p = (cur[k].unsqueeze(0) + dk * u).clamp(0, 1)
+            probes.append(p)
+            dirs.append((p - cur[k].unsqueeze(0)) / dk)
+            owners.append(torch.full((n,), i, dtype=torch.long))
+            keep.append(k)
+        if not keep:
+            return idx[:0], cur[:0]
+        owner = torch.cat(owners)
+        ans = self.adversarial(owner, torch.cat(probes)).to(cur)
+        updates = []
+        for p_dirs, a in zip(dirs, torch.split(ans, [len(o) for o in owners]), strict=True):
+            phi = a * 2 - 1
+            if phi.abs().mean() < 1:  # mixed answers: the mean is the baseline
+                phi = phi - phi.mean()
+            g = (phi.view(-1, 1, 1, 1) * p_dirs).mean(dim=0)
+            updates.append(g.sign() if self.linf else g / g.norm().clamp(min=1e-12))
+        kept = torch.tensor(keep, dtype=torch.long)
+        return idx[kept], torch.stack(updates)
+
+    def step(self, idx: torch.Tensor, cur: torch.Tensor, update: torch.Tensor,
+             size: torch.Tensor) -> torch.Tensor:
+        """Geometric progression: halve the step until the moved point is adversarial."""
+        out = cur.clone()
+        pending = torch.arange(len(idx))
+        size = size.clone()
+        while len(pending):
+            pending = pending[self.payable(idx[pending])]
+            if not len(pending):
+                break
+            s = size[pending].to(cur).view(-1, 1, 1, 1)
+            pts = (cur[pending] + s * update[pending]).clamp(0, 1)
+            ok = self.adversarial(idx[pending], pts)
+            out[pending[ok]] = pts[ok]
+            size[pending[~ok]] /= 2
+            pending = pending[~ok]
+            pending = pending[size[pending] >= _MIN_STEP]
+        return out
+
+    def attack(self) -> AttackResult:
+        idx, start = self.start()
+        if len(idx):
+            start = self.boundary(idx, start, _INIT_TOL, linf=False)
+            self.keep_best(idx, start)
+            cur = self.boundary(idx, start, self.theta, self.linf)
+            dist = self.keep_best(idx, cur)
+        t = 1
+        while len(idx):
+            go = self.live[idx] & (self.best_dist[idx] > self.a.epsilon)
+            idx, cur, dist = idx[go], cur[go], dist[go]
+            if not len(idx):
+                break
+            kept, update = self.gradient(idx, cur, t, dist)
+            sel = torch.isin(idx, kept)
+            idx, cur, dist = idx[sel], cur[sel], dist[sel]
+            if not len(idx):
+                break
+            moved = self.step(idx, cur, update, dist / math.sqrt(t))
+            cur = self.boundary(idx, moved, self.theta, self.linf)
+            dist = self.keep_best(idx, cur)
+            t += 1
+        return AttackResult(self.best, self.used.clone())

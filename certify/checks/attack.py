@@ -141,10 +141,7 @@ class AttackCheck(Check):
         scores = counter.predict(x)
         correct = (scores.argmax(1) == y).cpu()
         m0 = margin(scores.cpu(), y.cpu(), output)
-        # a model answering with one-hot vectors gets a one-hot binarized copy (footnote 3)
-        probs = scores.float().cpu() if output != "logits" else torch.softmax(
-            scores.float().cpu(), 1)
-        one_hot = (probs.max(dim=1).values >= 1 - 1e-6).tolist()
+        one_hot = one_hot_answers(scores, output)
         clean_conf = confidences(scores.cpu(), output)
         rec: list[dict[str, Any]] = [
             {"outcome": "robust" if bool(c) else "misclassified", "label": int(t),
@@ -251,6 +248,18 @@ class AttackCheck(Check):
             details["binarization"] = None
         return Measurement(metrics=metrics, intervals=intervals, details=details,
                            warnings=warnings)
+
+
+def one_hot_answers(scores: torch.Tensor, output: str) -> list[bool]:
+    """Per sample: did the model answer with a one-hot vector? Its binarized copy then does too.
+
+    Footnote 3 of the paper: the binarized model mimics the original's outputs. Logits are
+    never one-hot, however confident the model (a softmax of a 20-logit margin rounds to 1 in
+    float32): score-based attacks read the logits, so the copy answers with logits as well.
+    """
+    if output != "probs":
+        return [False] * len(scores)
+    return (scores.float().cpu().max(dim=1).values >= 1 - 1e-6).tolist()
 
 
 def _histogram(values: list[int], top: int, bins: int = 10) -> list[dict[str, int]]:

@@ -67,9 +67,15 @@ class BinarizedModel:
 
 
 def _readout(f_in: torch.Tensor, f_b: torch.Tensor) -> torch.Tensor | None:
-    """A linear direction that puts every boundary feature above every inner one, or None."""
+    """A linear direction that puts every boundary feature above every inner one, or None.
+
+    Logistic regression on the raw features, as in the reference implementation, with one
+    common scale for conditioning. Not per-feature standardisation: a ReLU unit that is zero
+    on every inner point would get a weight of ~1e6, and the readout would become a needle
+    (one dead unit firing) whose flat score gives a score-based attack nothing to follow.
+    """
     mu = f_in.mean(dim=0)
-    sd = f_in.std(dim=0).clamp(min=1e-6)
+    sd = f_in.std(dim=0).mean().clamp(min=1e-6)
     a, b = (f_in - mu) / sd, (f_b - mu) / sd
     x = torch.cat([a, b]).double()
     t = torch.cat([torch.zeros(len(a)), torch.ones(len(b))]).double()
