@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import platform
 import time
 import traceback
@@ -31,6 +32,15 @@ from certify.suite import CheckSpec, Suite
 log = logging.getLogger("certify")
 
 SCHEMA = "certify.results/1"
+
+# The most bytes of images in one batch when the model runs in this process on the CPU. A batch
+# of 256 224x224 images is 154 MB; every tensor that large (a property's output, a gathered
+# subset) is mapped fresh from the OS and pays page faults on first touch, which made the
+# corruption properties 1.5-5x slower per image than in batches of a few MB, whose memory the
+# heap reuses (benchmarks/RESULTS.md). onnxruntime's per-image cost at 224x224 was flat from
+# batch 1 up, and whole 224x224 runs were fastest at this cap. 32x32 images (3 MB per 256) keep
+# the full batch. Endpoints are left alone: their requests in flight come out of the batch.
+CPU_BATCH_BYTES = 4 << 20
 
 
 class Executor(Protocol):
@@ -85,6 +95,13 @@ def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
     }
 
 
+def cpu_batch_size(batch_size: int, image_shape: tuple[int, ...], itemsize: int = 4) -> int:
+    """The batch a check gets for an in-process model on the CPU: ``batch_size`` images, fewer
+    where that would pass ``CPU_BATCH_BYTES`` (at least one). Records do not depend on it."""
+    per_image = itemsize * math.prod(image_shape)
+    return max(1, min(batch_size, CPU_BATCH_BYTES // max(1, per_image)))
+
+
 def _local_batches(spec: CheckSpec, counter: QueryCounter, data: Dataset,
                    batches: list[list[int]], ctx: CheckContext
                    ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
@@ -120,6 +137,8 @@ def _run_check(
     budget = None if spec.budget is None else max(0, spec.budget - used)
     progress.start(spec.id, total)
     progress.advance(total - len(pending))
+    if ctx.device.type == "cpu" and getattr(model.model, "traffic", None) is None:
+        batch_size = cpu_batch_size(batch_size, tuple(data.x.shape[1:]), data.x.element_size())
     if executor is None:
         batches = [pending[s : s + batch_size] for s in range(0, len(pending), batch_size)]
         results = _local_batches(spec, QueryCounter(model, budget), data, batches, ctx)
