@@ -2,15 +2,17 @@
 
 Both sides corrupt images at 32x32 and 224x224 on the CPU. imagecorruptions works one uint8
 image per call (its only API); certify applies a property to a batch of float tensors, which
-is how its checks call it: batches of ``certify run``'s default ``--batch-size`` (a search
-applies each candidate to the batch's still-unbroken samples, at most that many), with torch
-on the one thread that ``certify.device.choose_device`` sets on the CPU for a run. The peer runs
+is how its checks call it: batches of the size ``certify run`` uses for an in-process model on
+the CPU at that image size (``certify.runner.cpu_batch_size``: the default ``--batch-size`` of
+256, capped at ``CPU_BATCH_BYTES`` of images per batch; a search applies each candidate to the
+batch's still-unbroken samples, at most that many), with torch on the one thread that
+``certify.device.choose_device`` sets on the CPU for a run. The peer runs
 in its own virtual environment (``.venv-bench``, made on first use: it needs ``setuptools<81``
 for ``pkg_resources``), started once from this script; each row alternates short rounds of the
 two sides and keeps each side's best, so that load from other processes hits both alike.
 
 Run: ``.venv/bin/python benchmarks/corruptions.py [--seconds 2] [--rounds 4] [--batch N]
-[--only impulse_noise,defocus_blur]``
+[--only impulse_noise,defocus_blur]`` (``--batch`` overrides the run's batch at both sizes)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from certify.device import choose_device
 from certify.perturbations import PROPERTIES
+from certify.runner import cpu_batch_size
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_VENV = ROOT / ".venv-bench"
@@ -41,6 +44,11 @@ PAIRS = {
     "saturate": ("saturation", [1.0]),
 }
 RUN_BATCH = 256  # `certify run --batch-size` default (certify/cli.py, certify/runner.py)
+
+
+def run_batch(size: int) -> int:
+    """The batch a run hands a property for 3 x size x size float32 images on the CPU."""
+    return cpu_batch_size(RUN_BATCH, (3, size, size), 4)
 
 
 def ensure_peer_env() -> Path:
@@ -96,17 +104,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="per side and row, in all")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=RUN_BATCH,
-                    help=f"certify's batch size (default: certify run's, {RUN_BATCH})")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="certify's batch size (default: what certify run uses at each size)")
     ap.add_argument("--only", default="", help="comma-separated peer corruption names")
     args = ap.parse_args()
     choose_device("cpu")  # torch's thread count as in a run on the CPU
     sizes = [32, 224]
+    batch = {size: args.batch or run_batch(size) for size in sizes}
     pairs = {k: v for k, v in PAIRS.items() if not args.only or k in args.only.split(",")}
     peer = Peer(ensure_peer_env())
     each = args.seconds / args.rounds
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; "
-          f"certify batch {args.batch}; peer one image per call, severity 3; "
+          "certify batch " + ", ".join(f"{batch[s]} at {s}x{s}" for s in sizes)
+          + "; peer one image per call, severity 3; "
           f"best of {args.rounds} alternating rounds of {each:g} s per side\n")
     print("| corruption (peer → certify) | size | imagecorruptions img/s | certify img/s | ratio |")
     print("|---|---|---|---|---|")
@@ -121,10 +131,10 @@ def main() -> None:
                     theirs.append(peer.rate(name, size, each))
                     if isinstance(theirs[-1], str):
                         break
-                    ours.append(certify_rate(prop, row, size, each, args.batch))
+                    ours.append(certify_rate(prop, row, size, each, batch[size]))
                 if isinstance(theirs[-1], str):
                     err = theirs[-1]
-                    ours.append(certify_rate(prop, row, size, args.seconds, args.batch))
+                    ours.append(certify_rate(prop, row, size, args.seconds, batch[size]))
                     cell, ratio = err.split(":")[0] + f" ({err.split(':', 2)[1].strip()})", "–"
                 else:
                     best = max(t for t in theirs if not isinstance(t, str))
@@ -132,7 +142,7 @@ def main() -> None:
                 print(f"| {name} → {prop} | {size} | {cell} | {max(ours):,.0f} | {ratio} |",
                       flush=True)
         # the floor under every property: a new batch of the same size, written once
-        floor = {size: max(certify_rate("copy", [], size, each, args.batch)
+        floor = {size: max(certify_rate("copy", [], size, each, batch[size])
                            for _ in range(args.rounds)) for size in sizes}
         print("\nFor scale, `x.clone()` of a batch (what any property's output costs at least): "
               + ", ".join(f"{floor[s]:,.0f} img/s at {s}×{s}" for s in sizes) + ".")

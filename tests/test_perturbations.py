@@ -88,11 +88,13 @@ def test_gpu_matches_cpu():
 
 # -- fast paths against their references ---------------------------------------------------
 
-@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (3, 3, 32, 32), (2, 1, 37, 70), (1, 3, 130, 129)])
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (3, 3, 32, 32), (2, 1, 37, 70), (1, 3, 130, 129),
+                                   (2, 3, 96, 64), (1, 3, 224, 224)])
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 3.0])
 def test_blur_matches_kornia(shape, sigma):
-    # the banded-matrix blur (small images in chunks, large ones plane by plane, tiles of
-    # columns) is kornia's gaussian_blur2d with reflected borders, to float rounding
+    # the banded-matrix blur (tiles of rows and columns, runs of interior tiles batched, all
+    # planes' interior tiles in one product where the height is a multiple of the tile) is
+    # kornia's gaussian_blur2d with reflected borders, to float rounding
     import kornia
 
     from certify.perturbations.filters import gaussian_blur
@@ -108,8 +110,33 @@ def test_blur_matches_kornia(shape, sigma):
                           ref.clamp(0, 1), rtol=0, atol=2e-6)
 
 
-def test_blur_per_image_sigma_is_independent_of_the_batch():
-    x = _images(3, n=5, size=24)
+@pytest.mark.parametrize("shape", [(5, 3, 8, 8), (30, 3, 32, 32), (3, 3, 160, 150)])
+def test_contrast_and_saturation_match_kornia(shape):
+    # the segmented fast paths (colour.py) against kornia on the whole batch: contrast to float
+    # rounding (its mean luma comes from the channel means), saturation exactly
+    import kornia
+
+    x = torch.rand(*shape, generator=torch.Generator().manual_seed(shape[0]))
+    c = torch.linspace(-1.0, 1.0, shape[0]).unsqueeze(1)
+    c[shape[0] // 2] = 0.0
+    seeds = torch.arange(shape[0])
+    ref = kornia.enhance.adjust_contrast_with_mean_subtraction(x, 1.0 + c[:, 0]).clamp(0, 1)
+    ref[shape[0] // 2] = x[shape[0] // 2]  # c = 0 is the identity
+    out = PROPERTIES["contrast"].apply(x, c, seeds)
+    assert torch.allclose(out, ref, rtol=0, atol=1e-6)
+    ref = kornia.enhance.adjust_saturation(x, 1.0 + c[:, 0]).clamp(0, 1)
+    ref[shape[0] // 2] = x[shape[0] // 2]
+    assert torch.equal(PROPERTIES["saturation"].apply(x, c, seeds), ref)
+    for name in ("contrast", "saturation"):  # an image's output does not depend on the batch
+        full = PROPERTIES[name].apply(x, c, seeds)
+        for i in (0, shape[0] - 1):
+            assert torch.equal(full[i : i + 1], PROPERTIES[name].apply(x[i : i + 1], c[i : i + 1],
+                                                                       seeds[i : i + 1]))
+
+
+@pytest.mark.parametrize("size", [24, 49, 65])  # 49, 65: sizes that once left a 1-wide tile
+def test_blur_per_image_sigma_is_independent_of_the_batch(size):
+    x = _images(3, n=5, size=size)
     p = torch.tensor([[0.3], [1.5], [0.0], [1.5], [0.9]])
     out = PROPERTIES["blur"].apply(x, p, torch.arange(5))
     for i in range(5):
