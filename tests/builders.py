@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -153,3 +154,16 @@ def run_cli(*args: str | Path, timeout: float = 300, env: dict[str, str] | None 
     exe = Path(sys.executable).parent / "certify"
     return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def write_labelled_npz(net: nn.Module, path: Path, n: int, seed: int) -> Path:
+    """``n`` images with labels that are 10% wrong by construction, as an .npz file."""
+    x = make_images(n, seed=seed)
+    np.savez(path, x=x, y=make_labels(net, x, seed=seed, wrong=0.1))
+    return path
+
+
+def check_metrics(out: Path) -> dict[str, dict]:
+    """Each check's metrics from a run directory's results.json."""
+    r = json.loads((out / "results.json").read_text())
+    return {c["id"]: c["metrics"] for c in r["checks"]}

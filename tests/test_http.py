@@ -11,7 +11,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -24,10 +23,8 @@ CLASSES = [f"c{i}" for i in range(43)]
 
 @pytest.fixture(scope="module")
 def data(net, tmp_path_factory) -> Path:
-    x = builders.make_images(N, seed=21)
-    p = tmp_path_factory.mktemp("http") / "d.npz"
-    np.savez(p, x=x, y=builders.make_labels(net, x, seed=21, wrong=0.1))
-    return p
+    return builders.write_labelled_npz(net, tmp_path_factory.mktemp("http") / "d.npz", N,
+                                       seed=21)
 
 
 def _suite(path: Path, attacks: bool = True, binarization: bool = False) -> Path:
@@ -55,11 +52,6 @@ def _suite(path: Path, attacks: bool = True, binarization: bool = False) -> Path
     return path
 
 
-def _metrics(out: Path) -> dict[str, dict]:
-    r = json.loads((out / "results.json").read_text())
-    return {c["id"]: c["metrics"] for c in r["checks"]}
-
-
 def _run(model: str | Path, suite: Path, data: Path, out: Path, *extra: str,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return builders.run_cli("run", model, "--suite", suite, "--data", data, "--out", out,
@@ -76,14 +68,14 @@ def baseline(model_path, suite, data, tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("onnx") / "run"
     proc = _run(model_path, suite, data, out)
     assert proc.returncode in (0, 1), proc.stderr
-    return _metrics(out)
+    return builders.check_metrics(out)
 
 
 def test_mlserver_v2_gives_the_onnx_metrics(model_path, suite, data, baseline, tmp_path):
     with mlserver(model_path, tmp_path / "mls") as url:
         proc = _run(url, suite, data, tmp_path / "run", "--model-version", "7")
     assert proc.returncode in (0, 1), proc.stderr
-    assert _metrics(tmp_path / "run") == baseline
+    assert builders.check_metrics(tmp_path / "run") == baseline
     r = json.loads((tmp_path / "run" / "results.json").read_text())
     assert r["model"]["provider"] == "HTTP (v2)"
     assert r["model"]["metadata"]["declared_version"] == "7"
@@ -100,7 +92,7 @@ def test_v1_server_gives_the_onnx_metrics(net, suite, data, baseline, tmp_path):
     finally:
         server.stop()
     assert proc.returncode in (0, 1), proc.stderr
-    assert _metrics(tmp_path / "run") == baseline
+    assert builders.check_metrics(tmp_path / "run") == baseline
 
 
 def test_faults_are_retried_to_the_same_metrics(model_path, suite, data, baseline, tmp_path):
@@ -116,7 +108,7 @@ def test_faults_are_retried_to_the_same_metrics(model_path, suite, data, baselin
     assert proc.returncode in (0, 1), proc.stderr
     assert set(server.faults_injected) == {"500", "429", "slow", "malformed", "drop"}, \
         server.faults_injected
-    assert _metrics(tmp_path / "run") == baseline
+    assert builders.check_metrics(tmp_path / "run") == baseline
 
 
 def test_outage_exits_3_and_resume_loses_nothing(model_path, suite, data, baseline, tmp_path):
@@ -135,7 +127,7 @@ def test_outage_exits_3_and_resume_loses_nothing(model_path, suite, data, baseli
     finally:
         server.stop()
     assert proc.returncode in (0, 1), proc.stderr
-    assert _metrics(out) == baseline
+    assert builders.check_metrics(out) == baseline
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     keys = [(r["check"], r["i"]) for r in rows]
     assert len(keys) == len(set(keys)), "no sample is recorded twice"

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 import yaml
@@ -24,17 +23,10 @@ CLASSES = [f"c{i}" for i in range(43)]
 N = 48
 
 
-def _metrics(out: Path) -> dict[str, dict]:
-    r = json.loads((out / "results.json").read_text())
-    return {c["id"]: c["metrics"] for c in r["checks"]}
-
-
 @pytest.fixture(scope="module")
 def data(net, tmp_path_factory) -> Path:
-    x = builders.make_images(N, seed=31)
-    p = tmp_path_factory.mktemp("ray") / "d.npz"
-    np.savez(p, x=x, y=builders.make_labels(net, x, seed=31, wrong=0.1))
-    return p
+    return builders.write_labelled_npz(net, tmp_path_factory.mktemp("ray") / "d.npz", N,
+                                       seed=31)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +56,7 @@ def local(model_path, suite, data, tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("local") / "run"
     proc = builders.run_cli(*_args(model_path, suite, data, out, "--batch-size", "8"))
     assert proc.returncode in (0, 1), proc.stderr
-    return _metrics(out)
+    return builders.check_metrics(out)
 
 
 def _popen(*args: str) -> subprocess.Popen[str]:
@@ -116,7 +108,7 @@ def test_demo_on_two_workers_matches_the_local_run(demo_run, tmp_path):
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     assert addrs and addrs <= {"127.0.0.1", "::ffff:127.0.0.1"}, addrs
-    assert _metrics(out) == _metrics(demo_run)
+    assert builders.check_metrics(out) == builders.check_metrics(demo_run)
 
 
 def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
@@ -129,7 +121,7 @@ def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode in (0, 1), stderr
     assert "died; replacing it" in stderr
-    assert _metrics(out) == local
+    assert builders.check_metrics(out) == local
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     keys = [(r["check"], r["i"]) for r in rows]
     assert len(keys) == len(set(keys)), "no sample recorded twice"
@@ -148,7 +140,7 @@ def test_resume_across_executors(first, then, model_path, suite, data, local, tm
     proc = builders.run_cli(*_args(model_path, suite, data, out, "--executor", then,
                                    "--resume"))
     assert proc.returncode in (0, 1), proc.stderr
-    assert _metrics(out) == local
+    assert builders.check_metrics(out) == local
     rows = (out / "records.jsonl").read_text().splitlines()
     assert rows[:len(kept)] == kept
     keys = [(json.loads(r)["check"], json.loads(r)["i"]) for r in rows]
