@@ -41,6 +41,7 @@ log = logging.getLogger("certify")
 
 #: Times a dead worker is replaced before the run gives up (per worker slot).
 MAX_RESTARTS = 3
+MIN_BATCH = 4  # samples: the smallest batch guided scheduling hands out
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,24 @@ def _import_ray() -> Any:
         raise UsageError("--executor ray needs Ray, which is not installed",
                          hint='pip install "certify[ray]"') from None
     return ray
+
+
+def _guided_batches(pending: list[int], batch_size: int, workers: int) -> list[list[int]]:
+    """Split ``pending`` into batches that shrink towards the end (guided self-scheduling).
+
+    Each batch takes a ``1 / (2 * workers)`` share of what is left (at most ``batch_size``,
+    at least ``MIN_BATCH``), so the first batches are large enough to keep per-call overhead
+    low and the last ones small enough that no worker sits idle for long while another
+    finishes a big batch: an attack's cost per batch is unknown until it runs.
+    """
+    batches: list[list[int]] = []
+    start = 0
+    while start < len(pending):
+        left = len(pending) - start
+        size = min(batch_size, max(MIN_BATCH, math.ceil(left / (2 * workers))))
+        batches.append(pending[start : start + size])
+        start += size
+    return batches
 
 
 class _Ledger:
@@ -235,9 +254,7 @@ class RayExecutor:
         ray = self._ray
         if not pending:
             return
-        # small enough batches that every worker gets several
-        size = max(1, min(batch_size, math.ceil(len(pending) / (4 * self.workers))))
-        queue = [pending[s : s + size] for s in range(0, len(pending), size)]
+        queue = _guided_batches(pending, batch_size, self.workers)
         keys: list[str] | None = None
         if budget is not None or self._budgeted:
             ray.get(self._ledger.set_limit.remote(spec.id, budget))
