@@ -79,20 +79,33 @@ class _Square(Attack):
 
     def _loop(self, model: Any, x: torch.Tensor, y: torch.Tensor, x_best: torch.Tensor,
               rng: Uniforms, output: str, step: Any) -> AttackResult:
-        b = len(x)
-        queries = torch.ones(b, dtype=torch.long)
+        """Run ``step`` on the unbroken samples until each is broken or out of queries.
+
+        A sample leaves the active set for good once its margin is <= 0 (the margin only
+        falls), so the active samples' images are kept as compact tensors, shrunk when some
+        break, instead of gathered from and scattered into the whole batch every iteration.
+        """
+        queries = torch.ones(len(x), dtype=torch.long)
         loss = margin(model.predict(x_best).cpu(), y.cpu(), output)
+        active = (loss > 0).nonzero().flatten()
+        xa, xb, ya, la = x[active], x_best[active], y.cpu()[active], loss[active]
         for it in range(1, self.max_queries):
-            active = ((loss > 0) & (queries < self.max_queries)).nonzero().flatten()
             if len(active) == 0:
                 break
-            cand = step(it, active, x[active], x_best[active])
-            new = margin(model.predict(cand).cpu(), y[active].cpu(), output)
+            cand = step(it, active, xa, xb)
+            new = margin(model.predict(cand).cpu(), ya, output)
             queries[active] += 1
-            better = new < loss[active]
-            idx = active[better]
-            x_best[idx] = cand[better]
-            loss[idx] = new[better]
+            better = new < la
+            if bool(better.any()):
+                b_dev = better.to(xb.device)
+                xb[b_dev] = cand[b_dev]
+                la[better] = new[better]
+            left = la > 0
+            if not bool(left.all()):
+                x_best[active[~left]] = xb[~left.to(xb.device)]
+                keep = left.to(xb.device)
+                active, xa, xb, ya, la = active[left], xa[keep], xb[keep], ya[left], la[left]
+        x_best[active] = xb
         return AttackResult(x_best, queries)
 
 
@@ -118,14 +131,15 @@ class SquareLinf(_Square):
             u = rng.draw(2 + c, active)
             top, left = _windows(u, s, h, w)
             m = _mask(top, left, s, h, w).to(x.device)
-            signs = (u[:, 2:] < 0.5).float().mul(2).sub(1).view(-1, c, 1, 1).to(x)
+            signs = (u[:, 2:] < 0.5).to(x.dtype).mul_(2).sub_(1).to(x.device)
             delta = xb - xa
             # make sure the window changes: where it already holds these signs, flip them
-            cur = (delta * m).sum(dim=(2, 3)) / m.sum(dim=(2, 3)).clamp(min=1)
-            same = (cur.sign() == signs.view(-1, c)).all(dim=1).view(-1, 1, 1, 1)
+            # (the sign of the window's sum is the sign of its mean)
+            cur = (delta * m).sum(dim=(2, 3))
+            same = (cur.sign() == signs).all(dim=1, keepdim=True)
             signs = torch.where(same, -signs, signs)
-            delta = torch.where(m, eps * signs, delta)
-            return (xa + delta).clamp(0, 1)
+            delta = torch.where(m, (eps * signs).view(-1, c, 1, 1), delta)
+            return (xa + delta).clamp_(0, 1)
 
         return self._loop(model, x, y, x_best, rng, output, step)
 
