@@ -5,7 +5,7 @@ only through its black-box neural-network wrapper around a counting predict func
 returns the model's logits, as certify reads them (softmax probabilities saturate in float32
 on confident images, which starves ART's margin loss).
 
-``attacks_peer.py MODEL NPZ ATTACK SEED``: ATTACK is ``square:P_INIT`` (L∞, ε = 8/255, 1,000
+``attacks_peer.py MODEL NPZ ATTACK SEED``: ATTACK is ``square:P_INIT:EPS`` (L∞, 1,000
 iterations) or ``hopskipjump`` (L2, ε = 0.5, 20 iterations of up to 1,000 evaluations) on all
 images of the npz; numpy's global stream is seeded with SEED (ART draws from it; its HSJ
 start is unseeded). Prints JSON: images broken within ε, model evaluations and wall time.
@@ -39,9 +39,10 @@ def main() -> None:
     clf = BlackBoxClassifierNeuralNetwork(predict, input_shape=x.shape[1:], nb_classes=43,
                                           clip_values=(0.0, 1.0))
     if attack.startswith("square:"):
-        eps = 8 / 255
+        _, p_init, e = attack.split(":")
+        eps = float(e)
         art = SquareAttack(clf, norm=np.inf, eps=eps, max_iter=1000,
-                           p_init=float(attack.split(":")[1]), nb_restarts=1,
+                           p_init=float(p_init), nb_restarts=1,
                            batch_size=len(x), verbose=False)
     else:
         eps = 0.5
