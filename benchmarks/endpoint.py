@@ -50,9 +50,9 @@ def _throughput(model: str, suite: Path, data: Path, n: int, out: Path,
     results, _ = certify_model(RunOptions(model=model, suite=str(suite), data=str(data),
                                           out=out, samples=n, pdf=False, http=http,
                                           batch_size=256))
-    busy = sum(results["timings"]["checks"].values())
-    metrics = {c["id"]: c["metrics"] for c in results["checks"]}
-    return results["queries"]["total"] / busy, metrics
+    busy = sum(results.provenance.timings["checks"].values())
+    metrics = {c.id: c.metrics.model_dump() for c in results.checks}
+    return results.measurement.queries.total / busy, metrics
 
 
 def main() -> None:

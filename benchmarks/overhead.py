@@ -79,7 +79,7 @@ def certify_accuracy(model: OnnxModel, data, suite, device, batch: int) -> float
             r = run_suite(model, data, suite, run, device, batch_size=batch)
         finally:
             run.close()
-    return r["checks"][0]["metrics"]["accuracy"]
+    return r.result.checks[0].metrics.accuracy
 
 
 def best_rate(fn, n: int, repeats: int) -> tuple[float, float]:

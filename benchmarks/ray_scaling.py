@@ -45,9 +45,9 @@ def _run(suite: Path, data: Path, n: int, out: Path, batch_size: int, **executor
                                           suite=str(suite), data=str(data), out=out,
                                           samples=n, pdf=False, batch_size=batch_size,
                                           **executor))
-    busy = sum(results["timings"]["checks"].values())
-    return results["queries"]["total"] / busy, {c["id"]: c["metrics"]
-                                               for c in results["checks"]}
+    busy = sum(results.provenance.timings["checks"].values())
+    return results.measurement.queries.total / busy, {c.id: c.metrics.model_dump()
+                                                      for c in results.checks}
 
 
 def main() -> None:

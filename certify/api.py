@@ -14,6 +14,8 @@ from certify.errors import ModelError
 from certify.models import HttpOptions, load_model
 from certify.progress import NullProgress, Progress
 from certify.report import write_report
+from certify.report.card import renderer_info
+from certify.results import RunResult
 from certify.rundir import RunDir
 from certify.runner import run_fingerprint, run_suite
 from certify.suite import load_suite
@@ -51,8 +53,8 @@ class RunOptions:
 
 def certify_model(
     opts: RunOptions, progress: Progress | None = None
-) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Run a suite on a model and write the report; returns (results, written paths).
+) -> tuple[RunResult, dict[str, Path]]:
+    """Run a suite on a model and write the report; returns (result, written paths).
 
     Everything that can be refused is refused before the first query: the suite is validated,
     the model loaded and checked against the suite, the data loaded and checked.
@@ -99,9 +101,11 @@ def certify_model(
             executor = None
             if opts.executor == "ray":
                 executor = stack.enter_context(_ray_executor(opts, pre, input_size, suite))
-            results = run_suite(model, data, suite, run, device, seed=seed,
+            outcome = run_suite(model, data, suite, run, device, seed=seed,
                                 batch_size=opts.batch_size, progress=progress,
                                 model_spec=_public_spec(opts.model), reference=reference,
+                                reference_spec=None if opts.reference is None
+                                else _public_spec(opts.reference),
                                 query_budget=opts.query_budget, executor=executor)
     finally:
         run.close()
@@ -109,13 +113,16 @@ def certify_model(
             close = getattr(m, "close", None)
             if close is not None:
                 close()
+    result = outcome.result
+    result = result.model_copy(update={"provenance": result.provenance.model_copy(
+        update={"renderer": renderer_info()})})
     signature = None
     if key is not None:
         from certify.report.sign import sign
 
-        signature = sign(results, key)
-    paths = write_report(results, opts.out, pdf=opts.pdf, signature=signature)
-    return results, paths
+        signature = sign(result.to_json(), key)
+    paths = write_report(result, opts.out, outcome.images, pdf=opts.pdf, signature=signature)
+    return result, paths
 
 
 def _ray_executor(opts: RunOptions, pre: Any, input_size: tuple[int, int] | None,
@@ -142,24 +149,28 @@ def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
     """Sign a finished run's results.json and re-render its card with the signature."""
     import json
 
+    from certify.canonical import canonical_json
     from certify.errors import UsageError
-    from certify.report.payload import canonical_json
+    from certify.report import load_images
     from certify.report.sign import load_private_key, sign
+    from certify.results import parse_result
 
     key = load_private_key(key_path, passphrase)
     path = run_dir / "results.json"
     try:
         raw = path.read_bytes()
-        results = json.loads(raw)
+        doc = json.loads(raw)
     except FileNotFoundError:
         raise UsageError(f"{path} not found", hint="sign the --out folder of a finished run") \
             from None
     except ValueError:
         raise UsageError(f"{path} is not valid JSON", hint="was it edited?") from None
-    if raw != canonical_json(results):
+    if raw != canonical_json(doc):
         raise UsageError(f"{path} is not in certify's canonical form",
                          hint="it was edited after the run; rerun instead of signing it")
-    return write_report(results, run_dir, pdf=pdf, signature=sign(results, key))
+    result = parse_result(doc)
+    return write_report(result, run_dir, load_images(run_dir), pdf=pdf,
+                        signature=sign(doc, key))
 
 
 DEMO_SEED = 20_240_607  # the demo test set; training used other seeds/indices
@@ -182,7 +193,7 @@ def demo_model_path(name: str = "standard") -> Path:
 def run_demo(
     out: Path, progress: Progress | None = None, pdf: bool = True, resume: bool = False,
     **run_options: Any,
-) -> tuple[dict[str, Any], dict[str, Path]]:
+) -> tuple[RunResult, dict[str, Path]]:
     """Certify the bundled standard model on a seeded synthetic GTSRB-like test set."""
     import numpy as np
 

@@ -254,9 +254,9 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         workers=workers, threads=threads,
     )
     with RichProgress(err_console, enabled=not quiet) as progress:
-        results, paths = certify_model(opts, progress)
-    _print_summary(results, paths)
-    return EXIT_OK if results["verdict"] == "PASS" else EXIT_FAILED
+        result, paths = certify_model(opts, progress)
+    _print_summary(result, paths)
+    return EXIT_OK if result.measurement.verdict == "PASS" else EXIT_FAILED
 
 
 def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> Any:
@@ -275,14 +275,13 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
     return HttpOptions(**set_) if remote else None
 
 
-def _print_summary(results: dict[str, Any], paths: dict[str, Path]) -> None:
+def _print_summary(result: Any, paths: dict[str, Path]) -> None:
     from certify.report.card import headline
 
     out = Console()
-    for c in results["checks"]:
-        out.print(f"{c['status']:<6} {c['id']:<22} {headline(c)}", highlight=False,
-                  soft_wrap=True)
-    out.print(f"verdict: {results['verdict']}", highlight=False)
+    for c in result.checks:
+        out.print(f"{c.status:<6} {c.id:<22} {headline(c)}", highlight=False, soft_wrap=True)
+    out.print(f"verdict: {result.measurement.verdict}", highlight=False)
     for name, p in paths.items():
         out.print(f"{name}: {p}", highlight=False)
 
@@ -309,10 +308,10 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, executor: str, ray_address: 
     from certify.api import run_demo
 
     with RichProgress(err_console, enabled=not quiet) as progress:
-        results, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume,
-                                  executor=executor, ray_address=ray_address, workers=workers,
-                                  threads=threads)
-    _print_summary(results, paths)
+        result, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume,
+                                 executor=executor, ray_address=ray_address, workers=workers,
+                                 threads=threads)
+    _print_summary(result, paths)
     # The demo's job is to produce the card; the verdict inside it is the finding, not an error.
     return EXIT_OK
 
@@ -395,13 +394,17 @@ def verify_cmd(path: Path, pubkey: Path) -> None:
     from certify.report.sign import fingerprint, load_public_key, verify_file
 
     key = load_public_key(pubkey)
-    results = verify_file(path, key)
+    v = verify_file(path, key)
+    m = v.result.measurement
     click.echo(f"OK: {path} is intact and signed by {fingerprint(key)}")
-    model = results.get("model", {})
-    click.echo(f"model: {model.get('name')} {model.get('identity')}")
-    click.echo(f"verdict: {results.get('verdict')}")
-    for c in results.get("checks", []):
-        click.echo(f"  {c.get('status', '?'):<6} {c.get('id')}")
+    click.echo(f"measurement: intact ({v.signature.signed['measurement']})")
+    click.echo(f"provenance:  intact ({v.signature.signed['provenance']})")
+    if v.visible is not None:
+        click.echo(f"visible content: {v.visible}")
+    click.echo(f"model: {m.model.name} {m.model.identity}")
+    click.echo(f"verdict: {m.verdict}")
+    for c in m.checks:
+        click.echo(f"  {c.status:<6} {c.id}")
 
 
 @main.command("bundle")
@@ -442,11 +445,12 @@ def export_cmd(run_dir: Path) -> None:
     import json
 
     from certify.report.export import markdown_summary, model_index
+    from certify.results import parse_result
     from certify.rundir import atomic_write
 
     path = run_dir / "results.json"
     try:
-        results = json.loads(path.read_text(encoding="utf-8"))
+        results = parse_result(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise UsageError(f"{path} not found", hint="export the --out folder of a run") from None
     except ValueError:
@@ -454,6 +458,16 @@ def export_cmd(run_dir: Path) -> None:
     atomic_write(run_dir / "model-index.md", model_index(results).encode())
     atomic_write(run_dir / "summary.md", markdown_summary(results).encode())
     click.echo(f"model-index: {run_dir / 'model-index.md'}\nsummary: {run_dir / 'summary.md'}")
+
+
+@main.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of results.json (its version is in `$id` and `schema`)."""
+    import json
+
+    from certify.results import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
 
 @main.group()

@@ -143,10 +143,12 @@ class _Worker:
 
     def run_batch(self, check: Any, x: torch.Tensor, y: torch.Tensor, idx: list[int],
                   ctx: dict[str, Any], ledger: Any, keys: list[str] | None) -> dict[str, Any]:
-        counter = (QueryCounter(self.model) if keys is None
-                   else _LedgerCounter(self.model, ledger, keys))
-        context = CheckContext(device=self.device, reference=None if self.reference is None
-                               else QueryCounter(self.reference), **ctx)
+        def count(model: Model) -> QueryCounter:
+            return QueryCounter(model) if keys is None else _LedgerCounter(model, ledger, keys)
+
+        counter = count(self.model)
+        ref = None if self.reference is None else count(self.reference)
+        context = CheckContext(device=self.device, reference=ref, **ctx)
         try:
             rows = check.run_batch(counter, x.to(self.device), y.to(self.device), idx, context)
         except CertifyError as exc:  # travels back as data: Ray cannot rebuild our errors
@@ -154,7 +156,8 @@ class _Worker:
         except Exception as exc:  # noqa: BLE001 - the runner turns it into an ERROR row
             return {"error": "RuntimeError", "message": f"{type(exc).__name__}: {exc}",
                     "hint": None}
-        return {"rows": rows, "spent": counter.queries}
+        return {"rows": rows, "spent": counter.queries,
+                "ref_spent": 0 if ref is None else ref.queries}
 
 
 _ERRORS: dict[str, type[CertifyError]] = {"BudgetExceeded": BudgetExceeded,
@@ -249,7 +252,7 @@ class RayExecutor:
 
     def run_check(self, spec: CheckSpec, data: Dataset, pending: list[int], batch_size: int,
                   ctx: CheckContext, budget: int | None
-                  ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
+                  ) -> Iterator[tuple[list[int], list[dict[str, Any]], int, int]]:
         """Yield finished batches of ``pending`` as the actors return them."""
         ray = self._ray
         if not pending:
@@ -298,7 +301,7 @@ class RayExecutor:
                     raise RuntimeError(out["message"])
                 if queue:
                     submit(slot)
-                yield idx, out["rows"], int(out["spent"])
+                yield idx, out["rows"], int(out["spent"]), int(out["ref_spent"])
         finally:
             for ref in in_flight:
                 with contextlib.suppress(Exception):

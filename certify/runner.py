@@ -8,30 +8,49 @@ and applies the suite's thresholds.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
 import platform
 import time
 import traceback
+import typing
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 import certify
-from certify.checks import CheckContext
+from certify.canonical import normalize
+from certify.checks import AttackCheck, CheckContext
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
 from certify.errors import CertifyError, ModelError
-from certify.models.base import Model, QueryCounter
+from certify.models.base import Budget, Model, QueryCounter
 from certify.progress import NullProgress, Progress
+from certify.results import (
+    SCHEMA,
+    VERDICT_PRECEDENCE,
+    DataDoc,
+    ModelDoc,
+    Outcomes,
+    Provenance,
+    RunMeasurement,
+    RunQueries,
+    RunResult,
+    Status,
+    SuiteDoc,
+    WorstCase,
+    check_result_model,
+    pack_bits,
+)
 from certify.rundir import RunDir
 from certify.suite import CheckSpec, Suite
 
 log = logging.getLogger("certify")
-
-SCHEMA = "certify.results/1"
 
 # The most bytes of images in one batch when the model runs in this process on the CPU. A batch
 # of 256 224x224 images is 154 MB; every tensor that large (a property's output, a gathered
@@ -46,9 +65,9 @@ CPU_BATCH_BYTES = 4 << 20
 class Executor(Protocol):
     """Runs a check's pending samples somewhere else (e.g. Ray actors), batch by batch.
 
-    ``run_check`` yields (sample indices, records, queries the model saw) as batches finish, in
-    any order; the runner checks and records them. Seeds come from ``ctx``, so where a sample
-    runs does not change its record.
+    ``run_check`` yields (sample indices, records, queries the model saw, queries the reference
+    model saw) as batches finish, in any order; the runner checks and records them. Seeds come
+    from ``ctx``, so where a sample runs does not change its record.
     """
 
     def start(self, run_budget: int | None) -> None:
@@ -57,7 +76,7 @@ class Executor(Protocol):
 
     def run_check(self, spec: CheckSpec, data: Dataset, pending: list[int], batch_size: int,
                   ctx: CheckContext, budget: int | None
-                  ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
+                  ) -> Iterator[tuple[list[int], list[dict[str, Any]], int, int]]:
         """Yield the finished batches of ``pending``."""
         ...
 
@@ -74,6 +93,7 @@ def _versions() -> dict[str, str]:
 
     return {
         "certify": certify.__version__,
+        "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -102,23 +122,34 @@ def cpu_batch_size(batch_size: int, image_shape: tuple[int, ...], itemsize: int 
     return max(1, min(batch_size, CPU_BATCH_BYTES // max(1, per_image)))
 
 
-def _local_batches(spec: CheckSpec, counter: QueryCounter, data: Dataset,
-                   batches: list[list[int]], ctx: CheckContext
-                   ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
-    """Run batches in this process: yields (indices, records, queries the model saw)."""
+def _local_batches(spec: CheckSpec, counters: tuple[QueryCounter, QueryCounter | None],
+                   data: Dataset, batches: list[list[int]], ctx: CheckContext
+                   ) -> Iterator[tuple[list[int], list[dict[str, Any]], int, int]]:
+    """Run batches in this process: yields (indices, records, queries the model saw, queries
+    the reference model saw)."""
+    counter, ref = counters
+    ctx = dataclasses.replace(ctx, reference=ref)
     for idx in batches:
         if idx[-1] - idx[0] == len(idx) - 1:  # contiguous (the usual case): a view, no copy
             x, y = data.x[idx[0] : idx[-1] + 1], data.y[idx[0] : idx[-1] + 1]
         else:
             x, y = data.x[idx], data.y[idx]
-        before = counter.queries
+        before, ref_before = counter.queries, 0 if ref is None else ref.queries
         rows = spec.check.run_batch(counter, x.to(ctx.device), y.to(ctx.device), idx, ctx)
-        yield idx, rows, counter.queries - before
+        yield (idx, rows, counter.queries - before,
+               0 if ref is None else ref.queries - ref_before)
+
+
+def _record_queries(r: dict[str, Any]) -> int:
+    """Images one record's sample cost, over all models."""
+    return int(r.get("queries", 0)) + int(r.get("ref_queries", 0))
 
 
 def _run_check(
     spec: CheckSpec,
-    model: QueryCounter,
+    model: Model,
+    reference: Model | None,
+    run_budget: Budget,
     data: Dataset,
     run: RunDir,
     ctx: CheckContext,
@@ -127,30 +158,37 @@ def _run_check(
     executor: Executor | None = None,
 ) -> dict[int, dict[str, Any]]:
     done = run.records[spec.id]
-    selected = range(len(data))
-    if spec.samples is not None and spec.samples < len(data):
-        # a seeded, class-stratified subset, the same whoever runs which shard
-        selected = stratified_subset(data.y.numpy(), spec.samples, ctx.check_seed).tolist()
+    selected = _selected(spec, data, ctx)
     pending = [i for i in selected if i not in done]
     total = len(selected)
-    used = sum(int(r.get("queries", 0)) for r in done.values())
+    used = sum(_record_queries(r) for r in done.values())
     budget = None if spec.budget is None else max(0, spec.budget - used)
     progress.start(spec.id, total)
     progress.advance(total - len(pending))
-    if ctx.device.type == "cpu" and getattr(model.model, "traffic", None) is None:
+    if ctx.device.type == "cpu" and getattr(model, "traffic", None) is None:
         batch_size = cpu_batch_size(batch_size, tuple(data.x.shape[1:]), data.x.element_size())
+    if spec.check.record_batch is not None:
+        batch_size = min(batch_size, spec.check.record_batch)
     if executor is None:
+        check_budget = Budget(budget, f"query budget of check {spec.id}")
+        shared = (check_budget, run_budget)
+        counters = (QueryCounter(model, shared=shared),
+                    None if reference is None else QueryCounter(reference, shared=shared))
         batches = [pending[s : s + batch_size] for s in range(0, len(pending), batch_size)]
-        results = _local_batches(spec, QueryCounter(model, budget), data, batches, ctx)
+        results = _local_batches(spec, counters, data, batches, ctx)
     else:
         results = executor.run_check(spec, data, pending, batch_size, ctx, budget)
-    for idx, rows, spent in results:
+    for idx, rows, spent, ref_spent in results:
         if len(rows) != len(idx):
             raise RuntimeError(f"check returned {len(rows)} records for {len(idx)} samples")
-        # Checks report their own per-sample queries; the counter is the authority on totals.
+        # Checks report their own per-sample queries; the counters are the authority on totals.
         claimed = sum(int(r.get("queries", 0)) for r in rows)
-        if claimed != spent:
-            raise RuntimeError(f"check claimed {claimed} queries but the model saw {spent}")
+        ref_claimed = sum(int(r.get("ref_queries", 0)) for r in rows)
+        if claimed != spent or ref_claimed != ref_spent:
+            raise RuntimeError(f"check claimed {claimed} + {ref_claimed} queries but the models "
+                               f"saw {spent} + {ref_spent}")
+        if executor is not None:
+            run_budget.spent += spent + ref_spent
         for i, r in zip(idx, rows, strict=True):
             r.update({"check": spec.id, "i": i, "id": data.ids[i]})
         run.append(spec.id, rows)
@@ -159,17 +197,27 @@ def _run_check(
     return run.records[spec.id]
 
 
-def _recorded_queries(run: RunDir) -> int:
-    return sum(int(r.get("queries", 0)) for recs in run.records.values() for r in recs.values())
+def _selected(spec: CheckSpec, data: Dataset, ctx: CheckContext) -> list[int]:
+    """The dataset indices a check evaluates: all, or its seeded class-stratified subset."""
+    if spec.samples is not None and spec.samples < len(data):
+        # the same whoever runs which shard
+        return stratified_subset(data.y.numpy(), spec.samples, ctx.check_seed).tolist()
+    return list(range(len(data)))
+
+
+def _recorded_queries(run: RunDir) -> tuple[int, int]:
+    """(model, reference) images recorded in the run directory so far."""
+    recs = [r for recs in run.records.values() for r in recs.values()]
+    return (sum(int(r.get("queries", 0)) for r in recs),
+            sum(int(r.get("ref_queries", 0)) for r in recs))
 
 
 def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
     """Robust accuracy against all of the suite's attacks at once, per (norm, ε)."""
     groups: dict[tuple[str, float], list[str]] = {}
     for spec in suite.checks:
-        if spec.kind == "attack":
-            chk: Any = spec.check
-            groups.setdefault(chk.threat_model(), []).append(spec.id)
+        if isinstance(spec.check, AttackCheck):
+            groups.setdefault(spec.check.threat_model(), []).append(spec.id)
     out = []
     for (norm, eps), ids in sorted(groups.items()):
         recs = [run.records.get(i, {}) for i in ids]
@@ -180,6 +228,50 @@ def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
         out.append({"norm": norm, "epsilon": eps, "attacks": ids, "n": len(common),
                     "robust_accuracy": robust / len(common)})
     return out
+
+
+def _outcomes(check: Any, records: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """A check's per-sample outcomes as packed bitmaps over the dataset (``n`` samples)."""
+    import numpy as np
+
+    index = np.array([int(r["i"]) for r in records], dtype=np.int64)
+    selected = np.zeros(n, dtype=bool)
+    selected[index] = True
+    bits = {}
+    for name, flags in check.outcome_bits(records).items():
+        full = np.zeros(n, dtype=bool)
+        full[index] = np.asarray(flags, dtype=bool)
+        bits[name] = pack_bits(full)
+    values = {k: [float(v) for v in vs] for k, vs in check.sample_values(records).items()}
+    return Outcomes(n=n, selected=pack_bits(selected), bits=bits, values=values).model_dump()
+
+
+def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str]) -> tuple[str, str]:
+    """A check's status and the rule that made it, from its metrics and warnings."""
+    if spec.threshold is None:
+        if warnings:
+            return "WARN", "no threshold (informational); warnings found"
+        return "INFO", "no threshold (informational)"
+    t = spec.threshold
+    value = metrics.get(t.metric)
+    if value is None or not math.isfinite(float(value)):
+        return "INCONCLUSIVE", f"{t.metric} is not a number, so {t.describe()} cannot be decided"
+    value = float(value)
+    if not t.passes(value):
+        return "FAIL", f"{t.metric} = {value:.4g} does not meet {t.describe()} (point estimate)"
+    rule = f"{t.metric} = {value:.4g} meets {t.describe()} (point estimate)"
+    if warnings:
+        return "WARN", rule + "; a warning stops it from passing"
+    return "PASS", rule
+
+
+@dataclass
+class SuiteOutcome:
+    """What :func:`run_suite` returns: the typed result, and the images the card shows
+    (digest -> ``[H, W, 3]`` uint8 pixels; not part of the signed result)."""
+
+    result: RunResult
+    images: dict[str, Any] = field(default_factory=dict)
 
 
 def run_suite(
@@ -194,35 +286,38 @@ def run_suite(
     progress: Progress | None = None,
     model_spec: str = "",
     reference: Model | None = None,
+    reference_spec: str | None = None,
     query_budget: int | None = None,
     executor: Executor | None = None,
-) -> dict[str, Any]:
-    """Run every check of ``suite`` and return the results document (results.json).
+) -> SuiteOutcome:
+    """Run every check of ``suite`` and return the typed result and the card's images.
 
     ``executor`` runs the checks' batches elsewhere (see :mod:`certify.distributed`); by
     default they run in this process.
 
-    ``query_budget`` caps the queries of the whole run, records of a resumed run included;
-    a check that would cross it ends as an ERROR row and the checks after it find it spent.
+    ``query_budget`` caps the images sent to all models over the whole run, records of a
+    resumed run included; a check that would cross it ends as an ERROR row and the checks after
+    it find it spent.
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
-    recorded = _recorded_queries(run)
-    run_budget = None if query_budget is None else max(0, query_budget - recorded)
-    run_counter = QueryCounter(model, run_budget)
+    recorded = sum(_recorded_queries(run))
+    run_budget = Budget(None if query_budget is None else max(0, query_budget - recorded),
+                        "run query budget")
     if executor is not None:
-        executor.start(run_budget)
+        executor.start(run_budget.limit)
     t0 = time.perf_counter()
-    checks: list[dict[str, Any]] = []
+    checks: list[Any] = []
+    durations: dict[str, float] = {}
     seeds: dict[str, int] = {}
+    images: dict[str, Any] = {}
     for spec in suite.checks:
         cseed = check_seed(seed, spec.id)
         seeds[spec.id] = cseed
         ctx = CheckContext(check_seed=cseed, device=device.torch_device,
                            class_names=list(data.class_names),
                            flip_invariant_classes=suite.flip_invariant_classes,
-                           n_samples=min(spec.samples or len(data), len(data)),
-                           reference=None if reference is None else QueryCounter(reference))
+                           n_samples=min(spec.samples or len(data), len(data)))
         entry: dict[str, Any] = {
             "id": spec.id,
             "kind": spec.kind,
@@ -235,27 +330,26 @@ def run_suite(
         }
         c0 = time.perf_counter()
         try:
-            records = _run_check(spec, run_counter, data, run, ctx, batch_size, progress,
-                                 executor)
+            records = _run_check(spec, model, reference, run_budget, data, run, ctx,
+                                 batch_size, progress, executor)
             ordered = [records[i] for i in sorted(records)]
             m = spec.check.summarize(ordered, data)
             queries = [int(r.get("queries", 0)) for r in ordered]
+            status, decision = decide(spec, m.metrics, m.warnings)
             entry.update({
                 "metrics": m.metrics,
                 "intervals": {k: list(v) for k, v in m.intervals.items()},
                 "details": m.details,
                 "queries": {"total": sum(queries),
-                            "mean_per_sample": sum(queries) / len(queries) if queries else 0.0},
+                            "mean_per_sample": sum(queries) / len(queries) if queries else 0.0,
+                            "reference": sum(int(r.get("ref_queries", 0)) for r in ordered)},
                 "error": None,
                 "warnings": m.warnings,
+                "status": status,
+                "decision": decision,
+                "outcomes": _outcomes(spec.check, ordered, len(data)),
             })
-            if spec.threshold is None:
-                entry["status"] = "WARN" if m.warnings else "INFO"
-            else:
-                value = float(m.metrics[spec.threshold.metric])
-                entry["status"] = "PASS" if spec.threshold.passes(value) else "FAIL"
-                if entry["status"] == "PASS" and m.warnings:
-                    entry["status"] = "WARN"
+            images.update(m.images)
         except (KeyboardInterrupt, ModelError):
             raise
         except Exception as exc:  # noqa: BLE001 - a check's crash is a result, not a crash
@@ -266,37 +360,63 @@ def run_suite(
                 message = f"{type(exc).__name__}: {exc}"
             log.debug("check %s failed:\n%s", spec.id, traceback.format_exc())
             log.error("check %s errored: %s", spec.id, message)
-            entry.update({"status": "ERROR", "metrics": {}, "intervals": {}, "details": {},
-                          "queries": {"total": 0, "mean_per_sample": 0.0}, "error": message,
-                          "warnings": []})
-        entry["duration_s"] = time.perf_counter() - c0
-        checks.append(entry)
+            entry.update({"status": "ERROR", "decision": "the check could not complete",
+                          "metrics": None, "intervals": {}, "details": {},
+                          "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0},
+                          "error": message, "warnings": [], "outcomes": None})
+        durations[spec.id] = time.perf_counter() - c0
+        checks.append(_typed_check(entry))
 
-    model_doc: dict[str, Any] = {"spec": model_spec, **model.info.to_dict()}
-    traffic = getattr(model, "traffic", None)
-    if traffic is not None:  # an endpoint: what this invocation sent it
-        model_doc["traffic"] = traffic()
-    statuses = [c["status"] for c in checks]
-    verdict = next((v for v in ("ERROR", "FAIL", "WARN") if v in statuses), "PASS")
-    return {
-        "schema": SCHEMA,
-        "certify_version": certify.__version__,
-        "suite": {"name": suite.name, "source": suite.source, "digest": suite.digest,
-                  "description": suite.description},
-        "model": model_doc,
-        "queries": {"total": _recorded_queries(run), "budget": query_budget},
-        "reference_model": None if reference is None else reference.info.to_dict(),
-        "data": data.describe(),
-        "device": {"name": device.name, "requested": device.requested, "reason": device.reason,
-                   "provider": model.info.provider},
-        "environment": _versions(),
-        "seeds": {"suite": seed, "checks": seeds},
-        "timings": {"total_s": time.perf_counter() - t0,
-                    "checks": {c["id"]: c["duration_s"] for c in checks},
-                    "resumed_records": run.resumed_records},
-        "checks": checks,
-        "summary": {s.lower(): statuses.count(s)
-                    for s in ("PASS", "FAIL", "WARN", "ERROR", "INFO")},
-        "attack_worst_case": _worst_case(suite, run),
-        "verdict": verdict,
-    }
+    statuses = [c.status for c in checks]
+    verdict = next((v for v in VERDICT_PRECEDENCE if v in statuses), "PASS")
+    model_q, ref_q = _recorded_queries(run)
+    measurement = RunMeasurement(
+        certify_version=certify.__version__,
+        suite=SuiteDoc(name=suite.name, digest=suite.digest, description=suite.description),
+        model=ModelDoc(**_model_doc(model)),
+        reference_model=None if reference is None else ModelDoc(**_model_doc(reference)),
+        data=DataDoc(**_data_doc(data)),
+        device=device.name,
+        seeds={"suite": seed, "checks": seeds},
+        queries=RunQueries(total=model_q + ref_q, model=model_q, reference=ref_q,
+                           budget=query_budget),
+        checks=checks,
+        summary={s.lower(): statuses.count(s) for s in typing.get_args(Status)},
+        attack_worst_case=[WorstCase(**w) for w in _worst_case(suite, run)],
+        verdict=verdict,
+        decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any check has, else PASS"
+                  f": {verdict}"),
+    )
+    traffic = {name: m.traffic() for name, m in (("model", model), ("reference", reference))
+               if m is not None and getattr(m, "traffic", None) is not None}
+    provenance = Provenance(
+        model_spec=model_spec,
+        reference_spec=reference_spec,
+        data_source=str(data.source),
+        suite_source=suite.source,
+        device={"requested": device.requested, "reason": device.reason,
+                "provider": model.info.provider},
+        environment=_versions(),
+        timings={"total_s": time.perf_counter() - t0, "checks": durations,
+                 "resumed_records": run.resumed_records},
+        traffic=traffic or None,
+    )
+    result = RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)
+    return SuiteOutcome(result=result, images=images)
+
+
+def _typed_check(entry: dict[str, Any]) -> Any:
+    """The typed result of one check (its kind's model validates the metrics it declares)."""
+    return check_result_model(entry["kind"]).model_validate(normalize(entry))
+
+
+def _model_doc(model: Model) -> dict[str, Any]:
+    d = model.info.to_dict()
+    d.pop("provider", None)  # provenance: the same model gives the same numbers on either
+    return d
+
+
+def _data_doc(data: Dataset) -> dict[str, Any]:
+    d = data.describe()
+    d["name"] = Path(str(d.pop("source"))).name
+    return d

@@ -166,4 +166,11 @@ def write_labelled_npz(net: nn.Module, path: Path, n: int, seed: int) -> Path:
 def check_metrics(out: Path) -> dict[str, dict]:
     """Each check's metrics from a run directory's results.json."""
     r = json.loads((out / "results.json").read_text())
-    return {c["id"]: c["metrics"] for c in r["checks"]}
+    return {c["id"]: c["metrics"] for c in r["measurement"]["checks"]}
+
+
+def measurement(out: Path) -> bytes:
+    """The canonical bytes of a run's signed ``measurement`` part (what must be reproducible)."""
+    from certify.canonical import canonical_json
+
+    return canonical_json(json.loads((out / "results.json").read_text())["measurement"])

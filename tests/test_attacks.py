@@ -274,7 +274,7 @@ def test_attack_check_end_to_end_with_labels_only_refusal(tmp_path, net):
                             "--out", tmp_path / "o2", "--no-pdf")
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "o2" / "results.json").read_text())
-    assert r["model"]["output"] == "labels"
-    for c in r["checks"]:
+    assert r["measurement"]["model"]["output"] == "labels"
+    for c in r["measurement"]["checks"]:
         assert c["metrics"]["n"] == 20
         assert c["metrics"]["queries_max"] <= c["params"]["max_queries"]

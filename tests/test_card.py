@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -16,9 +18,11 @@ from pypdf import PdfReader, PdfWriter
 import builders
 
 SECTIONS = ["Robustness model card", "Summary of verdicts", "Model details", "Intended use",
-            "Evaluation data", "Metrics", "Corruption robustness",
+            "Evaluation data", "Suspect-model checks", "Clean accuracy",
+            "Coverage and confident mistakes", "Corruption robustness",
+            "Combinations of two corruption properties",
             "Adversarial robustness (query-based attacks)", "Black-box brittle score (LIME)",
-            "Warnings", "Limitations", "Reproducibility"]
+            "Warnings", "Limitations", "Reproducibility", "Provenance of this run"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -97,6 +101,9 @@ def test_untouched_card_verifies(demo_card, keys, name):
     proc = builders.run_cli("verify", demo_card / name, "--pubkey", keys[1])
     assert proc.returncode == 0, proc.stderr
     assert "intact" in proc.stdout and "sha256:" in proc.stdout and "verdict:" in proc.stdout
+    assert "measurement: intact" in proc.stdout and "provenance:  intact" in proc.stdout
+    if name != "results.json":
+        assert "visible content:" in proc.stdout
 
 
 @pytest.mark.parametrize("name", ["card.html", "card.pdf", "results.json"])
@@ -113,20 +120,100 @@ def _change_a_digit(text: str, key: str) -> str:
     return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:]
 
 
+def _verify_edited(demo_card, keys, tmp_path, name, edit):
+    path = tmp_path / name
+    path.write_text(edit((demo_card / name).read_text()))
+    if name == "results.json":
+        shutil.copy(demo_card / "results.json.sig", tmp_path / "results.json.sig")
+    return builders.run_cli("verify", path, "--pubkey", keys[1])
+
+
 def test_tampered_html_fails(demo_card, keys, tmp_path):
-    card = tmp_path / "card.html"
-    text = (demo_card / "card.html").read_text()
-    card.write_text(_change_a_digit(text, '"robustness_score": '))
-    proc = builders.run_cli("verify", card, "--pubkey", keys[1])
+    proc = _verify_edited(demo_card, keys, tmp_path, "card.html",
+                          lambda t: _change_a_digit(t, '"robustness_score":'))
     assert proc.returncode == 1, proc.stdout
-    assert "changed after signing" in proc.stderr
+    assert "the measurement changed after signing" in proc.stderr
+
+
+@pytest.mark.parametrize("part, key", [("measurement", '"n_evaluated":'),
+                                       ("provenance", '"total_s":')])
+def test_one_changed_byte_names_the_part(demo_card, keys, tmp_path, part, key):
+    proc = _verify_edited(demo_card, keys, tmp_path, "results.json",
+                          lambda t: _change_a_digit(t, key))
+    assert proc.returncode == 1, proc.stdout
+    other = "provenance" if part == "measurement" else "measurement"
+    assert f"the {part} changed after signing" in proc.stderr
+    assert other not in proc.stderr.split("hint")[0]
+
+
+def test_changed_signature_is_not_reported_as_a_changed_payload(demo_card, keys, tmp_path):
+    def edit(text):
+        sig = json.loads(text)
+        raw = bytearray(base64.b64decode(sig["signature"]))
+        raw[-1] ^= 1
+        sig["signature"] = base64.b64encode(bytes(raw)).decode()
+        return json.dumps(sig)
+
+    (tmp_path / "results.json").write_bytes((demo_card / "results.json").read_bytes())
+    (tmp_path / "results.json.sig").write_text(edit((demo_card / "results.json.sig").read_text()))
+    proc = builders.run_cli("verify", tmp_path / "results.json", "--pubkey", keys[1])
+    assert proc.returncode == 1
+    assert "signature itself is invalid" in proc.stderr
+    assert "changed after signing" not in proc.stderr
+
+
+def test_edited_visible_verdict_fails(demo_card, keys, tmp_path):
+    """The payload is untouched, but the card shows a FAIL as PASS: verify must catch it."""
+    def edit(text):
+        i = text.index('<section id="summary">')
+        j = text.index('>FAIL</span>', i)
+        return text[:j] + '>PASS</span>' + text[j + len('>FAIL</span>'):]
+
+    proc = _verify_edited(demo_card, keys, tmp_path, "card.html", edit)
+    assert proc.returncode == 1, proc.stdout
+    assert "visible text is not what the signed payload says" in proc.stderr
+    assert "FAIL" in proc.stderr
+
+
+def test_swapped_image_fails(demo_card, keys, tmp_path):
+    def edit(text):
+        srcs = [m.start() for m in re.finditer(r'<img src="data:image/png;base64,', text)]
+        assert len(srcs) >= 2
+        a_end = text.index('"', srcs[0] + 10)
+        b_end = text.index('"', srcs[1] + 10)
+        a, b = text[srcs[0]:a_end], text[srcs[1]:b_end]
+        return text[:srcs[0]] + b + text[a_end:srcs[1]] + a + text[b_end:]
+
+    proc = _verify_edited(demo_card, keys, tmp_path, "card.html", edit)
+    assert proc.returncode == 1, proc.stdout
+    assert "does not show the signed pixels" in proc.stderr
+
+
+def test_pdf_pages_from_another_run_fail(demo_card, keys, tmp_path, model_path, npz_path,
+                                         clean_suite):
+    """A PDF that carries the demo's signed payload but another run's pages fails."""
+    other = tmp_path / "other"
+    proc = builders.run_cli("run", model_path, "--suite", clean_suite, "--data", npz_path,
+                            "--out", other)
+    assert proc.returncode in (0, 1), proc.stderr
+    signed = PdfReader(str(demo_card / "card.pdf")).attachments
+    writer = PdfWriter(clone_from=PdfReader(str(other / "card.pdf")))
+    writer._root_object["/Names"].pop("/EmbeddedFiles", None)
+    writer.add_attachment("results.json", signed["results.json"][0])
+    writer.add_attachment("results.json.sig", signed["results.json.sig"][0])
+    out = tmp_path / "card.pdf"
+    with out.open("wb") as f:
+        writer.write(f)
+    proc = builders.run_cli("verify", out, "--pubkey", keys[1])
+    assert proc.returncode == 1, proc.stdout
+    assert "pages' text is not what the signed payload says" in proc.stderr
 
 
 def test_tampered_results_json_fails(demo_card, keys, tmp_path):
     for name in ("results.json", "results.json.sig"):
         shutil.copy(demo_card / name, tmp_path / name)
     p = tmp_path / "results.json"
-    p.write_text(_change_a_digit(p.read_text(), '"accuracy": '))
+    p.write_text(_change_a_digit(p.read_text(), '"accuracy":'))
     proc = builders.run_cli("verify", p, "--pubkey", keys[1])
     assert proc.returncode == 1
     assert "changed after signing" in proc.stderr
@@ -141,8 +228,9 @@ def test_tampered_pdf_attachment_fails(demo_card, keys, tmp_path):
     reader = PdfReader(str(demo_card / "card.pdf"))
     files = reader.attachments
     payload = json.loads(files["results.json"][0])
-    payload["verdict"] = "PASS" if payload["verdict"] != "PASS" else "FAIL"
-    from certify.report.payload import canonical_json
+    m = payload["measurement"]
+    m["verdict"] = "PASS" if m["verdict"] != "PASS" else "FAIL"
+    from certify.canonical import canonical_json
 
     writer = PdfWriter(clone_from=reader)
     # drop the original attachments, then attach the edited payload with the old signature
@@ -222,3 +310,34 @@ def test_model_signing_bundle(demo_card, keys, tmp_path):
         f.write(b"\0")
     bad = builders.run_cli("verify-bundle", out, "--signature", sig, "--pubkey", keys[1])
     assert bad.returncode == 1 and "standard.onnx" in bad.stderr
+
+
+def test_schema_is_printed_and_the_demo_results_follow_it(demo_run):
+    import jsonschema
+
+    proc = builders.run_cli("schema")
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    assert schema["properties"]["schema"]["const"] == "certify.results/2"
+    doc = json.loads((demo_run / "results.json").read_text())
+    jsonschema.validate(doc, schema)
+    # each kind's metrics are generated from its registry entry: an undeclared one is refused
+    bad = json.loads((demo_run / "results.json").read_text())
+    clean = next(c for c in bad["measurement"]["checks"] if c["kind"] == "clean_accuracy")
+    clean["metrics"]["made_up"] = 1.0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    # no images in the signed payload, and the demo's payload stays small
+    raw = (demo_run / "results.json").read_bytes()
+    assert b"data:image" not in raw
+    assert len(raw) < 150_000, len(raw)
+
+
+def test_unknown_schema_version_is_a_clear_error(demo_run, tmp_path):
+    doc = json.loads((demo_run / "results.json").read_text())
+    doc["schema"] = "certify.results/99"
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    proc = builders.run_cli("export", tmp_path)
+    assert proc.returncode == 1
+    assert "unknown results schema version 'certify.results/99'" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -101,7 +101,7 @@ def test_uninteresting_defense_does_not_look_robust(tmp_path):
                             "--out", out, "--no-pdf")
     assert proc.returncode == 1, proc.stderr
     r = json.loads((out / "results.json").read_text())
-    checks = {c["id"]: c for c in r["checks"]}
+    checks = {c["id"]: c for c in r["measurement"]["checks"]}
     sanity = " ".join(checks["sanity"]["warnings"])
     assert "randomised model" in sanity
     assert "saturated outputs" in sanity
@@ -111,6 +111,6 @@ def test_uninteresting_defense_does_not_look_robust(tmp_path):
     assert sq["metrics"]["binarization_tested"] > 0
     assert sq["metrics"]["binarization_score"] < 0.95
     assert sq["status"] in ("WARN", "FAIL")
-    assert r["verdict"] != "PASS"
+    assert r["measurement"]["verdict"] != "PASS"
     html = (out / "card.html").read_text()
     assert "randomised model" in html and "too weak" in html

@@ -92,7 +92,8 @@ def _run(model: Path, suite: Path, data: Path, out: Path) -> dict:
     proc = builders.run_cli("run", model, "--suite", suite, "--data", data, "--out", out,
                             "--no-pdf")
     assert proc.returncode in (0, 1), proc.stderr
-    return {c["id"]: c for c in json.loads((out / "results.json").read_text())["checks"]}
+    doc = json.loads((out / "results.json").read_text())
+    return {c["id"]: c for c in doc["measurement"]["checks"]}
 
 
 def test_rotation_score_of_a_model_that_breaks_above_a_known_angle(tmp_path):
@@ -153,7 +154,8 @@ def test_full_gtsrb_suite_on_a_user_model(model_path, official_dir, tmp_path):
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", official_dir,
                             "--out", out, "--samples", "43", "--no-pdf")
     assert proc.returncode in (0, 1), proc.stderr
-    checks = {c["id"]: c for c in json.loads((out / "results.json").read_text())["checks"]}
+    doc = json.loads((out / "results.json").read_text())
+    checks = {c["id"]: c for c in doc["measurement"]["checks"]}
     seen = {c["details"]["property"] for c in checks.values() if c["kind"] == "corruption"}
     assert seen == set(PROPERTIES)
     for c in checks.values():

@@ -95,12 +95,13 @@ def test_demo_command_writes_the_card(demo_run):
     assert (out / "card.html").stat().st_size > 10_000
     assert (out / "card.pdf").read_bytes().startswith(b"%PDF")
     r = json.loads((out / "results.json").read_text())
-    clean = next(c for c in r["checks"] if c["kind"] == "clean_accuracy")
+    clean = next(c for c in r["measurement"]["checks"] if c["kind"] == "clean_accuracy")
     assert clean["metrics"]["n"] == 430
     assert clean["metrics"]["accuracy"] >= 0.9
     assert str(out / "card.html") in (out / "stdout.txt").read_text()
-    brittle = next(c for c in r["checks"] if c["kind"] == "brittleness")
+    brittle = next(c for c in r["measurement"]["checks"] if c["kind"] == "brittleness")
     # the paper's claim on the demo card: the adversarially trained reference is less brittle
     assert brittle["metrics"]["reference_brittle_score"] < brittle["metrics"]["brittle_score"]
-    assert {c["details"]["property"] for c in r["checks"] if c["kind"] == "corruption"} == \
+    checks = r["measurement"]["checks"]
+    assert {c["details"]["property"] for c in checks if c["kind"] == "corruption"} == \
         set(PROPERTIES)

@@ -77,10 +77,10 @@ def test_mlserver_v2_gives_the_onnx_metrics(model_path, suite, data, baseline, t
     assert proc.returncode in (0, 1), proc.stderr
     assert builders.check_metrics(tmp_path / "run") == baseline
     r = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert r["model"]["provider"] == "HTTP (v2)"
-    assert r["model"]["metadata"]["declared_version"] == "7"
-    assert r["model"]["identity"].startswith(url)
-    assert r["model"]["traffic"]["images"] >= r["queries"]["total"] > 0
+    assert r["provenance"]["device"]["provider"] == "HTTP (v2)"
+    assert r["measurement"]["model"]["metadata"]["declared_version"] == "7"
+    assert r["measurement"]["model"]["identity"].startswith(url)
+    assert r["provenance"]["traffic"]["model"]["images"] >= r["measurement"]["queries"]["total"] > 0
     card = (tmp_path / "run" / "card.html").read_text()
     assert "cannot vouch" in card and url in card
 
@@ -182,9 +182,10 @@ def test_labels_only_endpoint(model_path, data, tmp_path):
     assert refused.returncode == 2 and "needs scores" in refused.stderr
     assert proc.returncode in (0, 1), proc.stderr
     r = json.loads((tmp_path / "ok" / "results.json").read_text())
-    assert r["model"]["output"] == "labels"
-    assert {c["id"]: c["status"] for c in r["checks"]}.keys() == {"clean", "rotation", "hsj"}
-    assert all(c["status"] != "ERROR" for c in r["checks"])
+    assert r["measurement"]["model"]["output"] == "labels"
+    statuses = {c["id"]: c["status"] for c in r["measurement"]["checks"]}
+    assert statuses.keys() == {"clean", "rotation", "hsj"}
+    assert all(c["status"] != "ERROR" for c in r["measurement"]["checks"])
 
 
 def test_binarization_over_http_uses_the_output_vector(model_path, data, tmp_path):
@@ -196,7 +197,7 @@ def test_binarization_over_http_uses_the_output_vector(model_path, data, tmp_pat
         server.stop()
     assert proc.returncode in (0, 1), proc.stderr
     r = json.loads((tmp_path / "run" / "results.json").read_text())
-    sq = next(c for c in r["checks"] if c["id"] == "square")
+    sq = next(c for c in r["measurement"]["checks"] if c["id"] == "square")
     assert sq["status"] != "ERROR", sq["error"]
     bt = sq["details"]["binarization"]
     assert bt["features"] == ["output"]  # no penultimate tensor behind an API
@@ -213,9 +214,9 @@ def test_query_budget_caps_the_run(model_path, data, tmp_path):
         server.stop()
     assert proc.returncode == 1, proc.stderr
     r = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert r["queries"] == {"total": r["queries"]["total"], "budget": 200}
-    assert r["queries"]["total"] <= 200
-    errored = [c for c in r["checks"] if c["status"] == "ERROR"]
+    assert r["measurement"]["queries"]["budget"] == 200
+    assert r["measurement"]["queries"]["total"] <= 200
+    errored = [c for c in r["measurement"]["checks"] if c["status"] == "ERROR"]
     assert errored and all("budget" in c["error"] for c in errored)
 
 

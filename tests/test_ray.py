@@ -52,11 +52,11 @@ def _args(model: Path, suite: Path, data: Path, out: Path, *extra: str) -> list[
 
 
 @pytest.fixture(scope="module")
-def local(model_path, suite, data, tmp_path_factory) -> dict[str, dict]:
+def local(model_path, suite, data, tmp_path_factory) -> bytes:
     out = tmp_path_factory.mktemp("local") / "run"
     proc = builders.run_cli(*_args(model_path, suite, data, out, "--batch-size", "8"))
     assert proc.returncode in (0, 1), proc.stderr
-    return builders.check_metrics(out)
+    return builders.measurement(out)
 
 
 def _popen(*args: str) -> subprocess.Popen[str]:
@@ -108,7 +108,8 @@ def test_demo_on_two_workers_matches_the_local_run(demo_run, tmp_path):
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     assert addrs and addrs <= {"127.0.0.1", "::ffff:127.0.0.1"}, addrs
-    assert builders.check_metrics(out) == builders.check_metrics(demo_run)
+    # the signed measurement is byte-identical to the local run's
+    assert builders.measurement(out) == builders.measurement(demo_run)
 
 
 def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
@@ -121,7 +122,7 @@ def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode in (0, 1), stderr
     assert "died; replacing it" in stderr
-    assert builders.check_metrics(out) == local
+    assert builders.measurement(out) == local
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     keys = [(r["check"], r["i"]) for r in rows]
     assert len(keys) == len(set(keys)), "no sample recorded twice"
@@ -140,7 +141,7 @@ def test_resume_across_executors(first, then, model_path, suite, data, local, tm
     proc = builders.run_cli(*_args(model_path, suite, data, out, "--executor", then,
                                    "--resume"))
     assert proc.returncode in (0, 1), proc.stderr
-    assert builders.check_metrics(out) == local
+    assert builders.measurement(out) == local
     rows = (out / "records.jsonl").read_text().splitlines()
     assert rows[:len(kept)] == kept
     keys = [(json.loads(r)["check"], json.loads(r)["i"]) for r in rows]
@@ -153,8 +154,8 @@ def test_run_budget_holds_across_workers(model_path, suite, data, tmp_path):
                                    "--query-budget", "3000"))
     assert proc.returncode == 1, proc.stderr
     r = json.loads((out / "results.json").read_text())
-    assert r["queries"]["total"] <= 3000
-    errored = [c for c in r["checks"] if c["status"] == "ERROR"]
+    assert r["measurement"]["queries"]["total"] <= 3000
+    errored = [c for c in r["measurement"]["checks"] if c["status"] == "ERROR"]
     assert errored and all("budget" in c["error"] for c in errored)
 
 
@@ -186,8 +187,9 @@ def test_endpoint_concurrency_and_budget_hold_across_workers(model_path, suite, 
     assert proc.returncode == 1, proc.stderr
     assert 1 <= server.max_in_flight <= 2, server.max_in_flight
     r = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert r["queries"]["total"] <= 4000
-    assert any(c["status"] == "ERROR" and "budget" in c["error"] for c in r["checks"])
+    assert r["measurement"]["queries"]["total"] <= 4000
+    checks = r["measurement"]["checks"]
+    assert any(c["status"] == "ERROR" and "budget" in c["error"] for c in checks)
     assert too_many.returncode == 2 and "--concurrency" in too_many.stderr
 
 

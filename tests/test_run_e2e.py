@@ -16,7 +16,7 @@ def _results(out: Path) -> dict:
 
 
 def _accuracy(out: Path) -> float:
-    return _results(out)["checks"][0]["metrics"]["accuracy"]
+    return _results(out)["measurement"]["checks"][0]["metrics"]["accuracy"]
 
 
 @pytest.mark.parametrize("layout", ["official", "csv"])
@@ -31,10 +31,10 @@ def test_clean_accuracy_matches_bare_onnxruntime(clean_suite, layout, model_path
     assert proc.returncode == 1, proc.stderr
     assert _accuracy(out) == pytest.approx(expected, abs=1e-9)
     r = _results(out)
-    assert r["data"]["layout"] == f"gtsrb-{layout}"
-    assert r["data"]["n"] == len(y)
-    assert r["model"]["identity"].startswith("sha256:")
-    assert r["checks"][0]["status"] == "FAIL"
+    assert r["measurement"]["data"]["layout"] == f"gtsrb-{layout}"
+    assert r["measurement"]["data"]["n"] == len(y)
+    assert r["measurement"]["model"]["identity"].startswith("sha256:")
+    assert r["measurement"]["checks"][0]["status"] == "FAIL"
     for name in ("results.json", "card.html", "card.pdf", "records.jsonl"):
         assert (out / name).stat().st_size > 0
     assert (out / "card.pdf").read_bytes().startswith(b"%PDF")
@@ -50,7 +50,7 @@ def test_nhwc_255_probs_fixed_batch_model(clean_suite, net, dataset_arrays, csv_
     assert proc.returncode == 1, proc.stderr
     expected = builders.reference_accuracy(model, x, y, nhwc=True, scale255=True)
     assert _accuracy(out) == pytest.approx(expected, abs=1e-9)
-    info = _results(out)["model"]
+    info = _results(out)["measurement"]["model"]
     assert info["layout"] == "NHWC"
     assert info["output"] == "probs"
     assert info["batch"].startswith("symbolic")
@@ -70,7 +70,7 @@ def test_fixed_batch_graph_that_cannot_be_rewritten_is_chunked(clean_suite, data
                             "--no-pdf", "--batch-size", "64")
     assert proc.returncode == 1, proc.stderr
     r = _results(out)
-    assert r["model"]["batch"] == "fixed 1 (chunked)"
+    assert r["measurement"]["model"]["batch"] == "fixed 1 (chunked)"
     expected = builders.reference_accuracy(model, x, y, nhwc=False, scale255=False)
     assert _accuracy(out) == pytest.approx(expected, abs=1e-9)
 
@@ -89,10 +89,10 @@ def test_image_folder_layout_and_samples(clean_suite, model_path, dataset_arrays
                             "--no-pdf", "--samples", "50")
     assert proc.returncode == 1, proc.stderr
     r = _results(out)
-    assert r["data"]["layout"] == "folder"
-    assert r["data"]["n"] == 50
+    assert r["measurement"]["data"]["layout"] == "folder"
+    assert r["measurement"]["data"]["n"] == 50
     # stratified: no class has more than one sample more than any other class that had spare
-    counts = np.array(r["data"]["per_class_counts"])
+    counts = np.array(r["measurement"]["data"]["per_class_counts"])
     avail = np.bincount(y, minlength=43)
     assert counts.sum() == 50
     assert np.all(counts <= avail)
@@ -117,5 +117,5 @@ def test_same_inputs_give_same_metrics(clean_suite, model_path, official_dir, tm
         builders.run_cli("run", model_path, "--suite", clean_suite, "--data", official_dir,
                          "--out", out, "--no-pdf", "--samples", "60", "--seed", "7")
     a, b = (_results(o) for o in outs)
-    assert a["checks"][0]["metrics"] == b["checks"][0]["metrics"]
-    assert a["data"]["digest"] == b["data"]["digest"]
+    assert a["measurement"]["checks"][0]["metrics"] == b["measurement"]["checks"][0]["metrics"]
+    assert a["measurement"]["data"]["digest"] == b["measurement"]["data"]["digest"]

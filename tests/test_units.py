@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from certify.canonical import canonical_json, script_safe_json
 from certify.data import stratified_subset
 from certify.errors import SuiteError, UsageError
-from certify.report.payload import canonical_json, script_safe_json
 from certify.rundir import RunDir
 from certify.stats import wilson_interval
 from certify.suite import load_suite, parse_suite

@@ -19,7 +19,16 @@ from typing import Any, ClassVar
 import torch
 
 from certify.attacks import ATTACKS, Attack, margin, project
-from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.base import (
+    Check,
+    CheckContext,
+    ExportMetric,
+    Measurement,
+    Metric,
+    ResultView,
+    interval_text,
+    pct,
+)
 from certify.checks.binarization import BinarizationSettings, binarization_test
 from certify.checks.confidence import confidences, worst_case_coverage
 from certify.data import Dataset
@@ -44,8 +53,35 @@ class AttackCheck(Check):
     """
 
     kind: ClassVar[str] = "attack"
-    metric_names: ClassVar[tuple[str, ...]] = ("robust_accuracy", "attack_success_rate",
-                                               "binarization_score")
+    family: ClassVar[str] = "Query-based attacks validated by the binarization test"
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("robust_accuracy", "share of all samples correct and not broken by the attack "
+               "(an empirical upper bound)", "higher", threshold=True),
+        Metric("attack_success_rate", "share of correctly classified samples the attack broke",
+               "lower", threshold=True),
+        Metric("binarization_score", "the attack's success rate on planted problems "
+               "(Zimmermann et al. 2022)", "higher", threshold=True, optional=True),
+        Metric("binarization_rasr", "random sampling's success rate on the same problems",
+               optional=True),
+        Metric("binarization_tested", "planted problems run", unit="count", optional=True),
+        Metric("binarization_setup_failed", "samples where no planted problem could be built",
+               unit="count", optional=True),
+        Metric("clean_accuracy", "share of samples correct before the attack", "higher"),
+        Metric("n", "samples evaluated", unit="count"),
+        Metric("n_robust", "samples robust to the attack", unit="count"),
+        Metric("n_broken", "samples the attack broke", unit="count"),
+        Metric("queries_median", "median attack queries per attacked sample", unit="queries"),
+        Metric("queries_mean", "mean attack queries per attacked sample", unit="queries"),
+        Metric("queries_max", "most attack queries on one sample", unit="queries"),
+        Metric("worst_case_accuracy_at_coverage", "accuracy at the coverage level over each "
+               "sample's worst case (Brown et al. 2018)", "higher"),
+        Metric("worst_case_coverage", "the coverage level of the worst-case accuracy",
+               unit="score"),
+    )
+    export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
+                                                         "Robust accuracy")
+    #: Attacks spend thousands of queries per sample: record them in small units.
+    record_batch: ClassVar[int | None] = 16
 
     def __init__(self, attack: str, epsilon: float | None = None, norm: str | None = None,
                  max_queries: int = 1000, attack_params: dict[str, Any] | None = None,
@@ -180,6 +216,19 @@ class AttackCheck(Check):
                 rec[j].update(fields)
                 rec[j]["queries"] += counter.queries - before
         return rec
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Robust accuracy with its interval, the threat model and the binarization test."""
+        m, d = result.metrics, result.details
+        bound = "spatial grid" if d["norm"] == "spatial" else f"{d['norm']} ε={d['epsilon']:.4g}"
+        text = (f"robust accuracy {pct(m.robust_accuracy)} (95% CI "
+                f"{interval_text(result.intervals['robust_accuracy'])}) under {d['attack']} at "
+                f"{bound}, ≤{d['max_queries']} queries")
+        if d.get("binarization"):
+            text += (f"; binarization test {m.binarization_score:.2f} "
+                     f"(R-ASR {m.binarization_rasr:.2f})")
+        return text
 
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         n = len(records)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, Protocol
 
+import numpy as np
 import torch
 
 from certify.data import Dataset
@@ -22,15 +23,60 @@ from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed
 
 
+@dataclass(frozen=True)
+class Metric:
+    """One metric a check reports: its name, what it means and which way is better.
+
+    ``direction`` is ``higher`` or ``lower`` (better) or ``none`` (a count or a setting);
+    ``unit`` says how to read and compare it (``rate`` in [0, 1], ``score`` on its own scale,
+    ``count``, ``queries``); ``threshold`` says whether a suite may put a pass threshold on it;
+    ``optional`` marks a metric that only some configurations produce.
+    """
+
+    name: str
+    description: str
+    direction: Literal["higher", "lower", "none"] = "none"
+    unit: Literal["rate", "score", "count", "queries"] = "rate"
+    threshold: bool = False
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class ExportMetric:
+    """How a check's headline metric appears in a Hugging Face ``model-index`` entry."""
+
+    metric: str
+    type: str
+    label: str
+
+
+class ResultView(Protocol):
+    """What a check's presentation reads of its own result (a typed check result)."""
+
+    id: str
+    kind: str
+    status: str
+    error: str | None
+    metrics: Any
+    intervals: dict[str, Any]
+    details: dict[str, Any]
+    warnings: list[str]
+
+
 @dataclass
 class Measurement:
-    """What a check measured: headline metrics, their intervals, and detail for the card."""
+    """What a check measured: headline metrics, their intervals, and detail for the card.
+
+    ``images`` (digest -> ``[H, W, 3]`` uint8 pixels) are what the card shows; ``details``
+    names them by digest only, so no image enters the signed payload.
+    """
 
     metrics: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     #: Reasons not to trust the measured value (the runner turns a PASS into WARN).
     warnings: list[str] = field(default_factory=list)
+    images: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,12 +100,71 @@ class CheckContext:
         return mix_seed(self.check_seed, sample_index, *more)
 
 
+def pct(v: float | None) -> str:
+    """A rate as a percentage with one decimal (``–`` when unknown)."""
+    return "–" if v is None else f"{100 * float(v):.1f}%"
+
+
+def interval_text(iv: Any) -> str:
+    """``lo–hi`` of a 95% interval of rates."""
+    lo, hi = iv
+    return f"{pct(lo)}–{pct(hi)}"
+
+
 class Check:
-    """Base class of all checks; subclasses set ``kind`` and write ``run_batch``/``summarize``."""
+    """Base class of all checks; subclasses set ``kind`` and write ``run_batch``/``summarize``.
+
+    A check also owns its presentation, declared here next to its code: ``metrics`` (every
+    metric ``summarize`` may report, with its direction), ``family`` (the card's grouping),
+    ``headline`` (one sentence), ``partial`` (its card section, a template under
+    ``templates/checks/``), ``figures`` (inline SVGs for that section) and ``export`` (its
+    ``model-index`` metric). The report layer iterates over these; it never switches on kinds.
+    """
 
     kind: ClassVar[str] = ""
-    #: The metrics a suite threshold may name.
+    #: The card's family heading this check is shown under (and listed as untested without it).
+    family: ClassVar[str] = ""
+    #: Every metric ``summarize`` reports; the result schema is generated from these.
+    metrics: ClassVar[tuple[Metric, ...]] = ()
+    #: The metrics a suite threshold may name (derived from ``metrics``).
     metric_names: ClassVar[tuple[str, ...]] = ()
+    #: The metric a model-index export reports, if any.
+    export: ClassVar[ExportMetric | None] = None
+    #: At most this many samples per batch, so that a kill loses little work (``None``: the
+    #: runner's batch size). Set by checks whose per-sample work is long (attacks, LIME).
+    record_batch: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "metrics" in cls.__dict__:
+            cls.metric_names = tuple(m.name for m in cls.metrics if m.threshold)
+
+    @classmethod
+    def partial(cls) -> str:
+        """The template of this kind's card section."""
+        return f"checks/{cls.kind}.html.j2"
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """One line that says what the check measured (card summary and CLI)."""
+        return ", ".join(f"{k}={v}" for k, v in dict(result.metrics).items())
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """Inline SVG figures for the card section, by name (none by default)."""
+        return {}
+
+    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+        """Per-sample binary outcomes kept (as packed bitmaps) for later comparisons.
+
+        By default one bitmap per value of the records' ``outcome`` field.
+        """
+        cats = sorted({str(r["outcome"]) for r in records if "outcome" in r})
+        return {c: [r.get("outcome") == c for r in records] for c in cats}
+
+    def sample_values(self, records: list[dict[str, Any]]) -> dict[str, list[float]]:
+        """Per-sample continuous values kept for paired comparisons (none by default)."""
+        return {}
 
     def get_params(self) -> dict[str, Any]:
         """The constructor parameters, exactly as given in the suite (scikit-learn style)."""

@@ -16,19 +16,24 @@ The score is only comparable between models on the same data and the same segmen
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from PIL import Image
 from skimage.segmentation import slic
 
-from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.base import (
+    Check,
+    CheckContext,
+    ExportMetric,
+    Measurement,
+    Metric,
+    ResultView,
+)
 from certify.data import Dataset
 from certify.errors import SuiteError
+from certify.images import ImageSink
 from certify.models.base import Model, ModelInfo
 
 _CHUNK = 4096
@@ -77,8 +82,10 @@ def _probabilities(scores: torch.Tensor, output: str) -> torch.Tensor:
     return scores.float()
 
 
-def _heatmap_uri(img: torch.Tensor, seg: np.ndarray, weights: list[float], vmax: float) -> str:
-    """The image with each superpixel tinted by its weight (red up, blue down), as PNG."""
+def _heatmap(img: torch.Tensor, seg: np.ndarray, weights: list[float], vmax: float
+             ) -> np.ndarray:
+    """The image with each superpixel tinted by its weight (red up, blue down), upscaled to
+    64x64 (nearest neighbour), as ``[H, W, 3]`` floats in [0, 1]."""
     base = img.detach().cpu().permute(1, 2, 0).numpy()
     gray = base.mean(axis=2, keepdims=True).repeat(3, axis=2) * 0.5 + 0.25
     wmap = np.asarray(weights)[seg] / max(vmax, 1e-12)
@@ -86,10 +93,9 @@ def _heatmap_uri(img: torch.Tensor, seg: np.ndarray, weights: list[float], vmax:
     tint[..., 0] = np.clip(wmap, 0, 1)
     tint[..., 2] = np.clip(-wmap, 0, 1)
     out = np.clip(gray * (1 - np.abs(wmap)[..., None] * 0.8) + tint * 0.8, 0, 1)
-    buf = io.BytesIO()
-    Image.fromarray((out * 255).round().astype(np.uint8)).resize((64, 64), Image.NEAREST).save(
-        buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    rows = (np.arange(64) * out.shape[0]) // 64
+    cols = (np.arange(64) * out.shape[1]) // 64
+    return out[rows][:, cols]
 
 
 class Brittleness(Check):
@@ -102,7 +108,21 @@ class Brittleness(Check):
     """
 
     kind: ClassVar[str] = "brittleness"
-    metric_names: ClassVar[tuple[str, ...]] = ("brittle_score", "relative_improvement")
+    family: ClassVar[str] = "Black-box brittle score (LIME)"
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("brittle_score", "mean L1 norm of LIME weights per superpixel (Vora et al. "
+               "2023, Eq. 2)", "lower", unit="score", threshold=True),
+        Metric("relative_improvement", "R.I. = (reference - model) / reference (Eq. 3)",
+               "higher", unit="score", threshold=True, optional=True),
+        Metric("reference_brittle_score", "the reference model's brittle score", "lower",
+               unit="score", optional=True),
+        Metric("n", "samples explained", unit="count"),
+        Metric("superpixels_mean", "mean superpixels per sample", unit="score"),
+    )
+    export: ClassVar[ExportMetric | None] = ExportMetric("brittle_score", "brittle_score",
+                                                         "Brittle score (LIME)")
+    #: LIME spends num_masks queries per sample and model: record in small units.
+    record_batch: ClassVar[int | None] = 8
 
     def __init__(self, num_masks: int = 1000, n_segments: int = 64, compactness: float = 20.0,
                  kernel_width: float = 0.25, alpha: float = 1.0, max_heatmaps: int = 4) -> None:
@@ -182,8 +202,30 @@ class Brittleness(Check):
             out.append(rec)
         return out
 
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """The brittle score, and R.I. against the reference when there is one."""
+        m = result.metrics
+        text = f"brittle score {m.brittle_score:.4g} on {m.n} samples"
+        if m.relative_improvement is not None:
+            text += (f"; reference {m.reference_brittle_score:.4g}, "
+                     f"R.I. {100 * m.relative_improvement:+.1f}%")
+        return text
+
+    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+        """No binary outcome: the brittle score is continuous (see ``sample_values``)."""
+        return {}
+
+    def sample_values(self, records: list[dict[str, Any]]) -> dict[str, list[float]]:
+        """Per-sample L1 norm per superpixel, of the model and of the reference."""
+        out = {"l1_per_dim": [float(r["l1_per_dim"]) for r in records]}
+        if records and all("ref_l1_per_dim" in r for r in records):
+            out["ref_l1_per_dim"] = [float(r["ref_l1_per_dim"]) for r in records]
+        return out
+
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         n = len(records)
+        sink = ImageSink()
         per = np.array([r["l1_per_dim"] for r in records])
         score = float(per.mean()) if n else 0.0
         se = float(per.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
@@ -202,11 +244,11 @@ class Brittleness(Check):
             seg = segment(img, self.n_segments, self.compactness)
             vmax = max(max(abs(v) for v in r["weights"]),
                        max((abs(v) for v in r.get("ref_weights", [0.0])), default=0.0))
-            entry = {"id": r["id"], "label_name": data.class_names[r["top"]],
-                     "image": _heatmap_uri(img, seg, [0.0] * r["d"], 1.0),
-                     "model": _heatmap_uri(img, seg, r["weights"], vmax)}
+            entry = {"id": r["id"], "index": r["i"], "label_name": data.class_names[r["top"]],
+                     "image": sink.add(_heatmap(img, seg, [0.0] * r["d"], 1.0)),
+                     "model": sink.add(_heatmap(img, seg, r["weights"], vmax))}
             if "ref_weights" in r:
-                entry["reference"] = _heatmap_uri(img, seg, r["ref_weights"], vmax)
+                entry["reference"] = sink.add(_heatmap(img, seg, r["ref_weights"], vmax))
             heatmaps.append(entry)
         return Measurement(
             metrics=metrics, intervals=intervals,
@@ -217,4 +259,5 @@ class Brittleness(Check):
                      "alpha": self.alpha, "reference": has_ref,
                      "note": "comparable only between models on the same data and segmentation",
                      "heatmaps": heatmaps},
+            images=sink.images,
         )

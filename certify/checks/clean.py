@@ -8,7 +8,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.base import (
+    Check,
+    CheckContext,
+    ExportMetric,
+    Measurement,
+    Metric,
+    ResultView,
+    interval_text,
+    pct,
+)
 from certify.data import Dataset
 from certify.models.base import Model
 from certify.stats import wilson_interval
@@ -22,7 +31,13 @@ class CleanAccuracy(Check):
     """
 
     kind: ClassVar[str] = "clean_accuracy"
-    metric_names: ClassVar[tuple[str, ...]] = ("accuracy",)
+    family: ClassVar[str] = "Clean accuracy"
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("accuracy", "top-1 accuracy on clean data", "higher", threshold=True),
+        Metric("n", "samples evaluated", unit="count"),
+        Metric("correct", "correctly classified samples", unit="count"),
+    )
+    export: ClassVar[ExportMetric | None] = ExportMetric("accuracy", "accuracy", "Clean accuracy")
 
     def __init__(self, top_confusions: int = 5) -> None:
         self.top_confusions = top_confusions
@@ -43,6 +58,23 @@ class CleanAccuracy(Check):
             }
             for p, t, s in zip(pred.tolist(), y.tolist(), top.tolist(), strict=True)
         ]
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Accuracy with its interval."""
+        return (f"accuracy {pct(result.metrics.accuracy)} "
+                f"(95% CI {interval_text(result.intervals['accuracy'])})")
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """Per-class accuracy as a bar chart."""
+        from certify.figures import per_class_svg
+
+        return {"per_class": per_class_svg(result.details["per_class"])}
+
+    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+        """``correct`` per sample."""
+        return {"correct": [r["outcome"] == "correct" for r in records]}
 
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         n = len(records)

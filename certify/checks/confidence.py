@@ -20,7 +20,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.base import (
+    Check,
+    CheckContext,
+    ExportMetric,
+    Measurement,
+    Metric,
+    ResultView,
+    pct,
+)
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model
@@ -32,6 +40,8 @@ def confidences(scores: torch.Tensor, output: str) -> torch.Tensor:
     p = torch.softmax(scores.float(), dim=1) if output == "logits" else scores.float()
     return p.max(dim=1).values
 
+
+FAMILY = "Coverage, confident mistakes and suspect-model checks"
 
 #: The coverage level at which corruption and attack results are also reported.
 COVERAGE = 0.8
@@ -63,7 +73,21 @@ class Coverage(Check):
     """
 
     kind: ClassVar[str] = "coverage"
-    metric_names: ClassVar[tuple[str, ...]] = ("accuracy_at_coverage", "confident_mistake_rate")
+    family: ClassVar[str] = FAMILY
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("accuracy_at_coverage", "accuracy on the answered inputs", "higher",
+               threshold=True),
+        Metric("confident_mistake_rate", "share of inputs that are wrong with a top probability "
+               "at or above the confidence threshold", "lower", threshold=True),
+        Metric("coverage", "share of inputs answered", unit="score"),
+        Metric("answered", "inputs answered", unit="count"),
+        Metric("n", "samples evaluated", unit="count"),
+        Metric("explicit_abstentions", "predictions of the abstain class", unit="count"),
+        Metric("confident_mistakes", "confident mistakes", unit="count"),
+        Metric("accuracy_full_coverage", "accuracy without abstaining", "higher"),
+    )
+    export: ClassVar[ExportMetric | None] = ExportMetric("accuracy_at_coverage", "accuracy",
+                                                         "Accuracy at coverage")
 
     def __init__(self, coverage: float = 0.8, confidence_threshold: float = 0.9,
                  abstain_class: int | None = None) -> None:
@@ -90,6 +114,23 @@ class Coverage(Check):
         return [{"pred": int(p), "label": int(t), "confidence": float(c), "queries": 1,
                  "abstained": self.abstain_class is not None and int(p) == self.abstain_class}
                 for p, t, c in zip(pred.tolist(), y.cpu().tolist(), conf.tolist(), strict=True)]
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Accuracy at coverage and the confident-mistake rate."""
+        m = result.metrics
+        return (f"accuracy {pct(m.accuracy_at_coverage)} at {pct(m.coverage)} coverage "
+                f"(full coverage {pct(m.accuracy_full_coverage)}); confident mistakes "
+                f"{pct(m.confident_mistake_rate)} at ≥ "
+                f"{result.details['confidence_threshold']:g}")
+
+    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+        """Per sample: correct, and a confident mistake."""
+        correct = [r["pred"] == r["label"] and not r["abstained"] for r in records]
+        return {"correct": correct,
+                "confident_mistake": [not c and not r["abstained"]
+                                      and r["confidence"] >= self.confidence_threshold
+                                      for c, r in zip(correct, records, strict=True)]}
 
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         n = len(records)
@@ -126,7 +167,17 @@ class Sanity(Check):
     """
 
     kind: ClassVar[str] = "sanity"
-    metric_names: ClassVar[tuple[str, ...]] = ("nondeterministic_share", "saturated_share")
+    family: ClassVar[str] = FAMILY
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("nondeterministic_share", "share of samples whose repeated queries differ",
+               "lower", threshold=True),
+        Metric("saturated_share", "share of samples with a saturated top probability", "lower",
+               threshold=True),
+        Metric("label_flip_share", "share of samples whose label changed between repeats",
+               "lower"),
+        Metric("one_hot_share", "share of samples answered one-hot", "lower"),
+        Metric("n", "samples evaluated", unit="count"),
+    )
 
     def __init__(self, repeats: int = 3, saturation_threshold: float = 0.999,
                  saturated_share: float = 0.5, tolerance: float = 1e-5) -> None:
@@ -156,6 +207,19 @@ class Sanity(Check):
                  "queries": self.repeats}
                 for r, f, c, o in zip(random.tolist(), flips.tolist(), conf.tolist(),
                                       one_hot.tolist(), strict=True)]
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """How many suspect behaviours were found."""
+        found = len(result.warnings)
+        return (f"{found} suspect behaviour(s) found" if found else "no suspect behaviour "
+                "found (randomness, saturation, probability outputs)") + \
+            f" on {result.metrics.n} samples"
+
+    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+        """Per sample: randomised, saturated."""
+        return {"random": [bool(r["random"]) for r in records],
+                "saturated": [bool(r["saturated"]) for r in records]}
 
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         n = len(records) or 1

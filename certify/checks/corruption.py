@@ -13,19 +13,25 @@ Queries per sample: one clean query plus at most the number of candidates.
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-import numpy as np
 import torch
-from PIL import Image
 
-from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.base import (
+    Check,
+    CheckContext,
+    ExportMetric,
+    Measurement,
+    Metric,
+    ResultView,
+    interval_text,
+    pct,
+)
 from certify.checks.confidence import confidences, worst_case_coverage
 from certify.data import Dataset
 from certify.errors import SuiteError
+from certify.images import ImageSink
 from certify.models.base import Model
 from certify.perturbations import PROPERTIES, Property
 from certify.stats import wilson_interval
@@ -54,12 +60,13 @@ def _bound_steps(prop: Property, bound: Any, steps: Any, where: str) -> tuple[fl
     return float(b), s
 
 
-def png_data_uri(img: torch.Tensor) -> str:
-    """A ``[C, H, W]`` image in [0, 1] as a base64 PNG data URI."""
-    arr = (img.detach().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).round()
-    buf = io.BytesIO()
-    Image.fromarray(arr.astype(np.uint8).squeeze()).save(buf, format="PNG", optimize=True)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+FAMILY = "Corruption properties (noise, geometric, colour, stickers)"
+
+_WORST_CASE = (
+    Metric("worst_case_accuracy_at_coverage", "accuracy at the coverage level over each "
+           "sample's worst case (Brown et al. 2018)", "higher"),
+    Metric("worst_case_coverage", "the coverage level of the worst-case accuracy", unit="score"),
+)
 
 
 class SearchResult(NamedTuple):
@@ -114,7 +121,7 @@ def search(
 
 
 class _CorruptionBase(Check):
-    metric_names: ClassVar[tuple[str, ...]] = ("robustness_score",)
+    family: ClassVar[str] = FAMILY
 
     def _clean(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
                flip_only: bool
@@ -155,6 +162,18 @@ class Corruption(_CorruptionBase):
     """
 
     kind: ClassVar[str] = "corruption"
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("robustness_score", "share of correctly classified samples that stay correct "
+               "for every tried transform within the bound", "higher", threshold=True),
+        *_WORST_CASE,
+        Metric("n_evaluated", "correctly classified samples searched", unit="count"),
+        Metric("n_robust", "samples robust within the bound", unit="count"),
+        Metric("n_misclassified", "samples wrong before any transform", unit="count"),
+        Metric("n_not_applicable", "samples the property does not apply to", unit="count"),
+        Metric("candidates", "transforms tried per sample at most", unit="count"),
+    )
+    export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
+                                                         "Robustness score")
 
     def __init__(self, property: str, bound: float | None = None, steps: int | None = None,
                  tries: int = 4, max_examples: int = 4) -> None:
@@ -201,8 +220,24 @@ class Corruption(_CorruptionBase):
             out.append(rec)
         return out
 
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Score with its interval, the bound and the sample count."""
+        m, d = result.metrics, result.details
+        return (f"robustness {pct(m.robustness_score)} (95% CI "
+                f"{interval_text(result.intervals['robustness_score'])}) within "
+                f"{d['bound']:g} {d['unit']}, n={m.n_evaluated}")
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """The robustness curve over the bound."""
+        from certify.figures import curve_svg
+
+        return {"curve": curve_svg(result.details["curve"], result.details["unit"])}
+
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         prop, rows, inten = self._candidates()
+        sink = ImageSink()
         robust, evaluated = self._score(records)
         levels = [0.0, *sorted({float(v) for v in inten.tolist()})]
         broken = [r["break_intensity"] for r in records if r["outcome"] == "broken"]
@@ -231,13 +266,18 @@ class Corruption(_CorruptionBase):
                 "bound": _bound_steps(prop, self.bound, self.steps, self.kind)[0],
                 "search": "random" if prop.random else "grid",
                 "curve": curve,
-                "examples": self._examples(prop.apply, records, data),
+                "examples": self._examples(prop.apply, records, data, sink),
             },
+            images=sink.images,
         )
 
     def _examples(self, apply: Apply, records: list[dict[str, Any]], data: Dataset,
-                  ) -> list[dict[str, Any]]:
-        """Regenerate the weakest breaking transforms for the gallery (deterministic)."""
+                  sink: ImageSink) -> list[dict[str, Any]]:
+        """Regenerate the weakest breaking transforms for the gallery (deterministic).
+
+        Each example keeps what regenerates it (sample, parameters, seed) and the digests of
+        its two images; the pixels go to ``sink``.
+        """
         broken = sorted((r for r in records if r["outcome"] == "broken"),
                         key=lambda r: (r["break_intensity"], r["i"]))[: self.max_examples]
         names = data.class_names
@@ -251,7 +291,8 @@ class Corruption(_CorruptionBase):
                 "pred": r["break_pred"], "pred_name": names[r["break_pred"]]
                 if 0 <= r["break_pred"] < len(names) else str(r["break_pred"]),
                 "intensity": r["break_intensity"], "params": r["break_params"],
-                "original": png_data_uri(x[0]), "perturbed": png_data_uri(xt[0]),
+                "seed": r["break_seed"], "index": r["i"],
+                "original": sink.add(x[0]), "perturbed": sink.add(xt[0]),
             })
         return out
 
@@ -265,7 +306,21 @@ class CorruptionPair(_CorruptionBase):
     """
 
     kind: ClassVar[str] = "corruption_pair"
-    metric_names: ClassVar[tuple[str, ...]] = ("robustness_score", "change_vs_weaker")
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("robustness_score", "share of correctly classified samples that stay correct "
+               "over the joint grid of both properties", "higher", threshold=True),
+        Metric("change_vs_weaker", "joint score minus the weaker property's own score",
+               "higher", unit="score", threshold=True),
+        Metric("score_first", "the first property's own score on its grid", "higher"),
+        Metric("score_second", "the second property's own score on its grid", "higher"),
+        *_WORST_CASE,
+        Metric("n_evaluated", "correctly classified samples searched", unit="count"),
+        Metric("n_robust", "samples robust to the combination", unit="count"),
+        Metric("joint_only_failures", "samples only the combination breaks", unit="count"),
+        Metric("candidates", "transforms tried per sample at most", unit="count"),
+    )
+    export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
+                                                         "Joint robustness score")
 
     def __init__(self, first: dict[str, Any], second: dict[str, Any], tries: int = 2,
                  max_examples: int = 4) -> None:
@@ -354,8 +409,24 @@ class CorruptionPair(_CorruptionBase):
             out.append(rec)
         return out
 
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Joint score, each property alone, and the change against the weaker."""
+        m = result.metrics
+        return (f"joint robustness {pct(m.robustness_score)}; alone "
+                f"{pct(m.score_first)} and {pct(m.score_second)}; change vs weaker "
+                f"{100 * m.change_vs_weaker:+.1f} points")
+
+    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+        """Joint outcomes, plus robustness to each property alone."""
+        bits = super().outcome_bits(records)
+        bits["first_robust"] = [r["outcome_first"] == "robust" for r in records]
+        bits["second_robust"] = [r["outcome_second"] == "robust" for r in records]
+        return bits
+
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         g = self._grids()
+        sink = ImageSink()
         rj, n = self._score(records)
         ra, _ = self._score(records, "outcome_first")
         rb, _ = self._score(records, "outcome_second")
@@ -370,8 +441,8 @@ class CorruptionPair(_CorruptionBase):
             examples.append({
                 "id": r["id"], "label": r["label"], "label_name": names[r["label"]],
                 "pred": r["break_pred"], "pred_name": names[r["break_pred"]],
-                "params": r["break_params"],
-                "original": png_data_uri(x[0]), "perturbed": png_data_uri(xt[0]),
+                "params": r["break_params"], "seed": r["break_seed"], "index": r["i"],
+                "original": sink.add(x[0]), "perturbed": sink.add(xt[0]),
             })
         return Measurement(
             metrics={"robustness_score": sj, "score_first": sa, "score_second": sb,
@@ -385,4 +456,5 @@ class CorruptionPair(_CorruptionBase):
                      "second_bound": self._spec(self.second, "second")[1],
                      "param_names": [*g["a"].params, *g["b"].params],
                      "examples": examples},
+            images=sink.images,
         )

@@ -86,27 +86,55 @@ class FeatureModel(Model, Protocol):
         ...
 
 
-class QueryCounter:
-    """Counts every image sent to the model and enforces an optional budget.
+class Budget:
+    """A query budget shared by several counters (e.g. a check's, or the whole run's).
 
-    Every model query in certify goes through one of these, so the number on the card is the
-    number of images the model actually saw. ``budget=None`` means unlimited.
+    Budgets count model queries: images a model is asked about, whichever model (the certified
+    one, the reference, feature extraction). They never count requests or retries, so a budget
+    does not depend on network timing.
     """
 
-    def __init__(self, model: Model, budget: int | None = None) -> None:
+    def __init__(self, limit: int | None, label: str = "query budget") -> None:
+        self.limit = limit
+        self.label = label
+        self.spent = 0
+
+    def refusal(self, n: int) -> str | None:
+        """Why ``n`` more queries would exceed this budget, or ``None`` if they fit."""
+        if self.limit is not None and self.spent + n > self.limit:
+            return (f"{self.label} of {self.limit} would be exceeded "
+                    f"({self.spent} used, {n} more asked)")
+        return None
+
+
+class QueryCounter:
+    """Counts every image sent to the model and enforces the budgets it is charged to.
+
+    Every model query in certify goes through one of these, so the number on the card is the
+    number of images the model actually saw. ``budget`` is this counter's own limit
+    (``None``: unlimited); ``shared`` are budgets it shares with other counters (a check's
+    budget covers its reference model's queries too; the run's budget covers every check).
+    """
+
+    def __init__(self, model: Model, budget: int | None = None,
+                 shared: tuple[Budget, ...] = ()) -> None:
         self.model = model
         self.info = model.info
         self.budget = budget
+        self.shared = shared
         self.queries = 0
 
     def _spend(self, x: torch.Tensor) -> None:
         n = int(x.shape[0])
-        if self.budget is not None and self.queries + n > self.budget:
-            raise BudgetExceeded(
-                f"query budget of {self.budget} would be exceeded "
-                f"({self.queries} used, {n} more asked)",
-                hint="raise the budget in the suite or lower the number of samples",
-            )
+        own = Budget(self.budget)
+        own.spent = self.queries
+        for b in (own, *self.shared):
+            refused = b.refusal(n)
+            if refused:
+                raise BudgetExceeded(
+                    refused, hint="raise the budget in the suite or lower the number of samples")
+        for b in self.shared:
+            b.spent += n
         self.queries += n
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,31 +1,50 @@
-"""Reports: results.json (canonical), card.html and card.pdf, written atomically."""
+"""Reports: results.json (canonical), images/, card.html and card.pdf, written atomically."""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from certify.canonical import canonical_json
+from certify.images import data_uri, decode_png, image_digest, png_bytes
 from certify.report.card import render_html, render_pdf
-from certify.report.payload import canonical_json
 from certify.report.sign import Signature
+from certify.results import RunResult, parse_result
 from certify.rundir import atomic_write
 
-__all__ = ["canonical_json", "render_html", "write_report"]
+__all__ = ["canonical_json", "load_images", "render_html", "write_report"]
+
+log = logging.getLogger("certify")
+
+IMAGES_DIR = "images"
 
 
-def write_report(results: dict[str, Any], out: Path, pdf: bool = True,
-                 signature: Signature | None = None) -> dict[str, Path]:
-    """Write results.json, card.html and (unless ``pdf=False``) card.pdf into ``out``.
+def write_report(result: RunResult, out: Path, images: Mapping[str, Any] | None = None,
+                 pdf: bool = True, signature: Signature | None = None) -> dict[str, Path]:
+    """Write results.json, images/, card.html and (unless ``pdf=False``) card.pdf into ``out``.
 
-    With a ``signature`` (of ``canonical_json(results)``, the bytes of results.json) it also
-    writes results.json.sig and embeds the signature in the HTML and the PDF.
+    ``images`` maps digests to ``[H, W, 3]`` uint8 pixels (a fresh run) or to PNG bytes (read
+    back by :func:`load_images`). results.json is validated against the schema before anything
+    is written. With a ``signature`` it also writes results.json.sig and embeds the signature
+    in the HTML and the PDF.
     """
     # render everything that can fail before the first file is replaced
-    payload = canonical_json(results)
-    html = render_html(results, signature)
+    payload = canonical_json(result.to_json())
+    parse_result(json.loads(payload))  # what is written must read back under the schema
+    pngs = {d: v if isinstance(v, bytes) else png_bytes(v) for d, v in (images or {}).items()}
+    html = render_html(result, signature, {d: data_uri(b) for d, b in pngs.items()})
     pdf_bytes = render_pdf(html, payload, signature) if pdf else None
     paths = {"results": out / "results.json", "html": out / "card.html"}
     atomic_write(paths["results"], payload)
+    if pngs:
+        (out / IMAGES_DIR).mkdir(exist_ok=True)
+        for digest, data in pngs.items():
+            target = out / IMAGES_DIR / f"{digest.removeprefix('sha256:')}.png"
+            if not target.exists():
+                atomic_write(target, data)
     sig_path = out / "results.json.sig"
     if signature is not None:
         atomic_write(sig_path, signature.to_json().encode())
@@ -37,3 +56,23 @@ def write_report(results: dict[str, Any], out: Path, pdf: bool = True,
         paths["pdf"] = out / "card.pdf"
         atomic_write(paths["pdf"], pdf_bytes)
     return paths
+
+
+def load_images(out: Path) -> dict[str, bytes]:
+    """The card images of a run directory (digest -> PNG bytes), each checked against the
+    digest in its name; a damaged image is left out (the card then shows it missing)."""
+    found: dict[str, bytes] = {}
+    folder = out / IMAGES_DIR
+    if not folder.is_dir():
+        return found
+    for f in sorted(folder.glob("*.png")):
+        data = f.read_bytes()
+        try:
+            digest = image_digest(decode_png(data))
+        except ValueError:
+            digest = ""
+        if digest != f"sha256:{f.stem}":
+            log.warning("image %s does not match its digest; left out of the card", f.name)
+            continue
+        found[digest] = data
+    return found

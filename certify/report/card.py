@@ -1,35 +1,33 @@
-"""The robustness model card: jinja2 HTML (autoescaped, StrictUndefined) and WeasyPrint PDF."""
+"""The robustness model card: jinja2 HTML (autoescaped, StrictUndefined) and WeasyPrint PDF.
+
+The card is a view of a typed :class:`~certify.results.RunResult`. Each check kind presents
+itself (headline, figures, its section template ``templates/checks/<kind>.html.j2``); this
+module only iterates over the kinds a run has, in registry order. Images are looked up by the
+pixel digest the signed measurement records (see :mod:`certify.images`).
+"""
 
 from __future__ import annotations
 
 import importlib.resources
-import io
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import jinja2
+import markupsafe
 
-from certify.report.payload import normalize, script_safe_json
+from certify.canonical import script_safe_json
+from certify.checks import CHECKS
+from certify.results import RunResult
 
 log = logging.getLogger("certify")
-
-#: Check families the card knows about, with the issue that brings them; shown under
-#: "Limitations" when a suite does not run them.
-FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "clean": ("Clean accuracy", ("clean_accuracy",)),
-    "corruption": ("Corruption properties (noise, geometric, colour, stickers)",
-                   ("corruption", "corruption_pair")),
-    "attack": ("Query-based attacks validated by the binarization test", ("attack",)),
-    "brittleness": ("Black-box brittle score (LIME)", ("brittleness",)),
-    "confidence": ("Coverage, confident mistakes and suspect-model checks",
-                   ("coverage", "sanity")),
-}
 
 
 def _environment() -> jinja2.Environment:
     root = importlib.resources.files("certify._templates")
     env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(lambda name: (root / name).read_text(encoding="utf-8")),
+        loader=jinja2.FunctionLoader(
+            lambda name: root.joinpath(*name.split("/")).read_text(encoding="utf-8")),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -40,155 +38,76 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def per_class_svg(per_class: list[dict[str, Any]]) -> str:
-    """A bar chart of per-class accuracy as inline SVG (deterministic ids, no timestamp)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with matplotlib.rc_context({"svg.hashsalt": "certify", "svg.fonttype": "none",
-                                "font.size": 7}):
-        fig, ax = plt.subplots(figsize=(7.2, 2.0))
-        classes = [r["class"] for r in per_class]
-        acc = [r["accuracy"] for r in per_class]
-        colors = ["#2e7d32" if a >= 0.9 else "#f9a825" if a >= 0.7 else "#c62828" for a in acc]
-        ax.bar([str(c) for c in classes], acc, color=colors, width=0.8)
-        ax.set_ylim(0, 1.02)
-        ax.set_ylabel("accuracy")
-        ax.set_xlabel("class id")
-        ax.tick_params(axis="x", labelsize=5)
-        return _svg(fig, ax)
-
-
-def _svg(fig: Any, ax: Any) -> str:
-    """Finish a figure and return it as inline SVG (no XML header, no timestamp)."""
-    import matplotlib.pyplot as plt
-
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    plt.close(fig)
-    svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
-
-
-def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{100 * float(v):.1f}%"
-
-
-def headline(c: dict[str, Any]) -> str:
+def headline(c: Any) -> str:
     """One line that says what a check measured (the card's summary and the CLI's)."""
-    if c["status"] == "ERROR":
-        return f"error: {c['error']}"
-    m, iv = c["metrics"], c["intervals"]
-    if c["kind"] == "clean_accuracy":
-        lo, hi = iv["accuracy"]
-        return f"accuracy {_pct(m['accuracy'])} (95% CI {_pct(lo)}–{_pct(hi)})"
-    if c["kind"] == "corruption":
-        lo, hi = iv["robustness_score"]
-        d = c["details"]
-        return (f"robustness {_pct(m['robustness_score'])} (95% CI {_pct(lo)}–{_pct(hi)}) "
-                f"within {d['bound']:g} {d['unit']}, n={m['n_evaluated']}")
-    if c["kind"] == "corruption_pair":
-        return (f"joint robustness {_pct(m['robustness_score'])}; alone "
-                f"{_pct(m['score_first'])} and {_pct(m['score_second'])}; change vs weaker "
-                f"{100 * m['change_vs_weaker']:+.1f} points")
-    if c["kind"] == "coverage":
-        return (f"accuracy {_pct(m['accuracy_at_coverage'])} at {_pct(m['coverage'])} coverage "
-                f"(full coverage {_pct(m['accuracy_full_coverage'])}); confident mistakes "
-                f"{_pct(m['confident_mistake_rate'])} at ≥ "
-                f"{c['details']['confidence_threshold']:g}")
-    if c["kind"] == "sanity":
-        found = len(c.get("warnings", []))
-        return (f"{found} suspect behaviour(s) found" if found else "no suspect behaviour "
-                "found (randomness, saturation, probability outputs)") + f" on {m['n']} samples"
-    if c["kind"] == "brittleness":
-        text = f"brittle score {m['brittle_score']:.4g} on {m['n']} samples"
-        if "relative_improvement" in m:
-            text += (f"; reference {m['reference_brittle_score']:.4g}, "
-                     f"R.I. {100 * m['relative_improvement']:+.1f}%")
-        return text
-    if c["kind"] == "attack":
-        lo, hi = iv["robust_accuracy"]
-        d = c["details"]
-        bound = "spatial grid" if d["norm"] == "spatial" else f"{d['norm']} ε={d['epsilon']:.4g}"
-        text = (f"robust accuracy {_pct(m['robust_accuracy'])} (95% CI {_pct(lo)}–{_pct(hi)}) "
-                f"under {d['attack']} at {bound}, ≤{d['max_queries']} queries")
-        if d.get("binarization"):
-            text += (f"; binarization test {m['binarization_score']:.2f} "
-                     f"(R-ASR {m['binarization_rasr']:.2f})")
-        return text
-    return ", ".join(f"{k}={v}" for k, v in m.items())
+    if c.status == "ERROR":
+        return f"error: {c.error}"
+    text = CHECKS[c.kind].headline(c)
+    if c.sample_errors:
+        text += f"; {c.sample_errors} sample(s) errored"
+    return text
 
 
-def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
-    """Robustness score as a function of the intensity bound, as inline SVG."""
-    import matplotlib
+def renderer_info() -> dict[str, str]:
+    """What renders the card, recorded in provenance (a card made by another renderer still
+    verifies on its visible text)."""
+    import jinja2 as j
+    import weasyprint
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import certify
 
-    pts = [(p["intensity"], p["score"]) for p in curve if p["score"] is not None]
-    with matplotlib.rc_context({"svg.hashsalt": "certify", "svg.fonttype": "none",
-                                "font.size": 7}):
-        fig, ax = plt.subplots(figsize=(2.6, 1.6))
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2.5,
-                    color="#1565c0", linewidth=1.2, drawstyle="steps-post")
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel(unit)
-        ax.set_ylabel("robustness")
-        return _svg(fig, ax)
+    return {"certify": certify.__version__, "jinja2": j.__version__,
+            "weasyprint": weasyprint.__version__}
 
 
-def card_context(results: dict[str, Any], signature: Any = None) -> dict[str, Any]:
-    """Everything the template shows, computed from the results document alone."""
-    results = normalize(results)
-    kinds = {c["kind"] for c in results["checks"]}
-    not_tested = [
-        {"family": label, "why": "not in this suite" if known else "not yet supported by "
-         f"certify {results['certify_version']}"}
-        for _, (label, known) in FAMILIES.items()
-        if not kinds.intersection(known)
-    ]
-    figures: dict[str, str] = {}
-    for c in results["checks"]:
-        if c["status"] == "ERROR":
-            continue
-        if c["kind"] == "clean_accuracy":
-            figures[c["id"]] = per_class_svg(c["details"]["per_class"])
-        elif c["kind"] == "corruption":
-            figures[c["id"]] = curve_svg(c["details"]["curve"], c["details"]["unit"])
-    corruption = [c for c in results["checks"] if c["kind"] == "corruption"]
-    pairs = [c for c in results["checks"] if c["kind"] == "corruption_pair"]
-    attacks = [c for c in results["checks"] if c["kind"] == "attack"]
-    brittle = [c for c in results["checks"] if c["kind"] == "brittleness"]
-    warnings = [{"check": c["id"], "text": w} for c in results["checks"]
-                for w in c.get("warnings", [])]
+def card_context(result: RunResult, signature: Any = None,
+                 images: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Everything the template shows, computed from the result (and the images it names)."""
+    images = images or {}
+    m, p = result.measurement, result.provenance
+    checks = result.checks
+    kinds = {c.kind for c in checks}
+    families = list(dict.fromkeys(cls.family for cls in CHECKS.values()))
+    present = {CHECKS[k].family for k in kinds}
+    not_tested = [{"family": f, "why": "not in this suite"} for f in families
+                  if f not in present]
+    figures: dict[str, dict[str, str]] = {}
+    for c in checks:
+        figures[c.id] = {} if c.status == "ERROR" else CHECKS[c.kind].figures(c)
+    sections = [{"kind": kind, "partial": cls.partial(),
+                 "checks": [c for c in checks if c.kind == kind]}
+                for kind, cls in CHECKS.items() if kind in kinds]
+    warnings = [{"check": c.id, "text": w} for c in checks for w in c.warnings]
+
+    def img(digest: str, alt: str) -> markupsafe.Markup:
+        """An <img> of a signed image; ``data-digest`` says which pixels it must show."""
+        src = images.get(digest, "")
+        return markupsafe.Markup('<img src="{}" alt="{}" data-digest="{}">').format(
+            src, alt, digest)
+
     return {
-        "r": results,
+        "r": result,
+        "m": m,
+        "p": p,
         "not_tested": not_tested,
         "figures": figures,
-        "headlines": {c["id"]: headline(c) for c in results["checks"]},
-        "corruption": corruption,
-        "pairs": pairs,
-        "attacks": attacks,
-        "brittle": brittle,
+        "headlines": {c.id: headline(c) for c in checks},
+        "sections": sections,
         "warnings": warnings,
-        "payload": script_safe_json(results),
+        "img": img,
+        "payload": script_safe_json(result.to_json()),
         "signature": signature,
         "signature_json": "null" if signature is None else signature.to_json().strip()
         .replace("<", "\\u003c"),
     }
 
 
-def render_html(results: dict[str, Any], signature: Any = None) -> str:
-    """The self-contained card HTML."""
+def render_html(result: RunResult, signature: Any = None,
+                images: Mapping[str, str] | None = None) -> str:
+    """The self-contained card HTML; ``images`` maps digests to data URIs."""
     env = _environment()
     css = (importlib.resources.files("certify._templates") / "card.css").read_text("utf-8")
-    ctx = card_context(results, signature)
+    ctx = card_context(result, signature, images)
     return env.get_template("card.html.j2").render(css=css, **ctx)
 
 

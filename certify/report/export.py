@@ -11,64 +11,59 @@ from typing import Any
 
 import yaml
 
+from certify.canonical import canonical_json
+from certify.checks import CHECKS
 from certify.report.card import headline
-from certify.report.payload import canonical_json
-
-_METRIC = {
-    "clean_accuracy": ("accuracy", "accuracy", "Clean accuracy"),
-    "coverage": ("accuracy_at_coverage", "accuracy", "Accuracy at coverage"),
-    "corruption": ("robustness_score", "robustness_score", "Robustness score"),
-    "corruption_pair": ("robustness_score", "robustness_score", "Joint robustness score"),
-    "attack": ("robust_accuracy", "robust_accuracy", "Robust accuracy"),
-    "brittleness": ("brittle_score", "brittle_score", "Brittle score (LIME)"),
-}
+from certify.results import RunResult
 
 
-def results_digest(results: dict[str, Any]) -> str:
+def results_digest(result: RunResult) -> str:
     """sha256 of the canonical results payload."""
-    return "sha256:" + hashlib.sha256(canonical_json(results)).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_json(result.to_json())).hexdigest()
 
 
-def model_index(results: dict[str, Any]) -> str:
+def model_index(result: RunResult) -> str:
     """A model card's YAML front matter with a ``model-index`` entry per check."""
+    m = result.measurement
     metrics = []
-    for c in results["checks"]:
-        if c["status"] == "ERROR" or c["kind"] not in _METRIC:
+    for c in result.checks:
+        export = CHECKS[c.kind].export
+        if c.status == "ERROR" or export is None:
             continue
-        key, mtype, label = _METRIC[c["kind"]]
-        if key not in c["metrics"]:
+        value = getattr(c.metrics, export.metric, None)
+        if value is None:
             continue
-        metrics.append({"type": mtype, "value": c["metrics"][key],
-                        "name": f"{label}: {c['id']}", "verified": False})
-    doc = {"model-index": [{
-        "name": results["model"]["name"],
+        metrics.append({"type": export.type, "value": value,
+                        "name": f"{export.label}: {c.id}", "verified": False})
+    doc: dict[str, Any] = {"model-index": [{
+        "name": m.model.name,
         "results": [{
             "task": {"type": "image-classification", "name": "Image Classification"},
-            "dataset": {"name": f"{results['suite']['name']} ({results['data']['source']})",
-                        "type": results["suite"]["name"]},
+            "dataset": {"name": f"{m.suite.name} ({m.data.name})", "type": m.suite.name},
             "metrics": metrics,
-            "source": {"name": f"certify {results['certify_version']}, results "
-                               f"{results_digest(results)}"},
+            "source": {"name": f"certify {m.certify_version}, results "
+                               f"{results_digest(result)}"},
         }],
     }]}
     return "---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) + "---\n"
 
 
-def markdown_summary(results: dict[str, Any]) -> str:
+def markdown_summary(result: RunResult) -> str:
     """A short Markdown table of verdicts for a release page."""
+    m = result.measurement
     lines = [
-        f"## Robustness card: {results['model']['name']}",
+        f"## Robustness card: {m.model.name}",
         "",
-        f"Overall verdict: **{results['verdict']}** (suite `{results['suite']['name']}`, "
-        f"certify {results['certify_version']}, {results['data']['n']} samples).",
+        f"Overall verdict: **{m.verdict}** (suite `{m.suite.name}`, "
+        f"certify {m.certify_version}, {m.data.n} samples).",
         "",
         "| check | result | verdict |",
         "|---|---|---|",
     ]
-    for c in results["checks"]:
+    for c in result.checks:
         text = headline(c).replace("|", "\\|")
-        lines.append(f"| {c['id']} | {text} | {c['status']} |")
-    lines += ["", f"Model `{results['model']['identity']}`; results "
-              f"`{results_digest(results)}`. Verify the attached card with "
+        lines.append(f"| {c.id} | {text} | {c.status} |")
+    lines += ["", f"Model `{m.model.identity}`; results "
+              f"`{results_digest(result)}`. Verify the attached card with "
               "`certify verify card.pdf --pubkey KEY.pub`.", ""]
     return "\n".join(lines)

@@ -1,10 +1,12 @@
-"""Signing and verifying results: ECDSA P-256 over the canonical JSON payload.
+"""Signing and verifying results: ECDSA P-256 over a statement of the payload's two parts.
 
-The signed bytes are exactly ``results.json`` (:func:`certify.report.payload.canonical_json`).
-A card embeds the same document and its signature; a verifier recomputes the canonical bytes
-from whatever it parsed (HTML, PDF attachment or results.json), so any change to a value fails
-verification while formatting of the embedding does not matter. The key pair is ECDSA P-256
-(PEM, PKCS#8 / SubjectPublicKeyInfo), which cosign-style tooling reads too.
+``results.json`` (:func:`certify.canonical.canonical_json`) has two parts, ``measurement`` and
+``provenance``. The signature covers a small *statement*: the schema version and the sha256 of
+each part's canonical JSON. A verifier checks the signature over the statement first (a bad
+signature is reported as such, never as a changed payload), then recomputes each part's digest
+from whatever it parsed (HTML, PDF attachment or results.json) and says which part changed.
+The key pair is ECDSA P-256 (PEM, PKCS#8 / SubjectPublicKeyInfo), which cosign-style tooling
+reads too.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from certify.canonical import canonical_json, script_safe_json
 from certify.errors import CertifyError, UsageError
-from certify.report.payload import canonical_json, script_safe_json
 
 ALGORITHM = "ecdsa-p256-sha256"
 
@@ -34,28 +36,50 @@ class VerificationError(CertifyError):
     exit_code = 1
 
 
+STATEMENT_TYPE = "certify.signed-results/1"
+PARTS = ("measurement", "provenance")
+
+
+def part_digest(doc: dict[str, Any], part: str) -> str:
+    """sha256 of one part's canonical JSON."""
+    return "sha256:" + hashlib.sha256(canonical_json(doc.get(part))).hexdigest()
+
+
+def statement(doc: dict[str, Any]) -> dict[str, str]:
+    """What a signature covers: the schema version and the digest of each part."""
+    return {"type": STATEMENT_TYPE, "schema": str(doc.get("schema")),
+            **{p: part_digest(doc, p) for p in PARTS}}
+
+
 @dataclass(frozen=True)
 class Signature:
-    """A detached signature and the fingerprint of the key that made it."""
+    """A detached signature over a statement, and the fingerprint of the key that made it."""
 
     algorithm: str
     value: str  # base64 DER
     key_fingerprint: str
+    signed: dict[str, str]
 
     def to_json(self) -> str:
         """The ``results.json.sig`` document."""
         return json.dumps({"algorithm": self.algorithm, "signature": self.value,
-                           "key_fingerprint": self.key_fingerprint}, indent=2) + "\n"
+                           "key_fingerprint": self.key_fingerprint, "signed": self.signed},
+                          indent=2, sort_keys=True) + "\n"
 
     @staticmethod
     def from_json(text: str, where: str) -> Signature:
         """Parse a signature document, or raise VerificationError naming ``where``."""
         try:
             d = json.loads(text)
-            return Signature(d["algorithm"], d["signature"], d["key_fingerprint"])
+            signed = d["signed"]
+            if not isinstance(signed, dict) or not all(
+                    isinstance(v, str) for v in signed.values()):
+                raise TypeError("signed")
+            return Signature(str(d["algorithm"]), str(d["signature"]),
+                             str(d["key_fingerprint"]), dict(signed))
         except (ValueError, KeyError, TypeError):
-            raise VerificationError(f"{where}: the signature is malformed",
-                                    hint="re-sign with `certify sign`") from None
+            raise VerificationError(f"{where}: the signature is malformed or from an older "
+                                    "certify", hint="re-sign with `certify sign`") from None
 
 
 def fingerprint(public_key: ec.EllipticCurvePublicKey) -> str:
@@ -118,10 +142,11 @@ def load_public_key(path: Path) -> ec.EllipticCurvePublicKey:
 
 
 def sign(results: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> Signature:
-    """Sign the canonical payload of ``results``."""
-    der = key.sign(canonical_json(results), ec.ECDSA(hashes.SHA256()))
+    """Sign the statement of ``results`` (a results document as plain JSON)."""
+    signed = statement(results)
+    der = key.sign(canonical_json(signed), ec.ECDSA(hashes.SHA256()))
     return Signature(ALGORITHM, base64.b64encode(der).decode("ascii"),
-                     fingerprint(key.public_key()))
+                     fingerprint(key.public_key()), signed)
 
 
 _SCRIPT = re.compile(r'<script type="application/json" id="certify-(results|signature)">'
@@ -190,7 +215,11 @@ def _parse(text: str, where: Path) -> dict[str, Any]:
 
 
 def verify(results: dict[str, Any], sig: Signature, key: ec.EllipticCurvePublicKey) -> None:
-    """Raise VerificationError unless ``sig`` is a valid signature of ``results`` by ``key``."""
+    """Raise VerificationError unless ``sig`` is ``key``'s valid signature of ``results``.
+
+    The signature is checked over its statement first, so a damaged signature is reported as
+    such; then each part's digest is compared, and the message names the part that changed.
+    """
     if sig.algorithm != ALGORITHM:
         raise VerificationError(f"unsupported signature algorithm {sig.algorithm!r}",
                                 hint=f"certify signs with {ALGORITHM}")
@@ -200,18 +229,56 @@ def verify(results: dict[str, Any], sig: Signature, key: ec.EllipticCurvePublicK
             hint="check that --pubkey is the signer's public key")
     try:
         der = base64.b64decode(sig.value, validate=True)
-        key.verify(der, canonical_json(results), ec.ECDSA(hashes.SHA256()))
+        key.verify(der, canonical_json(sig.signed), ec.ECDSA(hashes.SHA256()))
     except (InvalidSignature, ValueError):
-        raise VerificationError("the signature does not match the results: the payload was "
-                                "changed after signing", hint="do not trust this card") from None
+        raise VerificationError("the signature itself is invalid: it was altered, or it does "
+                                "not belong to the statement it carries",
+                                hint="do not trust this card; ask the signer for a new "
+                                     "signature") from None
+    if sig.signed.get("type") != STATEMENT_TYPE:
+        raise VerificationError(f"unknown signed statement type {sig.signed.get('type')!r}",
+                                hint="verify with the certify version that signed it")
+    if sig.signed.get("schema") != results.get("schema"):
+        raise VerificationError(
+            f"the payload's schema {results.get('schema')!r} is not the signed "
+            f"{sig.signed.get('schema')!r}", hint="do not trust this card")
+    changed = [p for p in PARTS if sig.signed.get(p) != part_digest(results, p)]
+    if changed:
+        raise VerificationError(
+            f"the {' and the '.join(changed)} changed after signing (the signature is valid "
+            "for other content)", hint="do not trust this card")
 
 
-def verify_file(path: Path, key: ec.EllipticCurvePublicKey) -> dict[str, Any]:
-    """Verify a card or results.json; return its results or raise VerificationError."""
+@dataclass(frozen=True)
+class Verified:
+    """What ``certify verify`` established about a file."""
+
+    result: Any  # certify.results.RunResult
+    signature: Signature
+    #: How the visible content was checked (``None`` for results.json, which has none).
+    visible: str | None
+
+
+def verify_file(path: Path, key: ec.EllipticCurvePublicKey) -> Verified:
+    """Verify a card or results.json; raise VerificationError (or SchemaError) unless the
+    signature, each signed part, the schema and (for cards) the visible content check out."""
+    from certify.results import parse_result
+
     doc, sig, canonical = extract(path)
     verify(doc, sig, key)
     if not canonical:
         raise VerificationError(f"{path}: the signed values are intact but the payload's bytes "
                                 "were reformatted after signing",
                                 hint="use the file as certify wrote it")
-    return doc
+    result = parse_result(doc)
+    visible = None
+    suffix = path.suffix.lower()
+    if suffix in (".html", ".htm"):
+        from certify.report.visible import check_html
+
+        visible = check_html(path.read_text(encoding="utf-8"), result, sig, str(path))
+    elif suffix == ".pdf":
+        from certify.report.visible import check_pdf
+
+        visible = check_pdf(path.read_bytes(), canonical_json(doc), result, sig, str(path))
+    return Verified(result, sig, visible)

@@ -1,8 +1,9 @@
 """The signed thing is data: the canonical JSON form of a results document.
 
 Canonical means: keys sorted, floats written with 10 significant digits, NaN and infinities as
-null, UTF-8, two-space indentation. ``results.json`` is exactly these bytes; the card embeds the
-same document, and a verifier recomputes the bytes from whatever it parsed.
+null, UTF-8, one-space indentation (one value per line, so two results diff line by line).
+``results.json`` is exactly these bytes; the card embeds the same document, and a verifier
+recomputes the bytes from whatever it parsed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def normalize(obj: Any) -> Any:
 
 def canonical_json(obj: Any) -> bytes:
     """The canonical bytes of a results document (what is written and what is signed)."""
-    text = json.dumps(normalize(obj), sort_keys=True, indent=2, ensure_ascii=False,
+    text = json.dumps(normalize(obj), sort_keys=True, indent=1, ensure_ascii=False,
                       allow_nan=False)
     return (text + "\n").encode("utf-8")
 

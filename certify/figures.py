@@ -1,0 +1,63 @@
+"""Small inline-SVG figures for the card, drawn with matplotlib (deterministic output).
+
+Leaf utilities that check presentations call: no file I/O, no timestamps, fixed SVG ids, so the
+same results always draw the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+_RC = {"svg.hashsalt": "certify", "svg.fonttype": "none", "font.size": 7}
+
+
+def _figure(size: tuple[float, float]) -> tuple[Any, Any]:
+    # A bare Figure, not pyplot: no global backend or figure registry is touched.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    return fig, fig.subplots()
+
+
+def _svg(fig: Any, ax: Any) -> str:
+    """Finish a figure and return it as inline SVG (no XML header, no timestamp)."""
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def per_class_svg(per_class: list[dict[str, Any]]) -> str:
+    """A bar chart of per-class accuracy."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure((7.2, 2.0))
+        classes = [r["class"] for r in per_class]
+        acc = [r["accuracy"] for r in per_class]
+        colors = ["#2e7d32" if a >= 0.9 else "#f9a825" if a >= 0.7 else "#c62828" for a in acc]
+        ax.bar([str(c) for c in classes], acc, color=colors, width=0.8)
+        ax.set_ylim(0, 1.02)
+        ax.set_ylabel("accuracy")
+        ax.set_xlabel("class id")
+        ax.tick_params(axis="x", labelsize=5)
+        return _svg(fig, ax)
+
+
+def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
+    """Robustness score as a function of the intensity bound."""
+    import matplotlib
+
+    pts = [(p["intensity"], p["score"]) for p in curve if p["score"] is not None]
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure((2.6, 1.6))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2.5,
+                    color="#1565c0", linewidth=1.2, drawstyle="steps-post")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel(unit)
+        ax.set_ylabel("robustness")
+        return _svg(fig, ax)

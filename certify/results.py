@@ -1,0 +1,300 @@
+"""The typed result of a run: what ``results.json`` holds and what is signed.
+
+A run result has two parts, both signed:
+
+- ``measurement``: deterministic. The same model, data, suite, seed and options give
+  byte-identical canonical JSON on the same device kind and library versions, on either
+  executor, resumed or not. Every metric and verdict is computed from this part alone.
+- ``provenance``: how this particular run happened: timings, environment and library versions,
+  host, the arguments as given (paths, URLs with credentials removed), endpoint traffic
+  (requests, retries), the renderer's version.
+
+Each check kind's part of the schema (its metrics) is generated from the check registry
+(:data:`certify.checks.CHECKS`), so a new check declares its metrics next to its code and never
+edits this module. :func:`json_schema` is the versioned JSON Schema that ``certify schema``
+prints; :func:`validate_document` checks a parsed ``results.json`` against it.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from certify.checks import CHECKS
+from certify.errors import CertifyError
+
+#: The schema version this certify writes and reads.
+SCHEMA = "certify.results/2"
+#: Older schema versions: recognised, so that the error can say what to do.
+OLD_SCHEMAS = ("certify.results/1",)
+
+Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR", "INFO"]
+#: The run verdict is the first of these that any check has (else PASS).
+VERDICT_PRECEDENCE: tuple[str, ...] = ("ERROR", "FAIL", "INCONCLUSIVE", "WARN")
+
+Interval = tuple[float | None, float | None]
+
+
+class SchemaError(CertifyError):
+    """A results document that does not follow certify's schema (exit 1)."""
+
+    exit_code = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ThresholdDoc(_Strict):
+    """A check's pass condition as the suite stated it."""
+
+    metric: str
+    min: float | None
+    max: float | None
+    text: str
+
+
+class CheckQueries(_Strict):
+    """Images sent to each model for this check."""
+
+    total: int = Field(description="images sent to the certified model")
+    mean_per_sample: float
+    reference: int = Field(0, description="images sent to the reference model")
+
+
+class Outcomes(_Strict):
+    """Per-sample outcomes, packed: one bit per dataset sample (little-endian bit order,
+    base64), for paired comparisons between runs on the same data."""
+
+    n: int = Field(description="dataset size: the bitmaps' length in bits")
+    selected: str = Field(description="the samples this check evaluated")
+    bits: dict[str, str] = Field(default_factory=dict,
+                                 description="a bitmap per binary outcome")
+    values: dict[str, list[float | None]] = Field(
+        default_factory=dict, description="per-sample values, in the order of `selected`")
+
+
+class _CheckBase(_Strict):
+    id: str
+    kind: str
+    params: dict[str, Any]
+    threshold: ThresholdDoc | None
+    budget: int | None
+    status: Status
+    decision: str = Field(description="the rule that made the status")
+    intervals: dict[str, Interval]
+    details: dict[str, Any]
+    warnings: list[str]
+    error: str | None
+    sample_errors: int = Field(0, description="samples whose model output was not finite")
+    queries: CheckQueries
+    outcomes: Outcomes | None
+
+
+def _metrics_model(cls: type) -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for m in cls.metrics:
+        desc = f"{m.description} ({m.unit}; better: {m.direction})"
+        kind: Any = int | None if m.unit == "count" else float | None
+        fields[m.name] = (kind, Field(None if m.optional else ..., description=desc))
+    return create_model(f"{cls.__name__}Metrics", __base__=_Strict, **fields)
+
+
+@functools.cache
+def _check_models() -> dict[str, type[BaseModel]]:
+    models: dict[str, type[BaseModel]] = {}
+    for kind, cls in CHECKS.items():
+        models[kind] = create_model(
+            f"{cls.__name__}Result", __base__=_CheckBase,
+            kind=(Literal[kind], ...),  # type: ignore[valid-type]
+            metrics=(_metrics_model(cls) | None, ...),
+        )
+    return models
+
+
+def check_result_model(kind: str) -> type[BaseModel]:
+    """The typed result class of one check kind."""
+    return _check_models()[kind]
+
+
+class SuiteDoc(_Strict):
+    """The suite, identified by content."""
+
+    name: str
+    digest: str
+    description: str
+
+
+class ModelDoc(_Strict):
+    """What was certified: identity and input/output conventions (no local path)."""
+
+    name: str
+    identity: str
+    input_shape: list[int]
+    num_classes: int
+    output: Literal["logits", "probs", "labels"]
+    layout: str
+    batch: str
+    preprocessing: dict[str, Any]
+    metadata: dict[str, str]
+
+
+class DataDoc(_Strict):
+    """The evaluation data, identified by content (its local path is provenance)."""
+
+    digest: str
+    layout: str
+    n: int
+    image_shape: list[int]
+    num_classes: int
+    per_class_counts: list[int]
+    name: str
+
+
+class RunQueries(_Strict):
+    """Images sent to the models over the whole run, resumed records included."""
+
+    total: int = Field(description="images sent to all models")
+    model: int
+    reference: int
+    budget: int | None
+
+
+class WorstCase(_Strict):
+    """Robust accuracy against all of the suite's attacks at once, per threat model."""
+
+    norm: str
+    epsilon: float
+    attacks: list[str]
+    n: int
+    robust_accuracy: float
+
+
+class RunMeasurement(BaseModel):
+    """The deterministic, signed measurement."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    certify_version: str
+    suite: SuiteDoc
+    model: ModelDoc
+    reference_model: ModelDoc | None
+    data: DataDoc
+    device: Literal["cpu", "cuda"]
+    seeds: dict[str, Any]
+    queries: RunQueries
+    checks: list[Any]
+    summary: dict[str, int]
+    attack_worst_case: list[WorstCase]
+    verdict: Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR"]
+    decision: str
+
+
+class Provenance(BaseModel):
+    """How this run happened: signed, but never the source of a metric or verdict."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    model_spec: str
+    reference_spec: str | None
+    data_source: str
+    suite_source: str
+    device: dict[str, str]
+    environment: dict[str, str]
+    timings: dict[str, Any]
+    traffic: dict[str, Any] | None
+    renderer: dict[str, str] = Field(default_factory=dict)
+
+
+class RunResult(BaseModel):
+    """``results.json``: schema version, measurement and provenance."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_version: str = Field(alias="schema")
+    measurement: RunMeasurement
+    provenance: Provenance
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (what :func:`certify.canonical.canonical_json` serialises)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def checks(self) -> list[Any]:
+        """The typed check results, in suite order."""
+        return list(self.measurement.checks)
+
+
+def _typed_checks(raw: list[Any]) -> list[BaseModel]:
+    out = []
+    models = _check_models()
+    for i, c in enumerate(raw):
+        if isinstance(c, BaseModel):
+            out.append(c)
+            continue
+        kind = c.get("kind") if isinstance(c, dict) else None
+        if kind not in models:
+            raise SchemaError(f"checks[{i}]: unknown check kind {kind!r}",
+                              hint="made by a newer certify? upgrade certify to read it")
+        out.append(models[kind].model_validate(c))
+    return out
+
+
+def parse_result(doc: Any) -> RunResult:
+    """A typed :class:`RunResult` from a parsed ``results.json`` (raises SchemaError)."""
+    if not isinstance(doc, dict):
+        raise SchemaError("the results are not a JSON object", hint="not a certify results file")
+    version = doc.get("schema")
+    if version in OLD_SCHEMAS:
+        raise SchemaError(f"results schema {version!r} is from an older certify; this one "
+                          f"reads {SCHEMA!r}", hint="rerun the suite with this certify")
+    if version != SCHEMA:
+        raise SchemaError(f"unknown results schema version {version!r} (this certify reads "
+                          f"{SCHEMA!r})", hint="use the certify version that wrote it")
+    try:
+        result = RunResult.model_validate(doc)
+        checks = _typed_checks(result.measurement.checks)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SchemaError(f"results do not follow {SCHEMA}: {where}: {first['msg']}",
+                          hint="the file was altered or written by another tool") from None
+    return result.model_copy(update={
+        "measurement": result.measurement.model_copy(update={"checks": checks})})
+
+
+def validate_document(doc: Any) -> RunResult:
+    """Alias of :func:`parse_result`, named for what callers use it for."""
+    return parse_result(doc)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of ``results.json`` for this certify (``certify schema``)."""
+    check = Annotated[Union[tuple(_check_models().values())],  # noqa: UP007
+                      Field(discriminator="kind")]
+    measurement = create_model("RunMeasurement", __base__=RunMeasurement,
+                               checks=(list[check], ...))  # type: ignore[valid-type]
+    doc = create_model("RunResult", __base__=RunResult,
+                       measurement=(measurement, ...))
+    schema = doc.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://certify.dev/schema/{SCHEMA}.json"
+    schema["title"] = f"certify results ({SCHEMA})"
+    schema["properties"]["schema"]["const"] = SCHEMA
+    return schema
+
+
+def pack_bits(flags: np.ndarray) -> str:
+    """A boolean vector as base64 of its little-endian packed bits."""
+    return base64.b64encode(np.packbits(flags.astype(bool), bitorder="little").tobytes()
+                            ).decode("ascii")
+
+
+def unpack_bits(text: str, n: int) -> np.ndarray:
+    """The boolean vector of length ``n`` packed by :func:`pack_bits`."""
+    raw = np.frombuffer(base64.b64decode(text), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
