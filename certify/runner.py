@@ -20,10 +20,10 @@ from typing import Any, Protocol
 import torch
 
 import certify
-from certify.checks import CheckContext
+from certify.checks import Check, CheckContext
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
-from certify.errors import CertifyError, ModelError
+from certify.errors import CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import Model, QueryCounter
 from certify.progress import NullProgress, Progress
 from certify.rundir import RunDir
@@ -32,6 +32,11 @@ from certify.suite import CheckSpec, Suite
 log = logging.getLogger("certify")
 
 SCHEMA = "certify.results/1"
+
+#: The ``error`` of a sample record whose model answer held NaN or infinite scores.
+NON_FINITE = "non-finite model output"
+#: Run verdict precedence, worst first; a run with none of them passes.
+VERDICT_ORDER = ("ERROR", "FAIL", "INCONCLUSIVE", "WARN")
 
 # The most bytes of images in one batch when the model runs in this process on the CPU. A batch
 # of 256 224x224 images is 154 MB; every tensor that large (a property's output, a gathered
@@ -102,6 +107,43 @@ def cpu_batch_size(batch_size: int, image_shape: tuple[int, ...], itemsize: int 
     return max(1, min(batch_size, CPU_BATCH_BYTES // max(1, per_image)))
 
 
+def run_batch_isolating(check: Check, model: QueryCounter, x: torch.Tensor, y: torch.Tensor,
+                        idx: list[int], ctx: CheckContext) -> list[dict[str, Any]]:
+    """``check.run_batch``, where a non-finite model answer makes error records, not a crash.
+
+    If any query of the batch gets NaN or infinite scores back (:class:`NonFiniteOutput`), the
+    batch's samples are rerun one at a time (seeds do not depend on the batch, so the other
+    samples' records are those of a batched run) and each sample that fails again becomes
+    ``{"outcome": "error", "error": NON_FINITE, "queries": spent}``. The queries of the
+    abandoned batch attempt are charged to the error records (``batch_queries``), so the records
+    still claim exactly the queries the model saw. Used in-process and by the Ray workers.
+    """
+    before = model.queries
+    try:
+        return check.run_batch(model, x, y, idx, ctx)
+    except NonFiniteOutput:
+        wasted = model.queries - before
+    if len(idx) == 1:
+        return [{"outcome": "error", "error": NON_FINITE, "queries": wasted}]
+    rows: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for j, i in enumerate(idx):
+        start = model.queries
+        try:
+            rows.extend(check.run_batch(model, x[j : j + 1], y[j : j + 1], [i], ctx))
+        except NonFiniteOutput:
+            rows.append({"outcome": "error", "error": NON_FINITE,
+                         "queries": model.queries - start})
+            errors.append(rows[-1])
+    # Alone, every sample may answer finitely (a batch-dependent model): then all share it.
+    charged = errors or rows
+    for k, r in enumerate(charged):
+        share = wasted // len(charged) + (1 if k < wasted % len(charged) else 0)
+        r["queries"] = int(r.get("queries", 0)) + share
+        r["batch_queries"] = share
+    return rows
+
+
 def _local_batches(spec: CheckSpec, counter: QueryCounter, data: Dataset,
                    batches: list[list[int]], ctx: CheckContext
                    ) -> Iterator[tuple[list[int], list[dict[str, Any]], int]]:
@@ -112,7 +154,8 @@ def _local_batches(spec: CheckSpec, counter: QueryCounter, data: Dataset,
         else:
             x, y = data.x[idx], data.y[idx]
         before = counter.queries
-        rows = spec.check.run_batch(counter, x.to(ctx.device), y.to(ctx.device), idx, ctx)
+        rows = run_batch_isolating(spec.check, counter, x.to(ctx.device), y.to(ctx.device),
+                                   idx, ctx)
         yield idx, rows, counter.queries - before
 
 
@@ -159,6 +202,23 @@ def _run_check(
     return run.records[spec.id]
 
 
+def threshold_status(passes: Any, value: Any, sample_errors: int, warned: bool) -> str:
+    """A thresholded check's status: FAIL, INCONCLUSIVE, WARN or PASS.
+
+    A NaN or infinite metric is INCONCLUSIVE (it can neither pass nor fail), and so is a
+    passing value measured with samples left out for non-finite model outputs: it can never
+    be a PASS. A failing value stays FAIL.
+    """
+    value = float(value)
+    if not math.isfinite(value):
+        return "INCONCLUSIVE"
+    if not passes(value):
+        return "FAIL"
+    if sample_errors:
+        return "INCONCLUSIVE"
+    return "WARN" if warned else "PASS"
+
+
 def _recorded_queries(run: RunDir) -> int:
     return sum(int(r.get("queries", 0)) for recs in run.records.values() for r in recs.values())
 
@@ -174,6 +234,9 @@ def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
     for (norm, eps), ids in sorted(groups.items()):
         recs = [run.records.get(i, {}) for i in ids]
         common = set.intersection(*(set(r) for r in recs)) if recs else set()
+        if not common:
+            continue
+        common = {s for s in common if all(r[s]["outcome"] != "error" for r in recs)}
         if not common:
             continue
         robust = sum(all(r[s]["outcome"] == "robust" for r in recs) for s in common)
@@ -238,7 +301,16 @@ def run_suite(
             records = _run_check(spec, run_counter, data, run, ctx, batch_size, progress,
                                  executor)
             ordered = [records[i] for i in sorted(records)]
-            m = spec.check.summarize(ordered, data)
+            errored = [r for r in ordered if r.get("outcome") == "error"]
+            if errored and len(errored) == len(ordered):
+                raise NonFiniteOutput(f"the model returned NaN or infinite outputs on every "
+                                      f"sample ({len(errored)})")
+            # Summaries never see error records: they are counted, and make PASS impossible.
+            m = spec.check.summarize([r for r in ordered if r.get("outcome") != "error"], data)
+            if errored:
+                m.metrics["sample_errors"] = len(errored)
+                m.warnings.append(f"{len(errored)} of {len(ordered)} samples gave NaN or "
+                                  "infinite model outputs and are left out of the metrics")
             queries = [int(r.get("queries", 0)) for r in ordered]
             entry.update({
                 "metrics": m.metrics,
@@ -252,10 +324,9 @@ def run_suite(
             if spec.threshold is None:
                 entry["status"] = "WARN" if m.warnings else "INFO"
             else:
-                value = float(m.metrics[spec.threshold.metric])
-                entry["status"] = "PASS" if spec.threshold.passes(value) else "FAIL"
-                if entry["status"] == "PASS" and m.warnings:
-                    entry["status"] = "WARN"
+                entry["status"] = threshold_status(spec.threshold.passes,
+                                                   m.metrics[spec.threshold.metric],
+                                                   len(errored), bool(m.warnings))
         except (KeyboardInterrupt, ModelError):
             raise
         except Exception as exc:  # noqa: BLE001 - a check's crash is a result, not a crash
@@ -277,7 +348,7 @@ def run_suite(
     if traffic is not None:  # an endpoint: what this invocation sent it
         model_doc["traffic"] = traffic()
     statuses = [c["status"] for c in checks]
-    verdict = next((v for v in ("ERROR", "FAIL", "WARN") if v in statuses), "PASS")
+    verdict = next((v for v in VERDICT_ORDER if v in statuses), "PASS")
     return {
         "schema": SCHEMA,
         "certify_version": certify.__version__,
@@ -296,7 +367,7 @@ def run_suite(
                     "resumed_records": run.resumed_records},
         "checks": checks,
         "summary": {s.lower(): statuses.count(s)
-                    for s in ("PASS", "FAIL", "WARN", "ERROR", "INFO")},
+                    for s in ("PASS", "FAIL", "WARN", "ERROR", "INFO", "INCONCLUSIVE")},
         "attack_worst_case": _worst_case(suite, run),
         "verdict": verdict,
     }
