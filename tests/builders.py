@@ -164,8 +164,15 @@ def write_labelled_npz(net: nn.Module, path: Path, n: int, seed: int) -> Path:
 
 
 def check_metrics(out: Path) -> dict[str, dict]:
-    """Each check's metrics from a run directory's results.json."""
+    """Each check's metrics from a run directory's results.json.
+
+    Refuses a run in which a check errored or measured nothing: two such runs would compare
+    equal (``{} == {}``) whatever the code under test did.
+    """
     r = json.loads((out / "results.json").read_text())
+    broken = {c["id"]: c.get("error") for c in r["checks"]
+              if c["status"] == "ERROR" or not c["metrics"]}
+    assert not broken, f"checks without a measurement in {out}: {broken}"
     return {c["id"]: c["metrics"] for c in r["checks"]}
 
 

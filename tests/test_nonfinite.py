@@ -86,14 +86,27 @@ def test_nan_everywhere_over_http_exits_3(nan_everywhere_model, bright_data, tmp
     assert not out.exists()
 
 
-def test_nan_samples_are_errors_and_the_checks_inconclusive(nan_bright_model, model_path,
-                                                             bright_data, tmp_path):
-    data, bright = bright_data
-    suite = _suite(tmp_path / "s.yaml")
-    out = tmp_path / "run"
-    proc = builders.run_cli("run", nan_bright_model, "--suite", suite, "--data", data,
-                            "--out", out, "--no-pdf", "--batch-size", "8")
+@pytest.fixture(scope="module")
+def nan_run(nan_bright_model, bright_data, tmp_path_factory) -> tuple[Path, Path]:
+    """(suite, run folder) of the NaN-when-bright model, in process, batches of 8."""
+    tmp = tmp_path_factory.mktemp("nanrun")
+    suite = _suite(tmp / "s.yaml")
+    out = tmp / "run"
+    proc = builders.run_cli("run", nan_bright_model, "--suite", suite, "--data",
+                            bright_data[0], "--out", out, "--no-pdf", "--batch-size", "8")
     assert proc.returncode == 1, proc.stderr
+    return suite, out
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(ln) for ln in (out / "records.jsonl").read_text().splitlines()]
+    return sorted(rows, key=lambda r: (r["check"], r["i"]))
+
+
+def test_nan_samples_are_errors_and_the_checks_inconclusive(nan_run, model_path, bright_data,
+                                                             tmp_path):
+    data, bright = bright_data
+    suite, out = nan_run
     results = json.loads((out / "results.json").read_text())
     assert (out / "card.html").is_file()
     assert results["verdict"] == "INCONCLUSIVE"
@@ -106,7 +119,7 @@ def test_nan_samples_are_errors_and_the_checks_inconclusive(nan_bright_model, mo
     # the metrics are computed on the finite samples only
     assert checks["square"]["metrics"]["n"] == int((~bright).sum())
 
-    records = [json.loads(ln) for ln in (out / "records.jsonl").read_text().splitlines()]
+    records = _records(out)
     for cid in ("clean", "square"):
         errored = {r["i"] for r in records if r["check"] == cid and r["outcome"] == "error"}
         assert errored == set(np.flatnonzero(bright).tolist())
@@ -118,10 +131,29 @@ def test_nan_samples_are_errors_and_the_checks_inconclusive(nan_bright_model, mo
     proc = builders.run_cli("run", model_path, "--suite", suite, "--data", data,
                             "--out", ref_out, "--no-pdf")
     assert proc.returncode in (0, 1), proc.stderr
-    ref = [json.loads(ln) for ln in (ref_out / "records.jsonl").read_text().splitlines()]
+    ref = _records(ref_out)
     assert [r for r in ref if not bright[r["i"]]] == [r for r in records if not bright[r["i"]]]
     assert {c["status"] for c in json.loads((ref_out / "results.json").read_text())["checks"]
             } == {"PASS"}
+
+
+def test_ray_workers_record_the_same_errors(nan_run, nan_bright_model, bright_data, tmp_path):
+    """The Ray worker isolates NaN samples through the same helper: the same records."""
+    pytest.importorskip("ray")
+    suite, local = nan_run
+    out = tmp_path / "ray"
+    proc = builders.run_cli("run", nan_bright_model, "--suite", suite, "--data",
+                            bright_data[0], "--out", out, "--no-pdf", "--executor", "ray",
+                            "--workers", "2", timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads((out / "results.json").read_text())["verdict"] == "INCONCLUSIVE"
+
+    def same(r: dict[str, Any]) -> dict[str, Any]:
+        # an error row carries a share of its failed batch attempt's queries: batching differs
+        return {k: v for k, v in r.items() if r["outcome"] != "error"
+                or k not in ("queries", "batch_queries")}
+
+    assert [same(r) for r in _records(out)] == [same(r) for r in _records(local)]
 
 
 # -- the rerun inside one batch -----------------------------------------------------------------
