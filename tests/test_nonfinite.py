@@ -137,6 +137,23 @@ def test_nan_samples_are_errors_and_the_checks_inconclusive(nan_run, model_path,
             } == {"PASS"}
 
 
+def test_a_check_with_nothing_finite_is_an_error(nan_bright_model, bright_data, tmp_path):
+    """Every sample NaN: no metric exists, so the check is an ERROR row and the card says so."""
+    data, bright = bright_data
+    arrays = np.load(data)
+    only_bright = tmp_path / "bright.npz"
+    np.savez(only_bright, x=arrays["x"][bright], y=arrays["y"][bright])
+    out = tmp_path / "run"
+    proc = builders.run_cli("run", nan_bright_model, "--suite", _suite(tmp_path / "s.yaml"),
+                            "--data", only_bright, "--out", out, "--no-pdf")
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads((out / "results.json").read_text())
+    assert r["verdict"] == "ERROR"
+    for c in r["checks"]:
+        assert c["status"] == "ERROR" and "every sample" in c["error"], c
+    assert (out / "card.html").is_file()
+
+
 def test_ray_workers_record_the_same_errors(nan_run, nan_bright_model, bright_data, tmp_path):
     """The Ray worker isolates NaN samples through the same helper: the same records."""
     pytest.importorskip("ray")
