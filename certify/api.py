@@ -66,6 +66,7 @@ def certify_model(
 
         key = load_private_key(opts.sign_key, opts.passphrase)
     suite = load_suite(opts.suite)
+    suite.check_thresholds(reference=opts.reference is not None)
     device = choose_device(opts.device)
     pre = suite.preprocessing
     overrides = {
@@ -94,13 +95,16 @@ def certify_model(
     )
     data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
                         progress=progress)
-    run = RunDir(opts.out, run_fingerprint(model, suite, data, seed, reference),
-                 resume=opts.resume)
+    run: RunDir | None = None
     try:
         with contextlib.ExitStack() as stack:
             executor = None
             if opts.executor == "ray":
                 executor = stack.enter_context(_ray_executor(opts, pre, input_size, suite))
+            # The run directory exists only once every pre-check (suite, model, reference,
+            # data, executor) has passed: a refused run leaves nothing behind.
+            run = RunDir(opts.out, run_fingerprint(model, suite, data, seed, reference),
+                         resume=opts.resume)
             outcome = run_suite(model, data, suite, run, device, seed=seed,
                                 batch_size=opts.batch_size, progress=progress,
                                 model_spec=_public_spec(opts.model), reference=reference,
@@ -108,7 +112,8 @@ def certify_model(
                                 else _public_spec(opts.reference),
                                 query_budget=opts.query_budget, executor=executor)
     finally:
-        run.close()
+        if run is not None:
+            run.close()
         for m in (model, reference):
             close = getattr(m, "close", None)
             if close is not None:

@@ -35,6 +35,7 @@ from certify.device import DeviceChoice, choose_device
 from certify.errors import BudgetExceeded, CertifyError, ModelError, UsageError
 from certify.models import HttpOptions, load_model
 from certify.models.base import Model, Preprocessing, QueryCounter
+from certify.runner import run_batch_isolating
 from certify.suite import CheckSpec
 
 log = logging.getLogger("certify")
@@ -150,7 +151,8 @@ class _Worker:
         ref = None if self.reference is None else count(self.reference)
         context = CheckContext(device=self.device, reference=ref, **ctx)
         try:
-            rows = check.run_batch(counter, x.to(self.device), y.to(self.device), idx, context)
+            rows = run_batch_isolating(check, counter, x.to(self.device), y.to(self.device),
+                                       idx, context)
         except CertifyError as exc:  # travels back as data: Ray cannot rebuild our errors
             return {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}
         except Exception as exc:  # noqa: BLE001 - the runner turns it into an ERROR row

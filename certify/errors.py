@@ -47,3 +47,14 @@ class BudgetExceeded(CertifyError):
     """A check asked for more model queries than its budget allows."""
 
     exit_code = 1
+
+
+class NonFiniteOutput(CertifyError):
+    """The model answered a query with NaN or infinite scores.
+
+    Raised by the counting wrapper on any query after the model was loaded; the runner makes
+    the samples concerned error records (never robust or correct ones). At load, a non-finite
+    answer to the probe images is a :class:`ModelError` instead.
+    """
+
+    exit_code = 3

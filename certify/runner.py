@@ -25,10 +25,10 @@ import torch
 
 import certify
 from certify.canonical import normalize
-from certify.checks import AttackCheck, CheckContext
+from certify.checks import AttackCheck, Check, CheckContext
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
-from certify.errors import CertifyError, ModelError
+from certify.errors import CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, QueryCounter
 from certify.progress import NullProgress, Progress
 from certify.results import (
@@ -51,6 +51,9 @@ from certify.rundir import RunDir
 from certify.suite import CheckSpec, Suite
 
 log = logging.getLogger("certify")
+
+#: The ``error`` of a sample record whose model answer held NaN or infinite scores.
+NON_FINITE = "non-finite model output"
 
 # The most bytes of images in one batch when the model runs in this process on the CPU. A batch
 # of 256 224x224 images is 154 MB; every tensor that large (a property's output, a gathered
@@ -122,6 +125,56 @@ def cpu_batch_size(batch_size: int, image_shape: tuple[int, ...], itemsize: int 
     return max(1, min(batch_size, CPU_BATCH_BYTES // max(1, per_image)))
 
 
+def run_batch_isolating(check: Check, model: QueryCounter, x: torch.Tensor, y: torch.Tensor,
+                        idx: list[int], ctx: CheckContext) -> list[dict[str, Any]]:
+    """``check.run_batch``, where a non-finite model answer makes error records, not a crash.
+
+    If any query of the batch gets NaN or infinite scores back (:class:`NonFiniteOutput`), the
+    batch's samples are rerun one at a time (seeds do not depend on the batch, so the other
+    samples' records are those of a batched run) and each sample that fails again becomes
+    ``{"outcome": "error", "error": NON_FINITE, "queries": spent}``. The queries of the
+    abandoned batch attempt are charged to the error records (``batch_queries``), so the records
+    still claim exactly the queries the model saw. Used in-process and by the Ray workers.
+    """
+    ref = ctx.reference
+
+    def spent() -> tuple[int, int]:
+        return model.queries, 0 if ref is None else ref.queries
+
+    before = spent()
+    try:
+        return check.run_batch(model, x, y, idx, ctx)
+    except NonFiniteOutput:
+        now = spent()
+        wasted = (now[0] - before[0], now[1] - before[1])
+    rows: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    if len(idx) == 1:
+        rows = errors = [{"outcome": "error", "error": NON_FINITE, "queries": 0}]
+    else:
+        for j, i in enumerate(idx):
+            start = spent()
+            try:
+                rows.extend(check.run_batch(model, x[j : j + 1], y[j : j + 1], [i], ctx))
+            except NonFiniteOutput:
+                end = spent()
+                rows.append({"outcome": "error", "error": NON_FINITE,
+                             "queries": end[0] - start[0]})
+                if end[1] - start[1]:
+                    rows[-1]["ref_queries"] = end[1] - start[1]
+                errors.append(rows[-1])
+    # Alone, every sample may answer finitely (a batch-dependent model): then all share it.
+    charged = errors or rows
+    for key, total in zip(("queries", "ref_queries"), wasted, strict=True):
+        if not total:
+            continue
+        for k, r in enumerate(charged):
+            share = total // len(charged) + (1 if k < total % len(charged) else 0)
+            r[key] = int(r.get(key, 0)) + share
+            r[f"batch_{key}"] = share
+    return rows
+
+
 def _local_batches(spec: CheckSpec, counters: tuple[QueryCounter, QueryCounter | None],
                    data: Dataset, batches: list[list[int]], ctx: CheckContext
                    ) -> Iterator[tuple[list[int], list[dict[str, Any]], int, int]]:
@@ -135,7 +188,8 @@ def _local_batches(spec: CheckSpec, counters: tuple[QueryCounter, QueryCounter |
         else:
             x, y = data.x[idx], data.y[idx]
         before, ref_before = counter.queries, 0 if ref is None else ref.queries
-        rows = spec.check.run_batch(counter, x.to(ctx.device), y.to(ctx.device), idx, ctx)
+        rows = run_batch_isolating(spec.check, counter, x.to(ctx.device), y.to(ctx.device),
+                                   idx, ctx)
         yield (idx, rows, counter.queries - before,
                0 if ref is None else ref.queries - ref_before)
 
@@ -224,6 +278,9 @@ def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
         common = set.intersection(*(set(r) for r in recs)) if recs else set()
         if not common:
             continue
+        common = {s for s in common if all(r[s]["outcome"] != "error" for r in recs)}
+        if not common:
+            continue
         robust = sum(all(r[s]["outcome"] == "robust" for r in recs) for s in common)
         out.append({"norm": norm, "epsilon": eps, "attacks": ids, "n": len(common),
                     "robust_accuracy": robust / len(common)})
@@ -231,23 +288,40 @@ def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
 
 
 def _outcomes(check: Any, records: list[dict[str, Any]], n: int) -> dict[str, Any]:
-    """A check's per-sample outcomes as packed bitmaps over the dataset (``n`` samples)."""
+    """A check's per-sample outcomes as packed bitmaps over the dataset (``n`` samples).
+
+    Samples whose model output was not finite have an ``error`` bit and no other outcome.
+    """
     import numpy as np
 
-    index = np.array([int(r["i"]) for r in records], dtype=np.int64)
+    good = [r for r in records if r.get("outcome") != "error"]
     selected = np.zeros(n, dtype=bool)
-    selected[index] = True
+    selected[[int(r["i"]) for r in records]] = True
+    index = np.array([int(r["i"]) for r in good], dtype=np.int64)
+    flags_by_name = dict(check.outcome_bits(good))
+    if len(good) < len(records):
+        flags_by_name["error"] = [True] * (len(records) - len(good))
     bits = {}
-    for name, flags in check.outcome_bits(records).items():
+    for name, flags in flags_by_name.items():
         full = np.zeros(n, dtype=bool)
-        full[index] = np.asarray(flags, dtype=bool)
+        where = index if name != "error" else [int(r["i"]) for r in records if r not in good]
+        full[where] = np.asarray(flags, dtype=bool)
         bits[name] = pack_bits(full)
-    values = {k: [float(v) for v in vs] for k, vs in check.sample_values(records).items()}
+    pos = {int(r["i"]): k for k, r in enumerate(good)}
+    values = {k: [float(vs[pos[int(r["i"])]]) if int(r["i"]) in pos else None
+                  for r in records]
+              for k, vs in check.sample_values(good).items()}
     return Outcomes(n=n, selected=pack_bits(selected), bits=bits, values=values).model_dump()
 
 
-def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str]) -> tuple[str, str]:
-    """A check's status and the rule that made it, from its metrics and warnings."""
+def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str],
+           sample_errors: int = 0) -> tuple[str, str]:
+    """A check's status and the rule that made it, from its metrics and warnings.
+
+    A NaN or infinite thresholded metric is INCONCLUSIVE (it can neither pass nor fail), and so
+    is a passing value measured with samples left out for non-finite model outputs: such a
+    check can never PASS. A failing value stays FAIL.
+    """
     if spec.threshold is None:
         if warnings:
             return "WARN", "no threshold (informational); warnings found"
@@ -260,6 +334,8 @@ def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str]) -> tup
     if not t.passes(value):
         return "FAIL", f"{t.metric} = {value:.4g} does not meet {t.describe()} (point estimate)"
     rule = f"{t.metric} = {value:.4g} meets {t.describe()} (point estimate)"
+    if sample_errors:
+        return "INCONCLUSIVE", rule + f", but {sample_errors} sample(s) gave non-finite outputs"
     if warnings:
         return "WARN", rule + "; a warning stops it from passing"
     return "PASS", rule
@@ -333,9 +409,17 @@ def run_suite(
             records = _run_check(spec, model, reference, run_budget, data, run, ctx,
                                  batch_size, progress, executor)
             ordered = [records[i] for i in sorted(records)]
-            m = spec.check.summarize(ordered, data)
+            errored = [r for r in ordered if r.get("outcome") == "error"]
+            if errored and len(errored) == len(ordered):
+                raise NonFiniteOutput(f"the model returned NaN or infinite outputs on every "
+                                      f"sample ({len(errored)})")
+            # Summaries never see error records: they are counted, and make PASS impossible.
+            m = spec.check.summarize([r for r in ordered if r.get("outcome") != "error"], data)
+            if errored:
+                m.warnings.append(f"{len(errored)} of {len(ordered)} samples gave NaN or "
+                                  "infinite model outputs and are left out of the metrics")
             queries = [int(r.get("queries", 0)) for r in ordered]
-            status, decision = decide(spec, m.metrics, m.warnings)
+            status, decision = decide(spec, m.metrics, m.warnings, len(errored))
             entry.update({
                 "metrics": m.metrics,
                 "intervals": {k: list(v) for k, v in m.intervals.items()},
@@ -348,6 +432,7 @@ def run_suite(
                 "status": status,
                 "decision": decision,
                 "outcomes": _outcomes(spec.check, ordered, len(data)),
+                "sample_errors": len(errored),
             })
             images.update(m.images)
         except (KeyboardInterrupt, ModelError):

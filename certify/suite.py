@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from certify.data import INTERPOLATIONS, DataSpec
 from certify.data.loaders import LAYOUTS
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
+from certify.validation import expect_keys, plain_data, plain_keys
 
 _TOP_KEYS = {"name", "description", "version", "seed", "classes", "flip_invariant_classes",
              "data", "preprocessing", "checks"}
@@ -29,6 +31,21 @@ _DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
 _PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
 _CHECK_KEYS = {"id", "kind", "params", "threshold", "budget", "samples"}
 _THRESHOLD_KEYS = {"metric", "min", "max"}
+# The type of every suite value outside check params (those follow their constructor's hints).
+_TOP_TYPES: dict[str, Any] = {
+    "name": str, "description": str, "version": int | float | str, "seed": int,
+    "classes": list[str], "flip_invariant_classes": list[int], "data": dict | None,
+    "preprocessing": dict | None, "checks": list[dict],
+}
+_DATA_TYPES: dict[str, Any] = {"path": str | None, "layout": str, "roi_crop": bool,
+                               "interpolation": str, "samples": int | None}
+_PRE_TYPES: dict[str, Any] = {"input_scale": float, "mean": float | list[float],
+                              "std": float | list[float], "channel_order": str,
+                              "input_size": list[int] | None}
+_CHECK_TYPES: dict[str, Any] = {"id": str, "kind": str, "params": dict | None,
+                                "threshold": dict | None, "budget": int | None,
+                                "samples": int | None}
+_THRESHOLD_TYPES: dict[str, Any] = {"metric": str, "min": float, "max": float}
 
 
 @dataclass(frozen=True)
@@ -40,7 +57,9 @@ class Threshold:
     max: float | None = None
 
     def passes(self, value: float) -> bool:
-        """Whether ``value`` meets the threshold."""
+        """Whether ``value`` meets the threshold; NaN and infinities never do."""
+        if not math.isfinite(value):
+            return False
         if self.min is not None and value < self.min:
             return False
         return not (self.max is not None and value > self.max)
@@ -84,8 +103,25 @@ class Suite:
     description: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def validate_for(self, info: ModelInfo) -> None:
-        """Refuse a model this suite cannot test, before any query is spent on the data."""
+    def check_thresholds(self, reference: bool) -> None:
+        """Refuse a threshold on a metric that no check of this run will report.
+
+        ``reference`` says whether the run has a reference model (``--reference``):
+        ``relative_improvement`` exists only then.
+        """
+        for i, spec in enumerate(self.checks):
+            if spec.threshold is not None:
+                _threshold_reported(spec.threshold, spec.check, spec.id, reference,
+                                    f"{self.source}: checks[{i}].threshold")
+
+    def validate_for(self, info: ModelInfo, reference: bool | None = None) -> None:
+        """Refuse a model this suite cannot test, before any query is spent on the data.
+
+        With ``reference`` (whether a reference model is given), thresholds are checked too
+        (:meth:`check_thresholds`).
+        """
+        if reference is not None:
+            self.check_thresholds(reference)
         if info.output != "labels" and info.num_classes != len(self.classes):
             raise SuiteError(
                 f"model {info.name} outputs {info.num_classes} scores but suite {self.name!r} "
@@ -94,6 +130,20 @@ class Suite:
             )
         for spec in self.checks:
             spec.check.validate(info)
+
+
+def _threshold_reported(t: Threshold, check: Check, cid: str, reference: bool,
+                        where: str) -> None:
+    produced = check.produced_metrics(reference)
+    if t.metric in produced:
+        return
+    if not reference and t.metric in check.produced_metrics(True):
+        raise SuiteError(f"{where}: {t.metric} of check {cid!r} needs a reference model",
+                         hint="pass --reference MODEL, or remove the threshold")
+    raise SuiteError(
+        f"{where}: check {cid!r} does not report {t.metric} in this configuration",
+        hint=f"it reports {', '.join(sorted(produced)) or 'no thresholdable metric'}; "
+             "remove the threshold or turn on what reports it")
 
 
 def packaged_suites() -> dict[str, Path]:
@@ -173,7 +223,9 @@ def load_suite(name_or_path: str) -> Suite:
 def parse_suite(raw: Any, source: str) -> Suite:
     """Validate a suite's parsed YAML; ``source`` names it in errors."""
     raw = _mapping(raw, source)
+    plain_keys(raw, source)
     _unknown(source, raw, _TOP_KEYS)
+    expect_keys(f"{source}:", raw, _TOP_TYPES)
     missing = sorted(_REQUIRED_TOP - set(raw))
     if missing:
         raise SuiteError(f"{source}: missing key(s) {', '.join(missing)}",
@@ -188,6 +240,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
 
     d = _mapping(raw.get("data"), f"{source}: data")
     _unknown(f"{source}: data", d, _DATA_KEYS)
+    expect_keys(f"{source}: data", d, _DATA_TYPES)
     layout = d.get("layout", "auto")
     if layout not in LAYOUTS:
         raise SuiteError(f"{source}: data.layout {layout!r} is not known",
@@ -209,6 +262,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
 
     p = _mapping(raw.get("preprocessing"), f"{source}: preprocessing")
     _unknown(f"{source}: preprocessing", p, _PRE_KEYS)
+    expect_keys(f"{source}: preprocessing", p, _PRE_TYPES)
     order = p.get("channel_order", "RGB")
     if order not in ("RGB", "BGR"):
         raise SuiteError(f"{source}: preprocessing.channel_order must be RGB or BGR",
@@ -236,6 +290,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
         where = f"{source}: checks[{i}]"
         c = _mapping(c, where)
         _unknown(where, c, _CHECK_KEYS)
+        expect_keys(where, c, _CHECK_TYPES)
         kind = c.get("kind")
         if kind not in CHECKS:
             raise SuiteError(f"{where}: unknown check kind {kind!r}",
@@ -252,6 +307,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
         if c.get("threshold") is not None:
             t = _mapping(c["threshold"], f"{where}.threshold")
             _unknown(f"{where}.threshold", t, _THRESHOLD_KEYS)
+            expect_keys(f"{where}.threshold", t, _THRESHOLD_TYPES)
             metric = t.get("metric", cls.metric_names[0] if cls.metric_names else None)
             if metric not in cls.metric_names:
                 raise SuiteError(f"{where}.threshold: metric {metric!r} is not reported by {kind}",
@@ -263,6 +319,14 @@ def parse_suite(raw: Any, source: str) -> Suite:
                 min=_number(t["min"], f"{where}.threshold.min") if "min" in t else None,
                 max=_number(t["max"], f"{where}.threshold.max") if "max" in t else None,
             )
+            if threshold.min is not None and threshold.max is not None and \
+                    threshold.min > threshold.max:
+                raise SuiteError(f"{where}.threshold: min {threshold.min:g} is above max "
+                                 f"{threshold.max:g}, so nothing can pass",
+                                 hint="swap them or drop one")
+            # reference=True: the most a check can report; without --reference it is checked
+            # again by Suite.check_thresholds before any model is loaded.
+            _threshold_reported(threshold, check, cid, True, f"{where}.threshold")
         budget = c.get("budget")
         if budget is not None and (not isinstance(budget, int) or budget <= 0):
             raise SuiteError(f"{where}.budget must be a positive integer", hint="queries per run")
@@ -279,6 +343,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
         raise SuiteError(f"{source}: flip_invariant_classes must list class ids",
                          hint=f"integers in 0..{len(classes) - 1}")
 
+    plain_data(raw, source)  # what no annotation typed: dates, binary, NaN under Any
     canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return Suite(
         name=str(raw["name"]),

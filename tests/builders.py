@@ -164,9 +164,43 @@ def write_labelled_npz(net: nn.Module, path: Path, n: int, seed: int) -> Path:
 
 
 def check_metrics(out: Path) -> dict[str, dict]:
-    """Each check's metrics from a run directory's results.json."""
+    """Each check's metrics from a run directory's results.json.
+
+    Refuses a run in which a check errored or measured nothing: two such runs would compare
+    equal (``{} == {}``) whatever the code under test did.
+    """
     r = json.loads((out / "results.json").read_text())
+    broken = {c["id"]: c.get("error") for c in r["measurement"]["checks"]
+              if c["status"] == "ERROR" or not c["metrics"]}
+    assert not broken, f"checks without a measurement in {out}: {broken}"
     return {c["id"]: c["metrics"] for c in r["measurement"]["checks"]}
+
+
+class NanWhenBright(nn.Module):
+    """Wraps a net to answer NaN for images whose mean pixel exceeds ``threshold`` (all NaN
+    when ``threshold`` is None): a planted defect for the non-finite output handling."""
+
+    def __init__(self, net: nn.Module, threshold: float | None) -> None:
+        super().__init__()
+        self.net, self.threshold = net, threshold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        nan = torch.full_like(out, float("nan"))
+        if self.threshold is None:
+            return nan
+        bright = x.mean(dim=(1, 2, 3)) > self.threshold
+        return torch.where(bright.unsqueeze(1), nan, out)
+
+
+def bright_and_dark_npz(net: nn.Module, path: Path, n: int, seed: int) -> tuple[Path, np.ndarray]:
+    """``n`` images, every other one brightened (mean pixel about 0.75, the others about 0.5),
+    labelled by ``net``; returns the path and a mask of the bright ones."""
+    x = make_images(n, seed=seed)
+    bright = np.arange(n) % 2 == 1
+    x[bright] = (128 + x[bright].astype(np.int64) // 2).astype(np.uint8)
+    np.savez(path, x=x, y=predict_net(net, x).astype(np.int64))
+    return path, bright
 
 
 def measurement(out: Path) -> bytes:

@@ -78,6 +78,7 @@ class OnnxHttpServer:
         self.rng = random.Random(self.faults.seed)
         self.lock = threading.Lock()
         self.infer_requests = 0
+        self.images_served = 0  # images the model ran on (answered requests only)
         self.in_flight = 0
         self.max_in_flight = 0  # the most inference requests handled at once
         self.faults_injected: dict[str, int] = {}
@@ -231,6 +232,8 @@ class OnnxHttpServer:
                     t = doc["inputs"][0]
                     x = np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
             y = self.session.run(None, {self.input_name: x})[0]
+            with self.lock:
+                self.images_served += len(x)
         except Exception as exc:  # noqa: BLE001 - a bad request is the client's 400
             self._send(h, 400, json.dumps({"error": str(exc)[:200]}).encode())
             return

@@ -32,7 +32,7 @@ def keys(tmp_path_factory):
     proc = builders.run_cli("keygen", "--out", d)
     assert proc.returncode == 0, proc.stderr
     other = tmp_path_factory.mktemp("other")
-    builders.run_cli("keygen", "--out", other)
+    assert builders.run_cli("keygen", "--out", other).returncode == 0
     return d / "certify.key", d / "certify.pub", other / "certify.pub"
 
 
@@ -248,8 +248,9 @@ def test_tampered_pdf_attachment_fails(demo_card, keys, tmp_path):
 
 def test_unsigned_card_does_not_verify(keys, tmp_path, model_path, npz_path, clean_suite):
     out = tmp_path / "run"
-    builders.run_cli("run", model_path, "--suite", clean_suite, "--data", npz_path, "--out", out,
-                     "--no-pdf")
+    run = builders.run_cli("run", model_path, "--suite", clean_suite, "--data", npz_path,
+                           "--out", out, "--no-pdf")
+    assert run.returncode == 1, run.stderr  # 30% wrong labels: the clean check fails
     proc = builders.run_cli("verify", out / "card.html", "--pubkey", keys[1])
     assert proc.returncode == 1 and "not signed" in proc.stderr
 
@@ -266,8 +267,9 @@ def test_text_from_model_and_data_is_escaped(tmp_path, model_path, npz_path):
     suite = tmp_path / "xss.yaml"
     suite.write_text(yaml.safe_dump(raw))
     out = tmp_path / "run"
-    builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path, "--out", out,
-                     "--no-pdf")
+    proc = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path,
+                            "--out", out, "--no-pdf")
+    assert proc.returncode == 1, proc.stderr
     html = (out / "card.html").read_text()
     assert "<script>alert(" not in html
     assert "&lt;script&gt;alert(" in html

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-from certify.api import demo_model_path
+from certify.api import DEMO_SEED, demo_model_path
 from certify.data.synthetic import GTSRB_CLASS_NAMES, generate
 from certify.perturbations import PROPERTIES
 from certify.suite import load_suite
@@ -69,9 +69,28 @@ def test_bundled_model_matches_its_recorded_figures(name):
     assert acc >= (0.97 if name == "standard" else 0.90)
 
 
-def test_robust_model_is_more_robust_under_pgd():
+def test_robust_model_is_more_robust_under_attack(tmp_path):
+    """Measured, not read from figures.json: the same L∞ 8/255 Square Attack on held-out signs
+    breaks the standard model clearly more often than the adversarially trained one."""
+    import yaml
+
+    x, y = generate(1, seed=DEMO_SEED + 1)  # one sign per class, not the demo's test set
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "pgd-like", "classes": list(GTSRB_CLASS_NAMES),
+                                     "checks": [{"id": "square", "kind": "attack", "params": {
+                                         "attack": "square_linf", "epsilon": 8 / 255,
+                                         "max_queries": 300, "binarization": False}}]}))
+    robust_accuracy = {}
+    for name in ("standard", "robust"):
+        out = tmp_path / name
+        proc = builders.run_cli("run", demo_model_path(name), "--suite", suite, "--data",
+                                tmp_path / "d.npz", "--out", out, "--no-pdf")
+        assert proc.returncode == 0, proc.stderr  # no threshold: INFO, the card is written
+        robust_accuracy[name] = builders.check_metrics(out)["square"]["robust_accuracy"]
+    assert robust_accuracy["robust"] > robust_accuracy["standard"] + 0.1, robust_accuracy
+    # and the recorded training figures say the same
     s, r = FIGURES["models"]["standard"], FIGURES["models"]["robust"]
-    assert s["pgd"]["eps_value"] == pytest.approx(8 / 255)
     assert r["pgd"]["robust_accuracy"] > s["pgd"]["robust_accuracy"]
 
 
@@ -105,3 +124,5 @@ def test_demo_command_writes_the_card(demo_run):
     checks = r["measurement"]["checks"]
     assert {c["details"]["property"] for c in checks if c["kind"] == "corruption"} == \
         set(PROPERTIES)
+    # the card is written whatever the verdict, but no check may have crashed to get there
+    assert not [c["id"] for c in r["checks"] if c["status"] == "ERROR"]

@@ -19,14 +19,19 @@ def _one_clear_line(proc, code: int, *needles: str) -> None:
         assert n in lines[0], lines[0]
 
 
+def _refused_before_run(proc, out, code: int, *needles: str) -> None:
+    """One clear line, and a failed pre-check leaves no --out folder behind."""
+    _one_clear_line(proc, code, *needles)
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
 def test_corrupt_onnx(tmp_path, official_dir):
     bad = tmp_path / "corrupt.onnx"
     good = builders.export(builders.make_net(), tmp_path / "good.onnx").read_bytes()
     bad.write_bytes(good[: len(good) // 3])
     proc = builders.run_cli("run", bad, "--suite", "gtsrb", "--data", official_dir,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 3, "corrupt.onnx")
-    assert not (tmp_path / "o" / "card.html").exists()
+    _refused_before_run(proc, tmp_path / "o", 3, "corrupt.onnx")
 
 
 def test_garbage_file(tmp_path, official_dir):
@@ -34,13 +39,13 @@ def test_garbage_file(tmp_path, official_dir):
     bad.write_bytes(b"\x00\xff" * 1000)
     proc = builders.run_cli("run", bad, "--suite", "gtsrb", "--data", official_dir,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 3, "garbage.onnx")
+    _refused_before_run(proc, tmp_path / "o", 3, "garbage.onnx")
 
 
 def test_missing_model(tmp_path, official_dir):
     proc = builders.run_cli("run", tmp_path / "nope.onnx", "--suite", "gtsrb", "--data",
                             official_dir, "--out", tmp_path / "o")
-    _one_clear_line(proc, 3, "not found")
+    _refused_before_run(proc, tmp_path / "o", 3, "not found")
 
 
 def test_model_input_not_an_image(tmp_path, official_dir):
@@ -52,7 +57,7 @@ def test_model_input_not_an_image(tmp_path, official_dir):
                           dynamic_axes={"features": {0: "n"}})
     proc = builders.run_cli("run", path, "--suite", "gtsrb", "--data", official_dir,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 3, "not an image")
+    _refused_before_run(proc, tmp_path / "o", 3, "not an image")
 
 
 def test_wrong_number_of_classes(tmp_path, official_dir):
@@ -61,18 +66,18 @@ def test_wrong_number_of_classes(tmp_path, official_dir):
     model = builders.export(net, tmp_path / "ten.onnx")
     proc = builders.run_cli("run", model, "--suite", "gtsrb", "--data", official_dir,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, "10 scores", "43 classes")
+    _refused_before_run(proc, tmp_path / "o", 2, "10 scores", "43 classes")
 
 
 def test_missing_data_folder(model_path, tmp_path):
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data",
                             tmp_path / "no-such-dir", "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, "no-such-dir")
+    _refused_before_run(proc, tmp_path / "o", 2, "no-such-dir")
 
 
 def test_no_data_given(model_path, tmp_path):
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, "no data")
+    _refused_before_run(proc, tmp_path / "o", 2, "no data")
 
 
 def test_csv_with_malformed_row(model_path, dataset_arrays, tmp_path):
@@ -84,7 +89,7 @@ def test_csv_with_malformed_row(model_path, dataset_arrays, tmp_path):
     csv.write_text("\n".join(lines) + "\n")
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", root,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, "Test.csv:5", "malformed row")
+    _refused_before_run(proc, tmp_path / "o", 2, "Test.csv:5", "malformed row")
 
 
 def test_csv_with_non_integer_label(model_path, dataset_arrays, tmp_path):
@@ -96,7 +101,7 @@ def test_csv_with_non_integer_label(model_path, dataset_arrays, tmp_path):
     csv.write_text("\n".join(lines) + "\n")
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", root,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, "GT-final_test.csv:4", "ClassId")
+    _refused_before_run(proc, tmp_path / "o", 2, "GT-final_test.csv:4", "ClassId")
 
 
 def test_label_out_of_range_and_missing_image(model_path, dataset_arrays, tmp_path):
@@ -108,19 +113,19 @@ def test_label_out_of_range_and_missing_image(model_path, dataset_arrays, tmp_pa
     csv.write_text("\n".join(lines) + "\n")
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", root,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, "GT-final_test.csv:3", "label 99")
+    _refused_before_run(proc, tmp_path / "o", 2, "GT-final_test.csv:3", "label 99")
 
     root2 = builders.write_gtsrb_official(tmp_path / "d2", x[:10], y[:10])
     (root2 / "00004.ppm").unlink()
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", root2,
                             "--out", tmp_path / "o2")
-    _one_clear_line(proc, 2, "00004.ppm")
+    _refused_before_run(proc, tmp_path / "o2", 2, "00004.ppm")
 
     root3 = builders.write_gtsrb_official(tmp_path / "d3", x[:10], y[:10])
     (root3 / "00002.ppm").write_bytes(b"not an image")
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", root3,
                             "--out", tmp_path / "o3")
-    _one_clear_line(proc, 2, "00002.ppm", "unreadable")
+    _refused_before_run(proc, tmp_path / "o3", 2, "00002.ppm", "unreadable")
 
 
 def _suite_text() -> str:
@@ -147,12 +152,12 @@ def test_suite_file_errors(old, new, needles, model_path, official_dir, tmp_path
     path.write_text(text.replace(old, new, 1))
     proc = builders.run_cli("run", model_path, "--suite", path, "--data", official_dir,
                             "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, *needles)
+    _refused_before_run(proc, tmp_path / "o", 2, *needles)
 
 
 def test_unknown_suite_name(model_path, tmp_path):
     proc = builders.run_cli("run", model_path, "--suite", "imagenet", "--out", tmp_path / "o")
-    _one_clear_line(proc, 2, "imagenet")
+    _refused_before_run(proc, tmp_path / "o", 2, "imagenet")
     assert "gtsrb" in proc.stderr
 
 

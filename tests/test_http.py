@@ -215,9 +215,17 @@ def test_query_budget_caps_the_run(model_path, data, tmp_path):
     assert proc.returncode == 1, proc.stderr
     r = json.loads((tmp_path / "run" / "results.json").read_text())
     assert r["measurement"]["queries"]["budget"] == 200
-    assert r["measurement"]["queries"]["total"] <= 200
+    probes = r["provenance"]["traffic"]["model"]["probe_images"]
+    # what the server itself ran: the probe images plus at most the budget
+    assert 0 < server.images_served - probes <= 200
+    # the card's total is what the records claim, and the server saw at least that many
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert r["measurement"]["queries"]["total"] == sum(row["queries"] for row in rows) > 0
+    assert r["measurement"]["queries"]["total"] <= server.images_served - probes
     errored = [c for c in r["measurement"]["checks"] if c["status"] == "ERROR"]
     assert errored and all("budget" in c["error"] for c in errored)
+    assert any(c["status"] != "ERROR" for c in r["measurement"]["checks"]), \
+        "the budget ran out, not the run"
 
 
 @pytest.mark.parametrize("url, code, words", [
@@ -228,6 +236,7 @@ def test_bad_endpoints(url, code, words, data, tmp_path):
     proc = _run(url, _suite(tmp_path / "s.yaml"), data, tmp_path / "o", "--retries", "0")
     assert proc.returncode == code, proc.stderr
     assert words in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_http_flags_refused_for_a_file(model_path, data, tmp_path):

@@ -167,6 +167,7 @@ def test_without_ray_the_hint_says_how_to_install(model_path, suite, data, tmp_p
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert 'certify[ray]' in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()  # the executor is a pre-check: no run folder
 
 
 def test_endpoint_concurrency_and_budget_hold_across_workers(model_path, suite, data,

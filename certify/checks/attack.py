@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import typing
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -35,6 +36,7 @@ from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
 from certify.stats import wilson_interval
+from certify.validation import expect
 
 PASS_SCORE = 0.95
 RASR_MARGIN = 0.1
@@ -154,11 +156,26 @@ class AttackCheck(Check):
         elif not isinstance(self.binarization, bool):
             raise SuiteError(f"{where}: binarization must be false or a mapping",
                              hint="e.g. binarization: {samples: 20}")
+        # Nested values, typed as far as the attack's and the test's annotations say.
+        if isinstance(self.binarization, dict):
+            hints = typing.get_type_hints(BinarizationSettings) | {"samples": int}
+            for k, v in self.binarization.items():
+                expect(v, hints[k], f"{where}.params.binarization.{k}")
+        if isinstance(self.attack_params, dict):
+            hints = typing.get_type_hints(ATTACKS[self.attack].__init__)
+            for k, v in self.attack_params.items():
+                expect(v, hints.get(k, Any), f"{where}.params.attack_params.{k}")
         try:
             self.build()
             self._bt()
         except TypeError as exc:
             raise SuiteError(f"{where}: {exc}", hint="check attack_params") from None
+
+    def produced_metrics(self, reference: bool) -> set[str]:
+        """No binarization metrics when the test is off or the attack is spatial."""
+        if self._bt() is None:
+            return set(self.metric_names) - {"binarization_score", "binarization_rasr"}
+        return set(self.metric_names)
 
     def validate(self, info: ModelInfo) -> None:
         """Refuse a score-based attack on a labels-only model before any query."""

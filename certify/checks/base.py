@@ -10,6 +10,7 @@ budgets, timing and error handling belong to the runner, not to checks.
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
@@ -21,6 +22,7 @@ from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed
+from certify.validation import expect
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,11 @@ class Check:
 
     @classmethod
     def from_params(cls, params: dict[str, Any], where: str) -> Check:
-        """Build from suite params; unknown parameters are errors naming the valid ones."""
+        """Build from suite params; unknown parameters are errors naming the valid ones.
+
+        Every value is checked against the constructor's type annotation (``bool`` is not an
+        ``int``; a string or a date is not a ``float``), as deep as the annotation goes.
+        """
         sig = inspect.signature(cls.__init__)
         valid = [n for n in sig.parameters if n != "self"]
         unknown = sorted(set(params) - set(valid))
@@ -186,6 +192,9 @@ class Check:
                 f"{where}: unknown parameter(s) {', '.join(unknown)} for check kind {cls.kind!r}",
                 hint=f"valid parameters: {', '.join(valid) or '(none)'}",
             )
+        hints = typing.get_type_hints(cls.__init__)
+        for name, value in params.items():
+            expect(value, hints.get(name, Any), f"{where}.params.{name}")
         try:
             return cls(**params)
         except TypeError as exc:
@@ -193,6 +202,15 @@ class Check:
 
     def check_params(self, where: str) -> None:
         """Validate the parameters themselves when the suite loads (raise SuiteError)."""
+
+    def produced_metrics(self, reference: bool) -> set[str]:
+        """The thresholdable metrics this configuration reports.
+
+        ``reference`` says whether a reference model is given. The suite refuses, when it
+        loads, a threshold on a metric of ``metric_names`` that is not in this set: such a
+        threshold could never be evaluated.
+        """
+        return set(self.metric_names)
 
     def validate(self, info: ModelInfo) -> None:
         """Refuse, before any query, a model this check cannot run on (raise SuiteError)."""

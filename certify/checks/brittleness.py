@@ -144,6 +144,10 @@ class Brittleness(Check):
             if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
                 raise SuiteError(f"{where}: {name} must be a positive number", hint="see docs")
 
+    def produced_metrics(self, reference: bool) -> set[str]:
+        """``relative_improvement`` needs a reference model (``--reference``)."""
+        return set(self.metric_names) - (set() if reference else {"relative_improvement"})
+
     def validate(self, info: ModelInfo) -> None:
         """Refuse a labels-only model: the brittle score is defined on class probabilities."""
         if info.output == "labels":

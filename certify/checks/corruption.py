@@ -35,6 +35,7 @@ from certify.images import ImageSink
 from certify.models.base import Model
 from certify.perturbations import PROPERTIES, Property
 from certify.stats import wilson_interval
+from certify.validation import expect_keys
 
 Apply = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -333,6 +334,7 @@ class CorruptionPair(_CorruptionBase):
         if not isinstance(part, dict) or set(part) - {"property", "bound", "steps"}:
             raise SuiteError(f"{where} must be a mapping with keys property, bound, steps",
                              hint="e.g. first: {property: rotation, bound: 10, steps: 2}")
+        expect_keys(where, part, {"property": str, "bound": float | None, "steps": int | None})
         prop = _property(part.get("property"), where)
         if prop.name == "flip":
             raise SuiteError(f"{where}: flip cannot be combined", hint="test flip on its own")

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from certify.errors import BudgetExceeded, ModelError
+from certify.errors import BudgetExceeded, ModelError, NonFiniteOutput
 
 OutputKind = Literal["logits", "probs", "labels"]
 
@@ -138,14 +138,17 @@ class QueryCounter:
         self.queries += n
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Forward ``x`` to the model, counting ``len(x)`` queries."""
+        """Forward ``x`` to the model, counting ``len(x)`` queries.
+
+        Raises :class:`NonFiniteOutput` (after counting) if any score is NaN or infinite.
+        """
         self._spend(x)
-        return self.model.predict(x)
+        return _finite(self.model.predict(x), "outputs")
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Penultimate features through the same count and budget as ``predict``."""
+        """Penultimate features through the same count, budget and finiteness check."""
         self._spend(x)
-        return self.model.features(x)  # type: ignore[attr-defined]
+        return _finite(self.model.features(x), "features")  # type: ignore[attr-defined]
 
     def has_features(self) -> bool:
         """Whether the wrapped model exposes penultimate features."""
@@ -157,6 +160,28 @@ class QueryCounter:
     def remaining(self) -> int | None:
         """Queries left, or ``None`` when unlimited."""
         return None if self.budget is None else self.budget - self.queries
+
+
+def _finite(out: torch.Tensor, what: str) -> torch.Tensor:
+    if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+        raise NonFiniteOutput(f"the model returned NaN or infinite {what}",
+                              hint="the samples concerned are recorded as errors")
+    return out
+
+
+def require_finite_probe(out: np.ndarray, name: str) -> None:
+    """Refuse a model whose answer to the probe images holds NaN or infinite scores (exit 3).
+
+    Called when a model is loaded, before the run directory exists: such a model can be
+    neither measured nor identified by its answers.
+    """
+    if np.issubdtype(out.dtype, np.floating) and not np.isfinite(out).all():
+        bad = int((~np.isfinite(out)).reshape(len(out), -1).any(axis=1).sum())
+        raise ModelError(
+            f"{name} returned NaN or infinite scores for {bad} of {len(out)} probe images",
+            hint="certify can only measure finite outputs: check the model's export "
+                 "(a division by zero, a log of 0, an overflow in float16)",
+        )
 
 
 def to_model_input(x: torch.Tensor, pre: Preprocessing, channels: int, layout: str

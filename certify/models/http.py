@@ -49,6 +49,7 @@ from certify.models.base import (
     image_layout,
     output_kind,
     probe_images,
+    require_finite_probe,
     to_model_input,
 )
 
@@ -194,6 +195,7 @@ class HttpModel:
             meta = {"protocol": "v1 (TF-Serving / KServe v1)"}
         probe = self._forward(to_model_input(probe_images(self.input_shape), self.preprocessing,
                                              self.input_shape[0], self.layout))
+        require_finite_probe(probe, self.endpoint.display)
         kind = output_kind(probe)
         k = probe.shape[1] if probe.ndim == 2 else (num_classes or 0)
         if kind == "labels" and not k:

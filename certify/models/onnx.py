@@ -27,6 +27,7 @@ from certify.models.base import (
     image_layout,
     output_kind,
     probe_images,
+    require_finite_probe,
     to_model_input,
 )
 
@@ -281,9 +282,8 @@ class OnnxModel:
                 f"a test forward pass of {self.path.name} failed: {str(exc).splitlines()[0][:300]}",
                 hint="check the model's input size and type",
             ) from exc
-        if out.ndim == 2 and out.shape[0] == 4:
-            return out
-        if out.ndim == 1 and out.shape[0] == 4:
+        if out.ndim in (1, 2) and out.shape[0] == 4:
+            require_finite_probe(out, self.path.name)
             return out
         raise ModelError(
             f"model output {self.output_name!r} has shape {list(out.shape)} for 4 images",
