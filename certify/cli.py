@@ -28,6 +28,7 @@ from rich.progress import (
 import certify
 from certify.device import DEVICE_CHOICES
 from certify.errors import CertifyError, UsageError
+from certify.redact import RedactingFilter, redact
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -82,6 +83,7 @@ def _setup_logging(debug: bool, quiet: bool) -> None:
     handler = RichHandler(console=err_console, show_time=False, show_path=False,
                           markup=False, rich_tracebacks=debug)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(RedactingFilter())
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False
@@ -120,7 +122,7 @@ class _Group(click.Group):
             if debug:
                 raise
             err_console.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
-                              f"{escape(str(e))} [dim](hint: rerun with --debug for the "
+                              f"{escape(redact(str(e)))} [dim](hint: rerun with --debug for the "
                               "traceback, and report it)[/]", highlight=False, soft_wrap=True)
             sys.exit(EXIT_FAILED)
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)

@@ -26,6 +26,7 @@ from certify.device import DeviceChoice
 from certify.errors import CertifyError, ModelError
 from certify.models.base import Model, QueryCounter
 from certify.progress import NullProgress, Progress
+from certify.redact import redact, redact_obj
 from certify.rundir import RunDir
 from certify.suite import CheckSpec, Suite
 
@@ -84,15 +85,15 @@ def _versions() -> dict[str, str]:
 
 def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
                     reference: Model | None = None) -> dict[str, Any]:
-    """What must match for ``--resume`` to continue a run."""
-    return {
+    """What must match for ``--resume`` to continue a run (redacted: it is written to run.json)."""
+    return redact_obj({
         "model": model.info.identity,
         "reference": None if reference is None else reference.info.identity,
         "suite": suite.digest,
         "data": data.digest,
         "seed": seed,
         "preprocessing": model.info.preprocessing.to_dict(),
-    }
+    })
 
 
 def cpu_batch_size(batch_size: int, image_shape: tuple[int, ...], itemsize: int = 4) -> int:
@@ -263,7 +264,7 @@ def run_suite(
             if isinstance(exc, CertifyError):
                 message = exc.message
             else:
-                message = f"{type(exc).__name__}: {exc}"
+                message = redact(f"{type(exc).__name__}: {exc}")
             log.debug("check %s failed:\n%s", spec.id, traceback.format_exc())
             log.error("check %s errored: %s", spec.id, message)
             entry.update({"status": "ERROR", "metrics": {}, "intervals": {}, "details": {},
@@ -276,6 +277,7 @@ def run_suite(
     traffic = getattr(model, "traffic", None)
     if traffic is not None:  # an endpoint: what this invocation sent it
         model_doc["traffic"] = traffic()
+    model_doc = redact_obj(model_doc)  # every string certify writes about a model
     statuses = [c["status"] for c in checks]
     verdict = next((v for v in ("ERROR", "FAIL", "WARN") if v in statuses), "PASS")
     return {
@@ -285,7 +287,7 @@ def run_suite(
                   "description": suite.description},
         "model": model_doc,
         "queries": {"total": _recorded_queries(run), "budget": query_budget},
-        "reference_model": None if reference is None else reference.info.to_dict(),
+        "reference_model": None if reference is None else redact_obj(reference.info.to_dict()),
         "data": data.describe(),
         "device": {"name": device.name, "requested": device.requested, "reason": device.reason,
                    "provider": model.info.provider},
