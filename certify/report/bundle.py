@@ -1,9 +1,9 @@
 """An OpenSSF model-signing bundle over the model file and its card, as one signed unit.
 
-The bundle is a folder holding the model, card.html, card.pdf, results.json and
-results.json.sig; the ``model-signing`` package (private-key mode, the same ECDSA P-256 key as
-the card) signs the folder's manifest into a Sigstore-format bundle file beside it. It is an
-optional extra: ``pip install "certify[bundle]"``.
+The bundle is a folder holding the model (with its external-data files), card.html, card.pdf,
+results.json and results.json.sig; the ``model-signing`` package (private-key mode, the same
+ECDSA P-256 key as the card) signs the folder's manifest into a Sigstore-format bundle file
+beside it. It is an optional extra: ``pip install "certify[bundle]"``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from certify.errors import UsageError
+from certify.models.onnx import external_data_files, model_identity
 from certify.report.sign import VerificationError
 
 CARD_FILES = ("card.html", "card.pdf", "results.json", "results.json.sig")
@@ -27,9 +29,35 @@ def _model_signing():  # noqa: ANN202 - the optional module
     return signing, verifying
 
 
+def results_model(results: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a results document (the one place that knows where it lives)."""
+    return results.get("model") or {}
+
+
+def _verified_results(run_dir: Path, key: Path, passphrase: str | None) -> dict[str, Any]:
+    """The run's results, once its card, PDF and results.json verify with ``key``'s public key."""
+    from certify.report.sign import load_private_key, verify_file
+
+    public = load_private_key(key, None if passphrase is None else passphrase.encode()) \
+        .public_key()
+    results: dict[str, Any] = {}
+    for name in ("card.html", "card.pdf", "results.json"):
+        try:
+            results = verify_file(run_dir / name, public)
+        except VerificationError as exc:
+            raise VerificationError(f"refusing to bundle {run_dir}: {exc.message}",
+                                    hint="bundle a card signed with this key (certify sign "
+                                         f"{run_dir} --key {key})") from None
+    return results
+
+
 def make_bundle(run_dir: Path, model: Path, key: Path, out: Path,
                 passphrase: str | None = None) -> Path:
-    """Copy the model and the signed card into ``out`` and sign it; returns the bundle path."""
+    """Copy the model and the signed card into ``out`` and sign it; returns the bundle path.
+
+    Refused before anything is written: a card that does not verify with ``key``'s public key,
+    and a model (external-data files included) whose identity differs from the card's.
+    """
     signing, _ = _model_signing()
     missing = [n for n in CARD_FILES if not (run_dir / n).is_file()]
     if missing:
@@ -39,8 +67,25 @@ def make_bundle(run_dir: Path, model: Path, key: Path, out: Path,
         raise UsageError(f"model file not found: {model}", hint="pass the certified model")
     if out.exists():
         raise UsageError(f"{out} already exists", hint="choose another --out")
+    results = _verified_results(run_dir, key, passphrase)
+    certified = results_model(results).get("identity")
+    identity = model_identity(model)
+    if identity != certified:
+        raise UsageError(
+            f"{model.name} is not the certified model: its identity {identity} differs from "
+            f"the card's {certified}",
+            hint="pass the model file the card was made for (with its external-data files)",
+        )
+    extra = external_data_files(model)
+    clash = sorted({n for n in extra} & {*CARD_FILES, model.name})
+    if clash:
+        raise UsageError(f"{model.name}'s external data {', '.join(clash)} would overwrite a "
+                         "bundle file", hint="save the weights under another name")
     out.mkdir(parents=True)
     shutil.copy2(model, out / model.name)
+    for loc in extra:
+        (out / loc).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(model.parent / loc, out / loc)
     for name in CARD_FILES:
         shutil.copy2(run_dir / name, out / name)
     signature = out.with_name(out.name + ".sigstore.json")

@@ -7,10 +7,13 @@ are what an auditor verifies), so both name the results digest they were made fr
 from __future__ import annotations
 
 import hashlib
+import re
+from pathlib import PurePath
 from typing import Any
 
 import yaml
 
+from certify.redact import redact
 from certify.report.card import headline
 from certify.report.payload import canonical_json
 
@@ -22,6 +25,31 @@ _METRIC = {
     "attack": ("robust_accuracy", "robust_accuracy", "Robust accuracy"),
     "brittleness": ("brittle_score", "brittle_score", "Brittle score (LIME)"),
 }
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#!{}])")
+_ABS_PATH = re.compile(r"(?<![\w:/.~-])(?:/[^\s/|`'\"<>]+)+/(?P<name>[^\s/|`'\"<>]*)")
+
+
+def local_free(text: str) -> str:
+    """``text`` with credentials redacted and absolute local paths cut to their base names."""
+    return _ABS_PATH.sub(lambda m: m["name"] or "local folder", redact(text))
+
+
+def md(text: Any) -> str:
+    """Markdown-safe inline text: one line, no markup, links, HTML or absolute local paths."""
+    s = local_free(str(text)).replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", s)
+
+
+def data_source(results: dict[str, Any]) -> str:
+    """The data source as an export may name it: a base name, never an absolute local path."""
+    source = str(results["data"].get("source") or "")
+    if source.startswith(("http://", "https://")):
+        return redact(source)
+    name = PurePath(source.replace("\\", "/")).name
+    return name or "local file"
 
 
 def results_digest(results: dict[str, Any]) -> str:
@@ -39,12 +67,13 @@ def model_index(results: dict[str, Any]) -> str:
         if key not in c["metrics"]:
             continue
         metrics.append({"type": mtype, "value": c["metrics"][key],
-                        "name": f"{label}: {c['id']}", "verified": False})
+                        "name": local_free(f"{label}: {c['id']}"), "verified": False})
     doc = {"model-index": [{
-        "name": results["model"]["name"],
+        "name": local_free(results["model"]["name"]),
         "results": [{
             "task": {"type": "image-classification", "name": "Image Classification"},
-            "dataset": {"name": f"{results['suite']['name']} ({results['data']['source']})",
+            "dataset": {"name": local_free(f"{results['suite']['name']} "
+                                           f"({data_source(results)})"),
                         "type": results["suite"]["name"]},
             "metrics": metrics,
             "source": {"name": f"certify {results['certify_version']}, results "
@@ -57,18 +86,18 @@ def model_index(results: dict[str, Any]) -> str:
 def markdown_summary(results: dict[str, Any]) -> str:
     """A short Markdown table of verdicts for a release page."""
     lines = [
-        f"## Robustness card: {results['model']['name']}",
+        f"## Robustness card: {md(results['model']['name'])}",
         "",
-        f"Overall verdict: **{results['verdict']}** (suite `{results['suite']['name']}`, "
-        f"certify {results['certify_version']}, {results['data']['n']} samples).",
+        f"Overall verdict: **{md(results['verdict'])}** (suite {md(results['suite']['name'])}, "
+        f"data {md(data_source(results))}, certify {md(results['certify_version'])}, "
+        f"{int(results['data']['n'])} samples).",
         "",
         "| check | result | verdict |",
         "|---|---|---|",
     ]
     for c in results["checks"]:
-        text = headline(c).replace("|", "\\|")
-        lines.append(f"| {c['id']} | {text} | {c['status']} |")
-    lines += ["", f"Model `{results['model']['identity']}`; results "
+        lines.append(f"| {md(c['id'])} | {md(headline(c))} | {md(c['status'])} |")
+    lines += ["", f"Model {md(results['model']['identity'])}; results "
               f"`{results_digest(results)}`. Verify the attached card with "
               "`certify verify card.pdf --pubkey KEY.pub`.", ""]
     return "\n".join(lines)
