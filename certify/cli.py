@@ -28,7 +28,7 @@ from rich.progress import (
 import certify
 from certify.device import DEVICE_CHOICES
 from certify.errors import CertifyError, UsageError
-from certify.redact import RedactingFilter, redact
+from certify.redact import install_log_filters, redact
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -83,7 +83,7 @@ def _setup_logging(debug: bool, quiet: bool) -> None:
     handler = RichHandler(console=err_console, show_time=False, show_path=False,
                           markup=False, rich_tracebacks=debug)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    handler.addFilter(RedactingFilter())
+    install_log_filters(handler)
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False

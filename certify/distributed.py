@@ -130,13 +130,13 @@ class _LedgerCounter(QueryCounter):
 
 def _worker_logging() -> None:
     """certify's log in a Ray worker: warnings and up, to stderr (Ray's worker log), redacted."""
-    from certify.redact import RedactingFilter
+    from certify.redact import install_log_filters
 
     logger = logging.getLogger("certify")
     logger.setLevel(logging.WARNING)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s certify: %(message)s"))
-    handler.addFilter(RedactingFilter())
+    install_log_filters(handler)
     logger.handlers[:] = [handler]
     logger.propagate = False
 

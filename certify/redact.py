@@ -5,12 +5,14 @@ endpoint: ``scheme://user:password@`` user info, the values of credential-like q
 (``api_key=``, ``token=``, ``sig=``, ``X-Amz-Signature=`` …, case-insensitive) and every secret
 value registered with :func:`register_secret` (the value of ``--auth-env``). It is applied once
 per channel: :class:`certify.errors.CertifyError` messages and hints, :class:`RedactingFilter` on
-certify's log handlers (the CLI's and the Ray workers'), and :func:`redact_obj` over what the
-runner writes about a model (results, the run fingerprint).
+certify's log handlers (the CLI's and the Ray workers', installed by
+:func:`install_log_filters`, which also covers urllib3's retry warnings), and
+:func:`redact_obj` over what the runner writes about a model (results, the run fingerprint).
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import threading
@@ -57,7 +59,12 @@ def register_url_secrets(url: str) -> None:
     """Register a URL's password and credential-like query values (servers echo them)."""
     m = re.match(r"[a-z][a-z0-9+.-]*://(?P<info>[^/@\s?#]+)@", url, re.IGNORECASE)
     if m:
-        register_secret(m["info"].partition(":")[2] or m["info"])
+        from urllib.parse import unquote
+
+        info = unquote(m["info"])
+        register_secret(info.partition(":")[2] or info)
+        # requests sends it as HTTP Basic auth, which a server may echo back in an error
+        register_secret(base64.b64encode(info.encode()).decode())
     for p in _PARAM.finditer(url):
         register_secret(p["value"])
 
@@ -104,9 +111,21 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def install_log_filter(logger: logging.Logger | None = None) -> None:
-    """Attach one :class:`RedactingFilter` to each handler of ``logger`` (certify's default)."""
-    logger = logger or logging.getLogger("certify")
-    for h in logger.handlers:
-        if not any(isinstance(f, RedactingFilter) for f in h.filters):
-            h.addFilter(RedactingFilter())
+# Third-party loggers that put request URLs into their messages (urllib3 logs each retry with
+# the path and query at WARNING).
+THIRD_PARTY_LOGGERS = ("urllib3", "urllib3.connectionpool", "urllib3.util.retry", "requests")
+
+
+def install_log_filters(*handlers: logging.Handler) -> None:
+    """Redact every log line this process writes: call once at an edge (CLI, Ray worker).
+
+    Adds one :class:`RedactingFilter` to ``handlers``, to Python's last-resort stderr handler
+    and to the loggers of libraries that log URLs (:data:`THIRD_PARTY_LOGGERS`).
+    """
+    targets: list[logging.Handler | logging.Logger] = [*handlers]
+    if logging.lastResort is not None:
+        targets.append(logging.lastResort)
+    targets += [logging.getLogger(name) for name in THIRD_PARTY_LOGGERS]
+    for t in targets:
+        if not any(isinstance(f, RedactingFilter) for f in t.filters):
+            t.addFilter(RedactingFilter())
