@@ -45,7 +45,8 @@ def _verified_results(run_dir: Path, key: Path, passphrase: str | None) -> dict[
         try:
             results = verify_file(run_dir / name, public)
         except VerificationError as exc:
-            raise VerificationError(f"refusing to bundle {run_dir}: {exc.message}",
+            raise VerificationError(f"refusing to bundle {run_dir}: {name} does not verify "
+                                    f"with this key ({exc.message})",
                                     hint="bundle a card signed with this key (certify sign "
                                          f"{run_dir} --key {key})") from None
     return results
@@ -90,7 +91,9 @@ def make_bundle(run_dir: Path, model: Path, key: Path, out: Path,
         shutil.copy2(run_dir / name, out / name)
     signature = out.with_name(out.name + ".sigstore.json")
     try:
-        signing.Config().use_elliptic_key_signer(private_key=key, password=passphrase).sign(
+        # model-signing is typed `str` but hands the password to cryptography, which needs bytes
+        password: Any = None if passphrase is None else passphrase.encode()
+        signing.Config().use_elliptic_key_signer(private_key=key, password=password).sign(
             out, signature)
     except (ValueError, TypeError) as exc:
         shutil.rmtree(out)
