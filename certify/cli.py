@@ -91,7 +91,9 @@ def _setup_logging(debug: bool, quiet: bool) -> None:
 
 def _fail(exc: CertifyError, debug: bool) -> int:
     if debug:
-        err_console.print_exception()
+        import traceback
+
+        err_console.print(escape(redact(traceback.format_exc())), highlight=False)
     hint = f" [dim](hint: {escape(exc.hint)})[/]" if exc.hint else ""
     err_console.print(f"[bold red]error:[/] {escape(exc.message)}{hint}", highlight=False,
                       soft_wrap=True)
@@ -119,8 +121,11 @@ class _Group(click.Group):
                               "run the same command with --resume to continue")
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001 - last resort: one line, not a traceback
-            if debug:
-                raise
+            if debug:  # the traceback, redacted like every other line certify prints
+                import traceback
+
+                sys.stderr.write(redact(traceback.format_exc()))
+                sys.exit(EXIT_FAILED)
             err_console.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
                               f"{escape(redact(str(e)))} [dim](hint: rerun with --debug for the "
                               "traceback, and report it)[/]", highlight=False, soft_wrap=True)
