@@ -16,7 +16,7 @@ from certify.progress import NullProgress, Progress
 from certify.report import write_report
 from certify.report.card import renderer_info
 from certify.results import RunResult
-from certify.rundir import RunDir
+from certify.rundir import DEMO_DATA, RunDir, check_out_dir
 from certify.runner import run_fingerprint, run_suite
 from certify.suite import load_suite
 
@@ -60,6 +60,7 @@ def certify_model(
     the model loaded and checked against the suite, the data loaded and checked.
     """
     progress = progress or NullProgress()
+    check_out_dir(opts.out, opts.resume)  # refused before any work, and before any write
     key = None
     if opts.sign_key is not None:  # a bad key is refused before any work
         from certify.report.sign import load_private_key
@@ -143,10 +144,16 @@ def _ray_executor(opts: RunOptions, pre: Any, input_size: tuple[int, int] | None
 
 
 def _public_spec(spec: str) -> str:
-    """The model argument as it may appear on the card: no credentials inside a URL."""
-    import re
+    """The model argument as it may appear on the card: no credentials, no local folders.
 
-    return re.sub(r"^(https?://)[^/@]*@", r"\1", spec)
+    A URL loses its credentials (:func:`certify.redact.redact`); a file keeps its base name,
+    so no absolute local path is signed into the results.
+    """
+    from certify.redact import redact
+
+    if spec.startswith(("http://", "https://")):
+        return redact(spec)
+    return Path(spec).name
 
 
 def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
@@ -205,7 +212,10 @@ def run_demo(
     from certify.data.synthetic import generate
 
     model = demo_model_path("standard")
-    data_dir = out / "demo-data"
+    # Same rules as `certify run`, checked before the demo data is written: an earlier demo
+    # run in `out` needs --resume, and a folder that is not a run is refused untouched.
+    check_out_dir(out, resume)
+    data_dir = out / DEMO_DATA
     data_dir.mkdir(parents=True, exist_ok=True)
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
     npz = data_dir / "synthetic-gtsrb-test.npz"

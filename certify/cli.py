@@ -28,6 +28,7 @@ from rich.progress import (
 import certify
 from certify.device import DEVICE_CHOICES
 from certify.errors import CertifyError, UsageError
+from certify.redact import install_log_filters, redact
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -82,6 +83,7 @@ def _setup_logging(debug: bool, quiet: bool) -> None:
     handler = RichHandler(console=err_console, show_time=False, show_path=False,
                           markup=False, rich_tracebacks=debug)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    install_log_filters(handler)
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False
@@ -89,7 +91,9 @@ def _setup_logging(debug: bool, quiet: bool) -> None:
 
 def _fail(exc: CertifyError, debug: bool) -> int:
     if debug:
-        err_console.print_exception()
+        import traceback
+
+        err_console.print(escape(redact(traceback.format_exc())), highlight=False)
     hint = f" [dim](hint: {escape(exc.hint)})[/]" if exc.hint else ""
     err_console.print(f"[bold red]error:[/] {escape(exc.message)}{hint}", highlight=False,
                       soft_wrap=True)
@@ -117,10 +121,13 @@ class _Group(click.Group):
                               "run the same command with --resume to continue")
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001 - last resort: one line, not a traceback
-            if debug:
-                raise
+            if debug:  # the traceback, redacted like every other line certify prints
+                import traceback
+
+                sys.stderr.write(redact(traceback.format_exc()))
+                sys.exit(EXIT_FAILED)
             err_console.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
-                              f"{escape(str(e))} [dim](hint: rerun with --debug for the "
+                              f"{escape(redact(str(e)))} [dim](hint: rerun with --debug for the "
                               "traceback, and report it)[/]", highlight=False, soft_wrap=True)
             sys.exit(EXIT_FAILED)
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)

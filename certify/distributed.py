@@ -129,11 +129,24 @@ class _LedgerCounter(QueryCounter):
         self.queries += n
 
 
+def _worker_logging() -> None:
+    """certify's log in a Ray worker: warnings and up, to stderr (Ray's worker log), redacted."""
+    from certify.redact import install_log_filters
+
+    logger = logging.getLogger("certify")
+    logger.setLevel(logging.WARNING)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s certify: %(message)s"))
+    install_log_filters(handler)
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+
+
 class _Worker:
     """One Ray actor: its own model (and reference model) and device."""
 
     def __init__(self, model: ModelSource, reference: ModelSource | None, threads: int) -> None:
-        logging.getLogger("certify").setLevel(logging.WARNING)
+        _worker_logging()
         device = choose_device(model.device)
         self.device = device.torch_device
         self.model = model.load(device, threads)

@@ -14,6 +14,11 @@ class CertifyError(Exception):
     exit_code: int = 1
 
     def __init__(self, message: str, hint: str | None = None) -> None:
+        # The one place error text is redacted: no URL credential or secret in any message.
+        from certify.redact import redact
+
+        message = redact(message)
+        hint = None if hint is None else redact(hint)
         super().__init__(message)
         self.message = message
         self.hint = hint

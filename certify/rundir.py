@@ -31,12 +31,50 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+DEMO_DATA = "demo-data"  # what `certify demo` writes before the run starts
+
+
+def check_out_dir(path: Path, resume: bool) -> None:
+    """Refuse an ``--out`` where a run would overwrite something, before anything is written.
+
+    Accepted: a missing or empty folder (a folder holding only ``demo-data/`` counts as empty),
+    and a folder holding a run when ``resume`` is set. Refused with :class:`UsageError`: a file,
+    a run without ``resume``, and a non-empty folder that is not a certify run (its
+    ``card.html`` or ``results.json`` would be overwritten).
+    """
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise UsageError(f"--out {path} is a file", hint="choose a folder for --out")
+    if (path / RUN_FILE).exists() or (path / RECORDS_FILE).exists():
+        if not resume:
+            raise UsageError(
+                f"{path} already holds a run",
+                hint="pass --resume to continue it, or choose another --out",
+            )
+        return
+    try:
+        entries = sorted(p.name for p in path.iterdir()
+                         if not (p.name == DEMO_DATA and p.is_dir()))
+    except OSError as exc:
+        raise UsageError(f"cannot read output folder {path}: {exc.strerror}",
+                         hint="choose another --out") from None
+    if entries:
+        shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
+        raise UsageError(
+            f"{path} is not empty ({shown}) and holds no certify run",
+            hint="choose a new or empty folder for --out; certify does not overwrite "
+                 "other files",
+        )
+
+
 class RunDir:
     """A run's output folder; ``records`` maps check id to {sample index: record}."""
 
     def __init__(self, path: Path, fingerprint: dict[str, Any], resume: bool) -> None:
         self.path = path
         self.records: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        check_out_dir(path, resume)
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -44,14 +82,10 @@ class RunDir:
                              hint="choose another --out") from None
         run_file = path / RUN_FILE
         rec_file = path / RECORDS_FILE
-        if run_file.exists() or rec_file.exists():
-            if not resume:
-                raise UsageError(
-                    f"{path} already holds a run",
-                    hint="pass --resume to continue it, or choose another --out",
-                )
+        if run_file.exists() or rec_file.exists():  # check_out_dir: only with resume
             self._check_fingerprint(run_file, fingerprint)
             self._load_records(rec_file)
+        self._resumed = sum(len(v) for v in self.records.values())
         atomic_write(run_file, json.dumps({"fingerprint": fingerprint}, indent=2,
                                           sort_keys=True).encode())
         self._out = rec_file.open("a", encoding="utf-8")
@@ -59,8 +93,9 @@ class RunDir:
 
     @property
     def resumed_records(self) -> int:
-        """How many records were found on disk when the run directory was opened."""
-        return sum(len(v) for v in self.records.values())
+        """How many records were found on disk when the run directory was opened (records
+        appended by this run are not counted)."""
+        return self._resumed
 
     def _check_fingerprint(self, run_file: Path, fingerprint: dict[str, Any]) -> None:
         try:

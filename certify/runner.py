@@ -31,6 +31,7 @@ from certify.device import DeviceChoice
 from certify.errors import CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, QueryCounter
 from certify.progress import NullProgress, Progress
+from certify.redact import redact, redact_obj
 from certify.results import (
     SCHEMA,
     VERDICT_PRECEDENCE,
@@ -107,15 +108,15 @@ def _versions() -> dict[str, str]:
 
 def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
                     reference: Model | None = None) -> dict[str, Any]:
-    """What must match for ``--resume`` to continue a run."""
-    return {
+    """What must match for ``--resume`` to continue a run (redacted: it is written to run.json)."""
+    return redact_obj({
         "model": model.info.identity,
         "reference": None if reference is None else reference.info.identity,
         "suite": suite.digest,
         "data": data.digest,
         "seed": seed,
         "preprocessing": model.info.preprocessing.to_dict(),
-    }
+    })
 
 
 def cpu_batch_size(batch_size: int, image_shape: tuple[int, ...], itemsize: int = 4) -> int:
@@ -442,7 +443,7 @@ def run_suite(
             if isinstance(exc, CertifyError):
                 message = exc.message
             else:
-                message = f"{type(exc).__name__}: {exc}"
+                message = redact(f"{type(exc).__name__}: {exc}")
             log.debug("check %s failed:\n%s", spec.id, traceback.format_exc())
             log.error("check %s errored: %s", spec.id, message)
             entry.update({"status": "ERROR", "decision": "the check could not complete",
@@ -474,7 +475,7 @@ def run_suite(
     )
     traffic = {name: m.traffic() for name, m in (("model", model), ("reference", reference))
                if m is not None and getattr(m, "traffic", None) is not None}
-    provenance = Provenance(
+    provenance = Provenance(**redact_obj(dict(  # every string certify writes about a model
         model_spec=model_spec,
         reference_spec=reference_spec,
         data_source=str(data.source),
@@ -485,7 +486,7 @@ def run_suite(
         timings={"total_s": time.perf_counter() - t0, "checks": durations,
                  "resumed_records": run.resumed_records},
         traffic=traffic or None,
-    )
+    )))
     result = RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)
     return SuiteOutcome(result=result, images=images)
 
@@ -498,7 +499,7 @@ def _typed_check(entry: dict[str, Any]) -> Any:
 def _model_doc(model: Model) -> dict[str, Any]:
     d = model.info.to_dict()
     d.pop("provider", None)  # provenance: the same model gives the same numbers on either
-    return d
+    return redact_obj(d)  # an endpoint's URL is part of its name and identity
 
 
 def _data_doc(data: Dataset) -> dict[str, Any]:

@@ -61,7 +61,8 @@ class OnnxHttpServer:
 
     def __init__(self, model_path: Path, name: str = "signs", token: str | None = None,
                  faults: Faults | None = None, labels_only: bool = False,
-                 threads: int = 0, binary: bool = True) -> None:
+                 threads: int = 0, binary: bool = True, query_token: str | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
@@ -72,6 +73,8 @@ class OnnxHttpServer:
         self.input_shape = [d if isinstance(d, int) else -1 for d in inp.shape]
         self.name = name
         self.token = token
+        self.query_token = query_token  # when set, every request needs ?api_key=<it>
+        self.metadata = metadata or {}  # overrides of the v2 model metadata (e.g. platform)
         self.faults = faults or Faults()
         self.labels_only = labels_only
         self.binary = binary  # advertise and speak the v2 binary tensor data extension
@@ -132,9 +135,16 @@ class OnnxHttpServer:
     def _authorised(self, h: BaseHTTPRequestHandler) -> bool:
         with self.lock:
             self.headers_seen.append(dict(h.headers))
+        path, _, query = h.path.partition("?")
+        h.path = path  # handlers route on the path alone
+        if self.query_token is not None and f"api_key={self.query_token}" not in query.split("&"):
+            # like many gateways, echo what was refused (the client must not repeat it)
+            self._send(h, 403, json.dumps({"error": f"bad key in {query}"}).encode())
+            return False
         if self.token is None or h.headers.get("Authorization") == f"Bearer {self.token}":
             return True
-        self._send(h, 401, b'{"error": "unauthorised"}')
+        self._send(h, 401, json.dumps(
+            {"error": f"unauthorised: {h.headers.get('Authorization')}"}).encode())
         return False
 
     def _get(self, h: BaseHTTPRequestHandler) -> None:
@@ -149,7 +159,8 @@ class OnnxHttpServer:
             meta = {"name": self.name, "versions": ["1"], "platform": "onnxruntime",
                     "inputs": [{"name": self.input_name, "datatype": "FP32",
                                 "shape": self.input_shape}],
-                    "outputs": [{"name": out.name, "datatype": "FP32", "shape": [-1, -1]}]}
+                    "outputs": [{"name": out.name, "datatype": "FP32", "shape": [-1, -1]}],
+                    **self.metadata}
             self._send(h, 200, json.dumps(meta).encode())
         elif h.path.rstrip("/") == f"/v1/models/{self.name}":
             self._send(h, 200, json.dumps({"model_version_status": [

@@ -77,7 +77,8 @@ def test_interrupted_run_resumes_to_same_metrics(sig, model_path, big_npz, unint
     got = json.loads((out / "results.json").read_text())
     # the signed measurement is byte-identical to the uninterrupted run's (other batch size)
     assert builders.measurement(out) == canonical_json(expected["measurement"])
-    assert got["provenance"]["timings"]["resumed_records"] >= 100
+    # only the records found on disk, not those this run appended
+    assert 100 <= got["provenance"]["timings"]["resumed_records"] <= done
     # every sample recorded exactly once
     ids = [json.loads(line)["i"] for line in (out / "records.jsonl").read_text().splitlines()]
     assert sorted(ids) == list(range(N))

@@ -52,13 +52,14 @@ from certify.models.base import (
     require_finite_probe,
     to_model_input,
 )
+from certify.redact import redact, register_secret, register_url_secrets
 
 log = logging.getLogger("certify")
 
 _V2 = re.compile(r"^(?P<base>https?://[^?#]*?)/v2/models/(?P<name>[^/?#]+)"
-                 r"(?:/versions/(?P<version>[^/?#]+))?(?:/infer)?/?$")
+                 r"(?:/versions/(?P<version>[^/?#]+))?(?:/infer)?/?(?P<query>\?[^#]*)?$")
 _V1 = re.compile(r"^(?P<base>https?://[^?#]*?)/v1/models/(?P<name>[^/:?#]+)"
-                 r"(?:/versions/(?P<version>[^/:?#]+))?(?::predict)?/?$")
+                 r"(?:/versions/(?P<version>[^/:?#]+))?(?::predict)?/?(?P<query>\?[^#]*)?$")
 _V2_DTYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "UINT8": np.uint8}
 _V2_NAMES = {np.dtype(v): k for k, v in _V2_DTYPES.items()}
 _V2_OUT_DTYPES = {**_V2_DTYPES, "INT64": np.int64, "INT32": np.int32, "INT16": np.int16,
@@ -103,22 +104,27 @@ class Endpoint:
     base: str
     name: str
     version: str | None
+    query: str = ""  # "?…" as given (e.g. a signed URL's parameters), sent with every request
 
     @property
     def model_url(self) -> str:
-        """The URL of the model (metadata for v2, status for v1)."""
+        """The URL of the model (metadata for v2, status for v1), without the query."""
         ver = f"/versions/{self.version}" if self.version else ""
         return f"{self.base}/{self.protocol}/models/{self.name}{ver}"
 
+    def url(self, path: str) -> str:
+        """A request URL: ``path`` (a full URL without query) plus the given query."""
+        return path + self.query
+
     @property
     def infer_url(self) -> str:
-        """The URL inference requests are posted to."""
-        return self.model_url + ("/infer" if self.protocol == "v2" else ":predict")
+        """The URL inference requests are posted to (with the query)."""
+        return self.url(self.model_url + ("/infer" if self.protocol == "v2" else ":predict"))
 
     @property
     def display(self) -> str:
         """The URL without credentials, query or fragment."""
-        return re.sub(r"//[^/@]*@", "//", self.model_url)
+        return redact(re.sub(r"//[^/@]*@", "//", self.model_url))
 
 
 def parse_endpoint(url: str) -> Endpoint:
@@ -126,7 +132,8 @@ def parse_endpoint(url: str) -> Endpoint:
     for protocol, rx in (("v2", _V2), ("v1", _V1)):
         m = rx.match(url)
         if m:
-            return Endpoint(protocol, m["base"], m["name"], m["version"])  # type: ignore[arg-type]
+            return Endpoint(protocol, m["base"], m["name"], m["version"],  # type: ignore[arg-type]
+                            m["query"] or "")
     raise UsageError(
         f"{url} is not a model URL certify understands",
         hint="use http://HOST:PORT/v2/models/NAME (KServe v2 / Triton / MLServer) or "
@@ -158,6 +165,7 @@ class HttpModel:
         num_classes: int | None = None,
         options: HttpOptions | None = None,
     ) -> None:
+        register_url_secrets(url)
         self.endpoint = parse_endpoint(url)
         self.options = options or HttpOptions()
         self.preprocessing = preprocessing or Preprocessing()
@@ -170,6 +178,7 @@ class HttpModel:
                     f"environment variable {self.options.auth_env} is not set or empty",
                     hint="export it with the auth header's value, e.g. 'Bearer …'",
                 )
+            register_secret(secret)  # masked in every message and file from here on
             self._headers[self.options.auth_header] = secret
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.concurrency),
@@ -267,7 +276,7 @@ class HttpModel:
                 )
             if resp.status_code >= 400:
                 raise ModelError(
-                    f"{method} {url} answered HTTP {resp.status_code}: "
+                    f"{method} {redact(url)} answered HTTP {resp.status_code}: "
                     f"{_snippet(resp.content)}",
                     hint=_status_hint(resp.status_code),
                 )
@@ -287,13 +296,13 @@ class HttpModel:
 
     def _v2_metadata(self, input_size: tuple[int, int] | None
                      ) -> tuple[str, tuple[int, int, int], dict[str, str]]:
-        meta = self._call("GET", self.endpoint.model_url, _json)
+        meta = self._call("GET", self.endpoint.url(self.endpoint.model_url), _json)
         try:
             inp = meta["inputs"][0]
             name, dtype, dims = str(inp["name"]), str(inp["datatype"]), list(inp["shape"])
         except (KeyError, IndexError, TypeError):
             raise ModelError(
-                f"{self.endpoint.model_url} returned no input description",
+                f"{self.endpoint.display} returned no input description",
                 hint="the v2 metadata must list inputs with name, datatype and shape",
             ) from None
         if dtype not in _V2_DTYPES:
@@ -307,7 +316,7 @@ class HttpModel:
                                  hint="set preprocessing.input_size: [H, W] in the suite")
             h, w = input_size
         try:  # the server's extensions: binary tensors save encoding JSON floats both ways
-            server = self._call("GET", f"{self.endpoint.base}/v2", _json)
+            server = self._call("GET", self.endpoint.url(f"{self.endpoint.base}/v2"), _json)
             self.binary = "binary_tensor_data" in server.get("extensions", [])
         except ModelError:
             self.binary = False
@@ -433,12 +442,12 @@ def _v2_output(resp: requests.Response) -> np.ndarray:
 
 def _reason(exc: BaseException) -> str:
     """A one-line cause, with any credentials in a URL removed."""
-    text = re.sub(r"//[^/@\s]*@", "//", (str(exc).splitlines() or [""])[0][:300])
+    text = redact((str(exc).splitlines() or [""])[0])[:300]
     return f"{type(exc).__name__}: {text}"
 
 
 def _snippet(content: bytes) -> str:
-    text = content[:200].decode("utf-8", "replace").strip().replace("\n", " ")
+    text = redact(content[:200].decode("utf-8", "replace")).strip().replace("\n", " ")
     return text or "(empty body)"
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from pathlib import Path
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,74 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in a graph: initializers, constants and those of subgraphs."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for g in attr.graphs:
+                yield from _tensors(g)
+
+
+def external_data_files(path: str | Path) -> list[str]:
+    """The external-data files an ONNX graph references, relative to its folder, sorted.
+
+    Raises :class:`ModelError` for a location outside the model's folder (absolute, or with
+    ``..``) and for a referenced file that is missing.
+    """
+    path = Path(path)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt file
+        raise ModelError(
+            f"{path} is not a readable ONNX model ({type(exc).__name__})",
+            hint="re-export the model, and check the file was not truncated",
+        ) from exc
+    locations: set[str] = set()
+    for tensor in _tensors(proto.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        loc = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        rel = PurePosixPath(loc.replace("\\", "/"))
+        if not loc or rel.is_absolute() or PureWindowsPath(loc).drive or ".." in rel.parts:
+            raise ModelError(
+                f"{path.name} references external data {loc!r} outside its folder",
+                hint="save the weights beside the model with a relative location "
+                     "(onnx.save_model(..., location='weights.bin'))",
+            )
+        locations.add(rel.as_posix())
+    for loc in sorted(locations):
+        if not (path.parent / loc).is_file():
+            raise ModelError(f"{path.name} references external data {loc!r}, which is missing "
+                             f"from {path.parent}", hint="copy the weights file beside the model")
+    return sorted(locations)
+
+
+def model_identity(path: str | Path) -> str:
+    """The model's identity, ``sha256:<hex>``: what the card and ``--resume`` vouch for.
+
+    For a self-contained file it is the file's sha256. A graph with external data gets the
+    sha256 of a manifest listing the graph file's sha256 and each external-data file's
+    (relative location and sha256), so changing any weight changes the identity.
+    """
+    path = Path(path)
+    graph = sha256_file(path)
+    files = external_data_files(path)
+    if not files:
+        return f"sha256:{graph}"
+    manifest = "certify-onnx-manifest-v1\n" + f"{graph}  {path.name}\n" + "".join(
+        f"{sha256_file(path.parent / loc)}  {loc}\n" for loc in files)
+    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
 
 
 def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
@@ -139,7 +208,7 @@ class OnnxModel:
         if not self.path.is_file():
             raise ModelError(f"model file not found: {self.path}", hint="check the MODEL path")
         self.preprocessing = preprocessing or Preprocessing()
-        identity = sha256_file(self.path)
+        identity = model_identity(self.path)
         try:
             proto = onnx.load(str(self.path))
         except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt file
@@ -218,7 +287,7 @@ class OnnxModel:
             meta["producer"] = f"{proto.producer_name} {proto.producer_version}".strip()
         self.info = ModelInfo(
             name=self.path.name,
-            identity=f"sha256:{identity}",
+            identity=identity,
             input_shape=self.input_shape,
             num_classes=self.num_classes,
             output=output,

@@ -33,7 +33,9 @@ def write_report(result: RunResult, out: Path, images: Mapping[str, Any] | None 
     """
     # render everything that can fail before the first file is replaced
     payload = canonical_json(result.to_json())
-    parse_result(json.loads(payload))  # what is written must read back under the schema
+    # What is written must read back under the schema; and the card shows what a verifier
+    # reads back (e.g. 1.0 is written as 1), so it is rendered from the read-back result.
+    result = parse_result(json.loads(payload))
     pngs = {d: v if isinstance(v, bytes) else png_bytes(v) for d, v in (images or {}).items()}
     html = render_html(result, signature, {d: data_uri(b) for d, b in pngs.items()})
     pdf_bytes = render_pdf(html, payload, signature) if pdf else None
