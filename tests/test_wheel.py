@@ -70,18 +70,22 @@ def _certify(venv: Path, cwd: Path, *args: str | Path, timeout: float = 300
                           env=_clean_env(venv))
 
 
+def _build_wheel(src: Path, dist: Path) -> Path:
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                           "--disable-pip-version-check", "--wheel-dir", str(dist), str(src)],
+                          capture_output=True, text=True, timeout=PIP_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (built,) = dist.glob("certify-*.whl")
+    return built
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
     """certify's wheel, built with build isolation from a clean copy of the source tree."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=lambda _d, names: [n for n in names if _JUNK.match(n)])
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                           "--disable-pip-version-check", "--wheel-dir", str(tmp / "dist"),
-                           str(src)], capture_output=True, text=True, timeout=PIP_TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (built,) = (tmp / "dist").glob("certify-*.whl")
-    return built
+    return _build_wheel(src, tmp / "dist")
 
 
 @pytest.fixture(scope="session")
@@ -136,6 +140,34 @@ def test_wheel_ships_every_package_and_data_file(wheel):
     # nothing but the package and its metadata: no tests, benchmarks or scripts
     assert {n.split("/")[0] for n in names} == {"certify", wheel.name.split("-py")[0]
                                                 + ".dist-info"}
+
+
+def test_dockerfile_builds_the_same_wheel_and_installs_it(wheel, tmp_path):
+    """The Dockerfile's wheel stage copies everything the build reads; the runtime installs it.
+
+    (No Docker engine here: the wheel stage's COPY lines are replayed into a folder.)
+    """
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert len(stages) == 2 and stages[0].startswith("ubuntu") and " AS wheel" in stages[0]
+    src = tmp_path / "src"
+    src.mkdir()
+    for line in re.findall(r"^COPY (.+)$", stages[0], flags=re.M):
+        *sources, dest = line.split()
+        for name in sources:  # COPY a b ./  or  COPY folder ./folder
+            target = src / name if dest == "./" else src / dest
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, target, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(ROOT / name, target)
+    assert "pip wheel" in stages[0] and "--no-deps" in stages[0]
+    rebuilt = _build_wheel(src, tmp_path / "dist")
+    assert sorted(zipfile.ZipFile(rebuilt).namelist()) == sorted(zipfile.ZipFile(wheel).namelist())
+    runtime = stages[1]
+    assert "COPY --from=wheel /dist/" in runtime
+    assert re.search(r"pip install [^\n]*certify-\*\.whl", runtime)
+    assert "COPY certify" not in runtime and "pip install ." not in runtime
 
 
 def test_wheel_runs_outside_the_source_tree(wheel_venv, workdir, tiny_inputs, signed_run):
