@@ -66,7 +66,7 @@ def certify_model(
     suite = load_suite(opts.suite)
     device = choose_device(opts.device)
     pre = suite.preprocessing
-    overrides = {
+    overrides: dict[str, Any] = {
         k: v for k, v in {
             "input_scale": opts.input_scale, "mean": opts.mean, "std": opts.std,
             "channel_order": opts.channel_order,

@@ -87,8 +87,8 @@ def _heatmap_uri(img: torch.Tensor, seg: np.ndarray, weights: list[float], vmax:
     tint[..., 2] = np.clip(-wmap, 0, 1)
     out = np.clip(gray * (1 - np.abs(wmap)[..., None] * 0.8) + tint * 0.8, 0, 1)
     buf = io.BytesIO()
-    Image.fromarray((out * 255).round().astype(np.uint8)).resize((64, 64), Image.NEAREST).save(
-        buf, format="PNG")
+    Image.fromarray((out * 255).round().astype(np.uint8)).resize(
+        (64, 64), Image.Resampling.NEAREST).save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
