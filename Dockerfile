@@ -1,5 +1,22 @@
-# certify on a CUDA runtime. Not buildable on the project's CI machines (no Docker engine);
-# kept consistent with scripts/setup.sh, which is the tested install.
+# certify on a CUDA runtime. Not buildable on the project's CI machines (no Docker engine); the
+# wheel it installs is the one tests/test_wheel.py builds, installs into a fresh venv and runs.
+
+# Stage 1: build certify's wheel, with build isolation (pip fetches setuptools), no dependencies.
+FROM ubuntu:24.04 AS wheel
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 python3-venv python3-pip \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Everything the build reads: metadata, package discovery, the package and its mapped data.
+COPY pyproject.toml setup.py README.md ./
+COPY certify ./certify
+COPY templates ./templates
+COPY suites ./suites
+RUN python3 -m venv /opt/build \
+ && /opt/build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
+# Stage 2: the runtime installs that same wheel (and its dependencies) into a fresh venv.
 FROM nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 
 RUN apt-get update \
@@ -9,16 +26,11 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 1000 certify
-WORKDIR /opt/certify
-COPY pyproject.toml README.md ./
-COPY certify ./certify
-COPY templates ./templates
-COPY suites ./suites
-
-# onnxruntime-gpu is selected by pyproject.toml on Linux x86_64.
+COPY --from=wheel /dist/ /tmp/dist/
+# onnxruntime-gpu is selected by the wheel's metadata on Linux x86_64.
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir . \
- && chown -R certify:certify /opt/certify
+ && /opt/venv/bin/pip install --no-cache-dir /tmp/dist/certify-*.whl \
+ && rm -rf /tmp/dist
 ENV PATH="/opt/venv/bin:${PATH}"
 
 USER certify

@@ -70,7 +70,7 @@ def certify_model(
     suite.check_thresholds(reference=opts.reference is not None)
     device = choose_device(opts.device)
     pre = suite.preprocessing
-    overrides = {
+    overrides: dict[str, Any] = {
         k: v for k, v in {
             "input_scale": opts.input_scale, "mean": opts.mean, "std": opts.std,
             "channel_order": opts.channel_order,

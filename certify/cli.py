@@ -1,7 +1,21 @@
 """The certify command line: parse, call the library, map errors to exit codes.
 
-Exit codes: 0 every check passed; 1 a check failed or errored; 2 usage, suite or data error;
-3 the model could not be loaded or reached; 130 interrupted (records kept, use --resume).
+Exit codes, the same for every command (the one table is ``certify.errors.EXIT_CODES``):
+
+0    OK: run: every check PASS or INFO; demo: the card was written, whatever its verdict;
+     verify, verify-bundle: valid; other commands: done
+1    FAIL: run: a check failed (card written); verify, verify-bundle: invalid or tampered
+2    usage, suite or data error
+3    the model could not be loaded, reached or used
+4    not comparable (reserved for compare)
+5    run: a check ERRORed (card written)
+6    run: a check is INCONCLUSIVE (card written)
+7    run: a check passed with a WARNing (card written)
+70   internal error (a bug: rerun with --debug and report it)
+130  interrupted (records kept, rerun with --resume)
+
+A run's verdict, and so its code, is the most severe of its checks' verdicts:
+ERROR > FAIL > INCONCLUSIVE > WARN > PASS.
 """
 
 from __future__ import annotations
@@ -27,10 +41,18 @@ from rich.progress import (
 
 import certify
 from certify.device import DEVICE_CHOICES
-from certify.errors import CertifyError, UsageError
+from certify.errors import (
+    EXIT_CODES,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    VERDICT_PRECEDENCE,
+    CertifyError,
+    UsageError,
+    exit_code_for_verdict,
+)
 from certify.redact import install_log_filters, redact
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MODEL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 err_console = Console(stderr=True)
 log = logging.getLogger("certify")
@@ -125,15 +147,22 @@ class _Group(click.Group):
                 import traceback
 
                 sys.stderr.write(redact(traceback.format_exc()))
-                sys.exit(EXIT_FAILED)
+                sys.exit(EXIT_INTERNAL)
             err_console.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
                               f"{escape(redact(str(e)))} [dim](hint: rerun with --debug for the "
                               "traceback, and report it)[/]", highlight=False, soft_wrap=True)
-            sys.exit(EXIT_FAILED)
+            sys.exit(EXIT_INTERNAL)
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_code_epilog() -> str:
+    rows = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())
+    return (f"\b\nExit codes (every command; a run's verdict is the most severe of its "
+            f"checks': {' > '.join(VERDICT_PRECEDENCE)}):\n{rows}")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=_exit_code_epilog())
 @click.version_option(certify.__version__, prog_name="certify")
 def main() -> None:
     """certify: robustness model cards for image classifiers.
@@ -263,7 +292,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
     with RichProgress(err_console, enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)
     _print_summary(result, paths)
-    return EXIT_OK if result.measurement.verdict == "PASS" else EXIT_FAILED
+    return exit_code_for_verdict(result.measurement.verdict)
 
 
 def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> Any:

@@ -1,17 +1,104 @@
-"""The one error tree of certify.
+"""The one error tree of certify, and the one table of process exit codes.
 
 Every error a user can cause carries the process exit code it maps to and a hint. The CLI prints
-``error: <message>`` and ``hint: <hint>`` on one line each and exits with ``exit_code``; nothing
-else in the library decides exit codes.
+``error: <message>`` and ``hint: <hint>`` on one line each and exits with ``exit_code``; the
+codes of every command come from :data:`EXIT_CODES` (errors through their class, a run's
+verdict through :func:`exit_code_for_verdict`), and nothing else decides exit codes.
+
+======  =====================================================================================
+code    meaning
+======  =====================================================================================
+0       OK: ``run``: every check PASS or INFO; ``demo``: the card was written (whatever its
+        verdict); ``verify``, ``verify-bundle``: valid; other commands: done
+1       FAIL: ``run``: a check failed (card written); ``verify``, ``verify-bundle``: invalid
+        or tampered
+2       usage, suite or data error (nothing measured)
+3       the model could not be loaded, reached or used (an endpoint failing beyond retries)
+4       not comparable (reserved for ``certify compare``)
+5       ``run``: a check ERRORed (card written)
+6       ``run``: a check is INCONCLUSIVE (card written)
+7       ``run``: a check passed with a WARNing (card written)
+70      internal error: a bug in certify (no card; rerun with ``--debug`` and report it)
+130     interrupted (records kept: rerun with ``--resume``)
+======  =====================================================================================
+
+When several checks' verdicts apply, the run's verdict is the first of
+:data:`VERDICT_PRECEDENCE` (ERROR > FAIL > INCONCLUSIVE > WARN > PASS) present among them.
+Code 70 is ``EX_SOFTWARE`` from sysexits.h: a crash must not read as a failed check (1), which
+a pipeline may accept because the card was still written.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_MODEL = 3
+EXIT_NOT_COMPARABLE = 4
+EXIT_ERROR = 5
+EXIT_INCONCLUSIVE = 6
+EXIT_WARN = 7
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+#: Every exit code of every command, with its meaning (the README's table says the same).
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "OK: run: every check PASS/INFO; demo: card written; verify: valid; others: done",
+    EXIT_FAIL: "FAIL: run: a check failed (card written); verify, verify-bundle: invalid",
+    EXIT_USAGE: "usage, suite or data error",
+    EXIT_MODEL: "the model could not be loaded, reached or used",
+    EXIT_NOT_COMPARABLE: "not comparable (reserved for compare)",
+    EXIT_ERROR: "run: a check ERRORed (card written)",
+    EXIT_INCONCLUSIVE: "run: a check is INCONCLUSIVE (card written)",
+    EXIT_WARN: "run: a check passed with a WARNing (card written)",
+    EXIT_INTERNAL: "internal error (a bug: rerun with --debug and report it)",
+    EXIT_INTERRUPTED: "interrupted: records kept, rerun with --resume",
+}
+
+#: Run verdicts, most severe first: a run's verdict is the first one any of its checks has.
+VERDICT_PRECEDENCE: tuple[str, ...] = ("ERROR", "FAIL", "INCONCLUSIVE", "WARN", "PASS")
+
+_VERDICT_EXIT: dict[str, int] = {
+    "ERROR": EXIT_ERROR,
+    "FAIL": EXIT_FAIL,
+    "INCONCLUSIVE": EXIT_INCONCLUSIVE,
+    "WARN": EXIT_WARN,
+    "PASS": EXIT_OK,
+    "INFO": EXIT_OK,  # a check without a threshold that has nothing to warn about
+}
+
+#: The codes with which ``certify run`` ends having written its card: one per verdict.
+CARD_WRITTEN_CODES: frozenset[int] = frozenset(_VERDICT_EXIT.values())
+
+
+def overall_verdict(statuses: Iterable[str]) -> str:
+    """The run's verdict from its checks' statuses: the most severe by
+    :data:`VERDICT_PRECEDENCE`; PASS when none is more severe (INFO counts as PASS)."""
+    present = set(statuses)
+    unknown = present - set(_VERDICT_EXIT)
+    if unknown:
+        raise ValueError(f"unknown check status {sorted(unknown)}")
+    return next((v for v in VERDICT_PRECEDENCE if v in present), "PASS")
+
+
+def exit_code_for_verdict(verdict: str) -> int:
+    """The exit code of ``certify run`` for a run's (or a check's) verdict."""
+    try:
+        return _VERDICT_EXIT[verdict]
+    except KeyError:
+        raise ValueError(f"unknown verdict {verdict!r}; expected one of "
+                         f"{', '.join(_VERDICT_EXIT)}") from None
+
 
 class CertifyError(Exception):
-    """Base class: a problem the user can fix, reported without a traceback."""
+    """Base class: a problem the user can fix, reported without a traceback.
 
-    exit_code: int = 1
+    Subclasses set ``exit_code`` to a key of :data:`EXIT_CODES`.
+    """
+
+    exit_code: int = EXIT_USAGE
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         # The one place error text is redacted: no URL credential or secret in any message.
@@ -27,31 +114,35 @@ class CertifyError(Exception):
 class UsageError(CertifyError):
     """Bad command-line usage or run directory state (exit 2)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class SuiteError(CertifyError):
     """A suite file that cannot be read or does not validate (exit 2)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class DataError(CertifyError):
     """A dataset that cannot be read: missing files, bad rows, bad labels (exit 2)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class ModelError(CertifyError):
     """A model that cannot be loaded, reached or used as an image classifier (exit 3)."""
 
-    exit_code = 3
+    exit_code = EXIT_MODEL
 
 
 class BudgetExceeded(CertifyError):
-    """A check asked for more model queries than its budget allows."""
+    """A check asked for more model queries than its budget allows.
 
-    exit_code = 1
+    The runner records it as the check's ERROR (the run exits 5); the code applies only if it
+    escapes a check.
+    """
+
+    exit_code = EXIT_ERROR
 
 
 class NonFiniteOutput(CertifyError):
@@ -62,4 +153,4 @@ class NonFiniteOutput(CertifyError):
     answer to the probe images is a :class:`ModelError` instead.
     """
 
-    exit_code = 3
+    exit_code = EXIT_MODEL

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-_RC = {"svg.hashsalt": "certify", "svg.fonttype": "none", "font.size": 7}
+_RC: dict[Any, Any] = {"svg.hashsalt": "certify", "svg.fonttype": "none", "font.size": 7}
 
 
 def _figure(size: tuple[float, float]) -> tuple[Any, Any]:

@@ -33,8 +33,6 @@ SCHEMA = "certify.results/2"
 OLD_SCHEMAS = ("certify.results/1",)
 
 Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR", "INFO"]
-#: The run verdict is the first of these that any check has (else PASS).
-VERDICT_PRECEDENCE: tuple[str, ...] = ("ERROR", "FAIL", "INCONCLUSIVE", "WARN")
 
 Interval = tuple[float | None, float | None]
 
@@ -95,7 +93,7 @@ class _CheckBase(_Strict):
     outcomes: Outcomes | None
 
 
-def _metrics_model(cls: type) -> type[BaseModel]:
+def _metrics_model(cls: Any) -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for m in cls.metrics:
         desc = f"{m.description} ({m.unit}; better: {m.direction})"
@@ -108,11 +106,9 @@ def _metrics_model(cls: type) -> type[BaseModel]:
 def _check_models() -> dict[str, type[BaseModel]]:
     models: dict[str, type[BaseModel]] = {}
     for kind, cls in CHECKS.items():
-        models[kind] = create_model(
-            f"{cls.__name__}Result", __base__=_CheckBase,
-            kind=(Literal[kind], ...),  # type: ignore[valid-type]
-            metrics=(_metrics_model(cls) | None, ...),
-        )
+        fields: dict[str, Any] = {"kind": (Literal[kind], ...),
+                                  "metrics": (_metrics_model(cls) | None, ...)}
+        models[kind] = create_model(f"{cls.__name__}Result", __base__=_CheckBase, **fields)
     return models
 
 
@@ -274,10 +270,10 @@ def validate_document(doc: Any) -> RunResult:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of ``results.json`` for this certify (``certify schema``)."""
-    check = Annotated[Union[tuple(_check_models().values())],  # noqa: UP007
-                      Field(discriminator="kind")]
-    measurement = create_model("RunMeasurement", __base__=RunMeasurement,
-                               checks=(list[check], ...))  # type: ignore[valid-type]
+    check: Any = Annotated[Union[tuple(_check_models().values())],  # noqa: UP007
+                           Field(discriminator="kind")]
+    fields: dict[str, Any] = {"checks": (list[check], ...)}
+    measurement = create_model("RunMeasurement", __base__=RunMeasurement, **fields)
     doc = create_model("RunResult", __base__=RunResult,
                        measurement=(measurement, ...))
     schema = doc.model_json_schema(by_alias=True)

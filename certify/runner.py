@@ -28,13 +28,12 @@ from certify.canonical import normalize
 from certify.checks import AttackCheck, Check, CheckContext
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
-from certify.errors import CertifyError, ModelError, NonFiniteOutput
+from certify.errors import CertifyError, ModelError, NonFiniteOutput, overall_verdict
 from certify.models.base import Budget, Model, QueryCounter
 from certify.progress import NullProgress, Progress
 from certify.redact import redact, redact_obj
 from certify.results import (
     SCHEMA,
-    VERDICT_PRECEDENCE,
     DataDoc,
     ModelDoc,
     Outcomes,
@@ -454,7 +453,7 @@ def run_suite(
         checks.append(_typed_check(entry))
 
     statuses = [c.status for c in checks]
-    verdict = next((v for v in VERDICT_PRECEDENCE if v in statuses), "PASS")
+    verdict = overall_verdict(statuses)
     model_q, ref_q = _recorded_queries(run)
     measurement = RunMeasurement(
         certify_version=certify.__version__,
@@ -462,18 +461,18 @@ def run_suite(
         model=ModelDoc(**_model_doc(model)),
         reference_model=None if reference is None else ModelDoc(**_model_doc(reference)),
         data=DataDoc(**_data_doc(data)),
-        device=device.name,
+        device=typing.cast(Any, device.name),
         seeds={"suite": seed, "checks": seeds},
         queries=RunQueries(total=model_q + ref_q, model=model_q, reference=ref_q,
                            budget=query_budget),
         checks=checks,
         summary={s.lower(): statuses.count(s) for s in typing.get_args(Status)},
         attack_worst_case=[WorstCase(**w) for w in _worst_case(suite, run)],
-        verdict=verdict,
+        verdict=typing.cast(Any, verdict),
         decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any check has, else PASS"
                   f": {verdict}"),
     )
-    traffic = {name: m.traffic() for name, m in (("model", model), ("reference", reference))
+    traffic = {name: m.traffic() for name, m in (("model", model), ("reference", reference))  # type: ignore[attr-defined]
                if m is not None and getattr(m, "traffic", None) is not None}
     provenance = Provenance(**redact_obj(dict(  # every string certify writes about a model
         model_spec=model_spec,

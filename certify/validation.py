@@ -41,10 +41,10 @@ def describe(hint: Any) -> str:
         args = get_args(hint)
         return "a mapping" if not args or args[1] is Any else f"a mapping of {describe(args[1])}"
     if origin in (list, tuple, collections.abc.Sequence):
-        args = [a for a in get_args(hint) if a is not Ellipsis]
-        if not args or args[0] is Any:
+        items = [a for a in get_args(hint) if a is not Ellipsis]
+        if not items or items[0] is Any:
             return "a list"
-        return f"a list of {_plural(describe(args[0]))}"
+        return f"a list of {_plural(describe(items[0]))}"
     return getattr(hint, "__name__", str(hint))
 
 

@@ -10,6 +10,7 @@ Shapes: ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]``, seeds ``[B]``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -59,7 +60,7 @@ class Uniforms:
     def __init__(self, seeds: torch.Tensor) -> None:
         self.gens = generators(seeds)
 
-    def draw(self, k: int, idx: torch.Tensor | list[int]) -> torch.Tensor:
+    def draw(self, k: int, idx: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """``k`` uniforms in ``[0, 1)`` for each listed sample."""
         ids = idx.tolist() if isinstance(idx, torch.Tensor) else idx
         return torch.stack([torch.rand(k, generator=self.gens[i]) for i in ids])

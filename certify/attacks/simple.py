@@ -111,7 +111,7 @@ class SpatialGrid(Attack):
         self.max_translation = max_translation
         self.rotation_steps = rotation_steps
         self.translation_steps = translation_steps
-        self.max_queries = max_queries
+        self.max_queries = max_queries  # type: ignore[assignment]  # None: the whole grid
         self.epsilon = 0.0
 
     def grid(self) -> torch.Tensor:

@@ -273,7 +273,8 @@ class AttackCheck(Check):
         warnings: list[str] = []
         tested = [r for r in records if r.get("bt") in ("success", "failure")]
         failed_setup = [r for r in records if r.get("bt") == "setup_failed"]
-        if self._bt() is not None:
+        bt = self._bt()
+        if bt is not None:
             asr_n = sum(r["bt"] == "success" for r in tested)
             rasr_n = sum(bool(r["bt_rasr"]) for r in tested)
             asr = asr_n / len(tested) if tested else None
@@ -291,7 +292,7 @@ class AttackCheck(Check):
             trusted = asr is not None and rasr is not None and asr >= PASS_SCORE and \
                 asr >= rasr + RASR_MARGIN
             details["binarization"] = {
-                "settings": vars(self._bt()[0]) | {"samples": self._bt()[1]},
+                "settings": vars(bt[0]) | {"samples": bt[1]},
                 "features": sources,
                 "separation_rate": len(tested) / (len(tested) + len(failed_setup))
                 if tested or failed_setup else None,
@@ -304,6 +305,7 @@ class AttackCheck(Check):
                 warnings.append("the binarization test could not be set up on any sample, so "
                                 "the strength of this attack is unverified")
             elif not trusted:
+                assert asr is not None and rasr is not None  # tested is not empty
                 why = (f"its binarization-test score {asr:.2f} is below {PASS_SCORE}"
                        if asr < PASS_SCORE else
                        f"its binarization-test score {asr:.2f} is not clearly above random "

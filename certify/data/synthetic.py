@@ -169,7 +169,7 @@ class _Frame:
         self._cos = math.cos(rad)
         self._sin = math.sin(rad)
         self._mirror = mirror
-        self._px_scale = scale * (parent._px_scale if parent is not None else half)
+        self._px_scale: float = scale * (parent._px_scale if parent is not None else half)
 
     def sub(
         self, cx: float, cy: float, scale: float, angle: float = 0.0, mirror: bool = False

@@ -43,7 +43,7 @@ class Run(NamedTuple):
 
     lo: int
     c0: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, which nothing here calls
     width: int
     taps: int
     band: torch.Tensor

@@ -57,6 +57,8 @@ def write_report(result: RunResult, out: Path, images: Mapping[str, Any] | None 
     if pdf_bytes is not None:
         paths["pdf"] = out / "card.pdf"
         atomic_write(paths["pdf"], pdf_bytes)
+    elif (out / "card.pdf").exists():
+        (out / "card.pdf").unlink()  # a PDF of other results (or unsigned) must not stay
     return paths
 
 
