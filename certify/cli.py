@@ -243,6 +243,9 @@ def _common_logging(f: Any) -> Any:
               help="HTTP: header the --auth-env value is sent in [default: Authorization].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
               help="HTTP: seconds to wait for a response [default: 30].")
+@click.option("--max-requests", type=click.IntRange(min=1),
+              help="HTTP: most requests this invocation may send, retries included (model "
+                   "queries are capped by --query-budget).")
 @click.option("--retries", type=click.IntRange(min=0),
               help="HTTP: retries on connection errors, timeouts, 5xx and 429 [default: 5].")
 @click.option("--concurrency", type=click.IntRange(min=1),
@@ -301,6 +304,7 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
 
     names = {"auth_env": "auth_env", "auth_header": "auth_header", "timeout": "timeout",
              "retries": "retries", "concurrency": "concurrency", "http_batch": "batch",
+             "max_requests": "max_requests",
              "model_version": "version", "input_layout": "layout"}
     set_ = {names[k]: v for k, v in given.items() if v is not None}
     remote = any(m and m.startswith(("http://", "https://")) for m in (model, reference))

@@ -155,6 +155,16 @@ class _Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """This worker's endpoint traffic so far (requests, retries, images), per model."""
+        out = {}
+        for name, m in (("model", self.model), ("reference", self.reference)):
+            t = getattr(m, "traffic", None)
+            if t is not None:
+                d = t()
+                out[name] = {k: int(d[k]) for k in TRAFFIC_COUNTS}
+        return out
+
     def run_batch(self, check: Any, x: torch.Tensor, y: torch.Tensor, idx: list[int],
                   ctx: dict[str, Any], ledger: Any, keys: list[str] | None) -> dict[str, Any]:
         def count(model: Model) -> QueryCounter:
@@ -171,9 +181,12 @@ class _Worker:
         except Exception as exc:  # noqa: BLE001 - the runner turns it into an ERROR row
             return {"error": "RuntimeError", "message": f"{type(exc).__name__}: {exc}",
                     "hint": None}
-        return {"rows": rows, "spent": counter.queries,
+        return {"rows": rows, "spent": counter.queries, "traffic": self.traffic(),
                 "ref_spent": 0 if ref is None else ref.queries}
 
+
+#: The traffic counts a worker reports and the driver adds up.
+TRAFFIC_COUNTS = ("requests", "retries", "images")
 
 _ERRORS: dict[str, type[CertifyError]] = {"BudgetExceeded": BudgetExceeded,
                                           "ModelError": ModelError}
@@ -198,7 +211,10 @@ class RayExecutor:
                     f"{model.http.concurrency}",
                     hint="the concurrency limit holds across all workers: raise it or use "
                          "fewer workers")
-            http = dataclasses.replace(model.http, concurrency=per)
+            cap = model.http.max_requests
+            http = dataclasses.replace(model.http, concurrency=per,
+                                       max_requests=None if cap is None
+                                       else max(1, cap // workers))
             model = dataclasses.replace(model, http=http)
             if reference is not None and reference.http is not None:
                 reference = dataclasses.replace(reference, http=http)
@@ -208,6 +224,8 @@ class RayExecutor:
         self._started_here = False
         self._actors: list[Any] = []
         self._restarts = 0
+        #: Endpoint traffic per worker (the latest cumulative counts each one reported).
+        self._traffic: dict[Any, dict[str, dict[str, int]]] = {}
         self._ledger: Any = None
         self._budgeted = False
 
@@ -316,11 +334,26 @@ class RayExecutor:
                     raise RuntimeError(out["message"])
                 if queue:
                     submit(slot)
+                self._traffic[self._actors[slot]] = out["traffic"]
                 yield idx, out["rows"], int(out["spent"]), int(out["ref_spent"])
         finally:
             for ref in in_flight:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=False)
+
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """Endpoint traffic of all workers: the live ones asked now, dead ones as they last
+        reported."""
+        for actor in self._actors:
+            with contextlib.suppress(Exception):
+                self._traffic[actor] = self._ray.get(actor.traffic.remote(), timeout=30)
+        total: dict[str, dict[str, int]] = {}
+        for per_model in self._traffic.values():
+            for name, counts in per_model.items():
+                t = total.setdefault(name, dict.fromkeys(TRAFFIC_COUNTS, 0))
+                for k in TRAFFIC_COUNTS:
+                    t[k] += counts[k]
+        return total
 
     def _replace(self, slot: int, idx: list[int], queue: list[list[int]]) -> None:
         self._restarts += 1

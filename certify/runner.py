@@ -472,8 +472,7 @@ def run_suite(
         decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any check has, else PASS"
                   f": {verdict}"),
     )
-    traffic = {name: m.traffic() for name, m in (("model", model), ("reference", reference))  # type: ignore[attr-defined]
-               if m is not None and getattr(m, "traffic", None) is not None}
+    traffic = _traffic(model, reference, executor)
     provenance = Provenance(**redact_obj(dict(  # every string certify writes about a model
         model_spec=model_spec,
         reference_spec=reference_spec,
@@ -488,6 +487,22 @@ def run_suite(
     )))
     result = RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)
     return SuiteOutcome(result=result, images=images)
+
+
+def _traffic(model: Model, reference: Model | None, executor: Executor | None
+             ) -> dict[str, Any]:
+    """Endpoint traffic of this invocation per model: this process's, plus the workers'."""
+    out: dict[str, Any] = {}
+    for name, m in (("model", model), ("reference", reference)):
+        t = getattr(m, "traffic", None)
+        if t is not None:
+            out[name] = t()
+    remote = getattr(executor, "traffic", None)
+    for name, counts in (remote() if remote is not None else {}).items():
+        if name in out:
+            for k, v in counts.items():
+                out[name][k] = out[name].get(k, 0) + v
+    return out
 
 
 def _typed_check(entry: dict[str, Any]) -> Any:

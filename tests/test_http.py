@@ -111,6 +111,27 @@ def test_faults_are_retried_to_the_same_metrics(model_path, suite, data, baselin
     assert set(server.faults_injected) == {"500", "429", "slow", "malformed", "drop"}, \
         server.faults_injected
     assert builders.check_metrics(tmp_path / "run") == baseline
+    # every injected fault cost exactly one retry, and the provenance says how many
+    traffic = json.loads((tmp_path / "run" / "results.json").read_text())["provenance"][
+        "traffic"]["model"]
+    assert traffic["retries"] == sum(server.faults_injected.values()) > 0
+    assert traffic["requests"] > traffic["retries"]
+
+
+def test_request_cap_stops_the_run_and_resume_finishes_it(model_path, suite, data, baseline,
+                                                          tmp_path):
+    server = OnnxHttpServer(model_path)
+    out = tmp_path / "run"
+    try:
+        proc = _run(server.v2_url, suite, data, out, "--http-batch", "8", "--max-requests", "12")
+        assert proc.returncode == 3, proc.stderr
+        assert "request cap of 12 is reached" in proc.stderr and "--resume" in proc.stderr
+        assert not (out / "results.json").exists()
+        proc = _run(server.v2_url, suite, data, out, "--http-batch", "8", "--resume")
+    finally:
+        server.stop()
+    assert proc.returncode in CARD_WRITTEN_CODES, proc.stderr
+    assert builders.check_metrics(out) == baseline
 
 
 def test_outage_exits_3_and_resume_loses_nothing(model_path, suite, data, baseline, tmp_path):

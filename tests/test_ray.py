@@ -182,6 +182,7 @@ def test_endpoint_concurrency_and_budget_hold_across_workers(model_path, suite, 
                                        "--executor", "ray", "--workers", "2",
                                        "--concurrency", "2", "--http-batch", "4",
                                        "--query-budget", "4000"))
+        served = server.images_served
         too_many = builders.run_cli(*_args(server.v2_url, suite, data, tmp_path / "o",
                                            "--executor", "ray", "--workers", "3",
                                            "--concurrency", "2"))
@@ -191,6 +192,8 @@ def test_endpoint_concurrency_and_budget_hold_across_workers(model_path, suite, 
     assert 1 <= server.max_in_flight <= 2, server.max_in_flight
     r = json.loads((tmp_path / "run" / "results.json").read_text())
     assert r["measurement"]["queries"]["total"] <= 4000
+    # the workers' traffic is added to the driver's: every image the server ran is accounted
+    assert r["provenance"]["traffic"]["model"]["images"] == served
     checks = r["measurement"]["checks"]
     assert any(c["status"] == "ERROR" and "budget" in c["error"] for c in checks)
     assert too_many.returncode == 2 and "--concurrency" in too_many.stderr

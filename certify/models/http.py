@@ -86,13 +86,15 @@ class HttpOptions:
     batch: int = 64
     version: str | None = None
     layout: Literal["NCHW", "NHWC"] | None = None
+    max_requests: int | None = None
 
     def describe(self) -> dict[str, Any]:
         """What the card states about the connection (no secret values)."""
         return {
-            "timeout_s": self.timeout, "retries": self.retries, "backoff_s": self.backoff,
+            "timeout_s": self.timeout, "retry_limit": self.retries, "backoff_s": self.backoff,
             "concurrency": self.concurrency, "images_per_request": self.batch,
             "auth_header": self.auth_header if self.auth_env else None,
+            "max_requests": self.max_requests,
         }
 
 
@@ -183,7 +185,8 @@ class HttpModel:
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.concurrency),
                                         thread_name_prefix="certify-http")
-        self.requests_sent = 0
+        self.requests_sent = 0  # every HTTP request, retries included
+        self.retries_sent = 0
         self.images_sent = 0
         self._lock = threading.Lock()
 
@@ -255,18 +258,27 @@ class HttpModel:
         o = self.options
         timeout = (min(o.timeout, 10.0), o.timeout)
         for attempt in range(o.retries + 1):
+            self._check_request_cap()
+            if attempt:
+                with self._lock:
+                    self.retries_sent += 1
             try:
                 resp = self._session().request(method, url, data=body, headers=headers,
                                                timeout=timeout)
             except requests.RequestException as exc:
+                with self._lock:  # the first try and every retry urllib3 made
+                    self.requests_sent += 1 + o.retries
+                    self.retries_sent += o.retries
                 raise ModelError(
                     f"{self.endpoint.display} could not be reached after {o.retries} "
                     f"retries: {_reason(exc)}",
                     hint="check the URL and that the server is up; records are kept, rerun "
                          "with --resume",
                 ) from None
+            history = getattr(getattr(resp.raw, "retries", None), "history", ()) or ()
             with self._lock:
-                self.requests_sent += 1
+                self.requests_sent += 1 + len(history)
+                self.retries_sent += len(history)
             if resp.status_code in RETRY_STATUS:
                 raise ModelError(
                     f"{self.endpoint.display} answered HTTP {resp.status_code} after "
@@ -293,6 +305,16 @@ class HttpModel:
                 log.debug("malformed response (%s), retrying", _reason(exc))
                 time.sleep(o.backoff * (2 ** attempt))
         raise AssertionError("unreachable")
+
+    def _check_request_cap(self) -> None:
+        """Refuse a request past ``max_requests`` (retries count; urllib3's retries inside one
+        request may pass the cap by at most ``retries``)."""
+        cap = self.options.max_requests
+        if cap is not None and self.requests_sent >= cap:
+            raise ModelError(
+                f"{self.endpoint.display}: the request cap of {cap} is reached "
+                f"({self.requests_sent} requests sent, {self.retries_sent} of them retries)",
+                hint="raise --max-requests; records are kept, rerun with --resume")
 
     def _v2_metadata(self, input_size: tuple[int, int] | None
                      ) -> tuple[str, tuple[int, int, int], dict[str, str]]:
@@ -407,8 +429,9 @@ class HttpModel:
 
     def traffic(self) -> dict[str, Any]:
         """Requests and images sent so far, probes included, for the card."""
-        return {"requests": self.requests_sent, "images": self.images_sent,
-                "probe_images": self.probe_images, **self.options.describe()}
+        return {"requests": self.requests_sent, "retries": self.retries_sent,
+                "images": self.images_sent, "probe_images": self.probe_images,
+                **self.options.describe()}
 
     def close(self) -> None:
         """Stop the request threads."""
