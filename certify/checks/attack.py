@@ -31,7 +31,7 @@ from certify.checks.base import (
     pct,
 )
 from certify.checks.binarization import BinarizationSettings, binarization_test
-from certify.checks.confidence import confidences, worst_case_coverage
+from certify.checks.confidence import WORST_CASE_METRICS, confidences, worst_case_coverage
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
@@ -75,10 +75,7 @@ class AttackCheck(Check):
         Metric("queries_median", "median attack queries per attacked sample", unit="queries"),
         Metric("queries_mean", "mean attack queries per attacked sample", unit="queries"),
         Metric("queries_max", "most attack queries on one sample", unit="queries"),
-        Metric("worst_case_accuracy_at_coverage", "accuracy at the coverage level over each "
-               "sample's worst case (Brown et al. 2018)", "higher"),
-        Metric("worst_case_coverage", "the coverage level of the worst-case accuracy",
-               unit="score"),
+        *WORST_CASE_METRICS,
     )
     export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
                                                          "Robust accuracy")

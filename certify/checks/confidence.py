@@ -47,6 +47,14 @@ FAMILY = "Coverage, confident mistakes and suspect-model checks"
 COVERAGE = 0.8
 
 
+#: The metrics :func:`worst_case_coverage` adds to a check's result.
+WORST_CASE_METRICS = (
+    Metric("worst_case_accuracy_at_coverage", "accuracy at the coverage level over each "
+           "sample's worst case (Brown et al. 2018)", "higher"),
+    Metric("worst_case_coverage", "the coverage level of the worst-case accuracy", unit="score"),
+)
+
+
 def worst_case_coverage(records: list[dict[str, Any]], right: Any,
                         coverage: float = COVERAGE) -> dict[str, float]:
     """Accuracy at ``coverage`` over each sample's worst case (Brown et al. 2018).

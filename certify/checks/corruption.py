@@ -28,7 +28,7 @@ from certify.checks.base import (
     interval_text,
     pct,
 )
-from certify.checks.confidence import confidences, worst_case_coverage
+from certify.checks.confidence import WORST_CASE_METRICS, confidences, worst_case_coverage
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.images import ImageSink
@@ -62,13 +62,6 @@ def _bound_steps(prop: Property, bound: Any, steps: Any, where: str) -> tuple[fl
 
 
 FAMILY = "Corruption properties (noise, geometric, colour, stickers)"
-
-_WORST_CASE = (
-    Metric("worst_case_accuracy_at_coverage", "accuracy at the coverage level over each "
-           "sample's worst case (Brown et al. 2018)", "higher"),
-    Metric("worst_case_coverage", "the coverage level of the worst-case accuracy", unit="score"),
-)
-
 
 class SearchResult(NamedTuple):
     """Per sample: breaking candidate (-1 if none), label predicted there, queries, and the
@@ -166,7 +159,7 @@ class Corruption(_CorruptionBase):
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("robustness_score", "share of correctly classified samples that stay correct "
                "for every tried transform within the bound", "higher", threshold=True),
-        *_WORST_CASE,
+        *WORST_CASE_METRICS,
         Metric("n_evaluated", "correctly classified samples searched", unit="count"),
         Metric("n_robust", "samples robust within the bound", unit="count"),
         Metric("n_misclassified", "samples wrong before any transform", unit="count"),
@@ -314,7 +307,7 @@ class CorruptionPair(_CorruptionBase):
                "higher", unit="score", threshold=True),
         Metric("score_first", "the first property's own score on its grid", "higher"),
         Metric("score_second", "the second property's own score on its grid", "higher"),
-        *_WORST_CASE,
+        *WORST_CASE_METRICS,
         Metric("n_evaluated", "correctly classified samples searched", unit="count"),
         Metric("n_robust", "samples robust to the combination", unit="count"),
         Metric("joint_only_failures", "samples only the combination breaks", unit="count"),
