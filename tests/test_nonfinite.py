@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from certify.checks.base import Check, CheckContext, Measurement
-from certify.errors import NonFiniteOutput
+from certify.errors import EXIT_ERROR, EXIT_INCONCLUSIVE, NonFiniteOutput
 from certify.models.base import ModelInfo, QueryCounter
 from certify.runner import NON_FINITE, decide, run_batch_isolating
 from certify.suite import CheckSpec, Threshold
@@ -94,7 +94,7 @@ def nan_run(nan_bright_model, bright_data, tmp_path_factory) -> tuple[Path, Path
     out = tmp / "run"
     proc = builders.run_cli("run", nan_bright_model, "--suite", suite, "--data",
                             bright_data[0], "--out", out, "--no-pdf", "--batch-size", "8")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == EXIT_INCONCLUSIVE, proc.stderr
     return suite, out
 
 
@@ -146,7 +146,7 @@ def test_a_check_with_nothing_finite_is_an_error(nan_bright_model, bright_data, 
     out = tmp_path / "run"
     proc = builders.run_cli("run", nan_bright_model, "--suite", _suite(tmp_path / "s.yaml"),
                             "--data", only_bright, "--out", out, "--no-pdf")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == EXIT_ERROR, proc.stderr
     r = json.loads((out / "results.json").read_text())["measurement"]
     assert r["verdict"] == "ERROR"
     for c in r["checks"]:
@@ -162,7 +162,7 @@ def test_ray_workers_record_the_same_errors(nan_run, nan_bright_model, bright_da
     proc = builders.run_cli("run", nan_bright_model, "--suite", suite, "--data",
                             bright_data[0], "--out", out, "--no-pdf", "--executor", "ray",
                             "--workers", "2", timeout=300)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == EXIT_INCONCLUSIVE, proc.stderr
     assert json.loads((out / "results.json").read_text())["measurement"]["verdict"] == \
         "INCONCLUSIVE"
 
