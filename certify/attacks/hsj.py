@@ -37,6 +37,21 @@ _MIN_STEP = 1e-8
 _INIT_TOL = 1e-3  # coarse binary search of the starting point, as in the reference
 
 
+def estimate_direction(adversarial: torch.Tensor, dirs: torch.Tensor, linf: bool
+                       ) -> torch.Tensor:
+    """The Monte-Carlo estimate of the boundary normal from one probe set.
+
+    ``adversarial`` ``[n]`` holds the probes' answers (true or 1: adversarial), ``dirs``
+    ``[n, C, H, W]`` their directions (the clipped probe minus the boundary point, over δ).
+    Returns the update direction ``[C, H, W]``: unit L2 norm, or its sign for L∞.
+    """
+    phi = adversarial.to(dirs) * 2 - 1
+    if phi.abs().mean() < 1:  # mixed answers: the mean is the baseline
+        phi = phi - phi.mean()
+    g = (phi.view(-1, *([1] * (dirs.dim() - 1))) * dirs).mean(dim=0)
+    return g.sign() if linf else g / g.norm().clamp(min=1e-12)
+
+
 class HopSkipJump(Attack):
     """HopSkipJump, untargeted, with the paper's schedules (θ, δ_t, n_t, geometric steps)."""
 
@@ -175,13 +190,8 @@ class _Run:
             return idx[:0], cur[:0]
         owner = torch.cat(owners)
         ans = self.adversarial(owner, torch.cat(probes)).to(cur)
-        updates = []
-        for p_dirs, a in zip(dirs, torch.split(ans, [len(o) for o in owners]), strict=True):
-            phi = a * 2 - 1
-            if phi.abs().mean() < 1:  # mixed answers: the mean is the baseline
-                phi = phi - phi.mean()
-            g = (phi.view(-1, 1, 1, 1) * p_dirs).mean(dim=0)
-            updates.append(g.sign() if self.linf else g / g.norm().clamp(min=1e-12))
+        updates = [estimate_direction(a, p_dirs, self.linf) for p_dirs, a in
+                   zip(dirs, torch.split(ans, [len(o) for o in owners]), strict=True)]
         kept = torch.tensor(keep, dtype=torch.long)
         return idx[kept], torch.stack(updates)
 
