@@ -20,6 +20,7 @@ from certify.attacks import (
     margin,
     project,
 )
+from certify.attacks.hsj import estimate_direction
 from certify.attacks.square import default_p_init
 from certify.checks.attack import one_hot_answers
 from certify.checks.binarization import BinarizationSettings, _readout, binarization_test
@@ -133,6 +134,23 @@ def test_a_samples_result_does_not_depend_on_its_batch(cls):
                                                       y[i:i + 1], seeds[i:i + 1], "logits")
         assert torch.equal(alone.x_adv[0], together.x_adv[i]), (cls, i)
         assert int(alone.queries[0]) == int(together.queries[i]), (cls, i)
+
+
+def test_hopskipjump_subtracts_the_baseline_when_answers_are_mixed():
+    # Chen et al. 2020, Eq. (16): with mixed answers the estimate is mean((phi - mean phi) u).
+    dirs = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]).view(4, 1, 1, 2)
+    ans = torch.tensor([True, True, True, False])
+    phi = torch.tensor([0.5, 0.5, 0.5, -1.5])  # +-1 minus their mean 0.5
+    want = (phi.view(4, 1, 1, 1) * dirs).mean(dim=0)
+    got = estimate_direction(ans, dirs, linf=False)
+    assert torch.allclose(got, want / want.norm()), got  # (0.71, -0.71); no baseline: (0.95, -0.32)
+    assert torch.equal(estimate_direction(ans, dirs, linf=True), want.sign())
+    # All answers agree: no baseline (it would zero the estimate); +-mean of the directions.
+    mean = dirs.mean(dim=0)
+    assert torch.allclose(estimate_direction(torch.ones(4, dtype=torch.bool), dirs, False),
+                          mean / mean.norm())
+    assert torch.allclose(estimate_direction(torch.zeros(4, dtype=torch.bool), dirs, False),
+                          -mean / mean.norm())
 
 
 def test_square_p_init_follows_the_input_size():

@@ -7,7 +7,7 @@ coarse binary search towards the image) every iteration t
    L2, d^-2 for L∞, of the segment), so the point sits on the decision boundary;
 2. estimates the boundary's normal from the signs of ``n_t = init_evals·√t`` (at most
    ``max_evals``) random probes at radius δ_t (0.1 at t = 1, then √d·θ·dist for L2 and
-   d·θ·dist for L∞), with the mean answer as a baseline;
+   d·θ·dist for L∞), with the mean answer subtracted as a baseline when the answers are mixed;
 3. steps along that estimate (L∞: its sign) by dist/√t, halving until the point is adversarial
    again (the paper's geometric progression).
 
@@ -39,14 +39,18 @@ _INIT_TOL = 1e-3  # coarse binary search of the starting point, as in the refere
 
 def estimate_direction(adversarial: torch.Tensor, dirs: torch.Tensor, linf: bool
                        ) -> torch.Tensor:
-    """The Monte-Carlo estimate of the boundary normal from one probe set.
+    """The Monte-Carlo estimate of the boundary normal from one probe set (Chen et al. 2020,
+    Algorithm 2 and Eq. 16).
 
     ``adversarial`` ``[n]`` holds the probes' answers (true or 1: adversarial), ``dirs``
     ``[n, C, H, W]`` their directions (the clipped probe minus the boundary point, over δ).
     Returns the update direction ``[C, H, W]``: unit L2 norm, or its sign for L∞.
     """
     phi = adversarial.to(dirs) * 2 - 1
-    if phi.abs().mean() < 1:  # mixed answers: the mean is the baseline
+    # Mixed answers (|mean φ| < 1): subtract the mean as a baseline, which lowers the
+    # estimate's variance (Eq. 16). When all answers agree the baseline would zero the
+    # estimate; then it is ±mean(dirs), as in the authors' code.
+    if phi.mean().abs() < 1:
         phi = phi - phi.mean()
     g = (phi.view(-1, *([1] * (dirs.dim() - 1))) * dirs).mean(dim=0)
     return g.sign() if linf else g / g.norm().clamp(min=1e-12)
