@@ -1,7 +1,9 @@
 """HopSkipJump (Chen, Jordan and Wainwright, IEEE S&P 2020): decision-based, L2 or L∞.
 
-Needs only the predicted label. From an adversarial starting point (uniform noise, then a
-coarse binary search towards the image) every iteration t
+Needs only the predicted label. From an adversarial starting point (up to ``init_tries``
+uniform-noise images, the paper's start; where none leaves the true class, a second start of
+up to ``init_tries`` coarse, blocky noise images; then a coarse binary search towards the image)
+every iteration t
 
 1. binary-searches the segment to the image down to the paper's tolerance θ (θ = d^-3/2 for
    L2, d^-2 for L∞, of the segment), so the point sits on the decision boundary;
@@ -20,6 +22,9 @@ one batched query; every random draw comes from the sample's own seeded stream, 
 repeatable and a sample's result does not depend on its batch. A sample stops once its best
 point is within ``epsilon`` or its budget cannot pay for the next query.
 
+A sample with no adversarial start is not attacked: its candidate is the image itself and
+``AttackResult.start_failed`` says so, for the caller to report.
+
 Threat model: L2 or L∞ ball of radius ``epsilon``; success means a final point within
 ``epsilon`` (the caller checks). Query budget per sample: ``max_queries``.
 """
@@ -35,6 +40,8 @@ from certify.attacks.base import Attack, AttackResult, Uniforms
 
 _MIN_STEP = 1e-8
 _INIT_TOL = 1e-3  # coarse binary search of the starting point, as in the reference
+_STARTS = ("uniform", "coarse")  # the paper's start, then the second one (see _Run.noise)
+_COARSE_CELLS = 4
 
 
 def estimate_direction(adversarial: torch.Tensor, dirs: torch.Tensor, linf: bool
@@ -92,6 +99,7 @@ class _Run:
         self.live = torch.ones(b, dtype=torch.bool)
         self.best = x.clone()
         self.best_dist = torch.full((b,), math.inf)
+        self.start_failed = torch.zeros(b, dtype=torch.bool)
 
     # -- queries and bookkeeping ------------------------------------------------------------
     def payable(self, idx: torch.Tensor, want: torch.Tensor | None = None) -> torch.Tensor:
@@ -145,21 +153,42 @@ class _Run:
         return self.blend(idx, a, hi, linf)
 
     # -- the attack -----------------------------------------------------------------------
+    def noise(self, kind: str, i: int) -> torch.Tensor:
+        """One starting candidate for sample ``i`` from its own stream.
+
+        ``uniform``: i.i.d. uniform pixels (the paper's start). ``coarse``: uniform noise on a
+        ``_COARSE_CELLS`` × ``_COARSE_CELLS`` grid of cells per channel, upsampled to the
+        image (nearest): smooth, blocky images that a classifier sends to many more classes
+        than pixel noise, which it often maps to one class.
+        """
+        c, h, w = self.x.shape[1:]
+        gen = self.rng.gens[i]
+        if kind == "uniform":
+            return torch.rand((c, h, w), generator=gen)
+        cells = torch.rand((1, c, min(_COARSE_CELLS, h), min(_COARSE_CELLS, w)), generator=gen)
+        return torch.nn.functional.interpolate(cells, size=(h, w), mode="nearest")[0]
+
     def start(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniform noise images until one is misclassified, per sample."""
-        shape = tuple(self.x.shape[1:])
+        """A misclassified noise image per sample: the paper's start, then a second one.
+
+        First up to ``init_tries`` uniform-noise draws; for samples none of them moves out of
+        the true class, up to ``init_tries`` coarse-noise draws (:meth:`noise`), all from the
+        sample's own seeded stream in that order. Samples with neither are marked in
+        ``start_failed`` and not attacked.
+        """
         found = torch.zeros(len(self.x), dtype=torch.bool)
         start = self.x.clone()
-        for _ in range(self.a.init_tries):
-            idx = (~found).nonzero().flatten()
-            idx = idx[self.payable(idx)]
-            if not len(idx):
-                break
-            cand = torch.stack([torch.rand(shape, generator=self.rng.gens[int(i)])
-                                for i in idx]).to(self.x)
-            ok = self.adversarial(idx, cand)
-            start[idx[ok]] = cand[ok]
-            found[idx[ok]] = True
+        for kind in _STARTS:
+            for _ in range(self.a.init_tries):
+                idx = (~found).nonzero().flatten()
+                idx = idx[self.payable(idx)]
+                if not len(idx):
+                    break
+                cand = torch.stack([self.noise(kind, int(i)) for i in idx]).to(self.x)
+                ok = self.adversarial(idx, cand)
+                start[idx[ok]] = cand[ok]
+                found[idx[ok]] = True
+        self.start_failed = ~found
         self.live &= found
         idx = found.nonzero().flatten()
         return idx, start[idx]
@@ -240,4 +269,4 @@ class _Run:
             cur = self.boundary(idx, moved, self.theta, self.linf)
             dist = self.keep_best(idx, cur)
             t += 1
-        return AttackResult(self.best, self.used.clone())
+        return AttackResult(self.best, self.used.clone(), self.start_failed.clone())

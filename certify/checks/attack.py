@@ -71,6 +71,8 @@ class AttackCheck(Check):
         Metric("binarization_tested", "planted problems run", unit="count", optional=True),
         Metric("binarization_setup_failed", "samples where no planted problem could be built",
                unit="count", optional=True),
+        Metric("n_start_failed", "samples counted robust only because the attack found no "
+               "adversarial starting point (HopSkipJump)", unit="count", optional=True),
         Metric("clean_accuracy", "share of samples correct before the attack", "higher"),
         Metric("n", "samples evaluated", unit="count"),
         Metric("n_robust", "samples robust to the attack", unit="count"),
@@ -229,6 +231,8 @@ class AttackCheck(Check):
                                "confidence": float(adv_conf[k])})
                 if broken:
                     rec[i]["adv_pred"] = int(pred[k])
+                elif res.start_failed is not None and bool(res.start_failed[k]):
+                    rec[i]["start_failed"] = True  # never attacked: robust, unverified
         bt = self._bt()
         if bt is not None:
             settings, samples = bt
@@ -281,6 +285,14 @@ class AttackCheck(Check):
             "queries_histogram": _histogram(aq, self.max_queries),
         }
         warnings: list[str] = []
+        if ATTACKS[self.attack].name == "hopskipjump":
+            no_start = sum(bool(r.get("start_failed")) for r in correct)
+            metrics["n_start_failed"] = no_start
+            if no_start:
+                warnings.append(
+                    f"{self.attack} found no adversarial starting point on {no_start} of "
+                    f"{len(correct)} attacked samples (uniform and coarse noise): they count as "
+                    f"robust without having been attacked")
         tested = [r for r in records if r.get("bt") in ("success", "failure")]
         failed_setup = [r for r in records if r.get("bt") == "setup_failed"]
         bt = self._bt()
