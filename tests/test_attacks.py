@@ -20,6 +20,7 @@ from certify.attacks import (
     margin,
     project,
 )
+from certify.attacks.hsj import estimate_direction
 from certify.attacks.square import default_p_init
 from certify.checks.attack import one_hot_answers
 from certify.checks.binarization import BinarizationSettings, _readout, binarization_test
@@ -133,6 +134,92 @@ def test_a_samples_result_does_not_depend_on_its_batch(cls):
                                                       y[i:i + 1], seeds[i:i + 1], "logits")
         assert torch.equal(alone.x_adv[0], together.x_adv[i]), (cls, i)
         assert int(alone.queries[0]) == int(together.queries[i]), (cls, i)
+
+
+def test_hopskipjump_subtracts_the_baseline_when_answers_are_mixed():
+    # Chen et al. 2020, Eq. (16): with mixed answers the estimate is mean((phi - mean phi) u).
+    dirs = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]).view(4, 1, 1, 2)
+    ans = torch.tensor([True, True, True, False])
+    phi = torch.tensor([0.5, 0.5, 0.5, -1.5])  # +-1 minus their mean 0.5
+    want = (phi.view(4, 1, 1, 1) * dirs).mean(dim=0)
+    got = estimate_direction(ans, dirs, linf=False)
+    assert torch.allclose(got, want / want.norm()), got  # (0.71, -0.71); no baseline: (0.95, -0.32)
+    assert torch.equal(estimate_direction(ans, dirs, linf=True), want.sign())
+    # All answers agree: no baseline (it would zero the estimate); +-mean of the directions.
+    mean = dirs.mean(dim=0)
+    assert torch.allclose(estimate_direction(torch.ones(4, dtype=torch.bool), dirs, False),
+                          mean / mean.norm())
+    assert torch.allclose(estimate_direction(torch.zeros(4, dtype=torch.bool), dirs, False),
+                          -mean / mean.norm())
+
+
+class SmoothIsOther:
+    """Labels only: class 1 for smooth images (low mean neighbour difference), else class 0.
+
+    Uniform noise is never smooth, so the paper's random start never leaves class 0; the
+    textured images below are class 0 too.
+    """
+
+    info = ModelInfo(name="smooth", identity="smooth", input_shape=(3, 8, 8), num_classes=2,
+                     output="labels")
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        tv = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1)
+        return torch.nn.functional.one_hot((tv < 0.2).long(), 2).float()
+
+
+class Constant(SmoothIsOther):
+    """Class 0 whatever the input: no adversarial start exists."""
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(torch.zeros(len(x), dtype=torch.long), 2).float()
+
+
+def _textures(n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    return torch.rand(n, 3, 8, 8, generator=g)
+
+
+def test_hopskipjump_takes_a_second_start_when_uniform_noise_stays_in_the_class():
+    x, y = _textures(2), torch.zeros(2, dtype=torch.long)
+    model = SmoothIsOther()
+    assert int(model.predict(x).argmax(1).sum()) == 0
+    assert int(model.predict(torch.rand(500, 3, 8, 8)).argmax(1).sum()) == 0  # noise: class 0
+    res = HopSkipJump(epsilon=3.0, max_queries=1000).run(QueryCounter(model), x, y,
+                                                         torch.tensor([1, 2]), "labels")
+    assert res.start_failed is not None and not bool(res.start_failed.any())
+    assert bool((model.predict(res.x_adv).argmax(1) == 1).all())
+
+
+def test_hopskipjump_reports_samples_it_could_not_start_on():
+    x, y = _textures(2), torch.zeros(2, dtype=torch.long)
+    attack = HopSkipJump(epsilon=0.5, max_queries=1000, init_tries=7)
+    counter = QueryCounter(Constant())
+    res = attack.run(counter, x, y, torch.tensor([1, 2]), "labels")
+    assert res.start_failed is not None and bool(res.start_failed.all())
+    assert torch.equal(res.x_adv, x)
+    assert res.queries.tolist() == [14, 14]  # init_tries draws of each of the two starts
+    assert counter.queries == 28
+
+
+def test_attack_check_counts_and_warns_about_samples_without_a_start():
+    from certify.checks.attack import AttackCheck
+    from certify.checks.base import CheckContext
+
+    check = AttackCheck("hopskipjump", norm="l2", epsilon=0.5, max_queries=100,
+                        attack_params={"init_tries": 3}, binarization=False)
+    ctx = CheckContext(check_seed=0, device=torch.device("cpu"), class_names=["a", "b"],
+                       n_samples=3)
+    x, y = _textures(3), torch.tensor([0, 0, 1])  # the third is misclassified
+    recs = check.run_batch(QueryCounter(Constant()), x, y, [0, 1, 2], ctx)
+    assert [r.get("start_failed", False) for r in recs] == [True, True, False]
+    m = check.summarize([r | {"id": str(i)} for i, r in enumerate(recs)], None)
+    assert m.metrics["n_start_failed"] == 2
+    assert m.metrics["n_robust"] == 2  # still an upper bound, but not silently
+    assert any("no adversarial starting point" in w and "2 of 2" in w for w in m.warnings)
+    square = AttackCheck("random", max_queries=5, binarization=False)
+    recs = square.run_batch(QueryCounter(Constant()), x, y, [0, 1, 2], ctx)
+    assert "n_start_failed" not in square.summarize(recs, None).metrics
 
 
 def test_square_p_init_follows_the_input_size():
@@ -278,3 +365,33 @@ def test_attack_check_end_to_end_with_labels_only_refusal(tmp_path, net):
     for c in r["measurement"]["checks"]:
         assert c["metrics"]["n"] == 20
         assert c["metrics"]["queries_max"] <= c["params"]["max_queries"]
+
+
+def test_a_run_with_unstartable_hopskipjump_warns_on_the_card(tmp_path):
+    class ConstantNet(torch.nn.Module):
+        def forward(self, x):
+            return x.flatten(1)[:, :43] * 0 + torch.eye(43)[0]  # class 0, whatever x
+
+    path = tmp_path / "const.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(ConstantNet().eval(), (torch.rand(2, 3, 32, 32),), str(path),
+                          input_names=["input"], output_names=["logits"], dynamo=False,
+                          dynamic_axes={"input": {0: "n"}, "logits": {0: "n"}})
+    import numpy as np
+
+    x = builders.make_images(4, seed=4)
+    np.savez(tmp_path / "d.npz", x=x, y=np.zeros(4, dtype=np.int64))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "a", "classes": [f"c{i}" for i in range(43)],
+                                     "checks": [{"id": "hsj", "kind": "attack", "params": {
+                                         "attack": "hopskipjump", "max_queries": 50,
+                                         "attack_params": {"init_tries": 2},
+                                         "binarization": False}}]}))
+    proc = builders.run_cli("run", path, "--suite", suite, "--data", tmp_path / "d.npz",
+                            "--out", tmp_path / "o", "--no-pdf")
+    assert proc.returncode == 7, proc.stderr  # WARN: not silently robust
+    (c,) = json.loads((tmp_path / "o" / "results.json").read_text())["measurement"]["checks"]
+    assert c["metrics"]["n_start_failed"] == 4 and c["metrics"]["robust_accuracy"] == 1.0
+    assert any("no adversarial starting point on 4 of 4" in w for w in c["warnings"])
+    assert "4 never attacked (no adversarial start)" in (tmp_path / "o" / "card.html").read_text()

@@ -40,7 +40,7 @@ BASE: dict[str, Any] = {
                     "second": {"property": "brightness", "bound": 0.3, "steps": 2}}},
         {"id": "brittle", "kind": "brittleness", "params": {"num_masks": 50}},
         {"id": "grid", "kind": "attack",
-         "params": {"attack": "spatial_grid", "max_queries": 50,
+         "params": {"attack": "spatial_grid", "max_queries": 342,  # 7 x 7 x 7 - 1 points
                     "attack_params": {"max_rotation": 10, "rotation_steps": 3}}},
     ],
 }
@@ -71,6 +71,30 @@ def _refused(path: str, value: Any) -> SuiteError:
 def test_base_suite_loads():
     suite = parse_suite(copy.deepcopy(BASE), "mini.yaml")
     assert [c.id for c in suite.checks] == ["clean", "square", "pair", "brittle", "grid"]
+
+
+def test_a_spatial_grid_larger_than_its_budget_is_refused():
+    """A grid cut to ``max_queries`` would report robustness over points it never tried."""
+    err = _refused("checks[4].params.max_queries", 341)
+    assert "342" in err.message and "341" in err.message, err.message
+    assert "grid" in err.message
+
+
+def test_budget_keys_belong_to_the_check_not_to_attack_params():
+    err = _refused("checks[4].params.attack_params.max_queries", 10_000)
+    assert "checks[4]" in err.message and "max_queries" in err.message, err.message
+
+
+def test_packaged_suite_loads_and_its_spatial_grid_fits_its_budget():
+    from certify.attacks import SpatialGrid
+
+    suite = load_suite("gtsrb")
+    grids = [c for c in suite.checks if getattr(c.check, "attack", None) == "spatial_grid"]
+    assert grids
+    for c in grids:
+        attack = c.check.build()
+        assert isinstance(attack, SpatialGrid)
+        assert len(attack.grid()) <= attack.max_queries == c.check.max_queries
 
 
 # (key path, bad value, words the message must contain: the path and the expected type)

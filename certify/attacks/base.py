@@ -21,10 +21,16 @@ from certify.perturbations.base import generators
 
 @dataclass
 class AttackResult:
-    """Candidates ``x_adv`` ``[B, C, H, W]`` and queries spent per sample ``[B]``."""
+    """Candidates ``x_adv`` ``[B, C, H, W]`` and queries spent per sample ``[B]``.
+
+    ``start_failed`` ``[B]`` bool, from attacks that need an adversarial starting point
+    (HopSkipJump): true where none was found, so the sample was never attacked and its
+    candidate is the image itself. ``None`` from attacks without such a start.
+    """
 
     x_adv: torch.Tensor
     queries: torch.Tensor
+    start_failed: torch.Tensor | None = None
 
 
 def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> torch.Tensor:

@@ -1,13 +1,15 @@
 """HopSkipJump (Chen, Jordan and Wainwright, IEEE S&P 2020): decision-based, L2 or L∞.
 
-Needs only the predicted label. From an adversarial starting point (uniform noise, then a
-coarse binary search towards the image) every iteration t
+Needs only the predicted label. From an adversarial starting point (up to ``init_tries``
+uniform-noise images, the paper's start; where none leaves the true class, a second start of
+up to ``init_tries`` coarse, blocky noise images; then a coarse binary search towards the image)
+every iteration t
 
 1. binary-searches the segment to the image down to the paper's tolerance θ (θ = d^-3/2 for
    L2, d^-2 for L∞, of the segment), so the point sits on the decision boundary;
 2. estimates the boundary's normal from the signs of ``n_t = init_evals·√t`` (at most
    ``max_evals``) random probes at radius δ_t (0.1 at t = 1, then √d·θ·dist for L2 and
-   d·θ·dist for L∞), with the mean answer as a baseline;
+   d·θ·dist for L∞), with the mean answer subtracted as a baseline when the answers are mixed;
 3. steps along that estimate (L∞: its sign) by dist/√t, halving until the point is adversarial
    again (the paper's geometric progression).
 
@@ -19,6 +21,9 @@ All samples advance in lockstep, so each binary-search step, probe set and step-
 one batched query; every random draw comes from the sample's own seeded stream, so a run is
 repeatable and a sample's result does not depend on its batch. A sample stops once its best
 point is within ``epsilon`` or its budget cannot pay for the next query.
+
+A sample with no adversarial start is not attacked: its candidate is the image itself and
+``AttackResult.start_failed`` says so, for the caller to report.
 
 Threat model: L2 or L∞ ball of radius ``epsilon``; success means a final point within
 ``epsilon`` (the caller checks). Query budget per sample: ``max_queries``.
@@ -35,6 +40,27 @@ from certify.attacks.base import Attack, AttackResult, Uniforms
 
 _MIN_STEP = 1e-8
 _INIT_TOL = 1e-3  # coarse binary search of the starting point, as in the reference
+_STARTS = ("uniform", "coarse")  # the paper's start, then the second one (see _Run.noise)
+_COARSE_CELLS = 4
+
+
+def estimate_direction(adversarial: torch.Tensor, dirs: torch.Tensor, linf: bool
+                       ) -> torch.Tensor:
+    """The Monte-Carlo estimate of the boundary normal from one probe set (Chen et al. 2020,
+    Algorithm 2 and Eq. 16).
+
+    ``adversarial`` ``[n]`` holds the probes' answers (true or 1: adversarial), ``dirs``
+    ``[n, C, H, W]`` their directions (the clipped probe minus the boundary point, over δ).
+    Returns the update direction ``[C, H, W]``: unit L2 norm, or its sign for L∞.
+    """
+    phi = adversarial.to(dirs) * 2 - 1
+    # Mixed answers (|mean φ| < 1): subtract the mean as a baseline, which lowers the
+    # estimate's variance (Eq. 16). When all answers agree the baseline would zero the
+    # estimate; then it is ±mean(dirs), as in the authors' code.
+    if phi.mean().abs() < 1:
+        phi = phi - phi.mean()
+    g = (phi.view(-1, *([1] * (dirs.dim() - 1))) * dirs).mean(dim=0)
+    return g.sign() if linf else g / g.norm().clamp(min=1e-12)
 
 
 class HopSkipJump(Attack):
@@ -73,6 +99,7 @@ class _Run:
         self.live = torch.ones(b, dtype=torch.bool)
         self.best = x.clone()
         self.best_dist = torch.full((b,), math.inf)
+        self.start_failed = torch.zeros(b, dtype=torch.bool)
 
     # -- queries and bookkeeping ------------------------------------------------------------
     def payable(self, idx: torch.Tensor, want: torch.Tensor | None = None) -> torch.Tensor:
@@ -126,21 +153,42 @@ class _Run:
         return self.blend(idx, a, hi, linf)
 
     # -- the attack -----------------------------------------------------------------------
+    def noise(self, kind: str, i: int) -> torch.Tensor:
+        """One starting candidate for sample ``i`` from its own stream.
+
+        ``uniform``: i.i.d. uniform pixels (the paper's start). ``coarse``: uniform noise on a
+        ``_COARSE_CELLS`` × ``_COARSE_CELLS`` grid of cells per channel, upsampled to the
+        image (nearest): smooth, blocky images that a classifier sends to many more classes
+        than pixel noise, which it often maps to one class.
+        """
+        c, h, w = self.x.shape[1:]
+        gen = self.rng.gens[i]
+        if kind == "uniform":
+            return torch.rand((c, h, w), generator=gen)
+        cells = torch.rand((1, c, min(_COARSE_CELLS, h), min(_COARSE_CELLS, w)), generator=gen)
+        return torch.nn.functional.interpolate(cells, size=(h, w), mode="nearest")[0]
+
     def start(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniform noise images until one is misclassified, per sample."""
-        shape = tuple(self.x.shape[1:])
+        """A misclassified noise image per sample: the paper's start, then a second one.
+
+        First up to ``init_tries`` uniform-noise draws; for samples none of them moves out of
+        the true class, up to ``init_tries`` coarse-noise draws (:meth:`noise`), all from the
+        sample's own seeded stream in that order. Samples with neither are marked in
+        ``start_failed`` and not attacked.
+        """
         found = torch.zeros(len(self.x), dtype=torch.bool)
         start = self.x.clone()
-        for _ in range(self.a.init_tries):
-            idx = (~found).nonzero().flatten()
-            idx = idx[self.payable(idx)]
-            if not len(idx):
-                break
-            cand = torch.stack([torch.rand(shape, generator=self.rng.gens[int(i)])
-                                for i in idx]).to(self.x)
-            ok = self.adversarial(idx, cand)
-            start[idx[ok]] = cand[ok]
-            found[idx[ok]] = True
+        for kind in _STARTS:
+            for _ in range(self.a.init_tries):
+                idx = (~found).nonzero().flatten()
+                idx = idx[self.payable(idx)]
+                if not len(idx):
+                    break
+                cand = torch.stack([self.noise(kind, int(i)) for i in idx]).to(self.x)
+                ok = self.adversarial(idx, cand)
+                start[idx[ok]] = cand[ok]
+                found[idx[ok]] = True
+        self.start_failed = ~found
         self.live &= found
         idx = found.nonzero().flatten()
         return idx, start[idx]
@@ -175,13 +223,8 @@ class _Run:
             return idx[:0], cur[:0]
         owner = torch.cat(owners)
         ans = self.adversarial(owner, torch.cat(probes)).to(cur)
-        updates = []
-        for p_dirs, a in zip(dirs, torch.split(ans, [len(o) for o in owners]), strict=True):
-            phi = a * 2 - 1
-            if phi.abs().mean() < 1:  # mixed answers: the mean is the baseline
-                phi = phi - phi.mean()
-            g = (phi.view(-1, 1, 1, 1) * p_dirs).mean(dim=0)
-            updates.append(g.sign() if self.linf else g / g.norm().clamp(min=1e-12))
+        updates = [estimate_direction(a, p_dirs, self.linf) for p_dirs, a in
+                   zip(dirs, torch.split(ans, [len(o) for o in owners]), strict=True)]
         kept = torch.tensor(keep, dtype=torch.long)
         return idx[kept], torch.stack(updates)
 
@@ -226,4 +269,4 @@ class _Run:
             cur = self.boundary(idx, moved, self.theta, self.linf)
             dist = self.keep_best(idx, cur)
             t += 1
-        return AttackResult(self.best, self.used.clone())
+        return AttackResult(self.best, self.used.clone(), self.start_failed.clone())

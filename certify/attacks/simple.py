@@ -16,6 +16,7 @@ import kornia
 import torch
 
 from certify.attacks.base import Attack, AttackResult, Uniforms
+from certify.errors import SuiteError
 
 
 def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tensor,
@@ -97,7 +98,9 @@ class SpatialGrid(Attack):
 
     ``max_rotation`` degrees and ``max_translation`` pixels, ``rotation_steps`` and
     ``translation_steps`` grid points per side (Brown et al. 2018 use ±30°, ±3 px).
-    Threat model: spatial (no pixel-norm bound); labels suffice.
+    Threat model: spatial (no pixel-norm bound); labels suffice. The search is exhaustive: one
+    query per grid point (``grid_size()`` of them), so ``max_queries`` must cover the whole
+    grid; a smaller budget is refused, never a silently cut grid.
     """
 
     name: ClassVar[str] = "spatial_grid"
@@ -128,6 +131,10 @@ class SpatialGrid(Attack):
                             g[:, 1:].abs().max(dim=1).values / max(self.max_translation, 1e-9))
         return g[torch.argsort(key, stable=True)]
 
+    def grid_size(self) -> int:
+        """Grid points, identity excluded: the queries an unbroken sample costs."""
+        return len(self.grid())
+
     def transform(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Rotate then translate each image by its row of (angle, dx, dy)."""
         r = kornia.geometry.transform.rotate(x, rows[:, 0].to(x), padding_mode="border")
@@ -136,7 +143,14 @@ class SpatialGrid(Attack):
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
         g = self.grid()
-        if self.max_queries is not None:
-            g = g[: self.max_queries]
+        if self.max_queries is not None and len(g) > self.max_queries:
+            raise SuiteError(cut_grid_message(len(g), self.max_queries),
+                             hint=f"raise max_queries to {len(g)} or use fewer grid steps")
         return first_success(model, x, y, len(g), lambda q, active: self.transform(
             x[active], g[q].expand(len(active), -1)))
+
+
+def cut_grid_message(size: int, budget: int) -> str:
+    """Why a spatial grid larger than its query budget is refused."""
+    return (f"the spatial grid has {size} points but max_queries is {budget}: the grid would be "
+            f"cut to its first {budget} points")

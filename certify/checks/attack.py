@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from certify.attacks import ATTACKS, Attack, margin, project
+from certify.attacks import ATTACKS, Attack, SpatialGrid, margin, project
+from certify.attacks.simple import cut_grid_message
 from certify.checks.base import (
     Check,
     CheckContext,
@@ -42,6 +43,8 @@ PASS_SCORE = 0.95
 RASR_MARGIN = 0.1
 _DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5}
 _BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness"}
+#: Set by the check's own parameters; in ``attack_params`` they would disagree with the card.
+_CHECK_KEYS = ("epsilon", "max_queries", "norm")
 
 
 class AttackCheck(Check):
@@ -68,6 +71,8 @@ class AttackCheck(Check):
         Metric("binarization_tested", "planted problems run", unit="count", optional=True),
         Metric("binarization_setup_failed", "samples where no planted problem could be built",
                unit="count", optional=True),
+        Metric("n_start_failed", "samples counted robust only because the attack found no "
+               "adversarial starting point (HopSkipJump)", unit="count", optional=True),
         Metric("clean_accuracy", "share of samples correct before the attack", "higher"),
         Metric("n", "samples evaluated", unit="count"),
         Metric("n_robust", "samples robust to the attack", unit="count"),
@@ -115,7 +120,7 @@ class AttackCheck(Check):
         cls = ATTACKS[self.attack]
         kw: dict[str, Any] = dict(self.attack_params or {})
         if cls.name == "spatial_grid":
-            kw.setdefault("max_queries", self.max_queries)
+            kw["max_queries"] = self.max_queries
             return cls(**kw)
         kw.update(epsilon=self._epsilon(), max_queries=self.max_queries)
         if cls.name in ("hopskipjump", "random"):
@@ -159,14 +164,24 @@ class AttackCheck(Check):
             for k, v in self.binarization.items():
                 expect(v, hints[k], f"{where}.params.binarization.{k}")
         if isinstance(self.attack_params, dict):
+            own = [k for k in _CHECK_KEYS if k in self.attack_params]
+            if own:
+                raise SuiteError(f"{where}: {', '.join(own)} belong(s) in params, not in "
+                                 f"params.attack_params",
+                                 hint=f"e.g. params: {{{own[0]}: ...}}")
             hints = typing.get_type_hints(ATTACKS[self.attack].__init__)
             for k, v in self.attack_params.items():
                 expect(v, hints.get(k, Any), f"{where}.params.attack_params.{k}")
         try:
-            self.build()
+            attack = self.build()
             self._bt()
         except TypeError as exc:
             raise SuiteError(f"{where}: {exc}", hint="check attack_params") from None
+        if isinstance(attack, SpatialGrid) and attack.grid_size() > self.max_queries:
+            size = attack.grid_size()
+            raise SuiteError(f"{where}: {cut_grid_message(size, self.max_queries)}",
+                             hint=f"raise max_queries to {size}, or lower rotation_steps / "
+                                  f"translation_steps")
 
     def produced_metrics(self, reference: bool) -> set[str]:
         """No binarization metrics when the test is off or the attack is spatial."""
@@ -216,6 +231,8 @@ class AttackCheck(Check):
                                "confidence": float(adv_conf[k])})
                 if broken:
                     rec[i]["adv_pred"] = int(pred[k])
+                elif res.start_failed is not None and bool(res.start_failed[k]):
+                    rec[i]["start_failed"] = True  # never attacked: robust, unverified
         bt = self._bt()
         if bt is not None:
             settings, samples = bt
@@ -268,6 +285,14 @@ class AttackCheck(Check):
             "queries_histogram": _histogram(aq, self.max_queries),
         }
         warnings: list[str] = []
+        if ATTACKS[self.attack].name == "hopskipjump":
+            no_start = sum(bool(r.get("start_failed")) for r in correct)
+            metrics["n_start_failed"] = no_start
+            if no_start:
+                warnings.append(
+                    f"{self.attack} found no adversarial starting point on {no_start} of "
+                    f"{len(correct)} attacked samples (uniform and coarse noise): they count as "
+                    f"robust without having been attacked")
         tested = [r for r in records if r.get("bt") in ("success", "failure")]
         failed_setup = [r for r in records if r.get("bt") == "setup_failed"]
         bt = self._bt()
