@@ -399,6 +399,33 @@ def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str],
     return "PASS", rule
 
 
+def no_attack_passes_when_randomised(suite: Suite, entries: list[dict[str, Any]]) -> None:
+    """On a model a ``sanity`` check found randomised, no attack check may PASS.
+
+    Randomness defeats fixed attacks without making a model robust (Brown et al. 2018,
+    Appendix E), so a robust accuracy measured on such a model is an inflated estimate. Applied
+    to the finished checks' result entries, in place, whatever the suite's order: each attack
+    gets a warning naming the sanity check, and a PASS becomes WARN with a decision sentence
+    that says why.
+    """
+    found = [(e["id"], float(e["metrics"]["nondeterministic_share"])) for e in entries
+             if e["kind"] == "sanity" and e["status"] != "ERROR" and e.get("metrics")
+             and e["metrics"].get("nondeterministic_share")]
+    if not found:
+        return
+    cid, share = found[0]
+    attacks = {s.id for s in suite.checks if isinstance(s.check, AttackCheck)}
+    why = (f"check {cid} found the model randomised ({share:.0%} of its samples gave different "
+           "outputs for the same input), so this robust accuracy may be inflated")
+    for e in entries:
+        if e["id"] not in attacks or e["status"] == "ERROR":
+            continue
+        e["warnings"] = [*e["warnings"], why]
+        if e["status"] == "PASS":
+            e["status"] = "WARN"
+            e["decision"] += f"; but {why}: no attack can PASS on a randomised model"
+
+
 @dataclass
 class SuiteOutcome:
     """What :func:`run_suite` returns: the typed result, and the images the card shows
@@ -441,7 +468,7 @@ def run_suite(
     if executor is not None:
         executor.start(run_budget.limit)
     t0 = time.perf_counter()
-    checks: list[Any] = []
+    entries: list[dict[str, Any]] = []
     durations: dict[str, float] = {}
     seeds: dict[str, int] = {}
     images: dict[str, Any] = {}
@@ -510,8 +537,10 @@ def run_suite(
                           "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0},
                           "error": message, "warnings": [], "outcomes": None})
         durations[spec.id] = time.perf_counter() - c0
-        checks.append(_typed_check(entry))
+        entries.append(entry)
 
+    no_attack_passes_when_randomised(suite, entries)
+    checks = [_typed_check(e) for e in entries]
     statuses = [c.status for c in checks]
     verdict = overall_verdict(statuses)
     model_q, ref_q = _recorded_queries(run)
