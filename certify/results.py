@@ -54,6 +54,9 @@ class ThresholdDoc(_Strict):
     min: float | None
     max: float | None
     text: str
+    rule: Literal["interval", "point"] = Field(
+        "point", description="how it decided: on the metric's 95% interval or its point "
+        "estimate (results written before the interval rule have none: point)")
 
 
 class CheckQueries(_Strict):
@@ -123,6 +126,8 @@ class SuiteDoc(_Strict):
     name: str
     digest: str
     description: str
+    decision: Literal["interval", "point"] = Field(
+        "point", description="the suite's decision rule for thresholds (checks may override)")
 
 
 class ModelDoc(_Strict):

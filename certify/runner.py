@@ -314,13 +314,51 @@ def _outcomes(check: Any, records: list[dict[str, Any]], n: int) -> dict[str, An
     return Outcomes(n=n, selected=pack_bits(selected), bits=bits, values=values).model_dump()
 
 
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _samples_needed(spec: CheckSpec, metrics: dict[str, Any], value: float,
+                    interval: tuple[float, float], bounds: list[float]) -> str:
+    """How many samples would decide an interval that straddles ``bounds``, in words."""
+    from certify.stats import samples_to_decide
+
+    if any(value == b for b in bounds):
+        return "no sample size decides it: the point estimate is on the threshold"
+    metric = next((m for m in getattr(spec.check, "metrics", ())
+                   if m.name == spec.threshold.metric), None) if spec.threshold else None
+    if metric is None or metric.unit == "rate":
+        needed = [samples_to_decide(value, b) for b in bounds]
+        if any(n is None for n in needed):
+            return "no practical sample size decides it at the observed value"
+        return (f"about {max(n for n in needed if n is not None):,} evaluated samples at the "
+                f"observed {_fmt(value)} would decide it")
+    # Other intervals (e.g. the brittle score's normal approximation) narrow as 1/sqrt(n).
+    n0 = metrics.get("n")
+    half = (interval[1] - interval[0]) / 2
+    if not isinstance(n0, int | float) or not n0 or not math.isfinite(half) or half <= 0:
+        return "a larger sample would narrow the interval"
+    gap = min(abs(value - b) for b in bounds)
+    return (f"about {math.ceil(n0 * (half / gap) ** 2):,} samples at the observed {_fmt(value)} "
+            "would decide it")
+
+
 def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str],
-           sample_errors: int = 0) -> tuple[str, str]:
-    """A check's status and the rule that made it, from its metrics and warnings.
+           sample_errors: int = 0,
+           intervals: dict[str, Any] | None = None) -> tuple[str, str]:
+    """A check's status and the rule that made it, from its metrics, intervals and warnings.
+
+    With the ``interval`` rule (``spec.decision``, the default), a threshold's metric that has a
+    95% interval in ``intervals`` decides three ways: PASS when the whole interval meets the
+    threshold (lower bound ≥ ``min``, upper bound ≤ ``max``), FAIL when the whole interval
+    misses one side (upper bound < ``min`` or lower bound > ``max``), otherwise INCONCLUSIVE,
+    with the sample size that would decide it at the observed value. A metric without an
+    interval, and every metric under the ``point`` rule, is decided on its point estimate, and
+    the decision sentence says so.
 
     A NaN or infinite thresholded metric is INCONCLUSIVE (it can neither pass nor fail), and so
     is a passing value measured with samples left out for non-finite model outputs: such a
-    check can never PASS. A failing value stays FAIL.
+    check can never PASS. A failing value stays FAIL; a warning turns a PASS into WARN.
     """
     if spec.threshold is None:
         if warnings:
@@ -331,14 +369,61 @@ def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str],
     if value is None or not math.isfinite(float(value)):
         return "INCONCLUSIVE", f"{t.metric} is not a number, so {t.describe()} cannot be decided"
     value = float(value)
-    if not t.passes(value):
-        return "FAIL", f"{t.metric} = {value:.4g} does not meet {t.describe()} (point estimate)"
-    rule = f"{t.metric} = {value:.4g} meets {t.describe()} (point estimate)"
+    iv = (intervals or {}).get(t.metric)
+    usable = iv is not None and len(iv) == 2 and all(
+        b is not None and math.isfinite(float(b)) for b in iv)
+    if spec.decision == "interval" and usable:
+        lo, hi = float(iv[0]), float(iv[1])  # type: ignore[index]
+        said = f"{t.metric} = {_fmt(value)} (95% interval {_fmt(lo)}–{_fmt(hi)})"
+        missed = [b for b, out in ((t.min, t.min is not None and hi < t.min),
+                                   (t.max, t.max is not None and lo > t.max)) if out]
+        if missed:
+            return "FAIL", f"{said} lies wholly outside {t.describe()} (interval rule)"
+        undecided = [b for b, met in ((t.min, t.min is None or lo >= t.min),
+                                  (t.max, t.max is None or hi <= t.max)) if not met]
+        if undecided:
+            bounds = [float(b) for b in undecided if b is not None]
+            return "INCONCLUSIVE", (f"{said} straddles {t.describe()} (interval rule): "
+                                    f"{_samples_needed(spec, metrics, value, (lo, hi), bounds)}")
+        rule = f"{said} lies wholly within {t.describe()} (interval rule)"
+    else:
+        why = ("point rule" if spec.decision == "point"
+               else "point estimate: no interval for this metric")
+        if not t.passes(value):
+            return "FAIL", f"{t.metric} = {_fmt(value)} does not meet {t.describe()} ({why})"
+        rule = f"{t.metric} = {_fmt(value)} meets {t.describe()} ({why})"
     if sample_errors:
         return "INCONCLUSIVE", rule + f", but {sample_errors} sample(s) gave non-finite outputs"
     if warnings:
         return "WARN", rule + "; a warning stops it from passing"
     return "PASS", rule
+
+
+def no_attack_passes_when_randomised(suite: Suite, entries: list[dict[str, Any]]) -> None:
+    """On a model a ``sanity`` check found randomised, no attack check may PASS.
+
+    Randomness defeats fixed attacks without making a model robust (Brown et al. 2018,
+    Appendix E), so a robust accuracy measured on such a model is an inflated estimate. Applied
+    to the finished checks' result entries, in place, whatever the suite's order: each attack
+    gets a warning naming the sanity check, and a PASS becomes WARN with a decision sentence
+    that says why.
+    """
+    found = [(e["id"], float(e["metrics"]["nondeterministic_share"])) for e in entries
+             if e["kind"] == "sanity" and e["status"] != "ERROR" and e.get("metrics")
+             and e["metrics"].get("nondeterministic_share")]
+    if not found:
+        return
+    cid, share = found[0]
+    attacks = {s.id for s in suite.checks if isinstance(s.check, AttackCheck)}
+    why = (f"check {cid} found the model randomised ({share:.0%} of its samples gave different "
+           "outputs for the same input), so this robust accuracy may be inflated")
+    for e in entries:
+        if e["id"] not in attacks or e["status"] == "ERROR":
+            continue
+        e["warnings"] = [*e["warnings"], why]
+        if e["status"] == "PASS":
+            e["status"] = "WARN"
+            e["decision"] += f"; but {why}: no attack can PASS on a randomised model"
 
 
 @dataclass
@@ -383,7 +468,7 @@ def run_suite(
     if executor is not None:
         executor.start(run_budget.limit)
     t0 = time.perf_counter()
-    checks: list[Any] = []
+    entries: list[dict[str, Any]] = []
     durations: dict[str, float] = {}
     seeds: dict[str, int] = {}
     images: dict[str, Any] = {}
@@ -401,6 +486,7 @@ def run_suite(
             "threshold": None if spec.threshold is None else {
                 "metric": spec.threshold.metric, "min": spec.threshold.min,
                 "max": spec.threshold.max, "text": spec.threshold.describe(),
+                "rule": spec.decision,
             },
             "budget": spec.budget,
         }
@@ -419,7 +505,8 @@ def run_suite(
                 m.warnings.append(f"{len(errored)} of {len(ordered)} samples gave NaN or "
                                   "infinite model outputs and are left out of the metrics")
             queries = [int(r.get("queries", 0)) for r in ordered]
-            status, decision = decide(spec, m.metrics, m.warnings, len(errored))
+            status, decision = decide(spec, m.metrics, m.warnings, len(errored),
+                                      m.intervals)
             entry.update({
                 "metrics": m.metrics,
                 "intervals": {k: list(v) for k, v in m.intervals.items()},
@@ -450,14 +537,17 @@ def run_suite(
                           "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0},
                           "error": message, "warnings": [], "outcomes": None})
         durations[spec.id] = time.perf_counter() - c0
-        checks.append(_typed_check(entry))
+        entries.append(entry)
 
+    no_attack_passes_when_randomised(suite, entries)
+    checks = [_typed_check(e) for e in entries]
     statuses = [c.status for c in checks]
     verdict = overall_verdict(statuses)
     model_q, ref_q = _recorded_queries(run)
     measurement = RunMeasurement(
         certify_version=certify.__version__,
-        suite=SuiteDoc(name=suite.name, digest=suite.digest, description=suite.description),
+        suite=SuiteDoc(name=suite.name, digest=suite.digest, description=suite.description,
+                       decision=typing.cast(Any, suite.decision)),
         model=ModelDoc(**_model_doc(model)),
         reference_model=None if reference is None else ModelDoc(**_model_doc(reference)),
         data=DataDoc(**_data_doc(data)),

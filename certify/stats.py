@@ -38,3 +38,47 @@ def _z(confidence: float) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def wilson_bounds(p: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson interval at proportion ``p`` (not necessarily k/n) for ``n`` samples."""
+    z = _z(confidence)
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+#: The most samples :func:`samples_to_decide` looks at.
+MAX_DECIDING_SAMPLES = 10**9
+
+
+def samples_to_decide(p: float, bound: float, confidence: float = 0.95) -> int | None:
+    """The smallest sample size whose Wilson interval at proportion ``p`` excludes ``bound``.
+
+    At the observed rate ``p``, that many samples would put the whole interval on one side of
+    ``bound`` (and so decide a threshold there). ``None`` when no sample size does: ``p`` equals
+    the bound, or the size needed passes :data:`MAX_DECIDING_SAMPLES`. The interval's bound
+    moves monotonically towards ``p`` as ``n`` grows, so a doubling then bisection search finds
+    it.
+    """
+    if not (math.isfinite(p) and math.isfinite(bound)) or p == bound:
+        return None
+
+    def decided(n: int) -> bool:
+        lo, hi = wilson_bounds(p, n, confidence)
+        return lo > bound if p > bound else hi < bound
+
+    hi = 1
+    while not decided(hi):
+        hi *= 2
+        if hi > MAX_DECIDING_SAMPLES:
+            return None
+    lo = hi // 2  # not decided (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if decided(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

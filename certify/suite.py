@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -24,18 +24,34 @@ from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
 from certify.validation import expect_keys, plain_data, plain_keys
 
+#: How a threshold decides: ``interval`` (PASS only when the metric's whole 95% interval meets
+#: it, FAIL only when the whole interval misses it, else INCONCLUSIVE) or ``point`` (the point
+#: estimate alone decides, as before issue 17). A suite sets it at the top level (default
+#: ``interval``) and a check may override it.
+DecisionRule = Literal["interval", "point"]
+DECISION_RULES: tuple[str, ...] = get_args(DecisionRule)
+#: How the card states each decision rule (shown once near the summary).
+DECISION_RULE_TEXT = {
+    "interval": ("a threshold PASSes only when the metric's whole 95% interval meets it and "
+                 "FAILs only when the whole interval misses it; an interval across the "
+                 "threshold is INCONCLUSIVE (not a pass), with the sample size that would "
+                 "decide it at the observed value; a metric without an interval is decided on "
+                 "its point estimate"),
+    "point": "a threshold compares the metric's point estimate; its interval is not used",
+}
+
 _TOP_KEYS = {"name", "description", "version", "seed", "classes", "flip_invariant_classes",
-             "data", "preprocessing", "checks"}
+             "data", "preprocessing", "checks", "decision"}
 _REQUIRED_TOP = {"name", "classes", "checks"}
 _DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
 _PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
-_CHECK_KEYS = {"id", "kind", "params", "threshold", "budget", "samples"}
+_CHECK_KEYS = {"id", "kind", "params", "threshold", "budget", "samples", "decision"}
 _THRESHOLD_KEYS = {"metric", "min", "max"}
 # The type of every suite value outside check params (those follow their constructor's hints).
 _TOP_TYPES: dict[str, Any] = {
     "name": str, "description": str, "version": int | float | str, "seed": int,
     "classes": list[str], "flip_invariant_classes": list[int], "data": dict | None,
-    "preprocessing": dict | None, "checks": list[dict],
+    "preprocessing": dict | None, "checks": list[dict], "decision": DecisionRule,
 }
 _DATA_TYPES: dict[str, Any] = {"path": str | None, "layout": str, "roi_crop": bool,
                                "interpolation": str, "samples": int | None}
@@ -44,7 +60,7 @@ _PRE_TYPES: dict[str, Any] = {"input_scale": float, "mean": float | list[float],
                               "input_size": list[int] | None}
 _CHECK_TYPES: dict[str, Any] = {"id": str, "kind": str, "params": dict | None,
                                 "threshold": dict | None, "budget": int | None,
-                                "samples": int | None}
+                                "samples": int | None, "decision": DecisionRule}
 _THRESHOLD_TYPES: dict[str, Any] = {"metric": str, "min": float, "max": float}
 
 
@@ -84,6 +100,8 @@ class CheckSpec:
     threshold: Threshold | None = None
     budget: int | None = None
     samples: int | None = None
+    #: How the threshold decides (:data:`DecisionRule`): the check's own, else the suite's.
+    decision: str = "interval"
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,8 @@ class Suite:
     checks: tuple[CheckSpec, ...]
     flip_invariant_classes: frozenset[int] = frozenset()
     description: str = ""
+    #: The suite's decision rule (:data:`DecisionRule`); checks may override it.
+    decision: str = "interval"
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def check_thresholds(self, reference: bool) -> None:
@@ -284,6 +304,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
     checks_raw = raw["checks"]
     if not isinstance(checks_raw, list) or not checks_raw:
         raise SuiteError(f"{source}: checks must be a non-empty list", hint="see gtsrb.yaml")
+    rule = raw.get("decision", "interval")
     specs: list[CheckSpec] = []
     seen: set[str] = set()
     for i, c in enumerate(checks_raw):
@@ -334,7 +355,8 @@ def parse_suite(raw: Any, source: str) -> Suite:
         if n_samples is not None and (not isinstance(n_samples, int) or n_samples <= 0):
             raise SuiteError(f"{where}.samples must be a positive integer",
                              hint="a class-stratified subset of the run's samples")
-        specs.append(CheckSpec(cid, kind, check, threshold, budget, n_samples))
+        specs.append(CheckSpec(cid, kind, check, threshold, budget, n_samples,
+                               c.get("decision", rule)))
 
     flips = raw.get("flip_invariant_classes", [])
     if not isinstance(flips, list) or not all(
@@ -357,5 +379,6 @@ def parse_suite(raw: Any, source: str) -> Suite:
         checks=tuple(specs),
         flip_invariant_classes=frozenset(flips),
         description=str(raw.get("description", "")),
+        decision=rule,
         raw=raw,
     )

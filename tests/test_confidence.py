@@ -111,7 +111,9 @@ def test_uninteresting_defense_does_not_look_robust(tmp_path):
     assert sq["details"]["binarization"]["features"] == ["penultimate"]
     assert sq["metrics"]["binarization_tested"] > 0
     assert sq["metrics"]["binarization_score"] < 0.95
-    assert sq["status"] in ("WARN", "FAIL")
+    # 10 samples: the interval rule may leave it undecided; it never passes
+    assert sq["status"] in ("WARN", "FAIL", "INCONCLUSIVE")
+    assert any("check sanity found the model randomised" in w for w in sq["warnings"])
     assert r["measurement"]["verdict"] != "PASS"
     html = (out / "card.html").read_text()
     assert "randomised model" in html and "too weak" in html

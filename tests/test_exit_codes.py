@@ -49,6 +49,10 @@ FAILING = {"id": "clean_strict", "kind": "clean_accuracy",
 ERRORING = {"id": "clean_starved", "kind": "clean_accuracy", "budget": 1,
             "threshold": {"metric": "accuracy", "min": 0.0}}
 WARNING = {"id": "sanity", "kind": "sanity"}  # warns on a model that returns probabilities
+# about 90% of 40 right: the 95% interval (77-96%) straddles 0.85, so the interval rule cannot
+# decide it (INCONCLUSIVE) where the point estimate passes
+UNDECIDED = {"id": "clean_close", "kind": "clean_accuracy",
+             "threshold": {"metric": "accuracy", "min": 0.85}}
 
 
 # --- the table itself --------------------------------------------------------------------------
@@ -181,6 +185,8 @@ def _run(model: Path, suite: Path, data: Path, out: Path, *extra: str):
     ([WARNING, PASSING], "WARN", EXIT_WARN),
     ([WARNING, FAILING], "FAIL", EXIT_FAIL),
     ([WARNING, FAILING, ERRORING], "ERROR", EXIT_ERROR),
+    ([WARNING, UNDECIDED, PASSING], "INCONCLUSIVE", EXIT_INCONCLUSIVE),
+    ([PASSING, {**UNDECIDED, "decision": "point"}], "PASS", EXIT_OK),
 ])
 def test_run_real_verdicts(checks, verdict, code, probs_model, data, tmp_path):
     out = tmp_path / "o"

@@ -19,6 +19,7 @@ import markupsafe
 from certify.canonical import script_safe_json
 from certify.checks import CHECKS
 from certify.results import RunResult
+from certify.suite import DECISION_RULE_TEXT
 
 log = logging.getLogger("certify")
 
@@ -78,6 +79,10 @@ def card_context(result: RunResult, signature: Any = None,
                  "checks": [c for c in checks if c.kind == kind]}
                 for kind, cls in CHECKS.items() if kind in kinds]
     warnings = [{"check": c.id, "text": w} for c in checks for w in c.warnings]
+    rule = {"name": m.suite.decision, "text": DECISION_RULE_TEXT[m.suite.decision],
+            "others": [{"check": c.id, "name": c.threshold.rule, "text":
+                        DECISION_RULE_TEXT[c.threshold.rule]} for c in checks
+                       if c.threshold is not None and c.threshold.rule != m.suite.decision]}
 
     def img(digest: str, alt: str) -> markupsafe.Markup:
         """An <img> of a signed image; ``data-digest`` says which pixels it must show."""
@@ -94,6 +99,7 @@ def card_context(result: RunResult, signature: Any = None,
         "headlines": {c.id: headline(c) for c in checks},
         "sections": sections,
         "warnings": warnings,
+        "decision_rule": rule,
         "img": img,
         "payload": script_safe_json(result.to_json()),
         "signature": signature,
