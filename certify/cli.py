@@ -320,7 +320,7 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
 
     out = Console()
     for c in result.checks:
-        out.print(f"{c.status:<6} {c.id:<22} {headline(c)}", highlight=False, soft_wrap=True)
+        out.print(f"{c.status:<12} {c.id:<22} {headline(c)}", highlight=False, soft_wrap=True)
     out.print(f"verdict: {result.measurement.verdict}", highlight=False)
     for name, p in paths.items():
         out.print(f"{name}: {p}", highlight=False)
@@ -444,7 +444,7 @@ def verify_cmd(path: Path, pubkey: Path) -> None:
     click.echo(f"model: {m.model.name} {m.model.identity}")
     click.echo(f"verdict: {m.verdict}")
     for c in m.checks:
-        click.echo(f"  {c.status:<6} {c.id}")
+        click.echo(f"  {c.status:<12} {c.id}")
 
 
 @main.command("bundle")
