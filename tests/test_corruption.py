@@ -150,7 +150,8 @@ def test_brightness_invariant_model_scores_one(tmp_path):
     suite = _suite(tmp_path, [
         {"id": "brightness", "kind": "corruption",
          "params": {"property": "brightness", "bound": 0.3, "steps": 5},
-         "threshold": {"min": 1.0}},
+         # decided on the 95% interval: 40 of 40 robust has a lower bound of 0.91
+         "threshold": {"min": 0.9}},
         {"id": "hue", "kind": "corruption", "params": {"property": "hue", "bound": 90}},
     ])
     r = _run(model, suite, tmp_path / "rg.npz", tmp_path / "out")
