@@ -12,7 +12,7 @@ A run result has two parts, both signed:
 Each check kind's part of the schema (its metrics) is generated from the check registry
 (:data:`certify.checks.CHECKS`), so a new check declares its metrics next to its code and never
 edits this module. :func:`json_schema` is the versioned JSON Schema that ``certify schema``
-prints; :func:`validate_document` checks a parsed ``results.json`` against it.
+prints; :func:`parse_result` checks a parsed ``results.json`` against it.
 """
 
 from __future__ import annotations
@@ -266,11 +266,6 @@ def parse_result(doc: Any) -> RunResult:
                           hint="the file was altered or written by another tool") from None
     return result.model_copy(update={
         "measurement": result.measurement.model_copy(update={"checks": checks})})
-
-
-def validate_document(doc: Any) -> RunResult:
-    """Alias of :func:`parse_result`, named for what callers use it for."""
-    return parse_result(doc)
 
 
 def json_schema() -> dict[str, Any]:

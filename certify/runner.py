@@ -295,17 +295,17 @@ def _outcomes(check: Any, records: list[dict[str, Any]], n: int) -> dict[str, An
     import numpy as np
 
     good = [r for r in records if r.get("outcome") != "error"]
+    errors = [int(r["i"]) for r in records if r.get("outcome") == "error"]
     selected = np.zeros(n, dtype=bool)
     selected[[int(r["i"]) for r in records]] = True
-    index = np.array([int(r["i"]) for r in good], dtype=np.int64)
-    flags_by_name = dict(check.outcome_bits(good))
-    if len(good) < len(records):
-        flags_by_name["error"] = [True] * (len(records) - len(good))
+    good_index = [int(r["i"]) for r in good]
+    placed = [(name, good_index, flags) for name, flags in check.outcome_bits(good).items()]
+    if errors:
+        placed.append(("error", errors, [True] * len(errors)))
     bits = {}
-    for name, flags in flags_by_name.items():
+    for name, index, flags in placed:
         full = np.zeros(n, dtype=bool)
-        where = index if name != "error" else [int(r["i"]) for r in records if r not in good]
-        full[where] = np.asarray(flags, dtype=bool)
+        full[index] = np.asarray(flags, dtype=bool)
         bits[name] = pack_bits(full)
     pos = {int(r["i"]): k for k, r in enumerate(good)}
     values = {k: [float(vs[pos[int(r["i"])]]) if int(r["i"]) in pos else None

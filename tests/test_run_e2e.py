@@ -135,3 +135,20 @@ def test_same_inputs_give_same_metrics(clean_suite, model_path, official_dir, tm
         return sorted(json.loads(r)["id"] for r in rows)
 
     assert ids("a") == ids("b") != ids("other")
+
+
+def test_outcome_bitmaps_match_the_records(clean_suite, model_path, npz_path, tmp_path):
+    """The measurement's packed per-sample outcomes say what the records say."""
+    from certify.results import unpack_bits
+
+    out = tmp_path / "run"
+    proc = builders.run_cli("run", model_path, "--suite", clean_suite, "--data", npz_path,
+                            "--out", out, "--no-pdf", "--samples", "60")
+    assert proc.returncode == 1, proc.stderr  # 30% wrong labels: the 0.9 threshold fails
+    outcomes = _results(out)["measurement"]["checks"][0]["outcomes"]
+    n = outcomes["n"]
+    rows = [json.loads(r) for r in (out / "records.jsonl").read_text().splitlines()]
+    correct = {r["i"] for r in rows if r["outcome"] == "correct"}
+    assert set(np.flatnonzero(unpack_bits(outcomes["selected"], n))) == {r["i"] for r in rows}
+    assert set(np.flatnonzero(unpack_bits(outcomes["bits"]["correct"], n))) == correct
+    assert 0 < len(correct) < len(rows)

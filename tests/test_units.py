@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -132,3 +133,14 @@ def test_wheel_ships_templates_and_suites(tmp_path):
     assert str(target) in out.splitlines()[0]
     assert "gtsrb" in out
     assert str(target) in out.splitlines()[2]
+
+
+def test_packed_outcome_bits_round_trip():
+    from certify.results import pack_bits, unpack_bits
+
+    rng = np.random.default_rng(4)
+    for n in (1, 7, 8, 9, 430):
+        flags = rng.random(n) < 0.3
+        assert (unpack_bits(pack_bits(flags), n) == flags).all()
+        # one bit per sample: 430 samples pack into 54 bytes
+        assert len(base64.b64decode(pack_bits(flags))) == -(-n // 8)

@@ -123,17 +123,16 @@ class QueryCounter:
         self.budget = budget
         self.shared = shared
         self.queries = 0
+        self._budgets = (Budget(budget), *shared)
 
     def _spend(self, x: torch.Tensor) -> None:
         n = int(x.shape[0])
-        own = Budget(self.budget)
-        own.spent = self.queries
-        for b in (own, *self.shared):
+        for b in self._budgets:
             refused = b.refusal(n)
             if refused:
                 raise BudgetExceeded(
                     refused, hint="raise the budget in the suite or lower the number of samples")
-        for b in self.shared:
+        for b in self._budgets:
             b.spent += n
         self.queries += n
 

@@ -21,8 +21,6 @@ from certify.checks import CHECKS
 from certify.results import RunResult
 from certify.suite import DECISION_RULE_TEXT
 
-log = logging.getLogger("certify")
-
 
 def _environment() -> jinja2.Environment:
     root = importlib.resources.files("certify._templates")
