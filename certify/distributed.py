@@ -177,13 +177,17 @@ class _Worker:
             rows = run_batch_isolating(check, counter, x.to(self.device), y.to(self.device),
                                        idx, context)
         except CertifyError as exc:  # travels back as data: Ray cannot rebuild our errors
-            return {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+            return {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint,
+                    "traffic": self.traffic()}
         except Exception as exc:  # noqa: BLE001 - the runner turns it into an ERROR row
             return {"error": "RuntimeError", "message": f"{type(exc).__name__}: {exc}",
-                    "hint": None}
+                    "hint": None, "traffic": self.traffic()}
         return {"rows": rows, "spent": counter.queries, "traffic": self.traffic(),
                 "ref_spent": 0 if ref is None else ref.queries}
 
+
+#: How long the driver waits for a worker's unfinished batch or its traffic counts.
+DRAIN_TIMEOUT_S = 300
 
 #: The traffic counts a worker reports and the driver adds up.
 TRAFFIC_COUNTS = ("requests", "retries", "images")
@@ -327,6 +331,7 @@ class RayExecutor:
                     if queue:
                         submit(slot)
                     continue
+                self._traffic[self._actors[slot]] = out["traffic"]
                 if "error" in out:
                     err = _ERRORS.get(out["error"])
                     if err is not None:
@@ -334,19 +339,32 @@ class RayExecutor:
                     raise RuntimeError(out["message"])
                 if queue:
                     submit(slot)
-                self._traffic[self._actors[slot]] = out["traffic"]
                 yield idx, out["rows"], int(out["spent"]), int(out["ref_spent"])
         finally:
-            for ref in in_flight:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref, force=False)
+            self._drain(in_flight)
+
+    def _drain(self, in_flight: dict[Any, tuple[int, list[int]]]) -> None:
+        """Cancel the batches still queued and wait for the running ones, so that the workers
+        are idle and their traffic counts are final before the next check or the run's end."""
+        ray = self._ray
+        for ref in in_flight:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=False)
+        for ref, (slot, _) in in_flight.items():
+            try:
+                out = ray.get(ref, timeout=DRAIN_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - cancelled, dead or stuck: asked again below
+                continue
+            if isinstance(out, dict) and "traffic" in out:
+                self._traffic[self._actors[slot]] = out["traffic"]
 
     def traffic(self) -> dict[str, dict[str, int]]:
         """Endpoint traffic of all workers: the live ones asked now, dead ones as they last
         reported."""
         for actor in self._actors:
             with contextlib.suppress(Exception):
-                self._traffic[actor] = self._ray.get(actor.traffic.remote(), timeout=30)
+                self._traffic[actor] = self._ray.get(actor.traffic.remote(),
+                                                     timeout=DRAIN_TIMEOUT_S)
         total: dict[str, dict[str, int]] = {}
         for per_model in self._traffic.values():
             for name, counts in per_model.items():
