@@ -61,3 +61,21 @@ def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
         ax.set_xlabel(unit)
         ax.set_ylabel("robustness")
         return _svg(fig, ax)
+
+
+def queries_curve_svg(curve: list[dict[str, Any]], totals: list[int]) -> str:
+    """Robust accuracy against queries per sample (log scale), the rounds' totals dashed."""
+    import matplotlib
+
+    pts = [(max(p["queries"], 1), p["robust_accuracy"]) for p in curve]
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure((2.6, 1.6))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2,
+                color="#1565c0", linewidth=1.2, drawstyle="steps-post")
+        for t in totals:
+            ax.axvline(t, color="#9e9e9e", linewidth=0.6, linestyle="--")
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("queries per sample")
+        ax.set_ylabel("robust accuracy")
+        return _svg(fig, ax)

@@ -199,6 +199,15 @@ def _record_queries(r: dict[str, Any]) -> int:
     return int(r.get("queries", 0)) + int(r.get("ref_queries", 0))
 
 
+def round_key(check_id: str, r: int) -> str:
+    """Where round ``r`` of a check keeps its records in the run directory."""
+    return check_id if r == 0 else f"{check_id}{ROUND_SEP}{r}"
+
+
+#: Separates a check id from its round in record keys (refused in check ids at suite load).
+ROUND_SEP = "#round"
+
+
 def _run_check(
     spec: CheckSpec,
     model: Model,
@@ -211,13 +220,49 @@ def _run_check(
     progress: Progress,
     executor: Executor | None = None,
 ) -> dict[int, dict[str, Any]]:
-    done = run.records[spec.id]
-    selected = _selected(spec, data, ctx)
+    """Run a check, round after round: each round finishes for all samples (and all shards)
+    before the check decides on the next one from the merged records, so a resumed or
+    distributed run makes the same decisions."""
+    records = _run_round(spec, spec, _selected(spec, data, ctx), model, reference, run_budget,
+                         data, run, ctx, batch_size, progress, executor, used=0)
+    r = 0
+    while (nxt := spec.check.next_round(records, r)) is not None:
+        r += 1
+        check, indices = nxt
+        key = round_key(spec.id, r)
+        used = sum(_record_queries(x) for k in range(r) for x in
+                   run.records[round_key(spec.id, k)].values())
+        log.info("check %s: round %d on %d unbroken samples", spec.id, r, len(indices))
+        new = _run_round(spec, dataclasses.replace(spec, id=key, check=check), indices, model,
+                         reference, run_budget, data, run, ctx, batch_size, progress, executor,
+                         used=used)
+        records = spec.check.merge_round(records, {i: new[i] for i in indices}, r)
+    return records
+
+
+def _run_round(
+    spec: CheckSpec,
+    this: CheckSpec,
+    selected: list[int],
+    model: Model,
+    reference: Model | None,
+    run_budget: Budget,
+    data: Dataset,
+    run: RunDir,
+    ctx: CheckContext,
+    batch_size: int,
+    progress: Progress,
+    executor: Executor | None,
+    used: int,
+) -> dict[int, dict[str, Any]]:
+    """One round of a check (``this``: its id is the round's record key) on ``selected``;
+    ``used`` is what the check's earlier rounds spent of its budget."""
+    done = run.records[this.id]
     pending = [i for i in selected if i not in done]
     total = len(selected)
-    used = sum(_record_queries(r) for r in done.values())
+    used += sum(_record_queries(r) for r in done.values())
     budget = None if spec.budget is None else max(0, spec.budget - used)
-    progress.start(spec.id, total)
+    progress.start(this.id, total)
     progress.advance(total - len(pending))
     if ctx.device.type == "cpu" and getattr(model, "traffic", None) is None:
         batch_size = cpu_batch_size(batch_size, tuple(data.x.shape[1:]), data.x.element_size())
@@ -229,9 +274,9 @@ def _run_check(
         counters = (QueryCounter(model, shared=shared),
                     None if reference is None else QueryCounter(reference, shared=shared))
         batches = [pending[s : s + batch_size] for s in range(0, len(pending), batch_size)]
-        results = _local_batches(spec, counters, data, batches, ctx)
+        results = _local_batches(this, counters, data, batches, ctx)
     else:
-        results = executor.run_check(spec, data, pending, batch_size, ctx, budget)
+        results = executor.run_check(this, data, pending, batch_size, ctx, budget)
     for idx, rows, spent, ref_spent in results:
         if len(rows) != len(idx):
             raise RuntimeError(f"check returned {len(rows)} records for {len(idx)} samples")
@@ -244,11 +289,11 @@ def _run_check(
         if executor is not None:
             run_budget.spent += spent + ref_spent
         for i, r in zip(idx, rows, strict=True):
-            r.update({"check": spec.id, "i": i, "id": data.ids[i]})
-        run.append(spec.id, rows)
+            r.update({"check": this.id, "i": i, "id": data.ids[i]})
+        run.append(this.id, rows)
         progress.advance(len(idx))
     progress.finish()
-    return run.records[spec.id]
+    return run.records[this.id]
 
 
 def _selected(spec: CheckSpec, data: Dataset, ctx: CheckContext) -> list[int]:
@@ -266,15 +311,17 @@ def _recorded_queries(run: RunDir) -> tuple[int, int]:
             sum(int(r.get("ref_queries", 0)) for r in recs))
 
 
-def _worst_case(suite: Suite, run: RunDir) -> list[dict[str, Any]]:
-    """Robust accuracy against all of the suite's attacks at once, per (norm, ε)."""
+def _worst_case(suite: Suite, finals: dict[str, dict[int, dict[str, Any]]]
+                ) -> list[dict[str, Any]]:
+    """Robust accuracy against all of the suite's attacks at once, per (norm, ε), from each
+    check's merged records (every round's)."""
     groups: dict[tuple[str, float], list[str]] = {}
     for spec in suite.checks:
         if isinstance(spec.check, AttackCheck):
             groups.setdefault(spec.check.threat_model(), []).append(spec.id)
     out = []
     for (norm, eps), ids in sorted(groups.items()):
-        recs = [run.records.get(i, {}) for i in ids]
+        recs = [finals.get(i, {}) for i in ids]
         common = set.intersection(*(set(r) for r in recs)) if recs else set()
         if not common:
             continue
@@ -472,6 +519,7 @@ def run_suite(
     durations: dict[str, float] = {}
     seeds: dict[str, int] = {}
     images: dict[str, Any] = {}
+    finals: dict[str, dict[int, dict[str, Any]]] = {}
     for spec in suite.checks:
         cseed = check_seed(seed, spec.id)
         seeds[spec.id] = cseed
@@ -494,6 +542,7 @@ def run_suite(
         try:
             records = _run_check(spec, model, reference, run_budget, data, run, ctx,
                                  batch_size, progress, executor)
+            finals[spec.id] = records
             ordered = [records[i] for i in sorted(records)]
             errored = [r for r in ordered if r.get("outcome") == "error"]
             if errored and len(errored) == len(ordered):
@@ -557,7 +606,7 @@ def run_suite(
                            budget=query_budget),
         checks=checks,
         summary={s.lower(): statuses.count(s) for s in typing.get_args(Status)},
-        attack_worst_case=[WorstCase(**w) for w in _worst_case(suite, run)],
+        attack_worst_case=[WorstCase(**w) for w in _worst_case(suite, finals)],
         verdict=typing.cast(Any, verdict),
         decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any check has, else PASS"
                   f": {verdict}"),

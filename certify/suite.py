@@ -320,6 +320,9 @@ def parse_suite(raw: Any, source: str) -> Suite:
         if not isinstance(cid, str) or not cid or cid in seen:
             raise SuiteError(f"{where}: check id {cid!r} is empty or repeated",
                              hint="give each check a unique id")
+        if "#" in cid:  # the runner keys a check's later rounds as <id>#round<r>
+            raise SuiteError(f"{where}: check id {cid!r} contains '#'",
+                             hint="use letters, digits, '_', '-', '+' or '.'")
         seen.add(cid)
         cls = CHECKS[kind]
         check = cls.from_params(_mapping(c.get("params"), f"{where}.params"), where)

@@ -1,6 +1,6 @@
 """--executor ray: a local Ray instance on 127.0.0.1, started by certify, gives the local metrics.
 
-Covers the demo suite on 2 workers, a worker killed mid-run, resume across executors both ways,
+Covers the demo suite on 2 workers (an attack with budget rounds included), a worker killed mid-run, resume across executors both ways,
 the run-wide budget across workers, and the install hint without Ray.
 """
 
@@ -39,9 +39,10 @@ def suite(tmp_path_factory) -> Path:
         {"id": "clean", "kind": "clean_accuracy"},
         {"id": "rotation", "kind": "corruption",
          "params": {"property": "rotation", "bound": 15, "steps": 4}},
+        # rounds (max_queries: auto) are synchronised across workers and resumes
         {"id": "square", "kind": "attack", "samples": 32, "params": {
-            "attack": "square_linf", "epsilon": 0.03, "max_queries": 600,
-            "binarization": False}},
+            "attack": "square_linf", "epsilon": 0.15, "max_queries": "auto",
+            "initial_queries": 40, "query_cap": 320, "binarization": False}},
         {"id": "noise", "kind": "corruption",
          "params": {"property": "gaussian_noise", "bound": 0.1, "steps": 3, "tries": 3}},
     ]}))

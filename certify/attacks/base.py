@@ -26,11 +26,18 @@ class AttackResult:
     ``start_failed`` ``[B]`` bool, from attacks that need an adversarial starting point
     (HopSkipJump): true where none was found, so the sample was never attacked and its
     candidate is the image itself. ``None`` from attacks without such a start.
+
+    ``dist`` and ``half_dist`` ``[B]``, from minimisation attacks that walk an adversarial point
+    towards the image (HopSkipJump): the distance of the closest adversarial point found with the
+    whole budget and with its first half (``inf`` where none). They tell whether a sample that
+    is still outside ε was still being approached when the budget ran out (convergence).
     """
 
     x_adv: torch.Tensor
     queries: torch.Tensor
     start_failed: torch.Tensor | None = None
+    dist: torch.Tensor | None = None
+    half_dist: torch.Tensor | None = None
 
 
 def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> torch.Tensor:

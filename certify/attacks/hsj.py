@@ -99,6 +99,8 @@ class _Run:
         self.live = torch.ones(b, dtype=torch.bool)
         self.best = x.clone()
         self.best_dist = torch.full((b,), math.inf)
+        #: The best distance while at most half of the budget was spent (convergence).
+        self.half_dist = torch.full((b,), math.inf)
         self.start_failed = torch.zeros(b, dtype=torch.bool)
 
     # -- queries and bookkeeping ------------------------------------------------------------
@@ -125,6 +127,8 @@ class _Run:
         better = dist < self.best_dist[idx]
         self.best[idx[better]] = pts[better]
         self.best_dist[idx[better]] = dist[better]
+        early = idx[self.used[idx] <= self.a.max_queries // 2]
+        self.half_dist[early] = self.best_dist[early]
         return dist
 
     def blend(self, idx: torch.Tensor, a: torch.Tensor, alpha: torch.Tensor,
@@ -269,4 +273,5 @@ class _Run:
             cur = self.boundary(idx, moved, self.theta, self.linf)
             dist = self.keep_best(idx, cur)
             t += 1
-        return AttackResult(self.best, self.used.clone(), self.start_failed.clone())
+        return AttackResult(self.best, self.used.clone(), self.start_failed.clone(),
+                            dist=self.best_dist.clone(), half_dist=self.half_dist.clone())

@@ -11,11 +11,12 @@ weak to support the robust accuracy it measured, and the check's verdict becomes
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import typing
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -45,6 +46,18 @@ _DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5}
 _BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness"}
 #: Set by the check's own parameters; in ``attack_params`` they would disagree with the card.
 _CHECK_KEYS = ("epsilon", "max_queries", "norm")
+#: ``max_queries: auto``: the first round's budget per attack, unless ``initial_queries`` says.
+AUTO_INITIAL = {"square_linf": 1000, "square_l2": 1000, "hopskipjump": 5000, "random": 1000}
+#: ``max_queries: auto``: the total queries per sample a round may reach, as a multiple of the
+#: initial budget, unless ``query_cap`` says.
+AUTO_CAP_FACTOR = 16
+#: A budget is converged when at most max(1, this share of the samples) were still moving: first
+#: broken in the last half of the budget, or (minimisation attacks) still being approached.
+CONVERGENCE_SHARE = 0.01
+#: Record fields that describe one attempt on a sample; a later round's attempt replaces them.
+_ATTEMPT = ("outcome", "adv_pred", "confidence", "start_failed", "dist", "half_dist")
+#: Record fields that are tallies over rounds or the sample's identity.
+_TALLY = ("queries", "attack_queries", "ref_queries", "check", "i", "id", "label")
 
 
 class AttackCheck(Check):
@@ -52,9 +65,26 @@ class AttackCheck(Check):
 
     Parameters: ``attack`` (square_linf, square_l2, hopskipjump, random, spatial_grid),
     ``epsilon`` (L∞ or L2 radius in [0, 1] pixel units; 8/255 and 0.5 by default), ``norm``
-    (for hopskipjump and random), ``max_queries`` per sample, ``attack_params`` (extra
-    constructor arguments of the attack), ``binarization`` (``false``, or settings: samples,
-    n_inner, n_boundary, inner_gap, closeness).
+    (for hopskipjump and random), ``max_queries`` per sample (a number: one run with that
+    budget; ``auto``: rounds, below), ``initial_queries`` and ``query_cap`` (``auto`` only),
+    ``attack_params`` (extra constructor arguments of the attack), ``binarization``
+    (``false``, or settings: samples, n_inner, n_boundary, inner_gap, closeness).
+
+    **Convergence.** Every budget is judged: it is *converged* when at most max(1, 1% of the
+    samples) were first broken in the last half of the queries spent per sample, or — for
+    minimisation attacks such as HopSkipJump — were still outside ε but approached it in the last
+    half of their run by at least the distance left (:func:`convergence`). An unconverged attack
+    cannot PASS: its verdict becomes WARN "budget not converged", with the curve of robust
+    accuracy against queries on the card.
+
+    **Rounds** (``max_queries: auto``). Round 0 runs the attack with ``initial_queries`` (by
+    default :data:`AUTO_INITIAL`); while the budget is not converged, round *r* re-runs the
+    attack from scratch on the still-unbroken samples with the budget that doubles the total
+    spent per sample (``initial × 2^(r-1)``, the attack's schedule for that budget, a new seed
+    stream), until converged or the next total would pass ``query_cap`` (by default
+    ``AUTO_CAP_FACTOR × initial``). Every round's records are kept; the runner finishes a round
+    for all samples (and shards) before deciding the next. The binarization test runs in round 0
+    only, with the initial budget.
     """
 
     kind: ClassVar[str] = "attack"
@@ -80,22 +110,113 @@ class AttackCheck(Check):
         Metric("queries_median", "median attack queries per attacked sample", unit="queries"),
         Metric("queries_mean", "mean attack queries per attacked sample", unit="queries"),
         Metric("queries_max", "most attack queries on one sample", unit="queries"),
+        Metric("query_budget", "attack queries per sample a never-broken sample got, over all "
+               "rounds", unit="queries"),
+        Metric("rounds", "attack rounds run (max_queries: auto doubles the total per round)",
+               unit="count"),
+        Metric("late_breaks", "samples first broken in the last half of the budget",
+               unit="count", optional=True),
+        Metric("approaching", "unbroken samples a minimisation attack was still approaching "
+               "(distance fell in the last half by at least what is left to ε)", unit="count",
+               optional=True),
         *WORST_CASE_METRICS,
     )
     export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
                                                          "Robust accuracy")
     #: Attacks spend thousands of queries per sample: record them in small units.
-    record_batch: ClassVar[int | None] = 16
+    record_batch: ClassVar[int | None] = 64
 
     def __init__(self, attack: str, epsilon: float | None = None, norm: str | None = None,
-                 max_queries: int = 1000, attack_params: dict[str, Any] | None = None,
+                 max_queries: int | Literal["auto"] = 1000, initial_queries: int | None = None,
+                 query_cap: int | None = None, attack_params: dict[str, Any] | None = None,
                  binarization: dict[str, Any] | bool = True) -> None:
         self.attack = attack
         self.epsilon = epsilon
         self.norm = norm
         self.max_queries = max_queries
+        self.initial_queries = initial_queries
+        self.query_cap = query_cap
         self.attack_params = attack_params
         self.binarization = binarization
+        #: Which round this copy runs (see :meth:`for_round`); not a suite parameter.
+        self._round = 0
+
+    # -- budgets and rounds ---------------------------------------------------------------
+    @property
+    def auto(self) -> bool:
+        """Whether the budget grows in rounds until converged (``max_queries: auto``)."""
+        return self.max_queries == "auto"
+
+    def initial_budget(self) -> int:
+        """Round 0's queries per sample (the whole budget when it is a number)."""
+        if not self.auto:
+            return int(self.max_queries)
+        if self.initial_queries is not None:
+            return self.initial_queries
+        return AUTO_INITIAL.get(ATTACKS[self.attack].name, 1000)
+
+    def cap(self) -> int:
+        """The most queries per sample all rounds together may spend."""
+        if not self.auto:
+            return self.initial_budget()
+        return self.query_cap if self.query_cap is not None else \
+            AUTO_CAP_FACTOR * self.initial_budget()
+
+    def round_budget(self, r: int) -> int:
+        """Queries per sample of round ``r``: the initial budget, then the total's doubling."""
+        b = self.initial_budget()
+        return b if r == 0 else b * 2 ** (r - 1)
+
+    def total_after(self, r: int) -> int:
+        """Queries per sample a never-broken sample has spent after round ``r``."""
+        return self.initial_budget() * 2 ** r
+
+    def for_round(self, r: int) -> AttackCheck:
+        """A copy that runs round ``r`` (its budget and seed stream; no binarization test)."""
+        c = copy.copy(self)
+        c._round = r
+        return c
+
+    def next_round(self, records: dict[int, dict[str, Any]], done: int
+                   ) -> tuple[AttackCheck, list[int]] | None:
+        """After rounds ``0..done`` (merged ``records``): the next round's check and samples,
+        or None when the budget is fixed, converged, or the next total would pass the cap."""
+        if not self.auto or self.total_after(done + 1) > self.cap():
+            return None
+        if convergence(list(records.values()), self.round_budget(done),
+                       self.total_after(done), self._epsilon())["converged"]:
+            return None
+        todo = sorted(i for i, r in records.items() if r["outcome"] == "robust")
+        return (self.for_round(done + 1), todo) if todo else None
+
+    def merge_round(self, records: dict[int, dict[str, Any]],
+                    new: dict[int, dict[str, Any]], r: int) -> dict[int, dict[str, Any]]:
+        """Fold round ``r``'s records into the merged ones: queries add up, the new attempt
+        replaces the old, and a break records the total queries at which it happened."""
+        out = dict(records)
+        for i, rec in new.items():
+            old = out[i]
+            rounds = [*old.get("round_queries", [int(old["attack_queries"])]),
+                      int(rec["attack_queries"])]
+            merged = {k: v for k, v in old.items() if k not in _ATTEMPT}
+            merged.update({k: v for k, v in rec.items() if k not in _TALLY})
+            merged.update({
+                "round_queries": rounds,
+                "attack_queries": sum(rounds),
+                "queries": int(old["queries"]) + int(rec["queries"]),
+            })
+            if "ref_queries" in old or "ref_queries" in rec:
+                merged["ref_queries"] = int(old.get("ref_queries", 0)) + \
+                    int(rec.get("ref_queries", 0))
+            if rec["outcome"] == "misclassified":
+                # The model changed its answer to the unattacked image between rounds (a
+                # randomised model): it is not robust, whatever the attack did.
+                merged.update({"outcome": "broken", "clean_changed": True})
+            if merged["outcome"] == "broken":
+                merged["broken_at"] = sum(rounds[:-1]) + int(rec["attack_queries"])
+                merged["broken_round"] = r
+            out[i] = merged
+        return out
 
     # -- configuration --------------------------------------------------------------------
     def _norm(self) -> str:
@@ -120,9 +241,9 @@ class AttackCheck(Check):
         cls = ATTACKS[self.attack]
         kw: dict[str, Any] = dict(self.attack_params or {})
         if cls.name == "spatial_grid":
-            kw["max_queries"] = self.max_queries
+            kw["max_queries"] = self.initial_budget()
             return cls(**kw)
-        kw.update(epsilon=self._epsilon(), max_queries=self.max_queries)
+        kw.update(epsilon=self._epsilon(), max_queries=self.round_budget(self._round))
         if cls.name in ("hopskipjump", "random"):
             kw["norm"] = self._norm()
         return cls(**kw)
@@ -145,8 +266,24 @@ class AttackCheck(Check):
                 self.norm != ATTACKS[self.attack].norm:
             raise SuiteError(f"{where}: {self.attack} works in {ATTACKS[self.attack].norm}",
                              hint="use square_l2 for L2")
-        if not isinstance(self.max_queries, int) or self.max_queries < 2:
-            raise SuiteError(f"{where}: max_queries must be an integer >= 2", hint="e.g. 1000")
+        if not self.auto and (not isinstance(self.max_queries, int) or self.max_queries < 2):
+            raise SuiteError(f"{where}: max_queries must be an integer >= 2 or auto",
+                             hint="e.g. 1000, or auto (rounds until converged)")
+        if not self.auto and (self.initial_queries, self.query_cap) != (None, None):
+            raise SuiteError(f"{where}: initial_queries and query_cap go with max_queries: auto",
+                             hint="e.g. max_queries: auto, initial_queries: 1000")
+        if self.auto:
+            if ATTACKS[self.attack].name == "spatial_grid":
+                raise SuiteError(f"{where}: spatial_grid searches its grid exhaustively: "
+                                 "max_queries must be the grid size, not auto",
+                                 hint="e.g. max_queries: 538")
+            if self.initial_budget() < 2:
+                raise SuiteError(f"{where}: initial_queries must be >= 2", hint="e.g. 1000")
+            if self.cap() < 2 * self.initial_budget():
+                raise SuiteError(f"{where}: query_cap {self.cap()} leaves no room for a second "
+                                 f"round after {self.initial_budget()} queries",
+                                 hint=f"query_cap >= {2 * self.initial_budget()}, e.g. "
+                                      f"{AUTO_CAP_FACTOR * self.initial_budget()}")
         if self.epsilon is not None and (not isinstance(self.epsilon, int | float)
                                          or self.epsilon <= 0):
             raise SuiteError(f"{where}: epsilon must be positive", hint="e.g. 0.0314 (8/255)")
@@ -177,9 +314,9 @@ class AttackCheck(Check):
             self._bt()
         except TypeError as exc:
             raise SuiteError(f"{where}: {exc}", hint="check attack_params") from None
-        if isinstance(attack, SpatialGrid) and attack.grid_size() > self.max_queries:
+        if isinstance(attack, SpatialGrid) and attack.grid_size() > self.initial_budget():
             size = attack.grid_size()
-            raise SuiteError(f"{where}: {cut_grid_message(size, self.max_queries)}",
+            raise SuiteError(f"{where}: {cut_grid_message(size, self.initial_budget())}",
                              hint=f"raise max_queries to {size}, or lower rotation_steps / "
                                   f"translation_steps")
 
@@ -215,7 +352,8 @@ class AttackCheck(Check):
         ]
         ci = correct.nonzero().flatten()
         if len(ci):
-            seeds = torch.tensor([ctx.seed(int(index[i]), 1) for i in ci.tolist()])
+            stream = (1,) if self._round == 0 else (1, self._round)  # a new stream per round
+            seeds = torch.tensor([ctx.seed(int(index[i]), *stream) for i in ci.tolist()])
             dev = x.device
             res = attack.run(counter, x[ci.to(dev)], y[ci.to(dev)], seeds, output)
             x_adv = res.x_adv if norm == "spatial" else project(res.x_adv, x[ci.to(dev)],
@@ -231,9 +369,14 @@ class AttackCheck(Check):
                                "confidence": float(adv_conf[k])})
                 if broken:
                     rec[i]["adv_pred"] = int(pred[k])
+                    rec[i]["broken_at"] = int(res.queries[k])
                 elif res.start_failed is not None and bool(res.start_failed[k]):
                     rec[i]["start_failed"] = True  # never attacked: robust, unverified
-        bt = self._bt()
+                elif res.dist is not None and res.half_dist is not None and \
+                        math.isfinite(float(res.half_dist[k])):
+                    rec[i]["dist"] = float(res.dist[k])
+                    rec[i]["half_dist"] = float(res.half_dist[k])
+        bt = self._bt() if self._round == 0 else None
         if bt is not None:
             settings, samples = bt
             stride = max(1, math.ceil(ctx.n_samples / max(samples, 1)))
@@ -255,11 +398,26 @@ class AttackCheck(Check):
         bound = "spatial grid" if d["norm"] == "spatial" else f"{d['norm']} ε={d['epsilon']:.4g}"
         text = (f"robust accuracy {pct(m.robust_accuracy)} (95% CI "
                 f"{interval_text(result.intervals['robust_accuracy'])}) under {d['attack']} at "
-                f"{bound}, ≤{d['max_queries']} queries")
+                f"{bound}, ≤{int(m.query_budget):,} queries")
+        conv = d.get("convergence")
+        if conv:
+            text += (f" in {int(m.rounds)} round(s), " if conv["auto"] else ", ") + \
+                ("converged" if conv["converged"] else "budget not converged")
         if d.get("binarization"):
             text += (f"; binarization test {m.binarization_score:.2f} "
                      f"(R-ASR {m.binarization_rasr:.2f})")
         return text
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """Robust accuracy against queries per sample, with the rounds' totals marked."""
+        from certify.figures import queries_curve_svg
+
+        conv = result.details.get("convergence")
+        if not conv:
+            return {}
+        return {"convergence": queries_curve_svg(conv["curve"],
+                                                 [r["total"] for r in conv["rounds"]])}
 
     def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
         n = len(records)
@@ -267,6 +425,8 @@ class AttackCheck(Check):
         robust = sum(r["outcome"] == "robust" for r in records)
         broken = sum(r["outcome"] == "broken" for r in records)
         aq = [r["attack_queries"] for r in correct]
+        rounds = max((len(r.get("round_queries", [0])) for r in correct), default=1)
+        total = self.total_after(rounds - 1)
         metrics: dict[str, Any] = {
             "robust_accuracy": robust / n if n else 0.0,
             "attack_success_rate": broken / len(correct) if correct else 0.0,
@@ -275,6 +435,7 @@ class AttackCheck(Check):
             "queries_median": statistics.median(aq) if aq else 0,
             "queries_mean": statistics.fmean(aq) if aq else 0.0,
             "queries_max": max(aq) if aq else 0,
+            "query_budget": total, "rounds": rounds,
             **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
         }
         intervals = {"robust_accuracy": wilson_interval(robust, n),
@@ -282,9 +443,26 @@ class AttackCheck(Check):
         details: dict[str, Any] = {
             "attack": self.attack, "norm": self._norm(), "epsilon": self._epsilon(),
             "max_queries": self.max_queries, "attack_params": self.build().params(),
-            "queries_histogram": _histogram(aq, self.max_queries),
+            "queries_histogram": _histogram(aq, total),
+            "convergence": None,
         }
         warnings: list[str] = []
+        if self._norm() != "spatial":  # a grid is searched exhaustively: nothing to converge
+            conv = convergence(records, self.round_budget(rounds - 1), total, self._epsilon())
+            metrics.update(late_breaks=conv["late_breaks"], approaching=conv["approaching"])
+            details["convergence"] = conv | {
+                "auto": self.auto, "initial": self.initial_budget(), "cap": self.cap(),
+                "rounds": [{"round": k, "budget": self.round_budget(k),
+                            "total": self.total_after(k),
+                            "attacked": sum(len(r.get("round_queries", [0])) > k
+                                            for r in correct),
+                            "broken": sum(r.get("broken_round", 0) == k
+                                          for r in records if r["outcome"] == "broken")}
+                           for k in range(rounds)],
+                "curve": robustness_curve(records, total),
+            }
+            if not conv["converged"]:
+                warnings.append(_unconverged(conv, total, rounds, self.auto, self.cap(), n))
         if ATTACKS[self.attack].name == "hopskipjump":
             no_start = sum(bool(r.get("start_failed")) for r in correct)
             metrics["n_start_failed"] = no_start
@@ -338,6 +516,65 @@ class AttackCheck(Check):
             details["binarization"] = None
         return Measurement(metrics=metrics, intervals=intervals, details=details,
                            warnings=warnings)
+
+
+def convergence(records: list[dict[str, Any]], last_budget: int, total: int,
+                epsilon: float) -> dict[str, Any]:
+    """Whether a budget is converged, from the merged records of every round so far.
+
+    ``total`` is the queries per sample spent over all rounds, ``last_budget`` the latest
+    round's. *Late breaks* are samples first broken in the last half of ``total`` (for rounds
+    after the first: broken in the latest round, whose budget is that half). *Approaching* are
+    samples still outside ε whose closest adversarial point (minimisation attacks only) moved
+    towards the image in the last half of the latest run by at least the distance left to ε:
+    at the same pace, that much more budget would break them. Converged when both together are
+    at most max(1, :data:`CONVERGENCE_SHARE` × samples).
+    """
+    n = len(records)
+    allowance = max(1.0, CONVERGENCE_SHARE * n)
+    late = sum(1 for r in records if r["outcome"] == "broken"
+               and int(r.get("broken_at", r["attack_queries"])) > total / 2)
+    approaching = sum(
+        1 for r in records if r["outcome"] == "robust" and "dist" in r and "half_dist" in r
+        and float(r["half_dist"]) > float(r["dist"])
+        and float(r["dist"]) - (float(r["half_dist"]) - float(r["dist"])) <= epsilon)
+    return {"late_breaks": late, "approaching": approaching, "allowance": allowance,
+            "last_budget": last_budget, "total": total,
+            "converged": late + approaching <= allowance}
+
+
+def robustness_curve(records: list[dict[str, Any]], total: int) -> list[dict[str, float]]:
+    """Robust accuracy had the attack stopped after q queries per sample, for q from 0 to
+    ``total`` on a doubling grid (each round's total included)."""
+    n = len(records)
+    correct = sum(r["outcome"] != "misclassified" for r in records)
+    at = sorted(int(r.get("broken_at", r["attack_queries"])) for r in records
+                if r["outcome"] == "broken")
+    qs = {0, total}
+    q = 1
+    while q < total:
+        qs.add(q)
+        q *= 2
+    out = []
+    for q in sorted(qs):
+        broken = sum(b <= q for b in at)
+        out.append({"queries": q, "robust_accuracy": (correct - broken) / n if n else 0.0})
+    return out
+
+
+def _unconverged(conv: dict[str, Any], total: int, rounds: int, auto: bool, cap: int,
+                 n: int) -> str:
+    moving = f"{conv['late_breaks']} sample(s) first broken in the last half of the budget"
+    if conv["approaching"]:
+        moving += f" and {conv['approaching']} still being approached"
+    allowed = f"more than max(1, 1% of {n}) = {conv['allowance']:g}"
+    if auto:
+        return (f"budget not converged at the cap: after {rounds} round(s), {total:,} queries "
+                f"per sample (cap {cap:,}), {moving}, {allowed}; the robust accuracy is likely "
+                "an overestimate")
+    return (f"budget not converged: with {total:,} queries per sample, {moving}, {allowed}; "
+            "the robust accuracy is likely an overestimate (max_queries: auto grows the budget "
+            "until converged)")
 
 
 def one_hot_answers(scores: torch.Tensor, output: str) -> list[bool]:

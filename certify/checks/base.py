@@ -151,6 +151,18 @@ class Check:
         """One line that says what the check measured (card summary and CLI)."""
         return ", ".join(f"{k}={v}" for k, v in dict(result.metrics).items())
 
+    def next_round(self, records: dict[int, dict[str, Any]], done: int
+                   ) -> tuple[Check, list[int]] | None:
+        """Another round after rounds ``0..done`` (``records``: merged so far): the check that
+        runs it and the sample indices it runs on; None when the check is done. Most checks run
+        one round; attacks with ``max_queries: auto`` grow their budget in rounds."""
+        return None
+
+    def merge_round(self, records: dict[int, dict[str, Any]],
+                    new: dict[int, dict[str, Any]], r: int) -> dict[int, dict[str, Any]]:
+        """Fold round ``r``'s records into the merged records (checks with rounds only)."""
+        raise NotImplementedError(f"{type(self).__name__} runs a single round")
+
     @classmethod
     def figures(cls, result: ResultView) -> dict[str, str]:
         """Inline SVG figures for the card section, by name (none by default)."""
