@@ -1,7 +1,8 @@
 """--executor ray: a local Ray instance on 127.0.0.1, started by certify, gives the local metrics.
 
-Covers the demo suite on 2 workers (an attack with budget rounds included), a worker killed mid-run, resume across executors both ways,
-the run-wide budget across workers, and the install hint without Ray.
+Covers the demo suite on 2 workers (an attack with budget rounds included), a worker killed
+mid-run, resume across executors both ways, the run-wide budget across workers, and the install
+hint without Ray.
 """
 
 from __future__ import annotations

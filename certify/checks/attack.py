@@ -71,20 +71,20 @@ class AttackCheck(Check):
     (``false``, or settings: samples, n_inner, n_boundary, inner_gap, closeness).
 
     **Convergence.** Every budget is judged: it is *converged* when at most max(1, 1% of the
-    samples) were first broken in the last half of the queries spent per sample, or — for
+    samples) were first broken in the last half of the (latest) run's budget, or — for
     minimisation attacks such as HopSkipJump — were still outside ε but approached it in the last
     half of their run by at least the distance left (:func:`convergence`). An unconverged attack
     cannot PASS: its verdict becomes WARN "budget not converged", with the curve of robust
     accuracy against queries on the card.
 
     **Rounds** (``max_queries: auto``). Round 0 runs the attack with ``initial_queries`` (by
-    default :data:`AUTO_INITIAL`); while the budget is not converged, round *r* re-runs the
-    attack from scratch on the still-unbroken samples with the budget that doubles the total
-    spent per sample (``initial × 2^(r-1)``, the attack's schedule for that budget, a new seed
-    stream), until converged or the next total would pass ``query_cap`` (by default
-    ``AUTO_CAP_FACTOR × initial``). Every round's records are kept; the runner finishes a round
-    for all samples (and shards) before deciding the next. The binarization test runs in round 0
-    only, with the initial budget.
+    default :data:`AUTO_INITIAL`); while that run is not converged, round *r* re-runs the
+    attack from scratch on the still-unbroken samples with twice the previous run's budget
+    (``initial × 2^r``, the attack's schedule for that budget, a new seed stream), until a run
+    converges or the next budget would pass ``query_cap`` (by default ``AUTO_CAP_FACTOR ×
+    initial``). Every round's records are kept; the runner finishes a round for all samples
+    (and shards) before deciding the next. The binarization test runs in round 0 only, with the
+    initial budget.
     """
 
     kind: ClassVar[str] = "attack"
@@ -156,20 +156,19 @@ class AttackCheck(Check):
         return AUTO_INITIAL.get(ATTACKS[self.attack].name, 1000)
 
     def cap(self) -> int:
-        """The most queries per sample all rounds together may spend."""
+        """The largest budget one round's run may have."""
         if not self.auto:
             return self.initial_budget()
         return self.query_cap if self.query_cap is not None else \
             AUTO_CAP_FACTOR * self.initial_budget()
 
     def round_budget(self, r: int) -> int:
-        """Queries per sample of round ``r``: the initial budget, then the total's doubling."""
-        b = self.initial_budget()
-        return b if r == 0 else b * 2 ** (r - 1)
+        """Queries per sample of round ``r``'s run: the initial budget, doubled each round."""
+        return self.initial_budget() * 2 ** r
 
     def total_after(self, r: int) -> int:
-        """Queries per sample a never-broken sample has spent after round ``r``."""
-        return self.initial_budget() * 2 ** r
+        """Queries per sample a never-broken sample has spent after rounds ``0..r``."""
+        return self.initial_budget() * (2 ** (r + 1) - 1)
 
     def for_round(self, r: int) -> AttackCheck:
         """A copy that runs round ``r`` (its budget and seed stream; no binarization test)."""
@@ -180,11 +179,11 @@ class AttackCheck(Check):
     def next_round(self, records: dict[int, dict[str, Any]], done: int
                    ) -> tuple[AttackCheck, list[int]] | None:
         """After rounds ``0..done`` (merged ``records``): the next round's check and samples,
-        or None when the budget is fixed, converged, or the next total would pass the cap."""
-        if not self.auto or self.total_after(done + 1) > self.cap():
+        or None when the budget is fixed, converged, or the next budget would pass the cap."""
+        if not self.auto or self.round_budget(done + 1) > self.cap():
             return None
-        if convergence(list(records.values()), self.round_budget(done),
-                       self.total_after(done), self._epsilon())["converged"]:
+        if convergence(list(records.values()), done, self.round_budget(done),
+                       self._epsilon())["converged"]:
             return None
         todo = sorted(i for i, r in records.items() if r["outcome"] == "robust")
         return (self.for_round(done + 1), todo) if todo else None
@@ -448,7 +447,8 @@ class AttackCheck(Check):
         }
         warnings: list[str] = []
         if self._norm() != "spatial":  # a grid is searched exhaustively: nothing to converge
-            conv = convergence(records, self.round_budget(rounds - 1), total, self._epsilon())
+            conv = convergence(records, rounds - 1, self.round_budget(rounds - 1),
+                               self._epsilon())
             metrics.update(late_breaks=conv["late_breaks"], approaching=conv["approaching"])
             details["convergence"] = conv | {
                 "auto": self.auto, "initial": self.initial_budget(), "cap": self.cap(),
@@ -518,29 +518,28 @@ class AttackCheck(Check):
                            warnings=warnings)
 
 
-def convergence(records: list[dict[str, Any]], last_budget: int, total: int,
+def convergence(records: list[dict[str, Any]], last_round: int, last_budget: int,
                 epsilon: float) -> dict[str, Any]:
-    """Whether a budget is converged, from the merged records of every round so far.
+    """Whether the latest run's budget is converged, from the merged records of every round.
 
-    ``total`` is the queries per sample spent over all rounds, ``last_budget`` the latest
-    round's. *Late breaks* are samples first broken in the last half of ``total`` (for rounds
-    after the first: broken in the latest round, whose budget is that half). *Approaching* are
+    ``last_round`` is the latest round and ``last_budget`` its run's queries per sample. *Late
+    breaks* are samples that run first broke in the last half of its budget. *Approaching* are
     samples still outside ε whose closest adversarial point (minimisation attacks only) moved
-    towards the image in the last half of the latest run by at least the distance left to ε:
-    at the same pace, that much more budget would break them. Converged when both together are
-    at most max(1, :data:`CONVERGENCE_SHARE` × samples).
+    towards the image in the last half of that run by at least the distance left to ε: at the
+    same pace, that much more budget would break them. Converged when both together are at
+    most max(1, :data:`CONVERGENCE_SHARE` × samples).
     """
     n = len(records)
     allowance = max(1.0, CONVERGENCE_SHARE * n)
     late = sum(1 for r in records if r["outcome"] == "broken"
-               and int(r.get("broken_at", r["attack_queries"])) > total / 2)
+               and int(r.get("broken_round", 0)) == last_round
+               and int(r.get("round_queries", [r["attack_queries"]])[-1]) > last_budget / 2)
     approaching = sum(
         1 for r in records if r["outcome"] == "robust" and "dist" in r and "half_dist" in r
         and float(r["half_dist"]) > float(r["dist"])
         and float(r["dist"]) - (float(r["half_dist"]) - float(r["dist"])) <= epsilon)
     return {"late_breaks": late, "approaching": approaching, "allowance": allowance,
-            "last_budget": last_budget, "total": total,
-            "converged": late + approaching <= allowance}
+            "last_budget": last_budget, "converged": late + approaching <= allowance}
 
 
 def robustness_curve(records: list[dict[str, Any]], total: int) -> list[dict[str, float]]:
@@ -564,14 +563,15 @@ def robustness_curve(records: list[dict[str, Any]], total: int) -> list[dict[str
 
 def _unconverged(conv: dict[str, Any], total: int, rounds: int, auto: bool, cap: int,
                  n: int) -> str:
-    moving = f"{conv['late_breaks']} sample(s) first broken in the last half of the budget"
+    moving = (f"{conv['late_breaks']} sample(s) first broken in the last half of the "
+              f"{conv['last_budget']:,}-query run")
     if conv["approaching"]:
         moving += f" and {conv['approaching']} still being approached"
     allowed = f"more than max(1, 1% of {n}) = {conv['allowance']:g}"
     if auto:
-        return (f"budget not converged at the cap: after {rounds} round(s), {total:,} queries "
-                f"per sample (cap {cap:,}), {moving}, {allowed}; the robust accuracy is likely "
-                "an overestimate")
+        return (f"budget not converged at the cap: after {rounds} round(s) ({total:,} queries "
+                f"per unbroken sample, the last run at the cap of {cap:,}), {moving}, "
+                f"{allowed}; the robust accuracy is likely an overestimate")
     return (f"budget not converged: with {total:,} queries per sample, {moving}, {allowed}; "
             "the robust accuracy is likely an overestimate (max_queries: auto grows the budget "
             "until converged)")
