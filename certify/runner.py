@@ -26,6 +26,7 @@ import torch
 import certify
 from certify.canonical import normalize
 from certify.checks import AttackCheck, Check, CheckContext
+from certify.checks.corruption import worst_case_beside_random
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
 from certify.errors import CertifyError, ModelError, NonFiniteOutput, overall_verdict
@@ -589,6 +590,7 @@ def run_suite(
         entries.append(entry)
 
     no_attack_passes_when_randomised(suite, entries)
+    worst_case_beside_random(suite.checks, entries)
     checks = [_typed_check(e) for e in entries]
     statuses = [c.status for c in checks]
     verdict = overall_verdict(statuses)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from certify.attacks.base import Attack, AttackResult, margin, project
 from certify.attacks.hsj import HopSkipJump
 from certify.attacks.simple import RandomSearch, SpatialGrid
+from certify.attacks.sparse_rs import SparseRS
 from certify.attacks.square import SquareL2, SquareLinf
 
 ATTACKS: dict[str, type[Attack]] = {
-    a.name: a for a in (SquareLinf, SquareL2, HopSkipJump, RandomSearch, SpatialGrid)
+    a.name: a for a in (SquareLinf, SquareL2, HopSkipJump, RandomSearch, SpatialGrid,
+                        SparseRS)
 }
 
-__all__ = ["ATTACKS", "Attack", "AttackResult", "HopSkipJump", "RandomSearch", "SpatialGrid",
-           "SquareL2", "SquareLinf", "margin", "project"]
+__all__ = ["ATTACKS", "Attack", "AttackResult", "HopSkipJump", "RandomSearch", "SparseRS",
+           "SpatialGrid", "SquareL2", "SquareLinf", "margin", "project"]

@@ -41,14 +41,39 @@ class AttackResult:
 
 
 def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> torch.Tensor:
-    """Clip candidates to the ε-ball around ``x`` (L∞ or L2) and to ``[0, 1]``."""
+    """Clip candidates to the ε-ball around ``x`` and to ``[0, 1]``.
+
+    L∞ and L2: the radius ``epsilon``. L0: ``epsilon`` is a number of pixels ``k``; all channels
+    of a pixel count as one, and the ``k`` pixels with the largest change (largest absolute
+    change over their channels) keep it while every other pixel is reset to ``x``.
+    """
     delta = x_adv - x
+    if norm == "l0":  # the kept pixels' values exactly, the others exactly x's
+        keep = l0_keep(delta, int(epsilon)).ne(0).any(dim=1, keepdim=True)
+        return torch.where(keep, x_adv, x).clamp(0.0, 1.0)
     if norm == "linf":
         delta = delta.clamp(-epsilon, epsilon)
     elif norm == "l2":
         n = delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
         delta = delta * torch.clamp(epsilon / n, max=1.0)
     return (x + delta).clamp(0.0, 1.0)
+
+
+def l0_keep(delta: torch.Tensor, k: int) -> torch.Tensor:
+    """``delta`` ``[B, C, H, W]`` with all but its ``k`` most changed pixels zeroed."""
+    b, _, h, w = delta.shape
+    size = delta.abs().amax(dim=1).flatten(1)  # [B, H*W]
+    if k >= h * w:
+        return delta
+    keep = torch.zeros_like(size, dtype=torch.bool)
+    if k > 0:
+        keep.scatter_(1, size.topk(k, dim=1).indices, True)
+    return delta * keep.view(b, 1, h, w).to(delta.dtype)
+
+
+def changed_pixels(x_adv: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Pixels (all channels of a pixel count as one) where ``x_adv`` differs from ``x``, ``[B]``."""
+    return (x_adv != x).any(dim=1).flatten(1).sum(dim=1)
 
 
 def margin(scores: torch.Tensor, y: torch.Tensor, output: str) -> torch.Tensor:
@@ -87,7 +112,7 @@ class Attack:
     """Base class: subclasses set ``name``, ``norm``, ``needs_scores`` and write ``run``."""
 
     name: ClassVar[str] = ""
-    norm: ClassVar[str] = "linf"  # linf | l2 | spatial
+    norm: ClassVar[str] = "linf"  # linf | l2 | l0 | spatial
     needs_scores: ClassVar[bool] = True
     epsilon: float
     max_queries: int

@@ -42,12 +42,16 @@ from certify.validation import expect
 
 PASS_SCORE = 0.95
 RASR_MARGIN = 0.1
-_DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5}
+_DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5, "l0": 10}
+#: Shown on the card where the binarization test cannot run for the threat model.
+BT_NOT_L0 = ("binarization test not available for L0 threat models: its planted problem is "
+             "built in an L∞ or L2 ball, so this attack's strength is unverified")
 _BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness"}
 #: Set by the check's own parameters; in ``attack_params`` they would disagree with the card.
 _CHECK_KEYS = ("epsilon", "max_queries", "norm")
 #: ``max_queries: auto``: the first round's budget per attack, unless ``initial_queries`` says.
-AUTO_INITIAL = {"square_linf": 1000, "square_l2": 1000, "hopskipjump": 5000, "random": 1000}
+AUTO_INITIAL = {"square_linf": 1000, "square_l2": 1000, "hopskipjump": 5000, "random": 1000,
+                "sparse_rs": 1000}
 #: ``max_queries: auto``: the total queries per sample a round may reach, as a multiple of the
 #: initial budget, unless ``query_cap`` says.
 AUTO_CAP_FACTOR = 16
@@ -63,8 +67,9 @@ _TALLY = ("queries", "attack_queries", "ref_queries", "check", "i", "id", "label
 class AttackCheck(Check):
     """Robust accuracy at ε under one attack and budget (queries per sample).
 
-    Parameters: ``attack`` (square_linf, square_l2, hopskipjump, random, spatial_grid),
-    ``epsilon`` (L∞ or L2 radius in [0, 1] pixel units; 8/255 and 0.5 by default), ``norm``
+    Parameters: ``attack`` (square_linf, square_l2, hopskipjump, random, spatial_grid,
+    sparse_rs), ``epsilon`` (L∞ or L2 radius in [0, 1] pixel units, 8/255 and 0.5 by default;
+    for the L0 attack sparse_rs a whole number of pixels, 10 by default), ``norm``
     (for hopskipjump and random), ``max_queries`` per sample (a number: one run with that
     budget; ``auto``: rounds, below), ``initial_queries`` and ``query_cap`` (``auto`` only),
     ``attack_params`` (extra constructor arguments of the attack), ``binarization``
@@ -248,7 +253,7 @@ class AttackCheck(Check):
         return cls(**kw)
 
     def _bt(self) -> tuple[BinarizationSettings, int] | None:
-        if self.binarization is False or self._norm() == "spatial":
+        if self.binarization is False or self._norm() in ("spatial", "l0"):
             return None
         raw = {} if self.binarization is True else dict(self.binarization)
         samples = int(raw.pop("samples", 20))
@@ -286,6 +291,10 @@ class AttackCheck(Check):
         if self.epsilon is not None and (not isinstance(self.epsilon, int | float)
                                          or self.epsilon <= 0):
             raise SuiteError(f"{where}: epsilon must be positive", hint="e.g. 0.0314 (8/255)")
+        if ATTACKS[self.attack].norm == "l0" and self.epsilon is not None and (
+                isinstance(self.epsilon, bool) or not isinstance(self.epsilon, int)):
+            raise SuiteError(f"{where}: epsilon for {self.attack} is a number of pixels, a "
+                             f"whole number, got {self.epsilon!r}", hint="e.g. epsilon: 8")
         if isinstance(self.binarization, dict):
             unknown = set(self.binarization) - _BT_KEYS
             if unknown:
@@ -394,7 +403,9 @@ class AttackCheck(Check):
     def headline(cls, result: ResultView) -> str:
         """Robust accuracy with its interval, the threat model and the binarization test."""
         m, d = result.metrics, result.details
-        bound = "spatial grid" if d["norm"] == "spatial" else f"{d['norm']} ε={d['epsilon']:.4g}"
+        bound = "spatial grid" if d["norm"] == "spatial" else (
+            f"l0 k={d['epsilon']:.0f} pixels" if d["norm"] == "l0" else
+            f"{d['norm']} ε={d['epsilon']:.4g}")
         text = (f"robust accuracy {pct(m.robust_accuracy)} (95% CI "
                 f"{interval_text(result.intervals['robust_accuracy'])}) under {d['attack']} at "
                 f"{bound}, ≤{int(m.query_budget):,} queries")
@@ -405,6 +416,8 @@ class AttackCheck(Check):
         if d.get("binarization"):
             text += (f"; binarization test {m.binarization_score:.2f} "
                      f"(R-ASR {m.binarization_rasr:.2f})")
+        elif d.get("binarization_note"):
+            text += "; binarization test not available for L0 threat models"
         return text
 
     @classmethod
@@ -514,6 +527,8 @@ class AttackCheck(Check):
                                 f"{why}")
         else:
             details["binarization"] = None
+            if self._norm() == "l0":
+                details["binarization_note"] = BT_NOT_L0
         return Measurement(metrics=metrics, intervals=intervals, details=details,
                            warnings=warnings)
 

@@ -13,6 +13,7 @@ Queries per sample: one clean query plus at most the number of candidates.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -40,7 +41,18 @@ from certify.validation import expect_keys
 Apply = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+#: Properties renamed because they were random draws shown as if they were worst cases:
+#: old name -> (new name, the attack check kind that searches the worst case in that norm).
+RENAMED = {"linf": ("random_linf", "square_linf"), "l0": ("random_l0", "sparse_rs")}
+
+
 def _property(name: Any, where: str) -> Property:
+    if isinstance(name, str) and name in RENAMED:
+        new, attack = RENAMED[name]
+        raise SuiteError(
+            f"{where}: property {name!r} is now {new!r}: it is a random draw, not a worst case",
+            hint=f"use property: {new} for random noise; the worst case in this norm is "
+                 f"searched by an attack check (kind: attack, attack: {attack})")
     if name not in PROPERTIES:
         raise SuiteError(f"{where}: unknown property {name!r}",
                          hint=f"valid properties: {', '.join(PROPERTIES)}")
@@ -218,9 +230,13 @@ class Corruption(_CorruptionBase):
     def headline(cls, result: ResultView) -> str:
         """Score with its interval, the bound and the sample count."""
         m, d = result.metrics, result.details
-        return (f"robustness {pct(m.robustness_score)} (95% CI "
+        text = (f"robustness {pct(m.robustness_score)} (95% CI "
                 f"{interval_text(result.intervals['robustness_score'])}) within "
                 f"{d['bound']:g} {d['unit']}, n={m.n_evaluated}")
+        for c in d.get("worst_case_comparison") or ():
+            text += (f"; a random draw: {pct(c['surviving_share'])} survive the worst-case "
+                     f"search {c['attack_check']} at the same bound")
+        return text
 
     @classmethod
     def figures(cls, result: ResultView) -> dict[str, str]:
@@ -453,3 +469,61 @@ class CorruptionPair(_CorruptionBase):
                      "examples": examples},
             images=sink.images,
         )
+
+
+#: Random-noise pixel properties and the threat model of the attacks that search their worst
+#: case: property -> norm of the matching attack checks (ε is the property's bound).
+RANDOM_PIXEL_NORMS = {"random_linf": "linf", "random_l0": "l0"}
+
+
+def worst_case_beside_random(specs: Sequence[Any], entries: list[dict[str, Any]]) -> None:
+    """Put the attack's evidence beside a random-noise pixel property at the same ε.
+
+    ``random_linf`` and ``random_l0`` draw noise at random, so their robustness score (the share
+    of correctly classified samples that stay correct) can far exceed the share that survives
+    an attack in the same ball. For each such property and each attack check of the suite in
+    the same norm at the same ε, the property's result entry gets, in its details (signed and
+    rendered), the attack's share of correctly classified samples that survive
+    (1 - attack success rate, with its 95% interval) and a sentence saying which row is the
+    worst-case evidence. Applied to the finished checks' result entries, in place, after all
+    checks have run; ``specs`` are the suite's check specs (``id`` and ``check``).
+    """
+    from certify.checks.attack import AttackCheck
+
+    by_id = {e["id"]: e for e in entries}
+    attacks = [(s.id, s.check.threat_model()) for s in specs
+               if isinstance(s.check, AttackCheck)]
+    for spec in specs:
+        check = spec.check
+        if not isinstance(check, Corruption) or check.property not in RANDOM_PIXEL_NORMS:
+            continue
+        entry = by_id.get(spec.id)
+        if entry is None or entry.get("status") == "ERROR" or not entry.get("metrics"):
+            continue
+        norm, bound = RANDOM_PIXEL_NORMS[check.property], float(entry["details"]["bound"])
+        score = float(entry["metrics"]["robustness_score"])
+        rows = []
+        for aid, (anorm, eps) in attacks:
+            a = by_id.get(aid)
+            if anorm != norm or not math.isclose(eps, bound, rel_tol=1e-9, abs_tol=1e-12) or \
+                    a is None or a.get("status") == "ERROR" or not a.get("metrics"):
+                continue
+            asr = float(a["metrics"]["attack_success_rate"])
+            lo, hi = a.get("intervals", {}).get("attack_success_rate", (asr, asr))
+            survive = 1.0 - asr
+            unit = "pixels" if norm == "l0" else ""
+            at = f"{bound:g} {unit}".strip()
+            sentence = (
+                f"{check.property} draws noise at random and does not search for the worst "
+                f"case; the attack row {aid} ({a['params'].get('attack', aid)}, {norm} at "
+                f"{at}) is the worst-case evidence: {pct(survive)} of the correctly classified "
+                f"samples it attacked survive it, against this property's {pct(score)}")
+            rows.append({"attack_check": aid, "attack": a["params"].get("attack", aid),
+                         "norm": norm, "epsilon": bound, "surviving_share": survive,
+                         "surviving_interval": [1.0 - float(hi), 1.0 - float(lo)],
+                         "n_attacked": int(a["metrics"]["n_robust"]) +
+                         int(a["metrics"]["n_broken"]),
+                         "attack_status": a["status"], "property_score": score,
+                         "exceeds_attack": score > survive, "note": sentence})
+        if rows:
+            entry["details"] = {**entry["details"], "worst_case_comparison": rows}

@@ -306,11 +306,14 @@ PROPERTIES: dict[str, Property] = {
         Property("impulse_noise", "noise", "probability", "salt-and-pepper noise: each value "
                  "set to 0 or 1 with probability p", ("p",), positive_grid, _abs0, _impulse,
                  random=True, default_bound=0.05, default_steps=5, max_bound=1.0),
-        Property("linf", "pixel", "epsilon", "every value changed by at most epsilon "
-                 "(random search: uniform in the ball and on its corners)",
+        Property("random_linf", "pixel", "epsilon", "random sign noise: every value "
+                 "changed by at most epsilon, uniform in the ball and on its corners (a random "
+                 "draw, not a worst case: the square_linf attack searches the worst case)",
                  ("epsilon", "corner"), _linf_levels, _abs0, _linf, random=True,
                  default_bound=8 / 255, default_steps=4),
-        Property("l0", "pixel", "pixels", "k pixels set to arbitrary (extreme) values",
+        Property("random_l0", "pixel", "pixels", "random pixel changes: k random pixels "
+                 "set to extreme values (a random draw, not a worst case: the sparse_rs_l0 "
+                 "attack searches the worst case)",
                  ("k",), _l0_levels, _abs0, _l0, random=True, default_bound=10,
                  default_steps=5),
         Property("rotation", "geometric", "degrees", "rotation about the image centre",
