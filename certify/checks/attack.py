@@ -189,13 +189,11 @@ class AttackCheck(Check):
             return set(self.metric_names) - {"binarization_score", "binarization_rasr"}
         return set(self.metric_names)
 
-    def validate(self, info: ModelInfo) -> None:
-        """Refuse a score-based attack on a labels-only model before any query."""
+    def skip_reason(self, info: ModelInfo) -> str | None:
+        """A score-based attack cannot run on a labels-only model: skipped, not refused."""
         if ATTACKS[self.attack].needs_scores and info.output == "labels":
-            raise SuiteError(
-                f"attack {self.attack} needs scores but {info.name} returns labels only",
-                hint="use hopskipjump, random or spatial_grid for labels-only models",
-            )
+            return f"{self.attack} needs scores; {info.name} returns labels only"
+        return None
 
     # -- measurement ----------------------------------------------------------------------
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],

@@ -215,6 +215,16 @@ class Check:
     def validate(self, info: ModelInfo) -> None:
         """Refuse, before any query, a model this check cannot run on (raise SuiteError)."""
 
+    def skip_reason(self, info: ModelInfo) -> str | None:
+        """Why this check cannot be evaluated on this model, or ``None`` when it can.
+
+        A check that needs scores says so for a labels-only model: the runner then records a
+        SKIPPED row with this reason and sends the model no query for it. Unlike
+        :meth:`validate`, a skip does not refuse the suite; a suite whose every check is
+        skipped is refused (:meth:`certify.suite.Suite.validate_for`).
+        """
+        return None
+
     def run_batch(
         self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
         ctx: CheckContext,

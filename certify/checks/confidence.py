@@ -31,7 +31,7 @@ from certify.checks.base import (
 )
 from certify.data import Dataset
 from certify.errors import SuiteError
-from certify.models.base import Model
+from certify.models.base import Model, ModelInfo
 from certify.stats import wilson_interval
 
 
@@ -113,6 +113,13 @@ class Coverage(Check):
         if self.abstain_class is not None and (not isinstance(self.abstain_class, int)
                                                or self.abstain_class < 0):
             raise SuiteError(f"{where}: abstain_class must be a class id", hint="e.g. 43")
+
+    def skip_reason(self, info: ModelInfo) -> str | None:
+        """A labels-only model has no confidence to abstain on: skipped."""
+        if info.output == "labels":
+            return (f"coverage needs scores to rank inputs by confidence; {info.name} returns "
+                    "labels only")
+        return None
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[dict[str, Any]]:
