@@ -324,7 +324,7 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
     out = Console()
     for c in result.checks:
         out.print(f"{c.status:<12} {c.id:<22} {headline(c)}", highlight=False, soft_wrap=True)
-    skipped = result.measurement.summary.get("skipped", 0)
+    skipped = sum(c.status == "SKIPPED" for c in result.checks)
     note = f" ({skipped} check(s) skipped: not evaluated)" if skipped else ""
     out.print(f"verdict: {result.measurement.verdict}{note}", highlight=False)
     for name, p in paths.items():
