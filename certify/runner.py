@@ -482,6 +482,7 @@ def run_suite(
         ctx = CheckContext(check_seed=cseed, device=device.torch_device,
                            class_names=list(data.class_names),
                            flip_invariant_classes=suite.flip_invariant_classes,
+                           abstain_class=suite.abstain_class,
                            n_samples=min(spec.samples or len(data), len(data)))
         entry: dict[str, Any] = {
             "id": spec.id,

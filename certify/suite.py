@@ -123,6 +123,15 @@ class Suite:
     decision: str = "interval"
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @property
+    def abstain_class(self) -> int | None:
+        """The model's explicit abstain class, as the suite's ``coverage`` check declares it.
+
+        Every check's coverage figures count a prediction of it as an abstention.
+        """
+        declared = (getattr(c.check, "abstain_class", None) for c in self.checks)
+        return next((int(a) for a in declared if a is not None), None)
+
     def check_thresholds(self, reference: bool) -> None:
         """Refuse a threshold on a metric that no check of this run will report.
 

@@ -11,6 +11,7 @@ weak to support the robust accuracy it measured, and the check's verdict becomes
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import typing
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from certify.attacks import ATTACKS, Attack, SpatialGrid, margin, project
+from certify.attacks.confident import maximise_confidence
 from certify.attacks.simple import cut_grid_message
 from certify.checks.base import (
     Check,
@@ -45,6 +47,13 @@ _DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5}
 _BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness"}
 #: Set by the check's own parameters; in ``attack_params`` they would disagree with the card.
 _CHECK_KEYS = ("epsilon", "max_queries", "norm")
+#: Extra queries per broken sample that score-based attacks spend on a confident mistake.
+CONFIDENT_QUERIES = 100
+#: Why a decision-based attack reports no coverage-under-attack figures.
+NO_COVERAGE_UNDER_ATTACK = (
+    "not reported for a decision-based attack: it stops at the decision boundary and sees no "
+    "scores to raise the wrong class's confidence with, so its mistakes would fall in the "
+    "abstained share by construction")
 
 
 class AttackCheck(Check):
@@ -54,7 +63,10 @@ class AttackCheck(Check):
     ``epsilon`` (L∞ or L2 radius in [0, 1] pixel units; 8/255 and 0.5 by default), ``norm``
     (for hopskipjump and random), ``max_queries`` per sample, ``attack_params`` (extra
     constructor arguments of the attack), ``binarization`` (``false``, or settings: samples,
-    n_inner, n_boundary, inner_gap, closeness).
+    n_inner, n_boundary, inner_gap, closeness), ``confident_queries`` (score-based attacks:
+    extra queries per broken sample spent raising the wrong class's confidence, Brown et al.
+    2018; 100 by default, 0 turns it off; decision-based attacks take none and report no
+    accuracy at coverage under attack).
     """
 
     kind: ClassVar[str] = "attack"
@@ -80,7 +92,14 @@ class AttackCheck(Check):
         Metric("queries_median", "median attack queries per attacked sample", unit="queries"),
         Metric("queries_mean", "mean attack queries per attacked sample", unit="queries"),
         Metric("queries_max", "most attack queries on one sample", unit="queries"),
-        *WORST_CASE_METRICS,
+        *(dataclasses.replace(m, optional=True) for m in WORST_CASE_METRICS),
+        Metric("first_break_accuracy_at_coverage", "accuracy at the coverage level with each "
+               "broken sample at the confidence of its first break (before the confident-"
+               "mistake search): inflated, shown for comparison", optional=True),
+        Metric("confident_queries_total", "queries spent raising broken samples' wrong-class "
+               "confidence", unit="count", optional=True),
+        Metric("worst_case_abstentions", "samples whose worst case is the model's explicit "
+               "abstain class", unit="count", optional=True),
     )
     export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
                                                          "Robust accuracy")
@@ -89,13 +108,15 @@ class AttackCheck(Check):
 
     def __init__(self, attack: str, epsilon: float | None = None, norm: str | None = None,
                  max_queries: int = 1000, attack_params: dict[str, Any] | None = None,
-                 binarization: dict[str, Any] | bool = True) -> None:
+                 binarization: dict[str, Any] | bool = True,
+                 confident_queries: int | None = None) -> None:
         self.attack = attack
         self.epsilon = epsilon
         self.norm = norm
         self.max_queries = max_queries
         self.attack_params = attack_params
         self.binarization = binarization
+        self.confident_queries = confident_queries
 
     # -- configuration --------------------------------------------------------------------
     def _norm(self) -> str:
@@ -110,6 +131,15 @@ class AttackCheck(Check):
         norm = self._norm()
         return 0.0 if norm == "spatial" else float(
             self.epsilon if self.epsilon is not None else _DEFAULT_EPS[norm])
+
+    def score_based(self) -> bool:
+        """Whether the attack reads scores (and so can raise a mistake's confidence)."""
+        return bool(ATTACKS[self.attack].needs_scores)
+
+    def _confident_queries(self) -> int:
+        if not self.score_based():
+            return 0
+        return CONFIDENT_QUERIES if self.confident_queries is None else self.confident_queries
 
     def threat_model(self) -> tuple[str, float]:
         """(norm, ε): ``linf``/``l2`` with the radius, or ``spatial`` with 0."""
@@ -147,6 +177,14 @@ class AttackCheck(Check):
                              hint="use square_l2 for L2")
         if not isinstance(self.max_queries, int) or self.max_queries < 2:
             raise SuiteError(f"{where}: max_queries must be an integer >= 2", hint="e.g. 1000")
+        if self.confident_queries is not None:
+            if not isinstance(self.confident_queries, int) or self.confident_queries < 0:
+                raise SuiteError(f"{where}: confident_queries must be an integer >= 0",
+                                 hint=f"e.g. {CONFIDENT_QUERIES}; 0 turns it off")
+            if self.confident_queries and not self.score_based():
+                raise SuiteError(f"{where}: confident_queries applies to score-based attacks "
+                                 f"only; {self.attack} sees no scores",
+                                 hint="remove confident_queries from this check")
         if self.epsilon is not None and (not isinstance(self.epsilon, int | float)
                                          or self.epsilon <= 0):
             raise SuiteError(f"{where}: epsilon must be positive", hint="e.g. 0.0314 (8/255)")
@@ -231,6 +269,13 @@ class AttackCheck(Check):
                     rec[i]["adv_pred"] = int(pred[k])
                 elif res.start_failed is not None and bool(res.start_failed[k]):
                     rec[i]["start_failed"] = True  # never attacked: robust, unverified
+            self._confident_mistakes(counter, x[ci.to(dev)], x_adv, y[ci.to(dev)], adv_scores,
+                                     [rec[i] for i in ci.tolist()],
+                                     [int(index[i]) for i in ci.tolist()], ctx)
+        if ctx.abstain_class is not None:
+            for r, p in zip(rec, scores.argmax(1).cpu().tolist(), strict=True):
+                if int(r.get("adv_pred", p)) == ctx.abstain_class:
+                    r["abstained"] = True  # an explicit abstention, not an answer
         bt = self._bt()
         if bt is not None:
             settings, samples = bt
@@ -245,6 +290,36 @@ class AttackCheck(Check):
                 rec[j].update(fields)
                 rec[j]["queries"] += counter.queries - before
         return rec
+
+    def _confident_mistakes(self, counter: Any, x: torch.Tensor, x_adv: torch.Tensor,
+                            y: torch.Tensor, adv_scores: torch.Tensor,
+                            recs: list[dict[str, Any]], index: list[int],
+                            ctx: CheckContext) -> None:
+        """Score-based attacks: raise each broken sample's wrong-class confidence.
+
+        Spends at most ``confident_queries`` queries per broken sample
+        (:func:`certify.attacks.confident.maximise_confidence`); the record keeps the
+        first-break confidence (``confidence_first``) and the maximised one (``confidence``,
+        which the coverage figures read), and is charged the queries.
+        """
+        budget = self._confident_queries()
+        broken = [k for k, r in enumerate(recs) if r["outcome"] == "broken"]
+        if not budget or not broken:
+            return
+        sel = torch.tensor(broken)
+        dev = x.device
+        norm, eps = self.threat_model()
+        seeds = torch.tensor([ctx.seed(index[k], 3) for k in broken])
+        out = maximise_confidence(counter, x[sel.to(dev)], x_adv[sel.to(dev)],
+                                  y[sel.to(dev)], adv_scores[sel], norm, eps, budget, seeds,
+                                  counter.info.output)
+        for j, k in enumerate(broken):
+            q = int(out.queries[j])
+            recs[k].update({"confidence_first": float(out.confidence_first[j]),
+                            "confidence": float(out.confidence[j]),
+                            "adv_pred": int(out.pred[j]),
+                            "confident_queries": q,
+                            "queries": recs[k]["queries"] + q})
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
@@ -273,14 +348,24 @@ class AttackCheck(Check):
             "queries_median": statistics.median(aq) if aq else 0,
             "queries_mean": statistics.fmean(aq) if aq else 0.0,
             "queries_max": max(aq) if aq else 0,
-            **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
         }
+        if self.score_based():
+            metrics.update(worst_case_coverage(records, lambda r: r["outcome"] == "robust"))
+            first = [r | {"confidence": r["confidence_first"]} if "confidence_first" in r
+                     else r for r in records]
+            metrics["first_break_accuracy_at_coverage"] = worst_case_coverage(
+                first, lambda r: r["outcome"] == "robust")["worst_case_accuracy_at_coverage"]
+            metrics["confident_queries_total"] = sum(int(r.get("confident_queries", 0))
+                                                     for r in records)
+            metrics["worst_case_abstentions"] = sum(bool(r.get("abstained")) for r in records)
         intervals = {"robust_accuracy": wilson_interval(robust, n),
                      "attack_success_rate": wilson_interval(broken, len(correct))}
         details: dict[str, Any] = {
             "attack": self.attack, "norm": self._norm(), "epsilon": self._epsilon(),
             "max_queries": self.max_queries, "attack_params": self.build().params(),
             "queries_histogram": _histogram(aq, self.max_queries),
+            "confident_queries": self._confident_queries(),
+            "coverage_under_attack": None if self.score_based() else NO_COVERAGE_UNDER_ATTACK,
         }
         warnings: list[str] = []
         if ATTACKS[self.attack].name == "hopskipjump":

@@ -92,6 +92,9 @@ class CheckContext:
     n_samples: int = 0
     #: A reference model to compare against (``--reference``), counted separately.
     reference: Any = None
+    #: The model's explicit abstain class, if it has one (a suite's ``coverage`` check declares
+    #: it): every check's coverage figures count predicting it as abstaining.
+    abstain_class: int | None = None
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.

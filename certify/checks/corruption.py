@@ -206,6 +206,9 @@ class Corruption(_CorruptionBase):
                 "label": int(y[j]), "pred": int(pred[j]), "queries": 1 + int(queries[j]),
                 "confidence": float(worst[j]),
             }
+            if ctx.abstain_class is not None and ctx.abstain_class == (
+                    int(broken_pred[j]) if t >= 0 else int(pred[j])):
+                rec["abstained"] = True  # worst case: an explicit abstention
             if t >= 0:
                 rec.update({"break_intensity": float(inten[t]),
                             "break_params": [float(v) for v in rows[t]],
