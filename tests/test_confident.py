@@ -140,3 +140,18 @@ def test_decision_based_attacks_report_no_coverage_under_attack():
     assert "decision-based" in res.details["coverage_under_attack"]
     with pytest.raises(SuiteError, match="score-based"):
         AttackCheck("hopskipjump", confident_queries=50).check_params("checks[0]")
+
+
+def test_worst_case_coverage_ranks_explicit_abstentions_last_and_never_answers_them():
+    recs = [{"outcome": "robust", "confidence": 0.9}, {"outcome": "robust", "confidence": 0.8},
+            {"outcome": "broken", "confidence": 0.99, "abstained": True},
+            {"outcome": "broken", "confidence": 0.7},
+            {"outcome": "misclassified", "confidence": 0.6}]
+    robust = lambda r: r["outcome"] == "robust"  # noqa: E731
+    # full coverage: 4 answers (2 right), the abstention is not one of them
+    assert worst_case_coverage(recs, robust, 1.0)["worst_case_accuracy_at_coverage"] == 0.5
+    # 60%: 3 places; without the flag the confident break (0.99) would take one of them
+    assert worst_case_coverage(recs, robust, 0.6)["worst_case_accuracy_at_coverage"] == \
+        pytest.approx(2 / 3)
+    plain = [{k: v for k, v in r.items() if k != "abstained"} for r in recs]
+    assert worst_case_coverage(plain, robust, 1.0)["worst_case_accuracy_at_coverage"] == 0.4

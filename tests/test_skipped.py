@@ -109,6 +109,14 @@ def test_packaged_suite_runs_on_a_labels_only_endpoint(labels_server, data, tmp_
     # the written results follow the published schema
     schema = json.loads(builders.run_cli("schema").stdout)
     assert "SKIPPED" in json.dumps(schema)
+    # signed afterwards, the card with SKIPPED rows verifies (its visible text re-renders)
+    keys = tmp_path / "keys"
+    assert builders.run_cli("keygen", "--out", keys).returncode == 0
+    signed = builders.run_cli("sign", out, "--key", keys / "certify.key")
+    assert signed.returncode == 0, signed.stderr
+    verified = builders.run_cli("verify", out / "card.html", "--pubkey", keys / "certify.pub")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "SKIPPED      square_l2" in verified.stdout
 
 
 def test_a_suite_whose_every_check_is_skipped_is_refused(labels_server, data, tmp_path):

@@ -399,6 +399,14 @@ class CorruptionPair(_CorruptionBase):
                 "queries": 1 + int(qa[j] + qb[j] + qj[j]),
                 "confidence": float(worst[j]),
             }
+            if ctx.abstain_class is not None:
+                # the worst case's prediction: the same part whose confidence was kept
+                worst_pred = int(pred[j])
+                for part in (ra, rb, rj):
+                    if int(part.broken_at[j]) >= 0:
+                        worst_pred = int(part.broken_pred[j])
+                if worst_pred == ctx.abstain_class:
+                    rec["abstained"] = True
             t = int(bj[j])
             if t >= 0:
                 rec.update({"break_params": [float(v) for v in g["joint"][t]],
