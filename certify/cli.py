@@ -15,7 +15,9 @@ Exit codes, the same for every command (the one table is ``certify.errors.EXIT_C
 130  interrupted (records kept, rerun with --resume)
 
 A run's verdict, and so its code, is the most severe of its checks' verdicts:
-ERROR > FAIL > INCONCLUSIVE > WARN > PASS.
+ERROR > FAIL > INCONCLUSIVE > WARN > PASS. SKIPPED checks (not evaluated on this model) are
+listed and counted but left out of the verdict; a suite whose every check is skipped is
+refused (2).
 """
 
 from __future__ import annotations
@@ -158,7 +160,8 @@ class _Group(click.Group):
 def _exit_code_epilog() -> str:
     rows = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())
     return (f"\b\nExit codes (every command; a run's verdict is the most severe of its "
-            f"checks': {' > '.join(VERDICT_PRECEDENCE)}):\n{rows}")
+            f"evaluated checks': {' > '.join(VERDICT_PRECEDENCE)}; SKIPPED checks are "
+            f"listed, never passed):\n{rows}")
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
@@ -321,7 +324,9 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
     out = Console()
     for c in result.checks:
         out.print(f"{c.status:<12} {c.id:<22} {headline(c)}", highlight=False, soft_wrap=True)
-    out.print(f"verdict: {result.measurement.verdict}", highlight=False)
+    skipped = sum(c.status == "SKIPPED" for c in result.checks)
+    note = f" ({skipped} check(s) skipped: not evaluated)" if skipped else ""
+    out.print(f"verdict: {result.measurement.verdict}{note}", highlight=False)
     for name, p in paths.items():
         out.print(f"{name}: {p}", highlight=False)
 

@@ -24,6 +24,10 @@ code    meaning
 
 When several checks' verdicts apply, the run's verdict is the first of
 :data:`VERDICT_PRECEDENCE` (ERROR > FAIL > INCONCLUSIVE > WARN > PASS) present among them.
+SKIPPED checks (a check the model cannot be evaluated by, e.g. a score-based attack on a
+labels-only endpoint) were not evaluated: they are listed and counted, never passed, and the
+verdict is computed over the evaluated checks. A run whose every check is skipped evaluated
+nothing: it is refused when the suite loads (code 2), and its verdict could never be PASS.
 Code 70 is ``EX_SOFTWARE`` from sysexits.h: a crash must not read as a failed check (1), which
 a pipeline may accept because the card was still written.
 """
@@ -73,13 +77,24 @@ _VERDICT_EXIT: dict[str, int] = {
 CARD_WRITTEN_CODES: frozenset[int] = frozenset(_VERDICT_EXIT.values())
 
 
+#: A check that was not evaluated on this model (no query sent): not a verdict, never a pass.
+SKIPPED = "SKIPPED"
+
+
 def overall_verdict(statuses: Iterable[str]) -> str:
     """The run's verdict from its checks' statuses: the most severe by
-    :data:`VERDICT_PRECEDENCE`; PASS when none is more severe (INFO counts as PASS)."""
-    present = set(statuses)
+    :data:`VERDICT_PRECEDENCE`; PASS when none is more severe (INFO counts as PASS).
+
+    SKIPPED checks are left out (they were not evaluated); when every check was skipped there
+    is nothing to pass, and the verdict is ERROR.
+    """
+    listed = list(statuses)
+    present = set(listed) - {SKIPPED}
     unknown = present - set(_VERDICT_EXIT)
     if unknown:
         raise ValueError(f"unknown check status {sorted(unknown)}")
+    if listed and not present:
+        return "ERROR"
     return next((v for v in VERDICT_PRECEDENCE if v in present), "PASS")
 
 

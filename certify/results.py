@@ -32,7 +32,8 @@ SCHEMA = "certify.results/2"
 #: Older schema versions: recognised, so that the error can say what to do.
 OLD_SCHEMAS = ("certify.results/1",)
 
-Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR", "INFO"]
+#: A check's status. SKIPPED: not evaluated on this model (the reason is its ``decision``).
+Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR", "INFO", "SKIPPED"]
 
 Interval = tuple[float | None, float | None]
 

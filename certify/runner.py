@@ -312,13 +312,13 @@ def _recorded_queries(run: RunDir) -> tuple[int, int]:
             sum(int(r.get("ref_queries", 0)) for r in recs))
 
 
-def _worst_case(suite: Suite, finals: dict[str, dict[int, dict[str, Any]]]
-                ) -> list[dict[str, Any]]:
-    """Robust accuracy against all of the suite's attacks at once, per (norm, ε), from each
-    check's merged records (every round's)."""
+def _worst_case(suite: Suite, finals: dict[str, dict[int, dict[str, Any]]],
+                skipped: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Robust accuracy against all of the suite's evaluated attacks at once, per (norm, ε),
+    from each check's merged records (every round's)."""
     groups: dict[tuple[str, float], list[str]] = {}
     for spec in suite.checks:
-        if isinstance(spec.check, AttackCheck):
+        if isinstance(spec.check, AttackCheck) and spec.id not in skipped:
             groups.setdefault(spec.check.threat_model(), []).append(spec.id)
     out = []
     for (norm, eps), ids in sorted(groups.items()):
@@ -466,7 +466,7 @@ def no_attack_passes_when_randomised(suite: Suite, entries: list[dict[str, Any]]
     why = (f"check {cid} found the model randomised ({share:.0%} of its samples gave different "
            "outputs for the same input), so this robust accuracy may be inflated")
     for e in entries:
-        if e["id"] not in attacks or e["status"] == "ERROR":
+        if e["id"] not in attacks or e["status"] in ("ERROR", "SKIPPED"):
             continue
         e["warnings"] = [*e["warnings"], why]
         if e["status"] == "PASS":
@@ -510,6 +510,9 @@ def run_suite(
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
+    skips = suite.skips(model.info)
+    if skips and len(skips) == len(suite.checks):
+        suite.validate_for(model.info)  # raises: a run must evaluate something
     recorded = sum(_recorded_queries(run))
     run_budget = Budget(None if query_budget is None else max(0, query_budget - recorded),
                         "run query budget")
@@ -527,6 +530,7 @@ def run_suite(
         ctx = CheckContext(check_seed=cseed, device=device.torch_device,
                            class_names=list(data.class_names),
                            flip_invariant_classes=suite.flip_invariant_classes,
+                           abstain_class=suite.abstain_class,
                            n_samples=min(spec.samples or len(data), len(data)))
         entry: dict[str, Any] = {
             "id": spec.id,
@@ -540,6 +544,14 @@ def run_suite(
             "budget": spec.budget,
         }
         c0 = time.perf_counter()
+        if spec.id in skips:  # not evaluated: no query, no record, never a pass
+            entry.update({"status": "SKIPPED", "decision": skips[spec.id], "metrics": None,
+                          "intervals": {}, "details": {}, "error": None, "warnings": [],
+                          "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0},
+                          "outcomes": None})
+            durations[spec.id] = 0.0
+            entries.append(entry)
+            continue
         try:
             records = _run_check(spec, model, reference, run_budget, data, run, ctx,
                                  batch_size, progress, executor)
@@ -608,10 +620,13 @@ def run_suite(
                            budget=query_budget),
         checks=checks,
         summary={s.lower(): statuses.count(s) for s in typing.get_args(Status)},
-        attack_worst_case=[WorstCase(**w) for w in _worst_case(suite, finals)],
+        attack_worst_case=[WorstCase(**w) for w in _worst_case(suite, finals,
+                                                                 frozenset(skips))],
         verdict=typing.cast(Any, verdict),
-        decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any check has, else PASS"
-                  f": {verdict}"),
+        decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any evaluated check has, "
+                  f"else PASS: {verdict}"
+                  + (f" ({len(skips)} check(s) skipped: not evaluated, not passed)"
+                     if skips else "")),
     )
     traffic = _traffic(model, reference, executor)
     provenance = Provenance(**redact_obj(dict(  # every string certify writes about a model

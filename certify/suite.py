@@ -123,6 +123,15 @@ class Suite:
     decision: str = "interval"
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @property
+    def abstain_class(self) -> int | None:
+        """The model's explicit abstain class, as the suite's ``coverage`` check declares it.
+
+        Every check's coverage figures count a prediction of it as an abstention.
+        """
+        declared = (getattr(c.check, "abstain_class", None) for c in self.checks)
+        return next((int(a) for a in declared if a is not None), None)
+
     def check_thresholds(self, reference: bool) -> None:
         """Refuse a threshold on a metric that no check of this run will report.
 
@@ -150,6 +159,42 @@ class Suite:
             )
         for spec in self.checks:
             spec.check.validate(info)
+        skipped = self.skips(info)
+        if skipped and len(skipped) == len(self.checks):
+            first = next(iter(skipped.values()))
+            raise SuiteError(
+                f"every check of suite {self.name!r} would be skipped on {info.name}, so "
+                f"nothing would be evaluated ({first})",
+                hint="add checks that need only labels (clean_accuracy, corruption, "
+                     "hopskipjump, random, spatial_grid attacks)")
+
+    def skips(self, info: ModelInfo) -> dict[str, str]:
+        """Check id -> why the check is skipped on this model (SKIPPED rows, no queries).
+
+        A skipped attack's reason names the suite's attacks that still run under the same
+        norm (e.g. HopSkipJump for L2 on a labels-only endpoint), or says that none does.
+        """
+        out: dict[str, str] = {}
+        for spec in self.checks:
+            why = spec.check.skip_reason(info)
+            if why is not None:
+                out[spec.id] = why
+        for spec in self.checks:
+            norm = _attack_norm(spec.check)
+            if spec.id not in out or norm is None:
+                continue
+            cover = [o.id for o in self.checks
+                     if o.id not in out and _attack_norm(o.check) == norm]
+            out[spec.id] += (f"; {', '.join(cover)} cover{'s' if len(cover) == 1 else ''} "
+                             f"{norm} here" if cover else
+                             f"; no attack of this suite covers {norm} on this model")
+        return out
+
+
+def _attack_norm(check: Check) -> str | None:
+    """The norm of an attack check's threat model (``None`` for other checks)."""
+    threat = getattr(check, "threat_model", None)
+    return str(threat()[0]) if callable(threat) else None
 
 
 def _threshold_reported(t: Threshold, check: Check, cid: str, reference: bool,

@@ -21,6 +21,7 @@ Threat model: L∞ or L2 ball of radius ``epsilon`` in ``[0, 1]`` pixel space; n
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, ClassVar
 
@@ -154,8 +155,10 @@ def _pseudo_gaussian(hh: int, ww: int) -> torch.Tensor:
     return d / d.norm()
 
 
+@functools.lru_cache(maxsize=256)
 def _meta_pattern(s: int, transpose: bool) -> torch.Tensor:
-    """Two pseudo-Gaussian halves of opposite sign, unit norm."""
+    """Two pseudo-Gaussian halves of opposite sign, unit norm (cached: callers never modify
+    it; every step of every sample used to rebuild it in Python loops)."""
     d = torch.zeros(s, s, dtype=torch.float64)
     d[: s // 2] = _pseudo_gaussian(s // 2, s)
     d[s // 2:] = -_pseudo_gaussian(s - s // 2, s)

@@ -12,6 +12,7 @@ weak to support the robust accuracy it measured, and the check's verdict becomes
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 import typing
@@ -21,6 +22,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from certify.attacks import ATTACKS, Attack, SpatialGrid, margin, project
+from certify.attacks.confident import maximise_confidence
 from certify.attacks.simple import cut_grid_message
 from certify.checks.base import (
     Check,
@@ -59,9 +61,17 @@ AUTO_CAP_FACTOR = 16
 #: broken in the last half of the budget, or (minimisation attacks) still being approached.
 CONVERGENCE_SHARE = 0.01
 #: Record fields that describe one attempt on a sample; a later round's attempt replaces them.
-_ATTEMPT = ("outcome", "adv_pred", "confidence", "start_failed", "dist", "half_dist")
+_ATTEMPT = ("outcome", "adv_pred", "confidence", "start_failed", "dist", "half_dist", "abstained",
+            "confidence_first", "confident_queries")
 #: Record fields that are tallies over rounds or the sample's identity.
 _TALLY = ("queries", "attack_queries", "ref_queries", "check", "i", "id", "label")
+#: Extra queries per broken sample that score-based attacks spend on a confident mistake.
+CONFIDENT_QUERIES = 100
+#: Why a decision-based attack reports no coverage-under-attack figures.
+NO_COVERAGE_UNDER_ATTACK = (
+    "not reported for a decision-based attack: it stops at the decision boundary and sees no "
+    "scores to raise the wrong class's confidence with, so its mistakes would fall in the "
+    "abstained share by construction")
 
 
 class AttackCheck(Check):
@@ -73,7 +83,10 @@ class AttackCheck(Check):
     (for hopskipjump and random), ``max_queries`` per sample (a number: one run with that
     budget; ``auto``: rounds, below), ``initial_queries`` and ``query_cap`` (``auto`` only),
     ``attack_params`` (extra constructor arguments of the attack), ``binarization``
-    (``false``, or settings: samples, n_inner, n_boundary, inner_gap, closeness).
+    (``false``, or settings: samples, n_inner, n_boundary, inner_gap, closeness),
+    ``confident_queries`` (score-based attacks: extra queries per broken sample spent raising
+    the wrong class's confidence, Brown et al. 2018; 100 by default, 0 turns it off;
+    decision-based attacks take none and report no accuracy at coverage under attack).
 
     **Convergence.** Every budget is judged: it is *converged* when at most max(1, 1% of the
     samples) were first broken in the last half of the (latest) run's budget, or — for
@@ -124,7 +137,14 @@ class AttackCheck(Check):
         Metric("approaching", "unbroken samples a minimisation attack was still approaching "
                "(distance fell in the last half by at least what is left to ε)", unit="count",
                optional=True),
-        *WORST_CASE_METRICS,
+        *(dataclasses.replace(m, optional=True) for m in WORST_CASE_METRICS),
+        Metric("first_break_accuracy_at_coverage", "accuracy at the coverage level with each "
+               "broken sample at the confidence of its first break (before the confident-"
+               "mistake search): inflated, shown for comparison", optional=True),
+        Metric("confident_queries_total", "queries spent raising broken samples' wrong-class "
+               "confidence", unit="count", optional=True),
+        Metric("worst_case_abstentions", "samples whose worst case is the model's explicit "
+               "abstain class", unit="count", optional=True),
     )
     export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
                                                          "Robust accuracy")
@@ -134,7 +154,8 @@ class AttackCheck(Check):
     def __init__(self, attack: str, epsilon: float | None = None, norm: str | None = None,
                  max_queries: int | Literal["auto"] = 1000, initial_queries: int | None = None,
                  query_cap: int | None = None, attack_params: dict[str, Any] | None = None,
-                 binarization: dict[str, Any] | bool = True) -> None:
+                 binarization: dict[str, Any] | bool = True,
+                 confident_queries: int | None = None) -> None:
         self.attack = attack
         self.epsilon = epsilon
         self.norm = norm
@@ -143,6 +164,7 @@ class AttackCheck(Check):
         self.query_cap = query_cap
         self.attack_params = attack_params
         self.binarization = binarization
+        self.confident_queries = confident_queries
         #: Which round this copy runs (see :meth:`for_round`); not a suite parameter.
         self._round = 0
 
@@ -236,6 +258,15 @@ class AttackCheck(Check):
         return 0.0 if norm == "spatial" else float(
             self.epsilon if self.epsilon is not None else _DEFAULT_EPS[norm])
 
+    def score_based(self) -> bool:
+        """Whether the attack reads scores (and so can raise a mistake's confidence)."""
+        return bool(ATTACKS[self.attack].needs_scores)
+
+    def _confident_queries(self) -> int:
+        if not self.score_based():
+            return 0
+        return CONFIDENT_QUERIES if self.confident_queries is None else self.confident_queries
+
     def threat_model(self) -> tuple[str, float]:
         """(norm, ε): ``linf``/``l2`` with the radius, or ``spatial`` with 0."""
         return self._norm(), self._epsilon()
@@ -288,6 +319,14 @@ class AttackCheck(Check):
                                  f"round after {self.initial_budget()} queries",
                                  hint=f"query_cap >= {2 * self.initial_budget()}, e.g. "
                                       f"{AUTO_CAP_FACTOR * self.initial_budget()}")
+        if self.confident_queries is not None:
+            if not isinstance(self.confident_queries, int) or self.confident_queries < 0:
+                raise SuiteError(f"{where}: confident_queries must be an integer >= 0",
+                                 hint=f"e.g. {CONFIDENT_QUERIES}; 0 turns it off")
+            if self.confident_queries and not self.score_based():
+                raise SuiteError(f"{where}: confident_queries applies to score-based attacks "
+                                 f"only; {self.attack} sees no scores",
+                                 hint="remove confident_queries from this check")
         if self.epsilon is not None and (not isinstance(self.epsilon, int | float)
                                          or self.epsilon <= 0):
             raise SuiteError(f"{where}: epsilon must be positive", hint="e.g. 0.0314 (8/255)")
@@ -334,13 +373,11 @@ class AttackCheck(Check):
             return set(self.metric_names) - {"binarization_score", "binarization_rasr"}
         return set(self.metric_names)
 
-    def validate(self, info: ModelInfo) -> None:
-        """Refuse a score-based attack on a labels-only model before any query."""
+    def skip_reason(self, info: ModelInfo) -> str | None:
+        """A score-based attack cannot run on a labels-only model: skipped, not refused."""
         if ATTACKS[self.attack].needs_scores and info.output == "labels":
-            raise SuiteError(
-                f"attack {self.attack} needs scores but {info.name} returns labels only",
-                hint="use hopskipjump, random or spatial_grid for labels-only models",
-            )
+            return f"{self.attack} needs scores; {info.name} returns labels only"
+        return None
 
     # -- measurement ----------------------------------------------------------------------
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
@@ -384,6 +421,13 @@ class AttackCheck(Check):
                         math.isfinite(float(res.half_dist[k])):
                     rec[i]["dist"] = float(res.dist[k])
                     rec[i]["half_dist"] = float(res.half_dist[k])
+            self._confident_mistakes(counter, x[ci.to(dev)], x_adv, y[ci.to(dev)], adv_scores,
+                                     [rec[i] for i in ci.tolist()],
+                                     [int(index[i]) for i in ci.tolist()], ctx)
+        if ctx.abstain_class is not None:
+            for r, p in zip(rec, scores.argmax(1).cpu().tolist(), strict=True):
+                if int(r.get("adv_pred", p)) == ctx.abstain_class:
+                    r["abstained"] = True  # an explicit abstention, not an answer
         bt = self._bt() if self._round == 0 else None
         if bt is not None:
             settings, samples = bt
@@ -398,6 +442,36 @@ class AttackCheck(Check):
                 rec[j].update(fields)
                 rec[j]["queries"] += counter.queries - before
         return rec
+
+    def _confident_mistakes(self, counter: Any, x: torch.Tensor, x_adv: torch.Tensor,
+                            y: torch.Tensor, adv_scores: torch.Tensor,
+                            recs: list[dict[str, Any]], index: list[int],
+                            ctx: CheckContext) -> None:
+        """Score-based attacks: raise each broken sample's wrong-class confidence.
+
+        Spends at most ``confident_queries`` queries per broken sample
+        (:func:`certify.attacks.confident.maximise_confidence`); the record keeps the
+        first-break confidence (``confidence_first``) and the maximised one (``confidence``,
+        which the coverage figures read), and is charged the queries.
+        """
+        budget = self._confident_queries()
+        broken = [k for k, r in enumerate(recs) if r["outcome"] == "broken"]
+        if not budget or not broken:
+            return
+        sel = torch.tensor(broken)
+        dev = x.device
+        norm, eps = self.threat_model()
+        seeds = torch.tensor([ctx.seed(index[k], 3) for k in broken])
+        out = maximise_confidence(counter, x[sel.to(dev)], x_adv[sel.to(dev)],
+                                  y[sel.to(dev)], adv_scores[sel], norm, eps, budget, seeds,
+                                  counter.info.output)
+        for j, k in enumerate(broken):
+            q = int(out.queries[j])
+            recs[k].update({"confidence_first": float(out.confidence_first[j]),
+                            "confidence": float(out.confidence[j]),
+                            "adv_pred": int(out.pred[j]),
+                            "confident_queries": q,
+                            "queries": recs[k]["queries"] + q})
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
@@ -448,8 +522,16 @@ class AttackCheck(Check):
             "queries_mean": statistics.fmean(aq) if aq else 0.0,
             "queries_max": max(aq) if aq else 0,
             "query_budget": total, "rounds": rounds,
-            **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
         }
+        if self.score_based():
+            metrics.update(worst_case_coverage(records, lambda r: r["outcome"] == "robust"))
+            first = [r | {"confidence": r["confidence_first"]} if "confidence_first" in r
+                     else r for r in records]
+            metrics["first_break_accuracy_at_coverage"] = worst_case_coverage(
+                first, lambda r: r["outcome"] == "robust")["worst_case_accuracy_at_coverage"]
+            metrics["confident_queries_total"] = sum(int(r.get("confident_queries", 0))
+                                                     for r in records)
+            metrics["worst_case_abstentions"] = sum(bool(r.get("abstained")) for r in records)
         intervals = {"robust_accuracy": wilson_interval(robust, n),
                      "attack_success_rate": wilson_interval(broken, len(correct))}
         details: dict[str, Any] = {
@@ -457,6 +539,8 @@ class AttackCheck(Check):
             "max_queries": self.max_queries, "attack_params": self.build().params(),
             "queries_histogram": _histogram(aq, total),
             "convergence": None,
+            "confident_queries": self._confident_queries(),
+            "coverage_under_attack": None if self.score_based() else NO_COVERAGE_UNDER_ATTACK,
         }
         warnings: list[str] = []
         if self._norm() != "spatial":  # a grid is searched exhaustively: nothing to converge

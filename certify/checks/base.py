@@ -92,6 +92,9 @@ class CheckContext:
     n_samples: int = 0
     #: A reference model to compare against (``--reference``), counted separately.
     reference: Any = None
+    #: The model's explicit abstain class, if it has one (a suite's ``coverage`` check declares
+    #: it): every check's coverage figures count predicting it as abstaining.
+    abstain_class: int | None = None
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.
@@ -226,6 +229,16 @@ class Check:
 
     def validate(self, info: ModelInfo) -> None:
         """Refuse, before any query, a model this check cannot run on (raise SuiteError)."""
+
+    def skip_reason(self, info: ModelInfo) -> str | None:
+        """Why this check cannot be evaluated on this model, or ``None`` when it can.
+
+        A check that needs scores says so for a labels-only model: the runner then records a
+        SKIPPED row with this reason and sends the model no query for it. Unlike
+        :meth:`validate`, a skip does not refuse the suite; a suite whose every check is
+        skipped is refused (:meth:`certify.suite.Suite.validate_for`).
+        """
+        return None
 
     def run_batch(
         self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],

@@ -148,13 +148,11 @@ class Brittleness(Check):
         """``relative_improvement`` needs a reference model (``--reference``)."""
         return set(self.metric_names) - (set() if reference else {"relative_improvement"})
 
-    def validate(self, info: ModelInfo) -> None:
-        """Refuse a labels-only model: the brittle score is defined on class probabilities."""
+    def skip_reason(self, info: ModelInfo) -> str | None:
+        """Skip a labels-only model: the brittle score is defined on class probabilities."""
         if info.output == "labels":
-            raise SuiteError(
-                f"brittleness needs scores but {info.name} returns labels only",
-                hint="remove the brittleness check from the suite for a labels-only model",
-            )
+            return f"brittleness needs scores; {info.name} returns labels only"
+        return None
 
     def masks(self, d: int, seed: int) -> np.ndarray:
         """``num_masks`` random on/off rows over ``d`` superpixels; row 0 keeps everything."""

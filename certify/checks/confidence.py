@@ -31,7 +31,7 @@ from certify.checks.base import (
 )
 from certify.data import Dataset
 from certify.errors import SuiteError
-from certify.models.base import Model
+from certify.models.base import Model, ModelInfo
 from certify.stats import wilson_interval
 
 
@@ -61,14 +61,19 @@ def worst_case_coverage(records: list[dict[str, Any]], right: Any,
 
     Each record carries ``confidence`` (the model's top probability on the sample's worst case:
     the breaking input, or the least confident correct one); ``right(record)`` says whether the
-    model was right there. The least confident ``1 - coverage`` share abstains.
+    model was right there. The least confident ``1 - coverage`` share abstains. A record marked
+    ``abstained`` (its worst case is the model's explicit abstain class) ranks below every
+    answer and is never counted as answered, as in the clean :class:`Coverage` check.
     """
-    rows = [(r["confidence"], bool(right(r))) for r in records
+    rows = [(float("-inf") if r.get("abstained") else r["confidence"],
+             bool(right(r)) and not r.get("abstained"), bool(r.get("abstained")))
+            for r in records
             if r.get("confidence") is not None and r.get("outcome") != "not_applicable"]
     keep = math.ceil(coverage * len(rows) - 1e-9)
-    kept = sorted(range(len(rows)), key=lambda i: (-rows[i][0], i))[:keep]
+    kept = [i for i in sorted(range(len(rows)), key=lambda i: (-rows[i][0], i))[:keep]
+            if not rows[i][2]]
     return {"worst_case_accuracy_at_coverage":
-            sum(rows[i][1] for i in kept) / keep if keep else 0.0,
+            sum(rows[i][1] for i in kept) / len(kept) if kept else 0.0,
             "worst_case_coverage": coverage}
 
 
@@ -113,6 +118,13 @@ class Coverage(Check):
         if self.abstain_class is not None and (not isinstance(self.abstain_class, int)
                                                or self.abstain_class < 0):
             raise SuiteError(f"{where}: abstain_class must be a class id", hint="e.g. 43")
+
+    def skip_reason(self, info: ModelInfo) -> str | None:
+        """A labels-only model has no confidence to abstain on: skipped."""
+        if info.output == "labels":
+            return (f"coverage needs scores to rank inputs by confidence; {info.name} returns "
+                    "labels only")
+        return None
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[dict[str, Any]]:

@@ -218,6 +218,9 @@ class Corruption(_CorruptionBase):
                 "label": int(y[j]), "pred": int(pred[j]), "queries": 1 + int(queries[j]),
                 "confidence": float(worst[j]),
             }
+            if ctx.abstain_class is not None and ctx.abstain_class == (
+                    int(broken_pred[j]) if t >= 0 else int(pred[j])):
+                rec["abstained"] = True  # worst case: an explicit abstention
             if t >= 0:
                 rec.update({"break_intensity": float(inten[t]),
                             "break_params": [float(v) for v in rows[t]],
@@ -412,6 +415,14 @@ class CorruptionPair(_CorruptionBase):
                 "queries": 1 + int(qa[j] + qb[j] + qj[j]),
                 "confidence": float(worst[j]),
             }
+            if ctx.abstain_class is not None:
+                # the worst case's prediction: the same part whose confidence was kept
+                worst_pred = int(pred[j])
+                for part in (ra, rb, rj):
+                    if int(part.broken_at[j]) >= 0:
+                        worst_pred = int(part.broken_pred[j])
+                if worst_pred == ctx.abstain_class:
+                    rec["abstained"] = True
             t = int(bj[j])
             if t >= 0:
                 rec.update({"break_params": [float(v) for v in g["joint"][t]],

@@ -41,6 +41,8 @@ def headline(c: Any) -> str:
     """One line that says what a check measured (the card's summary and the CLI's)."""
     if c.status == "ERROR":
         return f"error: {c.error}"
+    if c.status == "SKIPPED":
+        return f"skipped: {c.decision}"
     text = CHECKS[c.kind].headline(c)
     if c.sample_errors:
         text += f"; {c.sample_errors} sample(s) errored"
@@ -72,7 +74,7 @@ def card_context(result: RunResult, signature: Any = None,
                   if f not in present]
     figures: dict[str, dict[str, str]] = {}
     for c in checks:
-        figures[c.id] = {} if c.status == "ERROR" else CHECKS[c.kind].figures(c)
+        figures[c.id] = {} if c.status in ("ERROR", "SKIPPED") else CHECKS[c.kind].figures(c)
     sections = [{"kind": kind, "partial": cls.partial(),
                  "checks": [c for c in checks if c.kind == kind]}
                 for kind, cls in CHECKS.items() if kind in kinds]
@@ -88,8 +90,12 @@ def card_context(result: RunResult, signature: Any = None,
         return markupsafe.Markup('<img src="{}" alt="{}" data-digest="{}">').format(
             src, alt, digest)
 
+    skipped = [c for c in checks if c.status == "SKIPPED"]
     return {
         "r": result,
+        "skipped": skipped,
+        "skipped_why": ("model returns labels only" if skipped and m.model.output == "labels"
+                        else "not evaluable on this model"),
         "m": m,
         "p": p,
         "not_tested": not_tested,

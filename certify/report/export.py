@@ -46,7 +46,7 @@ def model_index(result: RunResult) -> str:
     metrics = []
     for c in result.checks:
         export = CHECKS[c.kind].export
-        if c.status == "ERROR" or export is None:
+        if c.status in ("ERROR", "SKIPPED") or export is None:
             continue
         value = getattr(c.metrics, export.metric, None)
         if value is None:
