@@ -21,7 +21,7 @@ import builders
 from servers import OnnxHttpServer
 
 N = 16
-SCORE_BASED = {"square_linf", "square_l2", "coverage", "brittleness"}
+SCORE_BASED = {"square_linf", "square_l2", "sparse_rs_l0", "coverage", "brittleness"}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,8 @@ def _packaged_suite_small(path: Path) -> Path:
                                       "rotation_steps": 1, "translation_steps": 1}
             else:
                 p["max_queries"] = 60
+                p.pop("initial_queries", None)
+                p.pop("query_cap", None)
                 p["binarization"] = False
         elif c.get("samples"):
             c["samples"] = min(c["samples"], 4)
@@ -102,10 +104,10 @@ def test_packaged_suite_runs_on_a_labels_only_endpoint(labels_server, data, tmp_
     assert l2 and l2[0]["attacks"] == ["hopskipjump_l2"]
     # card and CLI show the rows and the count
     html = (out / "card.html").read_text()
-    assert "4 checks skipped (model returns labels only)" in html
+    assert f"{len(SCORE_BASED)} checks skipped (model returns labels only)" in html
     assert html.count('class="verdict SKIPPED"') >= 2 * len(SCORE_BASED)  # summary + section
     assert "square_l2 needs scores" in html
-    assert "SKIPPED" in proc.stdout and "4 check(s) skipped" in proc.stdout
+    assert "SKIPPED" in proc.stdout and f"{len(SCORE_BASED)} check(s) skipped" in proc.stdout
     # the written results follow the published schema
     schema = json.loads(builders.run_cli("schema").stdout)
     assert "SKIPPED" in json.dumps(schema)
