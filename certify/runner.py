@@ -207,6 +207,9 @@ def round_key(check_id: str, r: int) -> str:
 
 #: Separates a check id from its round in record keys (refused in check ids at suite load).
 ROUND_SEP = "#round"
+#: The key of the seed of the one stratified sample order all checks draw subsets from (no
+#: check id contains '#').
+SUBSET_KEY = "#samples"
 
 
 def _run_check(
@@ -217,6 +220,7 @@ def _run_check(
     data: Dataset,
     run: RunDir,
     ctx: CheckContext,
+    subset_seed: int,
     batch_size: int,
     progress: Progress,
     executor: Executor | None = None,
@@ -224,8 +228,8 @@ def _run_check(
     """Run a check, round after round: each round finishes for all samples (and all shards)
     before the check decides on the next one from the merged records, so a resumed or
     distributed run makes the same decisions."""
-    records = _run_round(spec, spec, _selected(spec, data, ctx), model, reference, run_budget,
-                         data, run, ctx, batch_size, progress, executor, used=0)
+    records = _run_round(spec, spec, _selected(spec, data, subset_seed), model, reference,
+                         run_budget, data, run, ctx, batch_size, progress, executor, used=0)
     r = 0
     while (nxt := spec.check.next_round(records, r)) is not None:
         r += 1
@@ -297,11 +301,17 @@ def _run_round(
     return run.records[this.id]
 
 
-def _selected(spec: CheckSpec, data: Dataset, ctx: CheckContext) -> list[int]:
-    """The dataset indices a check evaluates: all, or its seeded class-stratified subset."""
+def _selected(spec: CheckSpec, data: Dataset, subset_seed: int) -> list[int]:
+    """The dataset indices a check evaluates: all, or a seeded class-stratified subset.
+
+    Every check draws from the same seeded stratified order (``subset_seed``, from the suite
+    seed), so a check's samples are the first ``samples`` of it: a smaller check's samples are
+    inside a larger one's, and checks compared sample by sample (the worst case over attacks,
+    ``certify compare``) share as many samples as their sizes allow.
+    """
     if spec.samples is not None and spec.samples < len(data):
         # the same whoever runs which shard
-        return stratified_subset(data.y.numpy(), spec.samples, ctx.check_seed).tolist()
+        return stratified_subset(data.y.numpy(), spec.samples, subset_seed).tolist()
     return list(range(len(data)))
 
 
@@ -554,6 +564,7 @@ def run_suite(
             continue
         try:
             records = _run_check(spec, model, reference, run_budget, data, run, ctx,
+                                 check_seed(seed, SUBSET_KEY),
                                  batch_size, progress, executor)
             finals[spec.id] = records
             ordered = [records[i] for i in sorted(records)]

@@ -233,3 +233,21 @@ def test_starved_attacks_never_pass_on_the_demo_model(name, demo_data, tmp_path)
         assert proc.returncode in CARD_WRITTEN_CODES, proc.stderr
         (c,) = json.loads((out / "results.json").read_text())["measurement"]["checks"]
         assert c["status"] != "PASS", (name, seed, c["decision"], c["metrics"])
+
+
+def test_checks_of_different_sizes_share_their_samples(model_path, data, tmp_path):
+    path = tmp_path / "s.yaml"
+    attack = {"attack": "square_linf", "epsilon": 0.05, "max_queries": 20,
+              "binarization": False}
+    path.write_text(yaml.safe_dump({"name": "nested", "classes": CLASSES, "seed": 3, "checks": [
+        {"id": "small", "kind": "attack", "samples": 8, "params": attack},
+        {"id": "large", "kind": "attack", "samples": 20, "params": attack}]}))
+    proc = _run(model_path, path, data, tmp_path / "o")
+    assert proc.returncode in CARD_WRITTEN_CODES, proc.stderr
+    recs = _records(tmp_path / "o")
+    small = {r["i"] for r in recs if r["check"] == "small"}
+    large = {r["i"] for r in recs if r["check"] == "large"}
+    assert len(small) == 8 and small <= large
+    (worst,) = json.loads((tmp_path / "o" / "results.json").read_text()
+                          )["measurement"]["attack_worst_case"]
+    assert worst["n"] == 8  # every sample of the smaller check is in the worst case

@@ -144,3 +144,14 @@ def test_packed_outcome_bits_round_trip():
         assert (unpack_bits(pack_bits(flags), n) == flags).all()
         # one bit per sample: 430 samples pack into 54 bytes
         assert len(base64.b64decode(pack_bits(flags))) == -(-n // 8)
+
+
+@settings(max_examples=50)
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=300), st.integers(1, 200),
+       st.integers(1, 200), st.integers(0, 2**32 - 1))
+def test_smaller_subsets_are_inside_larger_ones(labels, a, b, seed):
+    # the runner draws every check's samples from one seeded order: checks of different sizes
+    # share as many samples as the smaller one has
+    small, large = sorted((a, b))
+    assert set(stratified_subset(labels, small, seed).tolist()) <= \
+        set(stratified_subset(labels, large, seed).tolist())
