@@ -33,6 +33,7 @@ import io
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,9 +60,11 @@ def small_cnn(path: Path) -> Path:
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * 16, 128), nn.ReLU(), nn.Linear(128, 43)).eval()
-    torch.onnx.export(net, (torch.rand(1, 3, 32, 32),), str(path), input_names=["input"],
-                      output_names=["logits"], dynamic_axes={"input": {0: "batch"}},
-                      dynamo=False)
+    with warnings.catch_warnings():  # the legacy exporter is the one that needs no onnxscript
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(net, (torch.rand(1, 3, 32, 32),), str(path), input_names=["input"],
+                          output_names=["logits"], dynamic_axes={"input": {0: "batch"}},
+                          dynamo=False)
     return path
 
 
