@@ -1,10 +1,10 @@
 """certify's LIME explanations vs lime's LimeImageExplainer vs the bare forward-pass floor.
 
 Two models on 32x32 signs: the demo's standard model (5 convolutions, about 7.6 M
-multiply-adds per image: its floor is about 3x the issue's "real GTSRB CNN", so the model
-dominates every method), and ``small``, a 3-convolution GTSRB-style CNN (about 2.8 M
-multiply-adds, random weights: timing does not depend on them) whose floor is close to the
-issue's 20 ms, so the overhead around the model shows as it did there. 30 generated signs.
+multiply-adds per image; its floor, 68 ms at load 1.6, is about 3x the issue's "real GTSRB
+CNN", so the model dominates every method), and ``small``, a 3-convolution GTSRB-style
+CNN (about 2.8 M multiply-adds, random weights: timing does not depend on them), nearer the
+issue's model, so the work around the model shows more. 30 generated signs.
 Per image and k = 1,000 masks on the same SLIC segmentation (n_segments 64, compactness 20,
 sigma 0):
 
