@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from lime.lime_base import LimeBase
 
 from certify.api import demo_model_path
 from certify.checks.base import CheckContext
@@ -42,6 +41,7 @@ def test_segmentation_gives_tens_of_superpixels(images):
 
 def test_ridge_weights_equal_lime(models, images):
     """Same segmentation, masks and kernel: certify's weights equal lime's to 1e-6."""
+    LimeBase = pytest.importorskip("lime.lime_base").LimeBase  # noqa: N806 - lime's class
     model, _ = models
     check = Brittleness(num_masks=300)
     x, _ = images
