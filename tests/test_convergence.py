@@ -33,31 +33,54 @@ def _broken(at: int) -> dict:
 def test_late_breaks_decide_convergence():
     recs = [_robust(1000) for _ in range(96)] + [_broken(100), _broken(300), _broken(900)]
     recs.append({"outcome": "misclassified", "attack_queries": 0})
-    one_late = convergence(recs, 0, 1000, 0.03)
+    one_late = convergence(recs, 0, 1000)
     assert one_late["late_breaks"] == 1 and one_late["allowance"] == 1
     assert one_late["converged"]
     recs[0] = _broken(501)  # a second break in the last half: over max(1, 1% of 100)
-    assert not convergence(recs, 0, 1000, 0.03)["converged"]
+    assert not convergence(recs, 0, 1000)["converged"]
     # 1% of 300 samples allows three late breaks
     many = recs + [_robust(1000) for _ in range(200)]
-    assert convergence(many, 0, 1000, 0.03)["converged"]
+    assert convergence(many, 0, 1000)["converged"]
     # after rounds, only the latest run's late breaks count
     later = [{**_broken(1500), "broken_round": 1, "round_queries": [1000, 500]},
              {**_broken(1700), "broken_round": 1, "round_queries": [1000, 700]},
              {**_broken(2900), "broken_round": 1, "round_queries": [1000, 1900]}]
-    res = convergence([_robust(3000) for _ in range(97)] + later, 1, 2000, 0.03)
+    res = convergence([_robust(3000) for _ in range(97)] + later, 1, 2000)
     assert res["late_breaks"] == 1 and res["converged"]
 
 
-def test_a_minimisation_attack_still_approaching_is_not_converged():
-    # distance 0.9 at half the budget, 0.6 at the end: as much again would reach ε = 0.5
-    closing = _robust(1000, dist=0.6, half_dist=0.9)
-    stalled = _robust(1000, dist=0.85, half_dist=0.9)
+def test_samples_still_being_approached_are_not_converged():
+    # gap to success 0.4 at half the budget, 0.1 at the end: as much again would close it
+    closing = _robust(1000, gap=0.1, half_gap=0.4)
+    stalled = _robust(1000, gap=0.35, half_gap=0.4)
     recs = [_robust(1000) for _ in range(98)] + [closing, closing]
-    res = convergence(recs, 0, 1000, 0.5)
+    res = convergence(recs, 0, 1000)
     assert res["approaching"] == 2 and not res["converged"]
     recs = [_robust(1000) for _ in range(98)] + [stalled, stalled]
-    assert convergence(recs, 0, 1000, 0.5)["converged"]
+    assert convergence(recs, 0, 1000)["converged"]
+
+
+def test_square_and_hopskipjump_report_the_gap_at_half_and_at_the_end(net):
+    import torch
+
+    from certify.attacks import HopSkipJump, SquareLinf
+
+    class Net:
+        def predict(self, z: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return net(z)
+
+    x = torch.from_numpy(builders.make_images(6, seed=2).transpose(0, 3, 1, 2).copy()) / 255
+    model = Net()
+    y = model.predict(x.float()).argmax(1)
+    for attack in (SquareLinf(epsilon=0.01, max_queries=40),
+                   HopSkipJump(epsilon=0.01, max_queries=300)):
+        res = attack.run(model, x.float(), y, torch.arange(6), "logits")
+        assert res.gap is not None and res.half_gap is not None
+        unbroken = torch.isfinite(res.gap)
+        assert bool(unbroken.any())
+        # the gap only closes: the end is never further from success than the half-way point
+        assert bool((res.gap[unbroken] <= res.half_gap[unbroken] + 1e-6).all())
 
 
 def test_the_curve_falls_with_the_break_queries():

@@ -27,17 +27,19 @@ class AttackResult:
     (HopSkipJump): true where none was found, so the sample was never attacked and its
     candidate is the image itself. ``None`` from attacks without such a start.
 
-    ``dist`` and ``half_dist`` ``[B]``, from minimisation attacks that walk an adversarial point
-    towards the image (HopSkipJump): the distance of the closest adversarial point found with the
-    whole budget and with its first half (``inf`` where none). They tell whether a sample that
-    is still outside ε was still being approached when the budget ran out (convergence).
+    ``gap`` and ``half_gap`` ``[B]``: how far each sample still was from success at the end of
+    the budget and when half of it was spent (``inf`` where unknown): the margin loss for
+    score-based attacks (success at 0), the distance beyond ε of the closest adversarial point
+    for minimisation attacks such as HopSkipJump. They tell whether an unbroken sample was
+    still being approached when the budget ran out (convergence). ``None`` from attacks that
+    do not track it.
     """
 
     x_adv: torch.Tensor
     queries: torch.Tensor
     start_failed: torch.Tensor | None = None
-    dist: torch.Tensor | None = None
-    half_dist: torch.Tensor | None = None
+    gap: torch.Tensor | None = None
+    half_gap: torch.Tensor | None = None
 
 
 def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> torch.Tensor:

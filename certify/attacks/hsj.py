@@ -274,4 +274,5 @@ class _Run:
             dist = self.keep_best(idx, cur)
             t += 1
         return AttackResult(self.best, self.used.clone(), self.start_failed.clone(),
-                            dist=self.best_dist.clone(), half_dist=self.half_dist.clone())
+                            gap=self.best_dist - self.a.epsilon,
+                            half_gap=self.half_dist - self.a.epsilon)

@@ -88,9 +88,12 @@ class _Square(Attack):
         """
         queries = torch.ones(len(x), dtype=torch.long)
         loss = margin(model.predict(x_best).cpu(), y.cpu(), output)
+        half = torch.full((len(x),), math.inf)  # margins when half the budget was spent
         active = (loss > 0).nonzero().flatten()
         xa, xb, ya, la = x[active], x_best[active], y.cpu()[active], loss[active]
         for it in range(1, self.max_queries):
+            if it == self.max_queries // 2:
+                half[active] = la
             if len(active) == 0:
                 break
             cand = step(it, active, xa, xb)
@@ -107,7 +110,9 @@ class _Square(Attack):
                 keep = left.to(xb.device)
                 active, xa, xb, ya, la = active[left], xa[keep], xb[keep], ya[left], la[left]
         x_best[active] = xb
-        return AttackResult(x_best, queries)
+        gap = torch.full((len(x),), math.inf)
+        gap[active] = la
+        return AttackResult(x_best, queries, gap=gap, half_gap=half)
 
 
 class SquareLinf(_Square):

@@ -61,7 +61,7 @@ AUTO_CAP_FACTOR = 16
 #: broken in the last half of the budget, or (minimisation attacks) still being approached.
 CONVERGENCE_SHARE = 0.01
 #: Record fields that describe one attempt on a sample; a later round's attempt replaces them.
-_ATTEMPT = ("outcome", "adv_pred", "confidence", "start_failed", "dist", "half_dist", "abstained",
+_ATTEMPT = ("outcome", "adv_pred", "confidence", "start_failed", "gap", "half_gap", "abstained",
             "confidence_first", "confident_queries")
 #: Record fields that are tallies over rounds or the sample's identity.
 _TALLY = ("queries", "attack_queries", "ref_queries", "check", "i", "id", "label")
@@ -89,11 +89,11 @@ class AttackCheck(Check):
     decision-based attacks take none and report no accuracy at coverage under attack).
 
     **Convergence.** Every budget is judged: it is *converged* when at most max(1, 1% of the
-    samples) were first broken in the last half of the (latest) run's budget, or — for
-    minimisation attacks such as HopSkipJump — were still outside ε but approached it in the last
-    half of their run by at least the distance left (:func:`convergence`). An unconverged attack
-    cannot PASS: its verdict becomes WARN "budget not converged", with the curve of robust
-    accuracy against queries on the card.
+    samples) were first broken in the last half of the (latest) run's budget, or were still
+    unbroken but approached in the last half of their run by at least the gap left (the margin
+    loss for score-based attacks, the distance beyond ε for HopSkipJump; :func:`convergence`).
+    An unconverged attack cannot PASS: its verdict becomes WARN "budget not converged", with the
+    curve of robust accuracy against queries on the card.
 
     **Rounds** (``max_queries: auto``). Round 0 runs the attack with ``initial_queries`` (by
     default :data:`AUTO_INITIAL`); while that run is not converged, round *r* re-runs the
@@ -134,9 +134,9 @@ class AttackCheck(Check):
                unit="count"),
         Metric("late_breaks", "samples first broken in the last half of the budget",
                unit="count", optional=True),
-        Metric("approaching", "unbroken samples a minimisation attack was still approaching "
-               "(distance fell in the last half by at least what is left to ε)", unit="count",
-               optional=True),
+        Metric("approaching", "unbroken samples still being approached: their gap to success "
+               "(margin, or distance beyond ε) fell in the last half by at least what is left",
+               unit="count", optional=True),
         *(dataclasses.replace(m, optional=True) for m in WORST_CASE_METRICS),
         Metric("first_break_accuracy_at_coverage", "accuracy at the coverage level with each "
                "broken sample at the confidence of its first break (before the confident-"
@@ -209,8 +209,7 @@ class AttackCheck(Check):
         or None when the budget is fixed, converged, or the next budget would pass the cap."""
         if not self.auto or self.round_budget(done + 1) > self.cap():
             return None
-        if convergence(list(records.values()), done, self.round_budget(done),
-                       self._epsilon())["converged"]:
+        if convergence(list(records.values()), done, self.round_budget(done))["converged"]:
             return None
         todo = sorted(i for i, r in records.items() if r["outcome"] == "robust")
         return (self.for_round(done + 1), todo) if todo else None
@@ -417,10 +416,11 @@ class AttackCheck(Check):
                     rec[i]["broken_at"] = int(res.queries[k])
                 elif res.start_failed is not None and bool(res.start_failed[k]):
                     rec[i]["start_failed"] = True  # never attacked: robust, unverified
-                elif res.dist is not None and res.half_dist is not None and \
-                        math.isfinite(float(res.half_dist[k])):
-                    rec[i]["dist"] = float(res.dist[k])
-                    rec[i]["half_dist"] = float(res.half_dist[k])
+                elif res.gap is not None and res.half_gap is not None and \
+                        math.isfinite(float(res.half_gap[k])) and \
+                        math.isfinite(float(res.gap[k])):
+                    rec[i]["gap"] = float(res.gap[k])
+                    rec[i]["half_gap"] = float(res.half_gap[k])
             self._confident_mistakes(counter, x[ci.to(dev)], x_adv, y[ci.to(dev)], adv_scores,
                                      [rec[i] for i in ci.tolist()],
                                      [int(index[i]) for i in ci.tolist()], ctx)
@@ -544,8 +544,7 @@ class AttackCheck(Check):
         }
         warnings: list[str] = []
         if self._norm() != "spatial":  # a grid is searched exhaustively: nothing to converge
-            conv = convergence(records, rounds - 1, self.round_budget(rounds - 1),
-                               self._epsilon())
+            conv = convergence(records, rounds - 1, self.round_budget(rounds - 1))
             metrics.update(late_breaks=conv["late_breaks"], approaching=conv["approaching"])
             details["convergence"] = conv | {
                 "auto": self.auto, "initial": self.initial_budget(), "cap": self.cap(),
@@ -617,16 +616,16 @@ class AttackCheck(Check):
                            warnings=warnings)
 
 
-def convergence(records: list[dict[str, Any]], last_round: int, last_budget: int,
-                epsilon: float) -> dict[str, Any]:
+def convergence(records: list[dict[str, Any]], last_round: int, last_budget: int
+                ) -> dict[str, Any]:
     """Whether the latest run's budget is converged, from the merged records of every round.
 
     ``last_round`` is the latest round and ``last_budget`` its run's queries per sample. *Late
     breaks* are samples that run first broke in the last half of its budget. *Approaching* are
-    samples still outside ε whose closest adversarial point (minimisation attacks only) moved
-    towards the image in the last half of that run by at least the distance left to ε: at the
-    same pace, that much more budget would break them. Converged when both together are at
-    most max(1, :data:`CONVERGENCE_SHARE` × samples).
+    unbroken samples whose gap to success (the margin loss of score-based attacks; the distance
+    beyond ε of a minimisation attack's closest adversarial point) fell in the last half of that
+    run by at least the gap left: at the same pace, as many queries again would break them.
+    Converged when both together are at most max(1, :data:`CONVERGENCE_SHARE` × samples).
     """
     n = len(records)
     allowance = max(1.0, CONVERGENCE_SHARE * n)
@@ -634,9 +633,9 @@ def convergence(records: list[dict[str, Any]], last_round: int, last_budget: int
                and int(r.get("broken_round", 0)) == last_round
                and int(r.get("round_queries", [r["attack_queries"]])[-1]) > last_budget / 2)
     approaching = sum(
-        1 for r in records if r["outcome"] == "robust" and "dist" in r and "half_dist" in r
-        and float(r["half_dist"]) > float(r["dist"])
-        and float(r["dist"]) - (float(r["half_dist"]) - float(r["dist"])) <= epsilon)
+        1 for r in records if r["outcome"] == "robust" and "gap" in r and "half_gap" in r
+        and float(r["half_gap"]) > float(r["gap"])
+        and float(r["gap"]) <= float(r["half_gap"]) - float(r["gap"]))
     return {"late_breaks": late, "approaching": approaching, "allowance": allowance,
             "last_budget": last_budget, "converged": late + approaching <= allowance}
 
