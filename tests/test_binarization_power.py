@@ -187,3 +187,7 @@ def test_starved_square_warns_and_card_shows_hardest_passed_and_interval(tmp_pat
     html = (out / "card.html").read_text()
     assert "hardest configuration passed: " + (hardest["label"] if hardest else "none") in html
     assert f"(95% CI {lo:.2f}–{hi:.2f})" in html
+    # Square is a measured necessary-condition-only case (benchmarks/RESULTS.md)
+    assert bt["necessary_only"] == NECESSARY_ONLY["square_linf"]
+    assert ("the binarization test is a necessary condition only: it cannot tell a starved "
+            "square_linf from a converged one") in html
