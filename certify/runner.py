@@ -213,6 +213,7 @@ def _run_check(
 ) -> dict[int, dict[str, Any]]:
     done = run.records[spec.id]
     selected = _selected(spec, data, ctx)
+    ctx = dataclasses.replace(ctx, selected=tuple(selected))
     pending = [i for i in selected if i not in done]
     total = len(selected)
     used = sum(_record_queries(r) for r in done.values())

@@ -3,6 +3,7 @@ one packaged configuration per threat model, R-ASR with the attack's full budget
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -152,6 +153,7 @@ def test_packaged_suite_tests_20_samples_in_the_packaged_configuration():
         ladder, packaged, samples = check._bt()
         assert samples >= 20
         assert ladder == LADDER[check._norm()] and ladder[packaged] == PACKAGED[check._norm()]
+    assert set(NECESSARY_ONLY) == {"square_linf", "hopskipjump"}  # measured, RESULTS.md
     for attack, where in NECESSARY_ONLY.items():
         assert "RESULTS.md" in where, attack
 
@@ -191,3 +193,18 @@ def test_starved_square_warns_and_card_shows_hardest_passed_and_interval(tmp_pat
     assert bt["necessary_only"] == NECESSARY_ONLY["square_linf"]
     assert ("the binarization test is a necessary condition only: it cannot tell a starved "
             "square_linf from a converged one") in html
+
+
+def test_twenty_of_the_checks_own_samples_get_the_test_whatever_their_dataset_indices():
+    from certify.checks.attack import bt_positions
+    from certify.checks.base import CheckContext
+
+    rng = np.random.default_rng(0)
+    selected = tuple(sorted(rng.choice(4300, size=100, replace=False).tolist()))
+    ctx = CheckContext(check_seed=1, device=torch.device("cpu"), class_names=[],
+                       n_samples=100, selected=selected)
+    picked = bt_positions(ctx, 20)
+    assert len(picked) == 20 and picked <= set(selected)
+    # dataset indices modulo a stride (the old rule) picked a varying number: 13 and 17 of 20
+    # on the demo
+    assert bt_positions(dataclasses.replace(ctx, selected=selected[:7]), 20) == set(selected[:7])

@@ -256,9 +256,10 @@ class AttackCheck(Check):
         bt = self._bt()
         if bt is not None:
             ladder, packaged, samples = bt
+            picked = bt_positions(ctx, samples)
             stride = max(1, math.ceil(ctx.n_samples / max(samples, 1)))
             for j, i in enumerate(index):
-                if int(i) % stride:
+                if (int(i) not in picked) if picked else int(i) % stride:
                     continue
                 before = counter.queries
                 fields = ladder_test(counter, x[j], attack, norm, eps, ctx.seed(int(i), 2),
@@ -375,6 +376,16 @@ class AttackCheck(Check):
             details["binarization"] = None
         return Measurement(metrics=metrics, intervals=intervals, details=details,
                            warnings=warnings)
+
+
+def bt_positions(ctx: CheckContext, samples: int) -> set[int]:
+    """The dataset indices that get the binarization test: ``samples`` of the check's own,
+    evenly spread over its ordered selection (empty when the runner did not say which)."""
+    sel = ctx.selected
+    if not sel:
+        return set()
+    n, m = len(sel), max(1, min(samples, len(sel)))
+    return {int(sel[(k * n) // m]) for k in range(m)}
 
 
 def one_hot_answers(scores: torch.Tensor, output: str) -> list[bool]:

@@ -92,6 +92,9 @@ class CheckContext:
     n_samples: int = 0
     #: A reference model to compare against (``--reference``), counted separately.
     reference: Any = None
+    #: The dataset indices this check evaluates, in order (empty when not known), so a check
+    #: can pick a fixed share of its own samples whichever batch or shard they fall in.
+    selected: tuple[int, ...] = ()
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.
