@@ -301,7 +301,7 @@ class RayExecutor:
             keys = [spec.id, "__run__"]
         fields = {"check_seed": ctx.check_seed, "class_names": list(ctx.class_names),
                   "flip_invariant_classes": ctx.flip_invariant_classes,
-                  "n_samples": ctx.n_samples}
+                  "n_samples": ctx.n_samples, "selected": ctx.selected}
         check_ref = ray.put(spec.check)
         in_flight: dict[Any, tuple[int, list[int]]] = {}
 
