@@ -302,7 +302,7 @@ class RayExecutor:
         fields = {"check_seed": ctx.check_seed, "class_names": list(ctx.class_names),
                   "flip_invariant_classes": ctx.flip_invariant_classes,
                   "abstain_class": ctx.abstain_class,
-                  "n_samples": ctx.n_samples}
+                  "n_samples": ctx.n_samples, "selected": ctx.selected}
         check_ref = ray.put(spec.check)
         in_flight: dict[Any, tuple[int, list[int]]] = {}
 

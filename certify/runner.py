@@ -263,6 +263,7 @@ def _run_round(
     """One round of a check (``this``: its id is the round's record key) on ``selected``;
     ``used`` is what the check's earlier rounds spent of its budget."""
     done = run.records[this.id]
+    ctx = dataclasses.replace(ctx, selected=tuple(selected))
     pending = [i for i in selected if i not in done]
     total = len(selected)
     used += sum(_record_queries(r) for r in done.values())

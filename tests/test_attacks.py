@@ -23,7 +23,7 @@ from certify.attacks import (
 from certify.attacks.hsj import estimate_direction
 from certify.attacks.square import default_p_init
 from certify.checks.attack import one_hot_answers
-from certify.checks.binarization import BinarizationSettings, _readout, binarization_test
+from certify.checks.binarization import PACKAGED, _readout, binarization_test
 from certify.models.base import ModelInfo, QueryCounter
 
 import builders
@@ -260,13 +260,13 @@ def demo_images():
     return torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).float() / 255, torch.from_numpy(y)
 
 
-def _bt_scores(model, x, y, attack, n_inner=499):
+def _bt_scores(model, x, y, attack, settings=PACKAGED["linf"]):
     out = []
     for i in range(len(x)):
         counter = QueryCounter(model)
         m0 = float(margin(model.predict(x[i:i + 1]), y[i:i + 1], "logits")[0])
         out.append(binarization_test(counter, x[i], attack, "linf", 8 / 255, 100 + i,
-                                     BinarizationSettings(n_inner=n_inner), "logits", m0))
+                                     settings, "logits", m0))
     tested = [r for r in out if r["bt"] != "setup_failed"]
     asr = sum(r["bt"] == "success" for r in tested) / len(tested)
     rasr = sum(bool(r["bt_rasr"]) for r in tested) / len(tested)

@@ -34,7 +34,15 @@ from certify.checks.base import (
     interval_text,
     pct,
 )
-from certify.checks.binarization import BinarizationSettings, binarization_test
+from certify.checks.binarization import (
+    LADDER,
+    NECESSARY_ONLY,
+    PACKAGED,
+    BinarizationSettings,
+    ladder_scores,
+    ladder_test,
+    passes,
+)
 from certify.checks.confidence import WORST_CASE_METRICS, confidences, worst_case_coverage
 from certify.data import Dataset
 from certify.errors import SuiteError
@@ -48,7 +56,9 @@ _DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5, "l0": 10}
 #: Shown on the card where the binarization test cannot run for the threat model.
 BT_NOT_L0 = ("binarization test not available for L0 threat models: its planted problem is "
              "built in an L∞ or L2 ball, so this attack's strength is unverified")
-_BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness"}
+_BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness", "inner_shell"}
+#: Planted problems per attack by default (issue 17: at least 20).
+BT_SAMPLES = 20
 #: Set by the check's own parameters; in ``attack_params`` they would disagree with the card.
 _CHECK_KEYS = ("epsilon", "max_queries", "norm")
 #: ``max_queries: auto``: the first round's budget per attack, unless ``initial_queries`` says.
@@ -282,12 +292,21 @@ class AttackCheck(Check):
             kw["norm"] = self._norm()
         return cls(**kw)
 
-    def _bt(self) -> tuple[BinarizationSettings, int] | None:
+    def _bt(self) -> tuple[tuple[BinarizationSettings, ...], int, int] | None:
+        """(ladder hardest first, index of the packaged rung, samples), or None when off.
+
+        The packaged configuration of the threat model (binarization.PACKAGED) and its ladder;
+        a suite that sets hardness keys runs that one configuration alone (experiments).
+        """
         if self.binarization is False or self._norm() in ("spatial", "l0"):
             return None
         raw = {} if self.binarization is True else dict(self.binarization)
-        samples = int(raw.pop("samples", 20))
-        return BinarizationSettings(**raw), samples
+        samples = int(raw.pop("samples", BT_SAMPLES))
+        norm = self._norm()
+        if not raw:
+            ladder = LADDER[norm]
+            return ladder, ladder.index(PACKAGED[norm]), samples
+        return (dataclasses.replace(PACKAGED[norm], **raw),), 0, samples
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
@@ -430,15 +449,16 @@ class AttackCheck(Check):
                     r["abstained"] = True  # an explicit abstention, not an answer
         bt = self._bt() if self._round == 0 else None
         if bt is not None:
-            settings, samples = bt
+            ladder, packaged, samples = bt
+            picked = bt_positions(ctx, samples)
             stride = max(1, math.ceil(ctx.n_samples / max(samples, 1)))
             for j, i in enumerate(index):
-                if int(i) % stride:
+                if (int(i) not in picked) if picked else int(i) % stride:
                     continue
                 before = counter.queries
-                fields = binarization_test(counter, x[j], attack, norm, eps,
-                                           ctx.seed(int(i), 2), settings, output,
-                                           float(m0[j]), bool(one_hot[j]))
+                fields = ladder_test(counter, x[j], attack, norm, eps, ctx.seed(int(i), 2),
+                                     ladder, packaged, output, float(m0[j]),
+                                     bool(one_hot[j]))
                 rec[j].update(fields)
                 rec[j]["queries"] += counter.queries - before
         return rec
@@ -487,9 +507,14 @@ class AttackCheck(Check):
         if conv:
             text += (f" in {int(m.rounds)} round(s), " if conv["auto"] else ", ") + \
                 ("converged" if conv["converged"] else "budget not converged")
-        if d.get("binarization"):
-            text += (f"; binarization test {m.binarization_score:.2f} "
-                     f"(R-ASR {m.binarization_rasr:.2f})")
+        bt = d.get("binarization")
+        if bt:
+            ci = result.intervals.get("binarization_score")
+            ci_text = f", 95% CI {interval_text(ci)}" if ci else ""
+            hardest = bt.get("hardest_passed")
+            text += (f"; binarization test {m.binarization_score:.2f}{ci_text} "
+                     f"(R-ASR {m.binarization_rasr:.2f}); hardest configuration passed: "
+                     f"{hardest['label'] if hardest else 'none'}")
         elif d.get("binarization_note"):
             text += "; binarization test not available for L0 threat models"
         return text
@@ -585,10 +610,22 @@ class AttackCheck(Check):
             if tested:
                 intervals["binarization_score"] = wilson_interval(asr_n, len(tested))
                 intervals["binarization_rasr"] = wilson_interval(rasr_n, len(tested))
-            trusted = asr is not None and rasr is not None and asr >= PASS_SCORE and \
-                asr >= rasr + RASR_MARGIN
+            trusted = passes(asr_n, rasr_n, len(tested), PASS_SCORE, RASR_MARGIN)
+            ladder, packaged, samples = bt
+            rungs = ladder_scores([r for r in records if "bt_ladder" in r], len(ladder))
+            for k, (cfg, rung) in enumerate(zip(ladder, rungs, strict=True)):
+                rung.update(label=cfg.label(), settings=vars(cfg), packaged=k == packaged,
+                            passed=passes(rung["success"], rung["rasr_success"],
+                                          rung["tested"], PASS_SCORE, RASR_MARGIN,
+                                          rung["rasr_tested"]))
+            hardest = next((r for r in rungs if r["passed"]), None)
             details["binarization"] = {
-                "settings": vars(bt[0]) | {"samples": bt[1]},
+                "settings": vars(ladder[packaged]) | {"samples": samples},
+                "packaged": ladder[packaged].label(),
+                "ladder": rungs,
+                "hardest_passed": hardest,
+                "necessary_only": NECESSARY_ONLY.get(ATTACKS[self.attack].name),
+                "rasr_queries": self.initial_budget(),
                 "features": sources,
                 "separation_rate": len(tested) / (len(tested) + len(failed_setup))
                 if tested or failed_setup else None,
@@ -673,6 +710,16 @@ def _unconverged(conv: dict[str, Any], total: int, rounds: int, auto: bool, cap:
     return (f"budget not converged: with {total:,} queries per sample, {moving}, {allowed}; "
             "the robust accuracy is likely an overestimate (max_queries: auto grows the budget "
             "until converged)")
+
+
+def bt_positions(ctx: CheckContext, samples: int) -> set[int]:
+    """The dataset indices that get the binarization test: ``samples`` of the check's own,
+    evenly spread over its ordered selection (empty when the runner did not say which)."""
+    sel = ctx.selected
+    if not sel:
+        return set()
+    n, m = len(sel), max(1, min(samples, len(sel)))
+    return {int(sel[(k * n) // m]) for k in range(m)}
 
 
 def one_hot_answers(scores: torch.Tensor, output: str) -> list[bool]:

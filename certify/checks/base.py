@@ -95,6 +95,9 @@ class CheckContext:
     #: The model's explicit abstain class, if it has one (a suite's ``coverage`` check declares
     #: it): every check's coverage figures count predicting it as abstaining.
     abstain_class: int | None = None
+    #: The dataset indices this check evaluates, in order (empty when not known), so a check
+    #: can pick a fixed share of its own samples whichever batch or shard they fall in.
+    selected: tuple[int, ...] = ()
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.

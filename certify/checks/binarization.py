@@ -20,19 +20,69 @@ from typing import Any
 
 import torch
 
-from certify.attacks import Attack, RandomSearch, project
+from certify.attacks import Attack, project
 from certify.attacks.base import Uniforms
 from certify.attacks.simple import random_ball_points
 
 
 @dataclass(frozen=True)
 class BinarizationSettings:
-    """Hardness knobs (defaults of the reference implementation: N_i 999, N_b 1, gap 0.05)."""
+    """Hardness knobs (the reference implementation's N_i 999, N_b 1, gap 0.05 by default).
+
+    Harder: more inner points (``n_inner``), a smaller gap between the inner ball and the
+    boundary (``inner_gap``, 1 - ξ in the paper), and the readout's threshold closer to the
+    planted boundary point (``closeness``: 0 at the highest inner score, 1 at the boundary
+    point's score), which shrinks the region of planted adversarial examples (§4.3), and
+    inner points on the shell of the (1 - gap)·ε ball (``inner_shell``: the share of them on
+    its corners for L∞, its sphere for L2; the rest uniform inside). Uniform inner points in an
+    L∞ ball have |δ| ≈ ε/2 per pixel, so a readout learns "a corner" and any random corner is
+    adversarial; inner points on the shell force it to learn the planted corner's direction.
+    """
 
     n_inner: int = 999
     n_boundary: int = 1
     inner_gap: float = 0.05
-    closeness: float = 0.5  # where the decision threshold sits between inner and boundary
+    closeness: float = 0.5
+    inner_shell: float = 0.0
+
+    def label(self) -> str:
+        """Short name for tables and the card, e.g. ``N_i=999 gap=0.01 closeness=0.999``."""
+        return (f"N_i={self.n_inner} N_b={self.n_boundary} gap={self.inner_gap:g} "
+                f"closeness={self.closeness:g} shell={self.inner_shell:g}")
+
+
+#: Test configurations per threat model, hardest first (§4.3: start as hard as possible and
+#: ease until the attack passes). The same ladder for every model and budget.
+LADDER: dict[str, tuple[BinarizationSettings, ...]] = {
+    norm: (
+        BinarizationSettings(n_inner=999, inner_gap=0.01, closeness=0.999, inner_shell=1.0),
+        BinarizationSettings(n_inner=999, inner_gap=0.02, closeness=0.99, inner_shell=0.5),
+        BinarizationSettings(n_inner=999, inner_gap=0.05, closeness=0.9),
+        BinarizationSettings(n_inner=499, inner_gap=0.05, closeness=0.5),
+    )
+    for norm in ("linf", "l2")
+}
+
+#: The packaged test configuration per threat model, on which the pass rule is applied: one
+#: rung of :data:`LADDER`, chosen by benchmarks/binarization_power.py (benchmarks/RESULTS.md,
+#: "Binarization test power"), not tuned per budget or per model.
+PACKAGED: dict[str, BinarizationSettings] = {
+    "linf": LADDER["linf"][0],
+    "l2": LADDER["l2"][0],
+}
+
+#: Attacks for which no rung of the ladder told a starved budget from an adequate one on the
+#: demo model (benchmarks/RESULTS.md, "Binarization test power"): for them the test is a
+#: necessary condition only, and the card says so. A measured fact about the ladder, recorded
+#: by hand from the benchmark, not computed at run time.
+NECESSARY_ONLY: dict[str, str] = {
+    # Square L∞ at 100 queries solved the packaged rung on 16 of 20 benchmark signs but on 10
+    # of 10 others, in under 100 queries, at every hardness tried (gap 0.001, closeness 0.9999).
+    "square_linf": "benchmarks/RESULTS.md, Binarization test power",
+    # HopSkipJump at 1,000 and at 5,000 queries scored the same on every rung (0.60 on the
+    # packaged one): what decides a planted problem for it is settled in its first iterations.
+    "hopskipjump": "benchmarks/RESULTS.md, Binarization test power",
+}
 
 
 class BinarizedModel:
@@ -112,10 +162,14 @@ def binarization_test(
     output: str,
     original_margin: float,
     one_hot: bool = False,
+    rasr_queries: int | None = None,
 ) -> dict[str, Any]:
     """Run the test for one image ``x_c`` ``[C, H, W]``; returns the per-sample record fields.
 
-    Every query (features included) goes through ``counter``.
+    Every query (features included) goes through ``counter``. The R-ASR baseline samples the
+    ball with ``rasr_queries`` queries (default: the attack's full ``max_queries`` budget, not
+    only what the attack spent before it stopped: an attack that stops early on an easy
+    problem must not shrink its own baseline).
     """
     if counter.has_features():
         feature_fn, source = counter.features, "penultimate"
@@ -136,8 +190,10 @@ def binarization_test(
     gauss = None
     if norm == "l2":
         gauss = torch.stack([rng.normal(shape, 0) for _ in range(n_i + n_b)])
+    shell = torch.arange(n_i) < round(settings.inner_shell * n_i)
     inner = random_ball_points(x0.expand(n_i, *shape), norm, (1 - settings.inner_gap) * epsilon,
-                               u[:n_i].to(x_c), None if gauss is None else gauss[:n_i])
+                               u[:n_i].to(x_c), None if gauss is None else gauss[:n_i],
+                               corner=shell)
     boundary = random_ball_points(x0.expand(n_b, *shape), norm, epsilon, u[n_i:].to(x_c),
                                   None if gauss is None else gauss[n_i:],
                                   corner=torch.ones(n_b, dtype=torch.bool))
@@ -159,9 +215,109 @@ def binarization_test(
     adv = project(res.x_adv, x0, norm, epsilon)
     success = bool(h.predict(adv).argmax(1)[0] != 0)
     used = max(int(res.queries[0]), 1)
-    rnd = RandomSearch(epsilon=epsilon, max_queries=used, norm=norm)
-    r = rnd.run(h, x0, y0, torch.tensor([seed + 2]), output)
-    r_adv = project(r.x_adv, x0, norm, epsilon)
-    rasr = bool(h.predict(r_adv).argmax(1)[0] != 0)
+    budget = rasr_queries if rasr_queries is not None else int(attack.max_queries)
+    rasr, rasr_used = random_asr(h, x_c, norm, epsilon, max(budget, 1), seed + 2)
     return {"bt": "success" if success else "failure", "bt_features": source,
-            "bt_attack_queries": used, "bt_queries": counter.queries - before, "bt_rasr": rasr}
+            "bt_attack_queries": used, "bt_rasr_queries": rasr_used,
+            "bt_queries": counter.queries - before, "bt_rasr": rasr}
+
+
+
+def random_asr(h: BinarizedModel, x_c: torch.Tensor, norm: str, epsilon: float, budget: int,
+               seed: int, chunk: int = 250) -> tuple[bool, int]:
+    """Random sampling's success on one planted problem: (found, queries spent).
+
+    The draws of :class:`RandomSearch` (alternately uniform in the ball and on its corners /
+    sphere), sent ``chunk`` at a time rather than one per call: the same budget and the same
+    distribution, the wall time of a few batched calls. A chunk is counted whole.
+    """
+    rng = Uniforms(torch.tensor([seed]))
+    shape = tuple(x_c.shape)
+    spent = 0
+    while spent < budget:
+        n = min(chunk, budget - spent)
+        u = torch.stack([rng.draw(math.prod(shape), [0]).view(shape) for _ in range(n)])
+        gauss = torch.stack([rng.normal(shape, 0) for _ in range(n)]) if norm == "l2" else None
+        corner = (torch.arange(spent, spent + n) % 2) == 1
+        cand = random_ball_points(x_c.unsqueeze(0).expand(n, *shape), norm, epsilon,
+                                  u.to(x_c), None if gauss is None else gauss.to(x_c), corner)
+        cand = project(cand, x_c.unsqueeze(0), norm, epsilon)
+        spent += n
+        if bool((h.predict(cand).argmax(1) != 0).any()):
+            return True, spent
+    return False, spent
+
+
+def ladder_test(
+    counter: Any,
+    x_c: torch.Tensor,
+    attack: Attack,
+    norm: str,
+    epsilon: float,
+    seed: int,
+    ladder: tuple[BinarizationSettings, ...],
+    packaged: int,
+    output: str,
+    original_margin: float,
+    one_hot: bool = False,
+    every_rung: bool = False,
+) -> dict[str, Any]:
+    """The ladder (hardest first) on one image; the record fields.
+
+    Rungs down to the packaged one (index ``packaged``) always run, so the packaged rung and
+    every harder one are measured on every sample; below it the sample descends only until
+    the attack solves a rung (§4.3: ease the test until the attack passes), unless
+    ``every_rung``. The top-level fields (``bt``, ``bt_rasr``, ...) are the packaged rung's,
+    on which the pass rule is applied; ``bt_ladder`` holds each rung run (``bt``: success /
+    failure / setup_failed, ``rasr``), ``None`` for a rung skipped because a harder one was
+    solved. Each rung is a new planted problem; the attack keeps its initial budget.
+    """
+    before = counter.queries
+    rungs: list[dict[str, Any] | None] = []
+    top: dict[str, Any] = {}
+    solved = False
+    for k, settings in enumerate(ladder):
+        if k > packaged and solved and not every_rung:
+            rungs.append(None)
+            continue
+        fields = binarization_test(counter, x_c, attack, norm, epsilon, seed + 10 * k, settings,
+                                   output, original_margin, one_hot)
+        rungs.append({"bt": fields["bt"], "rasr": fields["bt_rasr"]})
+        solved = solved or fields["bt"] == "success"
+        if k == packaged:
+            top = fields
+    return top | {"bt_ladder": rungs, "bt_queries": counter.queries - before}
+
+
+def ladder_scores(records: list[dict[str, Any]], n_rungs: int) -> list[dict[str, Any]]:
+    """Per rung: tested, successes, random-sampling successes, setup failures, skipped.
+
+    A sample that skipped a rung because the attack solved a harder one counts as tested and
+    solved there (a planted problem solved under harder settings is taken as solved under
+    easier ones); the R-ASR counts only the samples that ran the rung. Rungs down to the
+    packaged one are run on every sample, so their figures are measured, never inferred.
+    """
+    out = []
+    for k in range(n_rungs):
+        rows = [r["bt_ladder"][k] for r in records if len(r.get("bt_ladder") or ()) > k]
+        ran = [r for r in rows if r is not None and r["bt"] in ("success", "failure")]
+        skipped = sum(r is None for r in rows)
+        out.append({"tested": len(ran) + skipped,
+                    "success": sum(r["bt"] == "success" for r in ran) + skipped,
+                    "rasr_success": sum(bool(r["rasr"]) for r in ran),
+                    "rasr_tested": len(ran),
+                    "setup_failed": sum(r is not None and r["bt"] == "setup_failed"
+                                        for r in rows),
+                    "skipped": skipped})
+    return out
+
+
+def passes(success: int, rasr_success: int, tested: int, pass_score: float,
+           rasr_margin: float, rasr_tested: int | None = None) -> bool:
+    """The paper's rule on point estimates: score ≥ pass_score and ≥ R-ASR + rasr_margin."""
+    if tested == 0:
+        return False
+    asr = success / tested
+    rasr = rasr_success / rasr_tested if rasr_tested else (0.0 if rasr_tested == 0 else
+                                                            rasr_success / tested)
+    return asr >= pass_score and asr >= rasr + rasr_margin
