@@ -236,7 +236,9 @@ STARVED = {
     "square_1000": ("square_linf", {"max_queries": 1000}),
     "square_100": ("square_linf", {"max_queries": 100}),
     "hsj_1000": ("hopskipjump_l2", {"max_queries": 1000}),
-    "random_1000": ("square_linf", {"attack": "random", "norm": "linf", "max_queries": 1000}),
+    # random search at Square's initial budget (it sees no scores to raise confidence with)
+    "random_1000": ("square_linf", {"attack": "random", "norm": "linf", "max_queries": 1000,
+                                    "confident_queries": None}),
 }
 
 
@@ -244,8 +246,8 @@ STARVED = {
 def test_starved_attacks_never_pass_on_the_demo_model(name, demo_data, tmp_path):
     base, change = STARVED[name]
     check = _packaged(base)
-    params = {k: v for k, v in check["params"].items()
-              if k not in ("initial_queries", "query_cap")} | change
+    params = {k: v for k, v in ({**check["params"], **change}).items()
+              if k not in ("initial_queries", "query_cap") and v is not None}
     check = check | {"params": params}
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "starved", "classes": CLASSES, "seed": 0,
