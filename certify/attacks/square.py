@@ -217,17 +217,18 @@ class SquareL2(_Square):
             norm_both = (delta * (m1 | m2)).pow(2).sum(dim=(2, 3), keepdim=True).sqrt()
             signs = (u[:, 4:4 + c] < 0.5).float().mul(2).sub(1).view(n, c, 1, 1).to(x)
             transpose = u[:, 4 + c] < 0.5
-            pat = torch.stack([_meta_pattern(s, bool(tp)) for tp in transpose]).to(x)
-            new = pat.view(n, 1, s, s) * signs
-            old = torch.stack([
-                delta[k, :, int(t1[k]):int(t1[k]) + s, int(l1[k]):int(l1[k]) + s]
-                for k in range(n)]) / (norm_w1 + 1e-10)
+            pat = torch.stack([_meta_pattern(s, False), _meta_pattern(s, True)]).to(x)
+            new = pat[transpose.long().to(x.device)].view(n, 1, s, s) * signs
+            # the first window of every sample at once: (sample, row, column) index grids
+            kk = torch.arange(n, device=x.device).view(n, 1, 1)
+            rr = (t1.view(n, 1, 1) + torch.arange(s).view(1, s, 1)).to(x.device)
+            cc = (l1.view(n, 1, 1) + torch.arange(s).view(1, 1, s)).to(x.device)
+            old = delta.permute(0, 2, 3, 1)[kk, rr, cc].permute(0, 3, 1, 2) / (norm_w1 + 1e-10)
             new = new + old
             budget = ((eps ** 2 - norm_img ** 2).clamp(min=0) / c + norm_both ** 2).sqrt()
             new = new / new.pow(2).sum(dim=(2, 3), keepdim=True).sqrt().clamp(min=1e-12) * budget
             delta = torch.where(m2, torch.zeros_like(delta), delta)
-            for k in range(n):
-                delta[k, :, int(t1[k]):int(t1[k]) + s, int(l1[k]):int(l1[k]) + s] = new[k]
+            delta.permute(0, 2, 3, 1)[kk, rr, cc] = new.permute(0, 2, 3, 1)
             delta = delta / delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
             return (xa + delta * eps).clamp(0, 1)
 
