@@ -332,7 +332,9 @@ def test_schema_is_printed_and_the_demo_results_follow_it(demo_run):
     # no images in the signed payload, and the demo's payload stays small
     raw = (demo_run / "results.json").read_bytes()
     assert b"data:image" not in raw
-    assert len(raw) < 150_000, len(raw)
+    # (about 152 KB with issue 17's checks: square_l2, sparse_rs_l0, convergence curves and the
+    # binarization ladder; 606 KB when images were inline)
+    assert len(raw) < 200_000, len(raw)
 
 
 def test_unknown_schema_version_is_a_clear_error(demo_run, tmp_path):

@@ -86,7 +86,8 @@ def test_robust_model_is_more_robust_under_attack(tmp_path):
         out = tmp_path / name
         proc = builders.run_cli("run", demo_model_path(name), "--suite", suite, "--data",
                                 tmp_path / "d.npz", "--out", out, "--no-pdf")
-        assert proc.returncode == 0, proc.stderr  # no threshold: INFO, the card is written
+        # no threshold: INFO, or WARN when 300 queries do not converge; the card is written
+        assert proc.returncode in (0, 7), proc.stderr
         robust_accuracy[name] = builders.check_metrics(out)["square"]["robust_accuracy"]
     assert robust_accuracy["robust"] > robust_accuracy["standard"] + 0.1, robust_accuracy
     # and the recorded training figures say the same
