@@ -389,7 +389,7 @@ def _binary(row: Row, co: Any, cn: Any, so: np.ndarray | None, sn: np.ndarray | 
     row.direction = direction
     row.unit = "rate"
     row.compared = f"share of all evaluated samples with outcome '{bit}'"
-    if so is None or sn is None or bit not in co.outcomes.bits and bit not in cn.outcomes.bits:
+    if so is None or sn is None:
         count_o, count_n = _count(co), _count(cn)
         if count_o is None or count_n is None:
             _normal_approx(row)
@@ -400,6 +400,7 @@ def _binary(row: Row, co: Any, cn: Any, so: np.ndarray | None, sn: np.ndarray | 
         return
 
     def bits(c: Any) -> np.ndarray:
+        # an outcome no sample had has no bitmap (the default bitmaps are the outcomes seen)
         o = c.outcomes
         return (unpack_bits(o.bits[bit], o.n) if bit in o.bits
                 else np.zeros(o.n, dtype=bool))

@@ -68,8 +68,14 @@ def test_newcombe_intervals_match_the_published_example():
 
 # --- pairing on synthetic results -------------------------------------------------------------
 
+_MODEL = {"name": "m", "identity": "sha256:x", "input_shape": [3, 32, 32],
+          "num_classes": 43, "output": "logits", "layout": "NCHW", "batch": "dynamic",
+          "preprocessing": {}, "metadata": {}}
+
+
 def _result(correct: np.ndarray, selected: np.ndarray, *, seed: int = 0, data: str = "d1",
-            suite: str = "s1", params: dict | None = None) -> dict:
+            suite: str = "s1", params: dict | None = None, reference: str | None = None
+            ) -> dict:
     """A minimal results document with one clean_accuracy check over ``selected``."""
     n = len(correct)
     k, m = int(correct[selected].sum()), int(selected.sum())
@@ -84,18 +90,21 @@ def _result(correct: np.ndarray, selected: np.ndarray, *, seed: int = 0, data: s
         "outcomes": {"n": n, "selected": pack_bits(selected),
                      "bits": {"correct": pack_bits(correct & selected)}, "values": {}},
     }
-    model = {"name": "m", "identity": "sha256:x", "input_shape": [3, 32, 32],
-             "num_classes": 43, "output": "logits", "layout": "NCHW", "batch": "dynamic",
-             "preprocessing": {}, "metadata": {}}
+    return _doc([check], n, seed=seed, data=data, suite=suite, reference=reference)
+
+
+def _doc(checks: list[dict], n: int, *, seed: int = 0, data: str = "d1", suite: str = "s1",
+         reference: str | None = None) -> dict:
+    ref = None if reference is None else {**_MODEL, "identity": reference}
     return {"schema": "certify.results/2", "measurement": {
         "certify_version": "0", "suite": {"name": "s", "digest": suite, "description": "",
                                           "decision": "interval"},
-        "model": model, "reference_model": None,
+        "model": _MODEL, "reference_model": ref,
         "data": {"digest": data, "layout": "npz", "n": n, "image_shape": [32, 32, 3],
                  "num_classes": 43, "per_class_counts": [], "name": "d.npz"},
-        "device": "cpu", "seeds": {"suite": seed, "checks": {"clean": seed}},
+        "device": "cpu", "seeds": {"suite": seed, "checks": {c["id"]: seed for c in checks}},
         "queries": {"total": 0, "model": 0, "reference": 0, "budget": None},
-        "checks": [check], "summary": {}, "attack_worst_case": [], "verdict": "PASS",
+        "checks": checks, "summary": {}, "attack_worst_case": [], "verdict": "PASS",
         "decision": "d"},
         "provenance": {"model_spec": "m", "reference_spec": None, "data_source": "d",
                        "suite_source": "s", "device": {}, "environment": {}, "timings": {},
@@ -162,6 +171,71 @@ def test_runs_that_differ_are_not_comparable(change, says):
     assert exc.value.exit_code == EXIT_NOT_COMPARABLE
 
 
+def _brittle(values: np.ndarray, selected: np.ndarray, interval_half: float = 0.05) -> dict:
+    """A brittleness check whose per-sample scores over ``selected`` are ``values``."""
+    score = float(values.mean())
+    return {
+        "id": "brittle", "kind": "brittleness", "params": {},
+        "threshold": {"metric": "brittle_score", "min": None, "max": 10.0, "text": "≤ 10",
+                      "rule": "interval"},
+        "budget": None, "status": "PASS", "decision": "d",
+        "metrics": {"brittle_score": score, "brittle_score_grid": score, "n": len(values),
+                    "superpixels_mean": 20.0},
+        "intervals": {"brittle_score": [score - interval_half, score + interval_half]},
+        "details": {}, "warnings": [], "error": None, "sample_errors": 0,
+        "queries": {"total": 1, "mean_per_sample": 1.0, "reference": 0},
+        "outcomes": {"n": len(selected), "selected": pack_bits(selected), "bits": {},
+                     "values": {"l1_per_dim": [float(v) for v in values]}},
+    }
+
+
+def test_brittle_score_pairs_by_bootstrap_with_a_relative_tolerance():
+    n = 60
+    rng = np.random.default_rng(1)
+    sel = np.ones(n, dtype=bool)
+    old = rng.lognormal(0.0, 1.0, n)
+    new = old * 1.2  # every sample 20% more brittle (lower is better)
+    a, b = _doc([_brittle(old, sel)], n), _doc([_brittle(new, sel)], n)
+    row = compare(parse_result(a), parse_result(b)).rows[0]
+    assert row.paired and row.method.startswith("paired bootstrap")
+    assert row.change == pytest.approx(0.2 * old.mean())
+    assert row.change_interval[0] > 0 and row.outcome == "regression"
+    # 30% of OLD's score is more than the whole interval: not a regression
+    row = compare(parse_result(a), parse_result(b), tolerance=30).rows[0]
+    assert row.tolerance == pytest.approx(0.3 * old.mean()) and row.outcome != "regression"
+    # different seeds: unpaired bootstrap, and the between-sample spread hides the change
+    row = compare(parse_result(a), parse_result(_doc([_brittle(new, sel)], n, seed=1))).rows[0]
+    assert not row.paired and row.method.startswith("unpaired bootstrap")
+    assert row.outcome == "no resolved change"
+
+
+def test_a_score_without_per_sample_values_compares_the_runs_intervals():
+    n = 60
+    sel = np.ones(n, dtype=bool)
+    checks = [_brittle(np.full(n, 1.0), sel, 0.1), _brittle(np.full(n, 1.5), sel, 0.1)]
+    for c in checks:
+        c["outcomes"]["values"] = {}
+    row = compare(parse_result(_doc([checks[0]], n)), parse_result(_doc([checks[1]], n))).rows[0]
+    assert row.method == "unpaired: normal approximation"
+    se = 0.1 / 1.959964 * np.sqrt(2)
+    assert row.p == pytest.approx(2 * (1 - __import__("scipy").stats.norm.cdf(0.5 / se)),
+                                  rel=1e-3)
+    assert row.outcome == "regression"
+
+
+def test_other_schemas_and_reference_models_are_not_comparable(tmp_path):
+    from certify.compare import load_run
+
+    sel = np.ones(50, dtype=bool)
+    old = _result(sel, sel)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**old, "schema": "certify.results/1"}))
+    with pytest.raises(NotComparable, match="schema"):
+        load_run(path)
+    with pytest.raises(NotComparable, match="reference model"):
+        compare(parse_result(old), parse_result(_result(sel, sel, reference="sha256:r")))
+
+
 # --- the command on the tiny model ---------------------------------------------------------------
 
 def _suite(path: Path) -> Path:
@@ -192,10 +266,39 @@ def runs(net, model_path, tmp_path_factory) -> dict[str, Path]:
         proc = builders.run_cli("run", model, "--suite", suite, "--data", d, "--out",
                                 out[name], "--no-pdf", "--quiet")
         assert proc.returncode in (0, 1, 6, 7), proc.stderr
+    for seed in (1, 2):  # the same model and data, other seeds (the attack draws differ)
+        out[f"seed{seed}"] = tmp / f"seed{seed}"
+        proc = builders.run_cli("run", model_path, "--suite", suite, "--data", data, "--out",
+                                out[f"seed{seed}"], "--no-pdf", "--quiet", "--seed", str(seed))
+        assert proc.returncode in (0, 1, 6, 7), proc.stderr
     copy = tmp / "copy"
     shutil.copytree(out["base"], copy)
     out["copy"] = copy
     return out
+
+
+def test_the_same_model_with_other_seeds_is_compared_unpaired_without_a_change(runs):
+    proc = builders.run_cli("compare", runs["seed1"], runs["seed2"], "--json", "-")
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert all(not r["paired"] for r in doc["checks"])
+    assert all(r["outcome"] == "no resolved change" for r in doc["checks"]), doc["checks"]
+
+
+def test_pubkey_verifies_both_signatures_first(runs, tmp_path):
+    keys = tmp_path / "keys"
+    assert builders.run_cli("keygen", "--out", keys).returncode == 0
+    signed = tmp_path / "signed"
+    shutil.copytree(runs["base"], signed)
+    proc = builders.run_cli("sign", signed, "--key", keys / "certify.key", "--no-pdf")
+    assert proc.returncode == 0, proc.stderr
+    ok = builders.run_cli("compare", signed, signed / "card.html", "--pubkey",
+                          keys / "certify.pub")
+    assert ok.returncode == EXIT_OK, ok.stdout + ok.stderr
+    # the unsigned weak run is refused before any comparison (exit 1: not verified)
+    bad = builders.run_cli("compare", signed, runs["weak"], "--pubkey", keys / "certify.pub")
+    assert bad.returncode == 1 and "signature" in bad.stderr, bad.stdout + bad.stderr
+    assert "regression" not in bad.stdout
 
 
 def test_a_run_and_its_copy_have_no_resolved_change(runs, tmp_path):

@@ -29,9 +29,22 @@ def fmt_interval(iv: Any, unit: str) -> str:
 
 
 def fmt_change(r: Row) -> str:
-    """The change with its corrected interval: pp for rates, the score's own units else."""
+    """The change with its corrected interval: pp for rates, the score's own units else.
+
+    When the compared quantity is not the metric itself (a conditional robustness score is
+    compared on the unconditional share "correct and stays correct"), the compared values
+    come first: ``88.3% → 0.0%: -88.3 pp [...]``.
+    """
     if r.change is None:
         return "–"
+    prefix = ""
+    if (r.old_value, r.new_value) != (r.old, r.new):
+        prefix = f"{fmt_value(r.old_value, r.unit)} → {fmt_value(r.new_value, r.unit)}: "
+    return prefix + _change_only(r)
+
+
+def _change_only(r: Row) -> str:
+    assert r.change is not None
     if r.unit == "rate":
         text = f"{100 * r.change:+.1f} pp"
         if r.change_interval:
@@ -93,7 +106,8 @@ def print_table(c: Comparison, console: Console) -> None:
     console.print(f"Holm correction over {sum(r.p is not None for r in c.rows)} compared "
                   f"checks at family-wise {ALPHA:g}; tolerance {c.tolerance:g} (pp for rates, "
                   "% of OLD for scores). Rates compare the share of all evaluated samples with "
-                  "the check's outcome (robustness: correct and stays correct).",
+                  "the check's outcome (robustness: correct and stays correct); where that share "
+                  "is not the metric itself, it is shown before the change.",
                   highlight=False)
     console.print(summary_line(c), highlight=False)
 
