@@ -344,26 +344,14 @@ def _row(co: Any, cn: Any, seeds_equal: bool, tolerance: float) -> Row:
             c.outcomes is not None and cls.compare_values[name] in c.outcomes.values
             for c in (co, cn)):
         _continuous(row, co, cn, cls.compare_values[name], same_samples)
-    elif metric.unit == "rate" and all(_count(c) for c in (co, cn)):
-        ko, no = _count(co) or (0, 0)
-        kn, nn = _count(cn) or (0, 0)
-        row.compared = f"{name} (as counts of {no} and {nn} samples)"
-        row.method = "unpaired: Newcombe hybrid score interval"
-        _set_binary(row, ko, no, kn, nn, None)
     else:
+        # a rate with no per-sample outcome (its denominator is the check's own, e.g. the
+        # answered inputs) or a score without per-sample values: from the runs' intervals
         _normal_approx(row)
     if row.change is not None:
         row.tolerance = (tolerance / 100 if row.unit == "rate"
                          else tolerance / 100 * abs(row.old_value or 0.0))
     return row
-
-
-def _count(c: Any) -> tuple[int, int] | None:
-    n = getattr(c.metrics, "n", None)
-    v = None if c.metrics is None else getattr(c.metrics, _metric_of(c).name, None)
-    if not isinstance(n, int) or n <= 0 or v is None:
-        return None
-    return round(float(v) * n), n
 
 
 def _set_binary(row: Row, ko: int, no: int, kn: int, nn: int,
@@ -386,17 +374,13 @@ def _set_binary(row: Row, ko: int, no: int, kn: int, nn: int,
 
 def _binary(row: Row, co: Any, cn: Any, so: np.ndarray | None, sn: np.ndarray | None,
             paired: bool, bit: str, direction: str) -> None:
+    metric_direction, metric_unit = row.direction, row.unit
     row.direction = direction
     row.unit = "rate"
-    row.compared = f"share of all evaluated samples with outcome '{bit}'"
-    if so is None or sn is None:
-        count_o, count_n = _count(co), _count(cn)
-        if count_o is None or count_n is None:
-            _normal_approx(row)
-            return
-        row.compared = f"{row.metric} (as counts; no per-sample outcomes)"
-        row.method = "unpaired: Newcombe hybrid score interval"
-        _set_binary(row, *count_o, *count_n, None)
+    row.compared = f"share of all samples '{bit}'"
+    if so is None or sn is None:  # no per-sample outcomes kept
+        row.direction, row.unit = metric_direction, metric_unit
+        _normal_approx(row)
         return
 
     def bits(c: Any) -> np.ndarray:
@@ -416,7 +400,7 @@ def _binary(row: Row, co: Any, cn: Any, so: np.ndarray | None, sn: np.ndarray | 
             row.reason = "no sample evaluated in both runs"
             return
         row.paired = True
-        row.method = "paired: McNemar exact test, Newcombe paired interval"
+        row.method = "paired: McNemar exact, Newcombe paired interval"
         _set_binary(row, int(a.sum()), n, int(b.sum()), n, table)
     else:
         no, nn = int(so.sum()), int(sn.sum())

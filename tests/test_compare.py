@@ -334,3 +334,16 @@ def test_a_clearly_weaker_model_is_a_resolved_regression(runs, tmp_path):
     back = builders.run_cli("compare", runs["weak"], runs["base"], "--json", "-")
     assert back.returncode == EXIT_OK, back.stdout + back.stderr
     assert json.loads(back.stdout)["regressions"] == []
+
+
+def test_a_check_that_errored_is_not_compared_and_the_summary_says_so():
+    from certify.report.comparison import summary_line
+
+    sel = np.ones(50, dtype=bool)
+    new = _result(sel, sel)
+    new["measurement"]["checks"][0].update(status="ERROR", metrics=None, intervals={},
+                                           outcomes=None, error="boom")
+    cmp = compare(parse_result(_result(sel, sel)), parse_result(new))
+    row = cmp.rows[0]
+    assert row.outcome == "not compared" and "NEW" in row.reason and row.p is None
+    assert "not compared: clean" in summary_line(cmp)

@@ -38,7 +38,8 @@ def fmt_change(r: Row) -> str:
     if r.change is None:
         return "–"
     prefix = ""
-    if (r.old_value, r.new_value) != (r.old, r.new):
+    if any(a is None or b is None or abs(a - b) > 1e-9
+           for a, b in ((r.old_value, r.old), (r.new_value, r.new))):
         prefix = f"{fmt_value(r.old_value, r.unit)} → {fmt_value(r.new_value, r.unit)}: "
     return prefix + _change_only(r)
 
@@ -83,13 +84,15 @@ def summary_line(c: Comparison) -> str:
     """One sentence: the decision and why."""
     regs = c.regressions
     gated = [r.id for r in regs if r.has_threshold]
+    skipped = [r.id for r in c.rows if r.outcome == "not compared"]
+    note = (f"; not compared: {', '.join(skipped)} (see why in the table)" if skipped else "")
     if gated:
         return (f"RESOLVED REGRESSION on {', '.join(gated)} (a check with a threshold): "
-                "exit 1")
+                f"exit 1{note}")
     if regs:
         return (f"resolved regression only on checks without a threshold "
-                f"({', '.join(r.id for r in regs)}): exit 0")
-    return "no resolved regression: exit 0"
+                f"({', '.join(r.id for r in regs)}): exit 0{note}")
+    return f"no resolved regression: exit 0{note}"
 
 
 def print_table(c: Comparison, console: Console) -> None:
