@@ -3,11 +3,14 @@
 Exit codes, the same for every command (the one table is ``certify.errors.EXIT_CODES``):
 
 0    OK: run: every check PASS or INFO; demo: the card was written, whatever its verdict;
-     verify, verify-bundle: valid; other commands: done
-1    FAIL: run: a check failed (card written); verify, verify-bundle: invalid or tampered
+     verify, verify-bundle: valid; compare: no resolved regression; other commands: done
+1    FAIL: run: a check failed (card written); verify, verify-bundle: invalid or tampered;
+     compare: a resolved regression on a check with a threshold
 2    usage, suite or data error
 3    the model could not be loaded, reached or used
-4    not comparable (reserved for compare)
+4    not comparable: compare's two runs differ in suite, data, threat model, reference model
+     or results schema (compare: 0 no resolved regression, 1 a resolved regression on a check
+     with a threshold)
 5    run: a check ERRORed (card written)
 6    run: a check is INCONCLUSIVE (card written)
 7    run: a check passed with a WARNing (card written)
@@ -450,6 +453,59 @@ def verify_cmd(path: Path, pubkey: Path) -> None:
     click.echo(f"verdict: {m.verdict}")
     for c in m.checks:
         click.echo(f"  {c.status:<12} {c.id}")
+
+
+@main.command("compare")
+@click.argument("old", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Changes smaller than this are not regressions: percentage points for "
+                   "rates, percent of OLD's value for scores.")
+@click.option("--pubkey", type=click.Path(dir_okay=False, path_type=Path),
+              help="Verify both signatures with this public key before comparing.")
+@click.option("--json", "json_out", metavar="FILE|-", help="Write the comparison as JSON.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a comparison card (HTML).")
+@click.option("--pdf", "pdf_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the comparison card as PDF.")
+def compare_cmd(old: Path, new: Path, tolerance: float, pubkey: Path | None,
+                json_out: str | None, html_out: Path | None, pdf_out: Path | None) -> int:
+    """Did NEW get less robust than OLD? Compare two runs check by check.
+
+    OLD and NEW are run folders, results.json files or cards (card.html, card.pdf) of the same
+    suite on the same data. Paired tests (McNemar exact, paired bootstrap) where both runs
+    used the same samples and seeds, unpaired otherwise; Holm's correction across checks.
+
+    \b
+    Exit codes: 0 no resolved regression; 1 a resolved regression on a check with a
+    threshold; 2 usage; 4 not comparable (the message says what differs).
+
+    \b
+    Example:
+      certify compare release-1.2/card.pdf release-1.3/card.pdf --pubkey keys/certify.pub \\
+          --tolerance 1 --html compare.html
+    """
+    import json
+
+    from certify.compare import compare_paths
+    from certify.report import comparison as view
+    from certify.rundir import atomic_write
+
+    result = compare_paths(old, new, tolerance, pubkey)
+    doc = json.dumps(result.to_json(), indent=2)
+    if json_out == "-":
+        click.echo(doc)
+    else:
+        view.print_table(result, Console())
+        if json_out:
+            atomic_write(Path(json_out), doc.encode())
+    if html_out or pdf_out:
+        html = view.render_html(result)
+        if html_out:
+            atomic_write(html_out, html.encode())
+        if pdf_out:
+            atomic_write(pdf_out, view.render_pdf(html))
+    return result.exit_code
 
 
 @main.command("bundle")

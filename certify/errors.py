@@ -9,12 +9,14 @@ verdict through :func:`exit_code_for_verdict`), and nothing else decides exit co
 code    meaning
 ======  =====================================================================================
 0       OK: ``run``: every check PASS or INFO; ``demo``: the card was written (whatever its
-        verdict); ``verify``, ``verify-bundle``: valid; other commands: done
+        verdict); ``verify``, ``verify-bundle``: valid; ``compare``: no resolved regression;
+        other commands: done
 1       FAIL: ``run``: a check failed (card written); ``verify``, ``verify-bundle``: invalid
-        or tampered
+        or tampered; ``compare``: a resolved regression on a check with a threshold
 2       usage, suite or data error (nothing measured)
 3       the model could not be loaded, reached or used (an endpoint failing beyond retries)
-4       not comparable (reserved for ``certify compare``)
+4       ``compare``: the two runs are not comparable (suite, data digest, threat model,
+        reference model or results schema differ; the message says which)
 5       ``run``: a check ERRORed (card written)
 6       ``run``: a check is INCONCLUSIVE (card written)
 7       ``run``: a check passed with a WARNing (card written)
@@ -49,11 +51,14 @@ EXIT_INTERRUPTED = 130
 
 #: Every exit code of every command, with its meaning (the README's table says the same).
 EXIT_CODES: dict[int, str] = {
-    EXIT_OK: "OK: run: every check PASS/INFO; demo: card written; verify: valid; others: done",
-    EXIT_FAIL: "FAIL: run: a check failed (card written); verify, verify-bundle: invalid",
+    EXIT_OK: "OK: run: every check PASS/INFO; demo: card written; verify: valid; compare: no "
+             "resolved regression; others: done",
+    EXIT_FAIL: "FAIL: run: a check failed (card written); verify, verify-bundle: invalid; "
+               "compare: a resolved regression on a check with a threshold",
     EXIT_USAGE: "usage, suite or data error",
     EXIT_MODEL: "the model could not be loaded, reached or used",
-    EXIT_NOT_COMPARABLE: "not comparable (reserved for compare)",
+    EXIT_NOT_COMPARABLE: "compare: the runs are not comparable (suite, data, threat model, "
+                         "reference model or schema differ)",
     EXIT_ERROR: "run: a check ERRORed (card written)",
     EXIT_INCONCLUSIVE: "run: a check is INCONCLUSIVE (card written)",
     EXIT_WARN: "run: a check passed with a WARNing (card written)",

@@ -156,6 +156,9 @@ class AttackCheck(Check):
         Metric("worst_case_abstentions", "samples whose worst case is the model's explicit "
                "abstain class", unit="count", optional=True),
     )
+    #: compare: both rates pair on "correct and not broken" over all samples
+    compare_outcomes = {"robust_accuracy": ("robust", "higher"),
+                        "attack_success_rate": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
                                                          "Robust accuracy")
     #: Attacks spend thousands of queries per sample: record them in small units.

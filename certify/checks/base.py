@@ -141,6 +141,14 @@ class Check:
     #: At most this many samples per batch, so that a kill loses little work (``None``: the
     #: runner's batch size). Set by checks whose per-sample work is long (attacks, LIME).
     record_batch: ClassVar[int | None] = None
+    #: ``certify compare``: metric -> (outcome bitmap, better direction). A metric named here
+    #: is compared as the share of the check's selected samples with that outcome set (the
+    #: unconditional outcome, e.g. "correct and stays correct" for robustness scores), paired
+    #: by McNemar's exact test when both runs evaluated the same samples with the same seed.
+    compare_outcomes: ClassVar[dict[str, tuple[str, Literal["higher", "lower"]]]] = {}
+    #: ``certify compare``: metric -> the per-sample ``values`` whose mean it is (paired
+    #: bootstrap when both runs kept them for the same samples).
+    compare_values: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -280,6 +280,7 @@ class Brittleness(Check):
         Metric("n", "samples explained", unit="count"),
         Metric("superpixels_mean", "mean superpixels per sample", unit="score"),
     )
+    compare_values = {"brittle_score": "l1_per_dim", "brittle_score_grid": "grid_l1_per_dim"}
     export: ClassVar[ExportMetric | None] = ExportMetric("brittle_score", "brittle_score",
                                                          "Brittle score (LIME)")
     #: LIME spends 2 * num_masks queries per sample and model: record in small units.

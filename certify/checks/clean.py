@@ -37,6 +37,7 @@ class CleanAccuracy(Check):
         Metric("n", "samples evaluated", unit="count"),
         Metric("correct", "correctly classified samples", unit="count"),
     )
+    compare_outcomes = {"accuracy": ("correct", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("accuracy", "accuracy", "Clean accuracy")
 
     def __init__(self, top_confusions: int = 5) -> None:

@@ -99,6 +99,7 @@ class Coverage(Check):
         Metric("confident_mistakes", "confident mistakes", unit="count"),
         Metric("accuracy_full_coverage", "accuracy without abstaining", "higher"),
     )
+    compare_outcomes = {"confident_mistake_rate": ("confident_mistake", "lower")}
     export: ClassVar[ExportMetric | None] = ExportMetric("accuracy_at_coverage", "accuracy",
                                                          "Accuracy at coverage")
 

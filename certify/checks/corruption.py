@@ -178,6 +178,7 @@ class Corruption(_CorruptionBase):
         Metric("n_not_applicable", "samples the property does not apply to", unit="count"),
         Metric("candidates", "transforms tried per sample at most", unit="count"),
     )
+    compare_outcomes = {"robustness_score": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
                                                          "Robustness score")
 
@@ -332,6 +333,7 @@ class CorruptionPair(_CorruptionBase):
         Metric("joint_only_failures", "samples only the combination breaks", unit="count"),
         Metric("candidates", "transforms tried per sample at most", unit="count"),
     )
+    compare_outcomes = {"robustness_score": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
                                                          "Joint robustness score")
 

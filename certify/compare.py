@@ -1,0 +1,550 @@
+"""``certify compare OLD NEW``: did a release get less robust than the last one?
+
+Two runs of the same suite on the same data are compared check by check. Each check is
+compared on one metric (its threshold's metric, else its exported headline metric):
+
+- a rate that the check maps to a per-sample outcome (``Check.compare_outcomes``) is compared
+  as the share of the check's selected samples with that outcome set, unconditionally (for
+  robustness scores: "correct and stays correct" over all samples, so each model's own set of
+  correct samples does not break the pairing). When both runs evaluated the same samples with
+  the same seed the comparison is **paired**: McNemar's exact test on the discordant samples,
+  and Newcombe's hybrid score interval for a paired difference (his method 10). Otherwise it is
+  **unpaired**: Newcombe's hybrid score interval for two independent proportions (method 10).
+- a score with per-sample values in both runs (``Check.compare_values``) is compared by the
+  bootstrap of the mean difference, paired over the common samples when the pairing holds;
+- anything else by the normal approximation of the two runs' own 95% intervals.
+
+Holm's step-down correction at family-wise level 0.05 runs across the compared checks: a
+change is *resolved* only when Holm rejects "no change" for it, and its interval is reported at
+the level Holm used for it (``1 - 0.05 / (m - rank)``). A *regression* is resolved when, in
+addition, that corrected interval lies wholly beyond the tolerance on the worse side
+(``--tolerance``: percentage points for rates, percent of the old value for scores).
+
+Two runs that differ in results schema, suite, data, threat model (a check's parameters) or
+reference model are not comparable: :class:`NotComparable` (exit 4) says which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from certify.checks import CHECKS
+from certify.errors import EXIT_FAIL, EXIT_NOT_COMPARABLE, EXIT_OK, CertifyError, UsageError
+from certify.results import SCHEMA, RunResult, parse_result, unpack_bits
+from certify.stats import wilson_interval
+
+#: Family-wise error rate of the comparison (Holm).
+ALPHA = 0.05
+#: Bootstrap resamples for continuous scores (seeded: the comparison is deterministic).
+BOOTSTRAP = 4000
+#: Schema of the comparison's JSON output.
+COMPARE_SCHEMA = "certify.compare/1"
+
+
+class NotComparable(CertifyError):
+    """The two runs cannot be compared: different suite, data, threat model, reference model or
+    results schema (exit 4)."""
+
+    exit_code = EXIT_NOT_COMPARABLE
+
+
+# --- statistics ---------------------------------------------------------------------------
+
+def mcnemar_exact(worse: int, better: int) -> float:
+    """Two-sided exact McNemar p-value: the discordant pairs split as a fair coin would
+    (``2 * P(X <= min)``, capped at 1; 1.0 with no discordant pair)."""
+    from scipy.stats import binom
+
+    d = worse + better
+    if d == 0:
+        return 1.0
+    return float(min(1.0, 2.0 * binom.cdf(min(worse, better), d, 0.5)))
+
+
+def holm(pvalues: list[float], alpha: float = ALPHA) -> tuple[list[float], list[bool], list[float]]:
+    """Holm's step-down procedure: adjusted p-values, rejections, and the per-test level
+    ``alpha / (m - rank)`` used for each (rank of its p-value, 0 for the smallest)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (pvalues[i], i))
+    adjusted = [1.0] * m
+    reject = [False] * m
+    levels = [alpha] * m
+    running = 0.0
+    still = True
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+        levels[i] = alpha / (m - rank)
+        still = still and pvalues[i] <= levels[i]
+        reject[i] = still
+    return adjusted, reject, levels
+
+
+def newcombe_unpaired(k_old: int, n_old: int, k_new: int, n_new: int,
+                      confidence: float) -> tuple[float, float]:
+    """Interval of ``p_new - p_old`` for independent samples (Newcombe 1998, method 10)."""
+    p1, p0 = k_new / n_new, k_old / n_old
+    l1, u1 = wilson_interval(k_new, n_new, confidence)
+    l0, u0 = wilson_interval(k_old, n_old, confidence)
+    d = p1 - p0
+    return (d - math.sqrt((p1 - l1) ** 2 + (u0 - p0) ** 2),
+            d + math.sqrt((u1 - p1) ** 2 + (p0 - l0) ** 2))
+
+
+def newcombe_paired(both: int, old_only: int, new_only: int, neither: int,
+                    confidence: float) -> tuple[float, float]:
+    """Interval of ``p_new - p_old`` for paired binary outcomes (Newcombe 1998b, method 10):
+    the two Wilson intervals combined with the correlation of the pairs."""
+    n = both + old_only + new_only + neither
+    p1, p0 = (both + new_only) / n, (both + old_only) / n
+    l1, u1 = wilson_interval(both + new_only, n, confidence)
+    l0, u0 = wilson_interval(both + old_only, n, confidence)
+    margins = ((both + old_only) * (new_only + neither) * (both + new_only)
+               * (old_only + neither))
+    phi = 0.0 if margins == 0 else (both * neither - old_only * new_only) / math.sqrt(margins)
+    d = p1 - p0
+    lo = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u0 - p0) + (u0 - p0) ** 2))
+    hi = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p0 - l0) + (p0 - l0) ** 2))
+    return (d - lo, d + hi)
+
+
+def _p_from_interval(interval: Any) -> float:
+    """The smallest two-sided level at which ``interval(confidence)`` excludes 0 (bisection)."""
+    lo_a, hi_a = 1e-12, 1.0 - 1e-9
+    lo, hi = interval(1 - lo_a)
+    if lo > 0 or hi < 0:
+        return lo_a
+    for _ in range(60):
+        mid = math.sqrt(lo_a * hi_a)
+        lo, hi = interval(1 - mid)
+        if lo > 0 or hi < 0:
+            hi_a = mid
+        else:
+            lo_a = mid
+    return hi_a
+
+
+def _normal(z_conf: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(1 - (1 - z_conf) / 2))
+
+
+def bootstrap_diffs(old: np.ndarray, new: np.ndarray, paired: bool, seed: int = 0
+                    ) -> np.ndarray:
+    """Bootstrap distribution of ``mean(new) - mean(old)`` (paired: resample sample indices
+    common to both; unpaired: each run's values independently). Seeded: deterministic."""
+    rng = np.random.default_rng(seed)
+    if paired:
+        d = new - old
+        idx = rng.integers(0, len(d), size=(BOOTSTRAP, len(d)))
+        return np.asarray(d[idx].mean(axis=1))
+    io = rng.integers(0, len(old), size=(BOOTSTRAP, len(old)))
+    inew = rng.integers(0, len(new), size=(BOOTSTRAP, len(new)))
+    return np.asarray(new[inew].mean(axis=1) - old[io].mean(axis=1))
+
+
+def _bootstrap_p(boot: np.ndarray) -> float:
+    below = int((boot <= 0).sum())
+    above = int((boot >= 0).sum())
+    return min(1.0, 2 * (min(below, above) + 1) / (len(boot) + 1))
+
+
+# --- loading ------------------------------------------------------------------------------
+
+def _raw_document(path: Path) -> dict[str, Any]:
+    """The results document of a run folder, results.json, card.html or card.pdf (unverified)."""
+    from certify.report import sign
+
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        raise UsageError(f"{path} not found",
+                         hint="pass a run folder, results.json, card.html or card.pdf")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            text = path.read_text(encoding="utf-8")
+        elif suffix in (".html", ".htm"):
+            parts = dict(sign._SCRIPT.findall(path.read_text(encoding="utf-8")))
+            if "results" not in parts:
+                raise UsageError(f"{path} carries no certify results", hint="not a card?")
+            text = parts["results"]
+        elif suffix == ".pdf":
+            from pypdf import PdfReader
+
+            files = PdfReader(str(path)).attachments
+            if "results.json" not in files:
+                raise UsageError(f"{path} carries no results.json", hint="not a card?")
+            text = files["results.json"][0].decode("utf-8")
+        else:
+            raise UsageError(f"{path}: not a run folder, results.json, card.html or card.pdf",
+                             hint="pass what `certify run --out` wrote")
+        doc = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path} cannot be read as certify results ({exc})",
+                         hint="was it edited or cut short?") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path} is not a certify results document", hint="not a card?")
+    return doc
+
+
+def load_run(path: Path, pubkey: Path | None = None) -> tuple[dict[str, Any], RunResult]:
+    """The raw and typed results of ``path``; verified first when ``pubkey`` is given (an
+    invalid or unsigned file raises VerificationError, exit 1)."""
+    if pubkey is not None:
+        from certify.report.sign import load_public_key, verify_file
+
+        target = path / "results.json" if path.is_dir() else path
+        verify_file(target, load_public_key(pubkey))
+    doc = _raw_document(path)
+    if doc.get("schema") != SCHEMA:
+        raise NotComparable(f"incompatible certify schema: {path} is {doc.get('schema')!r}, "
+                            f"this certify compares {SCHEMA!r}",
+                            hint="rerun the older release's suite with this certify")
+    return doc, parse_result(doc)
+
+
+# --- comparability ------------------------------------------------------------------------
+
+def _short(d: str) -> str:
+    return d.split(":")[-1][:12]
+
+
+def check_comparable(old: RunResult, new: RunResult) -> None:
+    """Raise :class:`NotComparable` naming the first difference that rules a comparison out."""
+    mo, mn = old.measurement, new.measurement
+    if mo.suite.digest != mn.suite.digest or mo.suite.name != mn.suite.name:
+        raise NotComparable(
+            f"the suite differs: OLD ran {mo.suite.name} ({_short(mo.suite.digest)}), NEW ran "
+            f"{mn.suite.name} ({_short(mn.suite.digest)})",
+            hint="compare runs of the same suite version")
+    if mo.data.digest != mn.data.digest:
+        raise NotComparable(
+            f"the data digest differs: OLD {_short(mo.data.digest)} ({mo.data.name}, "
+            f"{mo.data.n} samples), NEW {_short(mn.data.digest)} ({mn.data.name}, "
+            f"{mn.data.n} samples)", hint="evaluate both releases on the same data")
+    ids_o = {c.id: c for c in old.checks}
+    ids_n = {c.id: c for c in new.checks}
+    if set(ids_o) != set(ids_n):
+        only = sorted(set(ids_o) ^ set(ids_n))
+        raise NotComparable(f"the checks differ: {', '.join(only)} in one run only",
+                            hint="compare runs of the same suite version")
+    for cid, co in ids_o.items():
+        cn = ids_n[cid]
+        if co.kind != cn.kind or co.params != cn.params:
+            raise NotComparable(
+                f"the threat model differs: check {cid} ran {co.kind} {co.params} in OLD and "
+                f"{cn.kind} {cn.params} in NEW", hint="compare runs of the same suite version")
+    ro, rn = mo.reference_model, mn.reference_model
+    if (ro and ro.identity) != (rn and rn.identity):
+        raise NotComparable(
+            f"the reference model differs: OLD {ro.identity if ro else 'none'}, NEW "
+            f"{rn.identity if rn else 'none'}", hint="use the same --reference for both")
+
+
+# --- one check ----------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    """One check's comparison."""
+
+    id: str
+    kind: str
+    metric: str
+    unit: str
+    direction: str
+    has_threshold: bool
+    old: float | None
+    old_interval: list[float | None]
+    new: float | None
+    new_interval: list[float | None]
+    compared: str = ""
+    method: str = ""
+    paired: bool = False
+    n_old: int = 0
+    n_new: int = 0
+    discordant: dict[str, int] | None = None
+    old_value: float | None = None
+    new_value: float | None = None
+    change: float | None = None
+    change_interval: list[float] | None = None
+    confidence: float | None = None
+    p: float | None = None
+    p_holm: float | None = None
+    tolerance: float = 0.0
+    outcome: str = "not compared"
+    reason: str = ""
+    _interval: Any = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values."""
+        d = asdict(self)
+        d.pop("_interval")
+        return d
+
+
+def _metric_of(c: Any) -> Any:
+    cls = CHECKS[c.kind]
+    name = (c.threshold.metric if c.threshold is not None
+            else cls.export.metric if cls.export is not None else None)
+    if name is None:
+        name = next((m.name for m in cls.metrics if m.threshold and m.direction != "none"), None)
+    return next((m for m in cls.metrics if m.name == name), None)
+
+
+def _selected(c: Any) -> np.ndarray | None:
+    o = c.outcomes
+    if o is None:
+        return None
+    sel = unpack_bits(o.selected, o.n)
+    if "error" in o.bits:
+        sel = sel & ~unpack_bits(o.bits["error"], o.n)
+    return sel
+
+
+def _row(co: Any, cn: Any, seeds_equal: bool, tolerance: float) -> Row:
+    metric = _metric_of(co)
+    cls = CHECKS[co.kind]
+    base = dict(id=co.id, kind=co.kind, has_threshold=co.threshold is not None)
+    if metric is None:
+        return Row(**base, metric="", unit="", direction="none", old=None, old_interval=[],
+                   new=None, new_interval=[], reason="no metric with a direction to compare")
+    name = metric.name
+
+    def val(c: Any) -> tuple[float | None, list[float | None]]:
+        v = None if c.metrics is None else getattr(c.metrics, name, None)
+        iv = c.intervals.get(name)
+        return (None if v is None else float(v)), (list(iv) if iv else [None, None])
+
+    (vo, io), (vn, inn) = val(co), val(cn)
+    row = Row(**base, metric=name, unit=metric.unit, direction=metric.direction, old=vo,
+              old_interval=io, new=vn, new_interval=inn)
+    for c, which in ((co, "OLD"), (cn, "NEW")):
+        if c.status in ("ERROR", "SKIPPED") or c.metrics is None:
+            row.reason = f"{which} has no measurement ({c.status})"
+            return row
+    same_samples = seeds_equal
+    so, sn = _selected(co), _selected(cn)
+    if so is not None and sn is not None:
+        same_samples = same_samples and so.shape == sn.shape and bool(
+            (unpack_bits(co.outcomes.selected, co.outcomes.n)
+             == unpack_bits(cn.outcomes.selected, cn.outcomes.n)).all())
+    else:
+        same_samples = False
+    if name in cls.compare_outcomes:
+        _binary(row, co, cn, so, sn, same_samples, *cls.compare_outcomes[name])
+    elif name in cls.compare_values and all(
+            c.outcomes is not None and cls.compare_values[name] in c.outcomes.values
+            for c in (co, cn)):
+        _continuous(row, co, cn, cls.compare_values[name], same_samples)
+    else:
+        # a rate with no per-sample outcome (its denominator is the check's own, e.g. the
+        # answered inputs) or a score without per-sample values: from the runs' intervals
+        _normal_approx(row)
+    if row.change is not None:
+        row.tolerance = (tolerance / 100 if row.unit == "rate"
+                         else tolerance / 100 * abs(row.old_value or 0.0))
+    return row
+
+
+def _set_binary(row: Row, ko: int, no: int, kn: int, nn: int,
+                table: tuple[int, int, int, int] | None) -> None:
+    row.n_old, row.n_new = no, nn
+    row.old_value, row.new_value = ko / no, kn / nn
+    row.change = row.new_value - row.old_value
+    if table is None:
+        row._interval = lambda conf: newcombe_unpaired(ko, no, kn, nn, conf)
+        row.p = _p_from_interval(row._interval)
+    else:
+        both, old_only, new_only, neither = table
+        row._interval = lambda conf: newcombe_paired(both, old_only, new_only, neither, conf)
+        # worse/better in the direction of the compared outcome
+        worse, better = ((old_only, new_only) if row.direction == "higher"
+                         else (new_only, old_only))
+        row.discordant = {"worse": worse, "better": better}
+        row.p = mcnemar_exact(worse, better)
+
+
+def _binary(row: Row, co: Any, cn: Any, so: np.ndarray | None, sn: np.ndarray | None,
+            paired: bool, bit: str, direction: str) -> None:
+    metric_direction, metric_unit = row.direction, row.unit
+    row.direction = direction
+    row.unit = "rate"
+    row.compared = f"share of all samples '{bit}'"
+    if so is None or sn is None:  # no per-sample outcomes kept
+        row.direction, row.unit = metric_direction, metric_unit
+        _normal_approx(row)
+        return
+
+    def bits(c: Any) -> np.ndarray:
+        # an outcome no sample had has no bitmap (the default bitmaps are the outcomes seen)
+        o = c.outcomes
+        return (unpack_bits(o.bits[bit], o.n) if bit in o.bits
+                else np.zeros(o.n, dtype=bool))
+
+    bo, bn = bits(co), bits(cn)
+    if paired:
+        common = so & sn
+        a, b = bo[common], bn[common]
+        table = (int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum()),
+                 int((~a & ~b).sum()))
+        n = int(common.sum())
+        if n == 0:
+            row.reason = "no sample evaluated in both runs"
+            return
+        row.paired = True
+        row.method = "paired: McNemar exact, Newcombe paired interval"
+        _set_binary(row, int(a.sum()), n, int(b.sum()), n, table)
+    else:
+        no, nn = int(so.sum()), int(sn.sum())
+        if no == 0 or nn == 0:
+            row.reason = "a run evaluated no sample"
+            return
+        row.method = "unpaired: Newcombe hybrid score interval"
+        _set_binary(row, int(bo[so].sum()), no, int(bn[sn].sum()), nn, None)
+
+
+def _continuous(row: Row, co: Any, cn: Any, key: str, paired: bool) -> None:
+    def values(c: Any) -> dict[int, float]:
+        o = c.outcomes
+        idx = np.flatnonzero(unpack_bits(o.selected, o.n))
+        vals = o.values[key]
+        return {int(i): float(v) for i, v in zip(idx, vals, strict=False) if v is not None}
+
+    vo, vn = values(co), values(cn)
+    row.compared = f"mean of per-sample {key}"
+    if paired:
+        common = sorted(set(vo) & set(vn))
+        if len(common) < 2:
+            paired = False
+        else:
+            a = np.array([vo[i] for i in common])
+            b = np.array([vn[i] for i in common])
+    if not paired:
+        a = np.array(list(vo.values()))
+        b = np.array(list(vn.values()))
+        if len(a) < 2 or len(b) < 2:
+            row.reason = "too few per-sample values"
+            return
+    row.paired = paired
+    row.method = f"{'paired' if paired else 'unpaired'} bootstrap ({BOOTSTRAP} resamples)"
+    row.n_old, row.n_new = len(a), len(b)
+    row.old_value, row.new_value = float(a.mean()), float(b.mean())
+    row.change = row.new_value - row.old_value
+    boot = bootstrap_diffs(a, b, paired)
+    row.p = _bootstrap_p(boot)
+    row._interval = lambda conf: (float(np.quantile(boot, (1 - conf) / 2)),
+                                  float(np.quantile(boot, 1 - (1 - conf) / 2)))
+
+
+def _normal_approx(row: Row) -> None:
+    """The change from the two runs' own 95% intervals (normal approximation)."""
+    z95 = _normal(0.95)
+    ses = []
+    for v, iv in ((row.old, row.old_interval), (row.new, row.new_interval)):
+        if v is None or len(iv) != 2 or iv[0] is None or iv[1] is None:
+            row.reason = "no interval to compare with"
+            return
+        ses.append((float(iv[1]) - float(iv[0])) / (2 * z95))
+    se = math.hypot(*ses)
+    row.compared = f"{row.metric} (from the runs' 95% intervals)"
+    row.method = "unpaired: normal approximation"
+    row.old_value, row.new_value = row.old, row.new
+    assert row.old is not None and row.new is not None
+    row.change = row.new - row.old
+    if se == 0:
+        row.reason = "both intervals have zero width"
+        row.change = None
+        return
+    change = row.change
+    row._interval = lambda conf: (change - _normal(conf) * se, change + _normal(conf) * se)
+    row.p = _p_from_interval(row._interval)
+
+
+# --- the comparison -----------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    """The outcome of ``certify compare``."""
+
+    old: dict[str, Any]
+    new: dict[str, Any]
+    tolerance: float
+    rows: list[Row]
+
+    @property
+    def regressions(self) -> list[Row]:
+        """Resolved regressions, of any check."""
+        return [r for r in self.rows if r.outcome == "regression"]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a check with a threshold has a resolved regression, else 0."""
+        return EXIT_FAIL if any(r.has_threshold for r in self.regressions) else EXIT_OK
+
+    def to_json(self) -> dict[str, Any]:
+        """The comparison as plain JSON values (``--json``)."""
+        return {"schema": COMPARE_SCHEMA, "alpha": ALPHA, "correction": "holm",
+                "tolerance": {"rates_pp": self.tolerance, "scores_relative_percent":
+                              self.tolerance},
+                "old": self.old, "new": self.new,
+                "checks": [r.to_json() for r in self.rows],
+                "regressions": [r.id for r in self.regressions],
+                "exit_code": self.exit_code}
+
+
+def _side(result: RunResult, path: Path) -> dict[str, Any]:
+    m = result.measurement
+    return {"path": str(path), "model": m.model.name, "identity": m.model.identity,
+            "verdict": m.verdict, "suite": m.suite.name, "suite_digest": m.suite.digest,
+            "data_digest": m.data.digest, "seed": m.seeds.get("suite")}
+
+
+def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
+            old_path: Path = Path("OLD"), new_path: Path = Path("NEW")) -> Comparison:
+    """Compare two comparable runs check by check (raises :class:`NotComparable`)."""
+    if not math.isfinite(tolerance) or tolerance < 0:
+        raise UsageError(f"--tolerance must be a finite number >= 0, got {tolerance}",
+                         hint="percentage points for rates, percent for scores")
+    check_comparable(old, new)
+    seeds_o, seeds_n = old.measurement.seeds, new.measurement.seeds
+    new_checks = {c.id: c for c in new.checks}
+    rows = []
+    for co in old.checks:
+        cn = new_checks[co.id]
+        same_seed = (seeds_o.get("checks", {}).get(co.id) == seeds_n.get("checks", {}).get(co.id)
+                     and seeds_o.get("suite") == seeds_n.get("suite"))
+        rows.append(_row(co, cn, same_seed, tolerance))
+    tested = [r for r in rows if r.p is not None and r._interval is not None]
+    adjusted, reject, levels = holm([r.p or 1.0 for r in tested])
+    for r, p_adj, rej, level in zip(tested, adjusted, reject, levels, strict=True):
+        r.p_holm = p_adj
+        r.confidence = 1 - level
+        lo, hi = r._interval(1 - level)
+        r.change_interval = [lo, hi]
+        worse = hi < -r.tolerance if r.direction == "higher" else lo > r.tolerance
+        better = lo > r.tolerance if r.direction == "higher" else hi < -r.tolerance
+        if rej and worse:
+            r.outcome = "regression"
+        elif rej and better:
+            r.outcome = "improvement"
+        elif rej:
+            r.outcome = "resolved change, not beyond tolerance"
+        else:
+            r.outcome = "no resolved change"
+    return Comparison(_side(old, old_path), _side(new, new_path), tolerance, rows)
+
+
+def compare_paths(old: Path, new: Path, tolerance: float = 0.0,
+                  pubkey: Path | None = None) -> Comparison:
+    """Load (verifying first when ``pubkey`` is given) and compare two runs or cards."""
+    _, ro = load_run(old, pubkey)
+    _, rn = load_run(new, pubkey)
+    return compare(ro, rn, tolerance, old, new)

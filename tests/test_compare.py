@@ -1,0 +1,349 @@
+"""`certify compare OLD NEW`: statistics, pairing, comparability and the command's exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from certify.compare import (
+    NotComparable,
+    compare,
+    holm,
+    mcnemar_exact,
+    newcombe_paired,
+    newcombe_unpaired,
+)
+from certify.errors import EXIT_FAIL, EXIT_NOT_COMPARABLE, EXIT_OK
+from certify.results import pack_bits, parse_result
+
+import builders
+
+CLASSES = [f"c{i}" for i in range(43)]
+
+# --- statistics -----------------------------------------------------------------------------
+
+
+def test_mcnemar_exact_matches_the_binomial_test():
+    from scipy.stats import binomtest
+
+    for worse, better in [(0, 0), (0, 5), (3, 9), (10, 10), (1, 20), (25, 7)]:
+        expected = 1.0 if worse + better == 0 else binomtest(worse, worse + better, 0.5).pvalue
+        assert mcnemar_exact(worse, better) == pytest.approx(expected, abs=1e-12)
+    assert mcnemar_exact(0, 6) == pytest.approx(2 / 64)  # 2 * 0.5**6
+
+
+def test_holm_steps_down_and_stops_at_the_first_acceptance():
+    adjusted, reject, levels = holm([0.01, 0.04, 0.03, 0.5])
+    # sorted: 0.01 (x4 = 0.04), 0.03 (x3 = 0.09), 0.04 (x2 = 0.08 -> running max 0.09), 0.5
+    assert adjusted == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert reject == [True, False, False, False]  # 0.03 > 0.05/3 stops the procedure
+    assert levels == pytest.approx([0.05 / 4, 0.05 / 2, 0.05 / 3, 0.05])
+    # a p-value below its own level after an acceptance is still not rejected
+    _, reject, _ = holm([0.03, 0.04, 0.0001])  # 0.04 <= 0.05, but 0.03 > 0.05/2 stopped it
+    assert reject == [False, False, True]
+
+
+def test_newcombe_intervals_match_the_published_example():
+    # Newcombe (1998) Statistics in Medicine 17:873, Table II example (a): 56/70 vs 48/80,
+    # method 10 gives 0.0524 to 0.3339 for p1 - p2.
+    lo, hi = newcombe_unpaired(48, 80, 56, 70, 0.95)
+    assert (lo, hi) == pytest.approx((0.0524, 0.3339), abs=5e-4)
+    # Paired (Newcombe 1998b, method 10): positively correlated pairs (most samples agree)
+    # give a narrower interval than the same margins taken as independent samples; with no
+    # correlation (phi = 0) it is exactly the independent-samples combination.
+    both, old_only, new_only, neither = 80, 3, 12, 5
+    n = both + old_only + new_only + neither
+    lo, hi = newcombe_paired(both, old_only, new_only, neither, 0.95)
+    ulo, uhi = newcombe_unpaired(both + old_only, n, both + new_only, n, 0.95)
+    assert lo < (new_only - old_only) / n < hi
+    assert ulo < lo and hi < uhi
+    assert newcombe_paired(25, 25, 25, 25, 0.95) == pytest.approx(
+        newcombe_unpaired(50, 100, 50, 100, 0.95))
+
+
+# --- pairing on synthetic results -------------------------------------------------------------
+
+_MODEL = {"name": "m", "identity": "sha256:x", "input_shape": [3, 32, 32],
+          "num_classes": 43, "output": "logits", "layout": "NCHW", "batch": "dynamic",
+          "preprocessing": {}, "metadata": {}}
+
+
+def _result(correct: np.ndarray, selected: np.ndarray, *, seed: int = 0, data: str = "d1",
+            suite: str = "s1", params: dict | None = None, reference: str | None = None
+            ) -> dict:
+    """A minimal results document with one clean_accuracy check over ``selected``."""
+    n = len(correct)
+    k, m = int(correct[selected].sum()), int(selected.sum())
+    check = {
+        "id": "clean", "kind": "clean_accuracy", "params": params or {"top_confusions": 5},
+        "threshold": {"metric": "accuracy", "min": 0.5, "max": None, "text": "≥ 0.5",
+                      "rule": "interval"},
+        "budget": None, "status": "PASS", "decision": "d",
+        "metrics": {"accuracy": k / m, "n": m, "correct": k},
+        "intervals": {"accuracy": [0.0, 1.0]}, "details": {}, "warnings": [], "error": None,
+        "sample_errors": 0, "queries": {"total": m, "mean_per_sample": 1.0, "reference": 0},
+        "outcomes": {"n": n, "selected": pack_bits(selected),
+                     "bits": {"correct": pack_bits(correct & selected)}, "values": {}},
+    }
+    return _doc([check], n, seed=seed, data=data, suite=suite, reference=reference)
+
+
+def _doc(checks: list[dict], n: int, *, seed: int = 0, data: str = "d1", suite: str = "s1",
+         reference: str | None = None) -> dict:
+    ref = None if reference is None else {**_MODEL, "identity": reference}
+    return {"schema": "certify.results/2", "measurement": {
+        "certify_version": "0", "suite": {"name": "s", "digest": suite, "description": "",
+                                          "decision": "interval"},
+        "model": _MODEL, "reference_model": ref,
+        "data": {"digest": data, "layout": "npz", "n": n, "image_shape": [32, 32, 3],
+                 "num_classes": 43, "per_class_counts": [], "name": "d.npz"},
+        "device": "cpu", "seeds": {"suite": seed, "checks": {c["id"]: seed for c in checks}},
+        "queries": {"total": 0, "model": 0, "reference": 0, "budget": None},
+        "checks": checks, "summary": {}, "attack_worst_case": [], "verdict": "PASS",
+        "decision": "d"},
+        "provenance": {"model_spec": "m", "reference_spec": None, "data_source": "d",
+                       "suite_source": "s", "device": {}, "environment": {}, "timings": {},
+                       "traffic": None}}
+
+
+def test_same_samples_pair_by_mcnemar_and_a_small_discordance_is_not_resolved():
+    n = 400
+    rng = np.random.default_rng(0)
+    old = rng.random(n) < 0.9
+    new = old.copy()
+    new[np.flatnonzero(old)[:6]] = False  # 6 samples got worse, 2 got better
+    new[np.flatnonzero(~old)[:2]] = True
+    sel = np.ones(n, dtype=bool)
+    cmp = compare(parse_result(_result(old, sel)), parse_result(_result(new, sel)))
+    row = cmp.rows[0]
+    assert row.paired and row.discordant == {"worse": 6, "better": 2}
+    assert row.p == pytest.approx(mcnemar_exact(6, 2))
+    assert row.outcome == "no resolved change" and cmp.exit_code == EXIT_OK
+
+
+def test_paired_test_resolves_what_the_unpaired_one_cannot():
+    # 20 of 1000 samples broke and none was fixed: McNemar's p ~ 2e-6, while two independent
+    # samples of 90% vs 88% on 1000 each do not resolve a 2-point change.
+    n = 1000
+    old = np.zeros(n, dtype=bool)
+    old[:900] = True
+    new = old.copy()
+    new[:20] = False
+    sel = np.ones(n, dtype=bool)
+    paired = compare(parse_result(_result(old, sel)), parse_result(_result(new, sel)))
+    assert paired.rows[0].paired and paired.rows[0].outcome == "regression"
+    assert paired.exit_code == EXIT_FAIL
+    # different seeds: the same samples are no longer a pairing (unpaired comparison)
+    unpaired = compare(parse_result(_result(old, sel)),
+                       parse_result(_result(new, sel, seed=1)))
+    row = unpaired.rows[0]
+    assert not row.paired and row.method.startswith("unpaired")
+    assert row.change == pytest.approx(-0.02)
+    assert row.outcome == "no resolved change" and unpaired.exit_code == EXIT_OK
+    # a tolerance of 5 pp forgives the paired 2 pp drop
+    tolerant = compare(parse_result(_result(old, sel)), parse_result(_result(new, sel)),
+                       tolerance=5)
+    assert tolerant.rows[0].outcome != "regression" and tolerant.exit_code == EXIT_OK
+
+
+def test_different_selected_samples_are_compared_unpaired():
+    n = 200
+    correct = np.ones(n, dtype=bool)
+    a = np.zeros(n, dtype=bool)
+    a[:100] = True
+    cmp = compare(parse_result(_result(correct, a)), parse_result(_result(correct, ~a)))
+    assert not cmp.rows[0].paired and cmp.rows[0].outcome == "no resolved change"
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"data": "d2"}, "data digest"), ({"suite": "s2"}, "suite"),
+    ({"params": {"top_confusions": 3}}, "threat model"),
+])
+def test_runs_that_differ_are_not_comparable(change, says):
+    sel = np.ones(50, dtype=bool)
+    with pytest.raises(NotComparable, match=says) as exc:
+        compare(parse_result(_result(sel, sel)), parse_result(_result(sel, sel, **change)))
+    assert exc.value.exit_code == EXIT_NOT_COMPARABLE
+
+
+def _brittle(values: np.ndarray, selected: np.ndarray, interval_half: float = 0.05) -> dict:
+    """A brittleness check whose per-sample scores over ``selected`` are ``values``."""
+    score = float(values.mean())
+    return {
+        "id": "brittle", "kind": "brittleness", "params": {},
+        "threshold": {"metric": "brittle_score", "min": None, "max": 10.0, "text": "≤ 10",
+                      "rule": "interval"},
+        "budget": None, "status": "PASS", "decision": "d",
+        "metrics": {"brittle_score": score, "brittle_score_grid": score, "n": len(values),
+                    "superpixels_mean": 20.0},
+        "intervals": {"brittle_score": [score - interval_half, score + interval_half]},
+        "details": {}, "warnings": [], "error": None, "sample_errors": 0,
+        "queries": {"total": 1, "mean_per_sample": 1.0, "reference": 0},
+        "outcomes": {"n": len(selected), "selected": pack_bits(selected), "bits": {},
+                     "values": {"l1_per_dim": [float(v) for v in values]}},
+    }
+
+
+def test_brittle_score_pairs_by_bootstrap_with_a_relative_tolerance():
+    n = 60
+    rng = np.random.default_rng(1)
+    sel = np.ones(n, dtype=bool)
+    old = rng.lognormal(0.0, 1.0, n)
+    new = old * 1.2  # every sample 20% more brittle (lower is better)
+    a, b = _doc([_brittle(old, sel)], n), _doc([_brittle(new, sel)], n)
+    row = compare(parse_result(a), parse_result(b)).rows[0]
+    assert row.paired and row.method.startswith("paired bootstrap")
+    assert row.change == pytest.approx(0.2 * old.mean())
+    assert row.change_interval[0] > 0 and row.outcome == "regression"
+    # 30% of OLD's score is more than the whole interval: not a regression
+    row = compare(parse_result(a), parse_result(b), tolerance=30).rows[0]
+    assert row.tolerance == pytest.approx(0.3 * old.mean()) and row.outcome != "regression"
+    # different seeds: unpaired bootstrap, and the between-sample spread hides the change
+    row = compare(parse_result(a), parse_result(_doc([_brittle(new, sel)], n, seed=1))).rows[0]
+    assert not row.paired and row.method.startswith("unpaired bootstrap")
+    assert row.outcome == "no resolved change"
+
+
+def test_a_score_without_per_sample_values_compares_the_runs_intervals():
+    n = 60
+    sel = np.ones(n, dtype=bool)
+    checks = [_brittle(np.full(n, 1.0), sel, 0.1), _brittle(np.full(n, 1.5), sel, 0.1)]
+    for c in checks:
+        c["outcomes"]["values"] = {}
+    row = compare(parse_result(_doc([checks[0]], n)), parse_result(_doc([checks[1]], n))).rows[0]
+    assert row.method == "unpaired: normal approximation"
+    se = 0.1 / 1.959964 * np.sqrt(2)
+    assert row.p == pytest.approx(2 * (1 - __import__("scipy").stats.norm.cdf(0.5 / se)),
+                                  rel=1e-3)
+    assert row.outcome == "regression"
+
+
+def test_other_schemas_and_reference_models_are_not_comparable(tmp_path):
+    from certify.compare import load_run
+
+    sel = np.ones(50, dtype=bool)
+    old = _result(sel, sel)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**old, "schema": "certify.results/1"}))
+    with pytest.raises(NotComparable, match="schema"):
+        load_run(path)
+    with pytest.raises(NotComparable, match="reference model"):
+        compare(parse_result(old), parse_result(_result(sel, sel, reference="sha256:r")))
+
+
+# --- the command on the tiny model ---------------------------------------------------------------
+
+def _suite(path: Path) -> Path:
+    path.write_text(yaml.safe_dump({"name": "cmp", "classes": CLASSES, "seed": 0, "checks": [
+        {"id": "clean", "kind": "clean_accuracy",
+         "threshold": {"metric": "accuracy", "min": 0.0}},
+        {"id": "noise", "kind": "corruption",
+         "params": {"property": "gaussian_noise", "bound": 0.08, "steps": 2, "tries": 1},
+         "threshold": {"min": 0.0}},
+        {"id": "square", "kind": "attack", "params": {
+            "attack": "square_linf", "epsilon": 0.03, "max_queries": 20,
+            "binarization": False}, "threshold": {"metric": "robust_accuracy", "min": 0.0}},
+    ]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(net, model_path, tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("compare")
+    suite = _suite(tmp / "s.yaml")
+    data = builders.write_labelled_npz(net, tmp / "d.npz", 120, seed=11)
+    other = builders.write_labelled_npz(net, tmp / "other.npz", 120, seed=12)
+    weak = builders.export(builders.make_net(seed=1), tmp / "weak.onnx")
+    out = {}
+    for name, model, d in (("base", model_path, data), ("other_data", model_path, other),
+                           ("weak", weak, data)):
+        out[name] = tmp / name
+        proc = builders.run_cli("run", model, "--suite", suite, "--data", d, "--out",
+                                out[name], "--no-pdf", "--quiet")
+        assert proc.returncode in (0, 1, 6, 7), proc.stderr
+    for seed in (1, 2):  # the same model and data, other seeds (the attack draws differ)
+        out[f"seed{seed}"] = tmp / f"seed{seed}"
+        proc = builders.run_cli("run", model_path, "--suite", suite, "--data", data, "--out",
+                                out[f"seed{seed}"], "--no-pdf", "--quiet", "--seed", str(seed))
+        assert proc.returncode in (0, 1, 6, 7), proc.stderr
+    copy = tmp / "copy"
+    shutil.copytree(out["base"], copy)
+    out["copy"] = copy
+    return out
+
+
+def test_the_same_model_with_other_seeds_is_compared_unpaired_without_a_change(runs):
+    proc = builders.run_cli("compare", runs["seed1"], runs["seed2"], "--json", "-")
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert all(not r["paired"] for r in doc["checks"])
+    assert all(r["outcome"] == "no resolved change" for r in doc["checks"]), doc["checks"]
+
+
+def test_pubkey_verifies_both_signatures_first(runs, tmp_path):
+    keys = tmp_path / "keys"
+    assert builders.run_cli("keygen", "--out", keys).returncode == 0
+    signed = tmp_path / "signed"
+    shutil.copytree(runs["base"], signed)
+    proc = builders.run_cli("sign", signed, "--key", keys / "certify.key", "--no-pdf")
+    assert proc.returncode == 0, proc.stderr
+    ok = builders.run_cli("compare", signed, signed / "card.html", "--pubkey",
+                          keys / "certify.pub")
+    assert ok.returncode == EXIT_OK, ok.stdout + ok.stderr
+    # the unsigned weak run is refused before any comparison (exit 1: not verified)
+    bad = builders.run_cli("compare", signed, runs["weak"], "--pubkey", keys / "certify.pub")
+    assert bad.returncode == 1 and "signature" in bad.stderr, bad.stdout + bad.stderr
+    assert "regression" not in bad.stdout
+
+
+def test_a_run_and_its_copy_have_no_resolved_change(runs, tmp_path):
+    js = tmp_path / "c.json"
+    html = tmp_path / "c.html"
+    proc = builders.run_cli("compare", runs["base"], runs["copy"], "--json", js, "--html", html)
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    doc = json.loads(js.read_text())
+    assert [r["id"] for r in doc["checks"]] == ["clean", "noise", "square"]
+    for r in doc["checks"]:
+        assert r["paired"] and r["change"] == 0 and r["outcome"] == "no resolved change", r
+        assert r["discordant"] == {"worse": 0, "better": 0}
+    assert doc["regressions"] == [] and "no resolved regression" in proc.stdout
+    assert "no resolved change" in html.read_text()
+
+
+def test_different_data_exits_4_naming_the_data_digest(runs):
+    proc = builders.run_cli("compare", runs["base"], runs["other_data"])
+    assert proc.returncode == EXIT_NOT_COMPARABLE, proc.stdout + proc.stderr
+    assert "data digest differs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_clearly_weaker_model_is_a_resolved_regression(runs, tmp_path):
+    proc = builders.run_cli("compare", runs["base"], runs["weak"] / "card.html",
+                            "--json", "-")
+    assert proc.returncode == EXIT_FAIL, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    clean = next(r for r in doc["checks"] if r["id"] == "clean")
+    assert clean["paired"] and clean["outcome"] == "regression"
+    assert clean["change_interval"][1] < 0 and clean["p_holm"] < 0.05
+    assert "clean" in doc["regressions"]
+    # the other direction is an improvement, not a regression: exit 0
+    back = builders.run_cli("compare", runs["weak"], runs["base"], "--json", "-")
+    assert back.returncode == EXIT_OK, back.stdout + back.stderr
+    assert json.loads(back.stdout)["regressions"] == []
+
+
+def test_a_check_that_errored_is_not_compared_and_the_summary_says_so():
+    from certify.report.comparison import summary_line
+
+    sel = np.ones(50, dtype=bool)
+    new = _result(sel, sel)
+    new["measurement"]["checks"][0].update(status="ERROR", metrics=None, intervals={},
+                                           outcomes=None, error="boom")
+    cmp = compare(parse_result(_result(sel, sel)), parse_result(new))
+    row = cmp.rows[0]
+    assert row.outcome == "not compared" and "NEW" in row.reason and row.p is None
+    assert "not compared: clean" in summary_line(cmp)
