@@ -30,6 +30,7 @@ class RunOptions:
     data: str | None = None
     out: Path = Path("certify-run")
     samples: int | None = None
+    sample_offset: int = 0
     seed: int | None = None
     device: str = "auto"
     batch_size: int = 256
@@ -93,6 +94,7 @@ def certify_model(
         spec,
         path=opts.data if opts.data is not None else spec.path,
         samples=opts.samples if opts.samples is not None else spec.samples,
+        offset=opts.sample_offset,
     )
     data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
                         progress=progress)

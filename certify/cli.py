@@ -224,6 +224,9 @@ def _common_logging(f: Any) -> Any:
               type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
 @click.option("--samples", type=click.IntRange(min=1),
               help="Class-stratified, seeded subset of this size.")
+@click.option("--sample-offset", type=click.IntRange(min=0), default=0,
+              help="Skip this many samples of the seeded order first: --samples N "
+                   "--sample-offset N evaluates samples disjoint from --samples N.")
 @click.option("--seed", type=click.IntRange(min=0), help="Override the suite seed.")
 @click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
@@ -267,7 +270,7 @@ def _common_logging(f: Any) -> Any:
 @_executor_options
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
-        seed: int | None, device: str, batch_size: int, resume: bool,
+        sample_offset: int, seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
         reference: str | None, sign_key: Path | None, passphrase_env: str | None,
@@ -290,7 +293,8 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
     from certify.api import RunOptions, certify_model
 
     opts = RunOptions(
-        model=model, suite=suite_name, data=data_path, out=out_dir, samples=samples, seed=seed,
+        model=model, suite=suite_name, data=data_path, out=out_dir, samples=samples,
+        sample_offset=sample_offset, seed=seed,
         device=device, batch_size=batch_size, resume=resume, input_scale=input_scale,
         mean=mean, std=std, channel_order=channel_order, pdf=not no_pdf, reference=reference,
         sign_key=sign_key, passphrase=_passphrase(passphrase_env),

@@ -20,8 +20,10 @@ the level Holm used for it (``1 - 0.05 / (m - rank)``). A *regression* is resolv
 addition, that corrected interval lies wholly beyond the tolerance on the worse side
 (``--tolerance``: percentage points for rates, percent of the old value for scores).
 
-Two runs that differ in results schema, suite, data, threat model (a check's parameters) or
-reference model are not comparable: :class:`NotComparable` (exit 4) says which.
+Runs on different subsets of one dataset (``--samples``, ``--sample-offset``, other seeds) are
+comparable, unpaired. Two runs that differ in results schema, suite, source data, threat
+model (a check's parameters) or reference model are not comparable: :class:`NotComparable`
+(exit 4) says which.
 """
 
 from __future__ import annotations
@@ -217,6 +219,12 @@ def _short(d: str) -> str:
     return d.split(":")[-1][:12]
 
 
+def _source(data: Any) -> str:
+    """The source dataset's digest; results written before it was recorded name only the
+    evaluated samples, so those compare only with the same samples."""
+    return str(data.source_digest or data.digest)
+
+
 def check_comparable(old: RunResult, new: RunResult) -> None:
     """Raise :class:`NotComparable` naming the first difference that rules a comparison out."""
     mo, mn = old.measurement, new.measurement
@@ -225,11 +233,13 @@ def check_comparable(old: RunResult, new: RunResult) -> None:
             f"the suite differs: OLD ran {mo.suite.name} ({_short(mo.suite.digest)}), NEW ran "
             f"{mn.suite.name} ({_short(mn.suite.digest)})",
             hint="compare runs of the same suite version")
-    if mo.data.digest != mn.data.digest:
+    src_o, src_n = _source(mo.data), _source(mn.data)
+    if src_o != src_n:
         raise NotComparable(
-            f"the data digest differs: OLD {_short(mo.data.digest)} ({mo.data.name}, "
-            f"{mo.data.n} samples), NEW {_short(mn.data.digest)} ({mn.data.name}, "
-            f"{mn.data.n} samples)", hint="evaluate both releases on the same data")
+            f"the data digest differs: OLD {_short(src_o)} ({mo.data.name}, "
+            f"{mo.data.n} samples), NEW {_short(src_n)} ({mn.data.name}, "
+            f"{mn.data.n} samples)", hint="evaluate both releases on the same dataset "
+            "(subsets of one dataset, e.g. --samples/--sample-offset, are comparable)")
     ids_o = {c.id: c for c in old.checks}
     ids_n = {c.id: c for c in new.checks}
     if set(ids_o) != set(ids_n):
@@ -519,8 +529,11 @@ def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
     rows = []
     for co in old.checks:
         cn = new_checks[co.id]
+        # paired only on the very same samples (the per-sample outcomes are by position in
+        # the evaluated data) with the same seeds
         same_seed = (seeds_o.get("checks", {}).get(co.id) == seeds_n.get("checks", {}).get(co.id)
-                     and seeds_o.get("suite") == seeds_n.get("suite"))
+                     and seeds_o.get("suite") == seeds_n.get("suite")
+                     and old.measurement.data.digest == new.measurement.data.digest)
         rows.append(_row(co, cn, same_seed, tolerance))
     tested = [r for r in rows if r.p is not None and r._interval is not None]
     adjusted, reject, levels = holm([r.p or 1.0 for r in tested])

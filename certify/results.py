@@ -155,6 +155,11 @@ class DataDoc(_Strict):
     num_classes: int
     per_class_counts: list[int]
     name: str
+    source_digest: str | None = Field(
+        default=None, description="digest of the whole source dataset and its preprocessing, "
+        "which the samples were drawn from (runs on different subsets of one dataset share it)")
+    selection: str | None = Field(default=None,
+                                  description="how the samples were chosen from the source")
 
 
 class RunQueries(_Strict):

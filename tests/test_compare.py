@@ -347,3 +347,85 @@ def test_a_check_that_errored_is_not_compared_and_the_summary_says_so():
     row = cmp.rows[0]
     assert row.outcome == "not compared" and "NEW" in row.reason and row.p is None
     assert "not compared: clean" in summary_line(cmp)
+
+
+# --- acceptance on the demo model and data ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory) -> dict[str, Path]:
+    """The demo's standard model on disjoint halves of the demo data (3 seeds), and one run
+    interrupted halfway and resumed."""
+    from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
+    from certify.data.synthetic import generate
+
+    tmp = tmp_path_factory.mktemp("demo_compare")
+    x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
+    data = tmp / "demo.npz"
+    np.savez(data, x=x, y=y)
+    half = str(len(y) // 2)
+    suite = _suite(tmp / "s.yaml")
+    model = demo_model_path("standard")
+    out: dict[str, Path] = {}
+    for seed in (1, 2, 3):
+        for part, offset in (("a", "0"), ("b", half)):
+            out[f"{part}{seed}"] = tmp / f"{part}{seed}"
+            proc = builders.run_cli("run", model, "--suite", suite, "--data", data, "--out",
+                                    out[f"{part}{seed}"], "--samples", half,
+                                    "--sample-offset", offset, "--seed", str(seed),
+                                    "--no-pdf", "--quiet")
+            assert proc.returncode in (0, 1, 6, 7), proc.stderr
+    cut = tmp / "resumed"
+    shutil.copytree(out["a1"], cut)
+    lines = (cut / "records.jsonl").read_text().splitlines()
+    (cut / "records.jsonl").write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    for name in ("results.json", "card.html"):
+        (cut / name).unlink()
+    proc = builders.run_cli("run", model, "--suite", suite, "--data", data, "--out", cut,
+                            "--samples", half, "--seed", "1", "--no-pdf", "--quiet", "--resume")
+    assert proc.returncode in (0, 1, 6, 7), proc.stderr
+    out["resumed"] = cut
+    out["data"] = data
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_same_model_on_disjoint_halves_of_the_demo_data_has_no_resolved_change(demo_runs,
+                                                                                    seed):
+    a = json.loads((demo_runs[f"a{seed}"] / "results.json").read_text())
+    b = json.loads((demo_runs[f"b{seed}"] / "results.json").read_text())
+    da, db = a["measurement"]["data"], b["measurement"]["data"]
+    # disjoint samples of one dataset: the evaluated samples differ, their source does not
+    assert da["digest"] != db["digest"] and da["source_digest"] == db["source_digest"]
+    assert "after skipping the first 215" in db["selection"]
+    ids_a = {r["i"] for r in map(json.loads, (demo_runs[f"a{seed}"] / "records.jsonl")
+                                 .read_text().splitlines())}
+    assert len(ids_a) == 215
+    from certify.data import stratified_subset
+
+    labels = np.load(demo_runs["data"])["y"]
+    first = set(stratified_subset(labels, 215, seed).tolist())
+    second = set(stratified_subset(labels, 215, seed, offset=215).tolist())
+    assert not first & second and len(first | second) == len(labels)
+    proc = builders.run_cli("compare", demo_runs[f"a{seed}"], demo_runs[f"b{seed}"],
+                            "--json", "-")
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert all(not r["paired"] for r in doc["checks"])  # other samples: unpaired
+    assert all(r["outcome"] == "no resolved change" for r in doc["checks"]), doc["checks"]
+
+
+def test_a_demo_run_and_its_resumed_copy_have_no_change(demo_runs):
+    assert builders.measurement(demo_runs["resumed"]) == builders.measurement(demo_runs["a1"])
+    proc = builders.run_cli("compare", demo_runs["a1"], demo_runs["resumed"], "--json", "-")
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    for r in json.loads(proc.stdout)["checks"]:
+        assert r["paired"] and r["change"] == 0, r
+
+
+def test_an_offset_past_the_data_is_refused_in_one_line(demo_runs, tmp_path):
+    from certify.api import demo_model_path
+
+    proc = builders.run_cli("run", demo_model_path("standard"), "--suite", "gtsrb", "--data",
+                            demo_runs["data"], "--out", tmp_path / "o", "--sample-offset", "430")
+    assert proc.returncode == 2 and "skips all 430 samples" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()

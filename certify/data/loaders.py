@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,9 @@ class DataSpec:
     roi_crop: bool = True
     interpolation: str = "bilinear"
     samples: int | None = None
+    #: Skip this many samples of the seeded stratified order first: ``samples=N, offset=N``
+    #: evaluates samples disjoint from ``samples=N`` (a held-out half for release comparisons).
+    offset: int = 0
 
 
 @dataclass
@@ -52,6 +56,11 @@ class Dataset:
     layout: str
     digest: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Digest of the whole source the samples were drawn from, with its preprocessing
+    #: (layout, input size, interpolation, ROI crop); equal for two subsets of one dataset.
+    source_digest: str = ""
+    #: How the samples were chosen from the source, in words.
+    selection: str = ""
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -67,6 +76,8 @@ class Dataset:
             "image_shape": list(self.x.shape[1:]),
             "num_classes": len(self.class_names),
             "per_class_counts": counts,
+            "source_digest": self.source_digest or self.digest,
+            "selection": self.selection or f"all {len(self)} samples",
             **self.extra,
         }
 
@@ -79,25 +90,30 @@ class _Item:
     where: str  # "file:row" for error messages
 
 
-def stratified_subset(labels: Sequence[int] | np.ndarray, n: int, seed: int) -> np.ndarray:
+def stratified_subset(labels: Sequence[int] | np.ndarray, n: int, seed: int,
+                      offset: int = 0) -> np.ndarray:
     """Sorted indices of a seeded, class-stratified subset of size ``min(n, len(labels))``.
 
     Classes take turns in a seeded order, each contributing its next seeded-random member, so
-    every class gets ``n // K`` or one more (while it has members left).
+    every class gets ``n // K`` or one more (while it has members left). The subsets of one
+    seed are prefixes of one order: a smaller one lies inside a larger one, and ``offset``
+    skips the order's first ``offset`` members (so ``offset=n`` gives ``n`` samples disjoint
+    from the first ``n``; fewer when the source runs out).
     """
     labels = np.asarray(labels)
-    if n >= len(labels):
+    if offset <= 0 and n >= len(labels):
         return np.arange(len(labels))
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5A3]))
     classes = np.unique(labels)
     pools = {int(c): list(rng.permutation(np.flatnonzero(labels == c))) for c in classes}
     order = [int(c) for c in rng.permutation(classes)]
     chosen: list[int] = []
-    while len(chosen) < n:
+    want = min(offset + n, len(labels))
+    while len(chosen) < want:
         for c in order:
-            if pools[c] and len(chosen) < n:
+            if pools[c] and len(chosen) < want:
                 chosen.append(int(pools[c].pop()))
-    return np.sort(np.asarray(chosen, dtype=np.int64))
+    return np.sort(np.asarray(chosen[offset:], dtype=np.int64))
 
 
 def _read_rows(path: Path, delimiter: str, columns: list[str]) -> list[tuple[int, dict[str, str]]]:
@@ -289,7 +305,8 @@ def load_dataset(
                 f"is outside 0..{k - 1}",
                 hint="the suite names the classes; labels must index them",
             )
-        idx = _subset(y_all, spec.samples, seed)
+        source, total = _digest_arrays(x_all, y_all), len(y_all)
+        idx = _subset(y_all, spec, seed)
         x, y, ids = x_all[idx], y_all[idx], [ids_all[i] for i in idx]
     else:
         items = _gtsrb_items(target, layout == "gtsrb-official") if layout != "folder" \
@@ -300,7 +317,8 @@ def load_dataset(
                     f"{it.where}: label {it.label} is outside 0..{k - 1}",
                     hint="the suite names the classes; labels must index them",
                 )
-        idx = _subset(np.array([it.label for it in items], dtype=np.int64), spec.samples, seed)
+        source, total = _digest_items(items), len(items)
+        idx = _subset(np.array([it.label for it in items], dtype=np.int64), spec, seed)
         chosen = [items[i] for i in idx]
         if progress is not None:
             progress.start("load data", len(chosen))
@@ -318,15 +336,57 @@ def load_dataset(
                for it in chosen]
     if len(y) == 0:
         raise DataError(f"no samples found in {path}", hint="check the data path and layout")
-    return from_arrays(x, y, ids, class_names, str(path), layout)
+    data = from_arrays(x, y, ids, class_names, str(path), layout)
+    prep = hashlib.sha256(json.dumps(
+        [source, layout, list(input_size), spec.interpolation, spec.roi_crop]).encode())
+    data.source_digest = f"sha256:{prep.hexdigest()}"
+    data.selection = _selection(spec, seed, len(y), total)
+    return data
 
 
-def _subset(labels: np.ndarray, samples: int | None, seed: int) -> np.ndarray:
-    if samples is None:
+def _subset(labels: np.ndarray, spec: DataSpec, seed: int) -> np.ndarray:
+    if spec.samples is not None and spec.samples <= 0:
+        raise DataError(f"--samples must be positive, got {spec.samples}",
+                        hint="e.g. --samples 430")
+    if spec.offset < 0:
+        raise DataError(f"--sample-offset must be >= 0, got {spec.offset}")
+    if spec.offset >= len(labels) > 0:
+        raise DataError(f"--sample-offset {spec.offset} skips all {len(labels)} samples",
+                        hint=f"use an offset below {len(labels)}")
+    if spec.samples is None and spec.offset == 0:
         return np.arange(len(labels))
-    if samples <= 0:
-        raise DataError(f"--samples must be positive, got {samples}", hint="e.g. --samples 430")
-    return stratified_subset(labels, samples, seed)
+    n = len(labels) if spec.samples is None else spec.samples
+    return stratified_subset(labels, n, seed, offset=spec.offset)
+
+
+def _selection(spec: DataSpec, seed: int, n: int, total: int) -> str:
+    """The sample selection in words, for the card and for ``certify compare``."""
+    if n == total:
+        return f"all {total} samples"
+    skip = f" after skipping the first {spec.offset}" if spec.offset else ""
+    return (f"{n} of {total} samples, class-stratified in a seeded order (seed {seed}){skip}")
+
+
+def _digest_arrays(x: np.ndarray, y: np.ndarray) -> str:
+    """Digest of a whole in-memory source (images and labels)."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(x, dtype=np.uint8).tobytes())
+    h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _digest_items(items: Sequence[_Item]) -> str:
+    """Digest of a whole image-file source: each file's bytes, label and ROI, in listing order
+    (reads every file once; the images themselves are decoded only for the chosen samples)."""
+    h = hashlib.sha256()
+    for it in items:
+        try:
+            body = it.path.read_bytes()
+        except OSError as e:
+            raise DataError(f"{it.where}: cannot read {it.path}: {e.strerror or e}") from e
+        h.update(hashlib.sha256(body).digest())
+        h.update(json.dumps([it.label, it.roi]).encode())
+    return h.hexdigest()
 
 
 def from_arrays(
