@@ -385,7 +385,29 @@ def demo_runs(tmp_path_factory) -> dict[str, Path]:
     assert proc.returncode in (0, 1, 6, 7), proc.stderr
     out["resumed"] = cut
     out["data"] = data
+    attack = tmp / "attack.yaml"
+    attack.write_text(yaml.safe_dump({"name": "cmp-attack", "classes": CLASSES, "seed": 0,
+                                      "checks": [{"id": "square", "kind": "attack", "params": {
+                                          "attack": "square_linf", "epsilon": 8 / 255,
+                                          "max_queries": 300, "binarization": False},
+                                          "threshold": {"metric": "robust_accuracy",
+                                                        "min": 0.0}}]}))
+    for name in ("standard", "robust"):
+        out[name] = tmp / name
+        proc = builders.run_cli("run", demo_model_path(name), "--suite", attack, "--data", data,
+                                "--out", out[name], "--samples", half, "--no-pdf", "--quiet")
+        assert proc.returncode in (0, 1, 6, 7), proc.stderr
     return out
+
+
+def test_the_demo_standard_model_after_the_robust_one_is_a_resolved_regression(demo_runs):
+    proc = builders.run_cli("compare", demo_runs["robust"], demo_runs["standard"], "--json", "-")
+    assert proc.returncode == EXIT_FAIL, proc.stdout + proc.stderr
+    (row,) = json.loads(proc.stdout)["checks"]
+    assert row["paired"] and row["outcome"] == "regression", row
+    assert row["change_interval"][1] < 0  # robust accuracy fell, resolved
+    back = builders.run_cli("compare", demo_runs["standard"], demo_runs["robust"], "--json", "-")
+    assert back.returncode == EXIT_OK and json.loads(back.stdout)["regressions"] == []
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
