@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,3 +156,25 @@ def test_smaller_subsets_are_inside_larger_ones(labels, a, b, seed):
     small, large = sorted((a, b))
     assert set(stratified_subset(labels, small, seed).tolist()) <= \
         set(stratified_subset(labels, large, seed).tolist())
+
+
+def test_cpu_onnx_calls_are_chunked_without_changing_outputs(model_path):
+    """Large batches go to onnxruntime in calls of CPU_CHUNK images; outputs are the same."""
+    from certify.device import choose_device
+    from certify.models import onnx as onnx_model
+
+    m = onnx_model.OnnxModel(model_path, choose_device("cpu"))
+    assert m._cpu_chunk == onnx_model.CPU_CHUNK  # noqa: SLF001
+    x = torch.rand(onnx_model.CPU_CHUNK * 2 + 3, *m.input_shape)
+    calls: list[int] = []
+    run = m.session.run
+
+    def counting(names, feed):  # type: ignore[no-untyped-def]
+        calls.append(len(next(iter(feed.values()))))
+        return run(names, feed)
+
+    m.session.run = counting  # type: ignore[method-assign]
+    chunked = m.predict(x)
+    assert calls == [onnx_model.CPU_CHUNK, onnx_model.CPU_CHUNK, 3]
+    m._cpu_chunk = 0  # noqa: SLF001
+    assert torch.allclose(chunked, m.predict(x), atol=1e-5)
