@@ -61,12 +61,23 @@ def _windows(u: torch.Tensor, s: int, h: int, w: int) -> tuple[torch.Tensor, tor
     return top, left
 
 
-def _mask(top: torch.Tensor, left: torch.Tensor, s: int, h: int, w: int) -> torch.Tensor:
-    rows = torch.arange(h).view(1, h, 1)
-    cols = torch.arange(w).view(1, 1, w)
-    t, lft = top.view(-1, 1, 1), left.view(-1, 1, 1)
-    m = (rows >= t) & (rows < t + s) & (cols >= lft) & (cols < lft + s)
-    return m.unsqueeze(1)
+def _mask(top: torch.Tensor, left: torch.Tensor, s: int, h: int, w: int,
+          device: torch.device | None = None) -> torch.Tensor:
+    """Boolean ``[n, 1, h, w]`` masks of each sample's ``s``-sided window (one scatter)."""
+    idx = _flat_window(top, left, s, w).to(device)
+    m = torch.zeros(len(idx), 1, h * w, dtype=torch.bool, device=device)
+    return m.scatter_(2, idx.unsqueeze(1), True).view(-1, 1, h, w)
+
+
+@functools.lru_cache(maxsize=256)
+def _window_offsets(s: int, w: int) -> torch.Tensor:
+    """Flat offsets ``[s*s]`` of an ``s``-sided window's pixels from its top-left pixel."""
+    return (torch.arange(s).view(s, 1) * w + torch.arange(s).view(1, s)).flatten()
+
+
+def _flat_window(top: torch.Tensor, left: torch.Tensor, s: int, w: int) -> torch.Tensor:
+    """Flat pixel indices ``[n, s*s]`` of each sample's window, row-major inside it."""
+    return (top * w + left).view(-1, 1) + _window_offsets(s, w).view(1, -1)
 
 
 class _Square(Attack):
@@ -136,7 +147,7 @@ class SquareLinf(_Square):
             s = min(max(int(round(math.sqrt(p * h * w))), 1), h - 1)
             u = rng.draw(2 + c, active)
             top, left = _windows(u, s, h, w)
-            m = _mask(top, left, s, h, w).to(x.device)
+            m = _mask(top, left, s, h, w, x.device)
             signs = (u[:, 2:] < 0.5).to(x.dtype).mul_(2).sub_(1).to(x.device)
             delta = xb - xa
             # make sure the window changes: where it already holds these signs, flip them
@@ -171,6 +182,12 @@ def _meta_pattern(s: int, transpose: bool) -> torch.Tensor:
     return (d.T if transpose else d).float()
 
 
+@functools.lru_cache(maxsize=256)
+def _meta_patterns(s: int, device: torch.device) -> torch.Tensor:
+    """The meta pattern and its transpose, flattened: ``[2, s*s]`` (index 1: transposed)."""
+    return torch.stack([_meta_pattern(s, False), _meta_pattern(s, True)]).view(2, -1).to(device)
+
+
 class SquareL2(_Square):
     """Square Attack in the L2 ball (paper's L2 variant; ``p_init``: see the module notes).
 
@@ -202,34 +219,36 @@ class SquareL2(_Square):
 
         def step(it: int, active: torch.Tensor, xa: torch.Tensor, xb: torch.Tensor
                  ) -> torch.Tensor:
-            n = len(active)
+            n, dev = len(active), x.device
             p = p_selection(p_init, it, self.max_queries)
             s = max(int(round(math.sqrt(p * h * w))), 3)
             s = min(s + (s % 2 == 0), h - 1, w - 1)
             u = rng.draw(4 + c + 1, active)
             t1, l1 = _windows(u[:, 0:2], s, h, w)
             t2, l2 = _windows(u[:, 2:4], s, h, w)
-            m1 = _mask(t1, l1, s, h, w).to(x.device)
-            m2 = _mask(t2, l2, s, h, w).to(x.device)
-            delta = (xb - xa).clone()
-            norm_img = delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
-            norm_w1 = (delta * m1).pow(2).sum(dim=(2, 3), keepdim=True).sqrt()
-            norm_both = (delta * (m1 | m2)).pow(2).sum(dim=(2, 3), keepdim=True).sqrt()
-            signs = (u[:, 4:4 + c] < 0.5).float().mul(2).sub(1).view(n, c, 1, 1).to(x)
-            transpose = u[:, 4 + c] < 0.5
-            pat = torch.stack([_meta_pattern(s, False), _meta_pattern(s, True)]).to(x)
-            new = pat[transpose.long().to(x.device)].view(n, 1, s, s) * signs
-            # the first window of every sample at once: (sample, row, column) index grids
-            kk = torch.arange(n, device=x.device).view(n, 1, 1)
-            rr = (t1.view(n, 1, 1) + torch.arange(s).view(1, s, 1)).to(x.device)
-            cc = (l1.view(n, 1, 1) + torch.arange(s).view(1, 1, s)).to(x.device)
-            old = delta.permute(0, 2, 3, 1)[kk, rr, cc].permute(0, 3, 1, 2) / (norm_w1 + 1e-10)
+            # the windows as flat pixel indices [n, s*s] (row-major inside the window)
+            i1 = _flat_window(t1, l1, s, w).to(dev)
+            i2 = _flat_window(t2, l2, s, w).to(dev)
+            m1 = torch.zeros(n, 1, h * w, dtype=torch.bool, device=dev).scatter_(
+                2, i1.unsqueeze(1), True)
+            m2 = torch.zeros(n, 1, h * w, dtype=torch.bool, device=dev).scatter_(
+                2, i2.unsqueeze(1), True)
+            delta = (xb - xa).view(n, c, h * w)
+            norm_img = delta.flatten(1).norm(dim=1).view(-1, 1, 1)
+            sq = delta.square()
+            norm_w1 = (sq * m1).sum(dim=2, keepdim=True).sqrt()
+            norm_both = (sq * (m1 | m2)).sum(dim=2, keepdim=True).sqrt()
+            signs = (u[:, 4:4 + c] < 0.5).float().mul(2).sub(1).view(n, c, 1).to(x)
+            pat = _meta_patterns(s, dev)[(u[:, 4 + c] < 0.5).long().to(dev)]  # [n, s*s]
+            new = pat.unsqueeze(1) * signs
+            # every sample's first window at once: one gather reads it, one scatter writes it
+            i1c = i1.unsqueeze(1).expand(n, c, s * s)
+            old = delta.gather(2, i1c) / (norm_w1 + 1e-10)
             new = new + old
             budget = ((eps ** 2 - norm_img ** 2).clamp(min=0) / c + norm_both ** 2).sqrt()
-            new = new / new.pow(2).sum(dim=(2, 3), keepdim=True).sqrt().clamp(min=1e-12) * budget
-            delta = torch.where(m2, torch.zeros_like(delta), delta)
-            delta.permute(0, 2, 3, 1)[kk, rr, cc] = new.permute(0, 2, 3, 1)
-            delta = delta / delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
-            return (xa + delta * eps).clamp(0, 1)
+            new = new / new.pow(2).sum(dim=2, keepdim=True).sqrt().clamp(min=1e-12) * budget
+            delta = delta.masked_fill(m2, 0.0).scatter_(2, i1c, new)
+            delta = delta / delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1)
+            return (xa + delta.view(n, c, h, w) * eps).clamp(0, 1)
 
         return self._loop(model, x, y, x_best, rng, output, step)
