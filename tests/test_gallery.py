@@ -1,0 +1,207 @@
+"""The card shows what the attacks found: galleries of adversarial examples, the matrix of
+two-property combinations, and tables whose rows stay on one PDF page."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from certify.checks.attack import (
+    GALLERY_EXAMPLES,
+    AttackCheck,
+    gallery_examples,
+    keep_adversarial_images,
+)
+from certify.data import Dataset
+from certify.images import ImageSink, image_digest, pixels_of_data_uri
+
+import builders
+
+CLASSES = [f"c{i}" for i in range(builders.NUM_CLASSES)]
+N = 12
+
+
+def _suite(path: Path, checks: list[dict]) -> Path:
+    path.write_text(yaml.safe_dump({"name": "gallery", "classes": CLASSES, "checks": checks}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(net, tmp_path_factory) -> Path:
+    """Images the tiny net classifies as labelled (every sample is attacked)."""
+    x = builders.make_images(N, seed=5)
+    p = tmp_path_factory.mktemp("gdata") / "d.npz"
+    np.savez(p, x=x, y=builders.predict_net(net, x))
+    return p
+
+
+ATTACKS = [
+    {"id": "sq", "kind": "attack", "params": {"attack": "square_linf", "epsilon": 0.1,
+                                              "max_queries": 100, "binarization": False}},
+    {"id": "l0", "kind": "attack", "params": {"attack": "sparse_rs", "epsilon": 40,
+                                              "max_queries": 100}},
+    {"id": "hsj", "kind": "attack", "params": {"attack": "hopskipjump", "norm": "l2",
+                                               "epsilon": 8.0, "max_queries": 200,
+                                               "binarization": False}},
+    {"id": "tiny", "kind": "attack", "params": {"attack": "square_linf", "epsilon": 1e-6,
+                                                "max_queries": 4, "binarization": False}},
+]
+
+
+@pytest.fixture(scope="module")
+def attack_run(model_path, data, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("grun")
+    suite = _suite(d / "s.yaml", ATTACKS)
+    out = d / "out"
+    proc = builders.run_cli("run", model_path, "--suite", suite, "--data", data, "--out", out,
+                            "--no-pdf")
+    assert proc.returncode in (0, 1, 7), proc.stderr
+    return out
+
+
+def _checks(out: Path) -> dict[str, dict]:
+    doc = json.loads((out / "results.json").read_text())
+    return {c["id"]: c for c in doc["measurement"]["checks"]}
+
+
+def _card_images(html: str) -> dict[str, np.ndarray]:
+    """Each embedded image's declared digest -> its decoded pixels."""
+    found = {}
+    for tag in re.findall(r"<img\b[^>]*>", html):
+        src = re.search(r'\bsrc="([^"]*)"', tag)
+        digest = re.search(r'\bdata-digest="([^"]*)"', tag)
+        if src and digest:
+            found[digest.group(1)] = pixels_of_data_uri(src.group(1))
+    return found
+
+
+def _gallery_block(html: str, check_id: str) -> str:
+    m = re.search(rf'<div class="prop adv-gallery" id="adv-{re.escape(check_id)}">(.*?)</div>\s*'
+                  rf'(?=<div class="prop adv-gallery"|<h3>)', html, re.S)
+    assert m, f"no gallery block for {check_id}"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("check_id", ["sq", "l0", "hsj"])
+def test_attack_gallery_shows_broken_samples(attack_run, check_id):
+    c = _checks(attack_run)[check_id]
+    assert c["metrics"]["n_broken"] > 0, "the attack must break something for this test"
+    examples = c["details"]["examples"]
+    # the first broken samples in sample order, at most six
+    assert 0 < len(examples) == min(6, c["metrics"]["n_broken"])
+    idx = [e["index"] for e in examples]
+    assert idx == sorted(idx)
+    html = (attack_run / "card.html").read_text()
+    images = _card_images(html)
+    block = _gallery_block(html, check_id)
+    for e in examples:
+        orig, adv, pert = (images[e[k]] for k in ("original", "adversarial", "perturbation"))
+        for k, arr in zip(("original", "adversarial", "perturbation"), (orig, adv, pert),
+                          strict=True):
+            assert image_digest(arr) == e[k]  # the card shows exactly the signed pixels
+            assert arr.shape == (32, 32, 3)
+        assert not np.array_equal(orig, adv)
+        assert e["label"] != e["pred"]
+        assert f'{e["label_name"]} → <strong>{e["pred_name"]}</strong>' in block
+        delta = adv.astype(int) - orig.astype(int)
+        if check_id == "l0":
+            changed = (delta != 0).any(axis=2)
+            assert e["changed_pixels"] == int(changed.sum()) <= 40
+            assert np.array_equal(pert[..., 0] == 255, changed)
+            assert f'{e["changed_pixels"]} pixel(s) changed' in block
+        else:
+            f = e["amplification"]
+            assert f >= 1 and f * np.abs(delta).max() <= 127
+            assert np.array_equal(pert.astype(int), np.clip(128 + f * delta, 0, 255))
+            assert f"perturbation ×{f}" in block
+        assert e["confidence_of"] == "softmax of logits"  # the tiny net answers logits
+        assert 0 < e["confidence"] <= 1
+        assert f'{100 * e["confidence"]:.1f}%, softmax of logits' in block
+    if check_id == "sq":
+        assert max(np.abs(images[e["adversarial"]].astype(int) - images[e["original"]]
+                          .astype(int)).max() for e in examples) <= round(0.1 * 255) + 1
+
+
+def test_attack_that_broke_nothing_says_so_in_one_line(attack_run):
+    c = _checks(attack_run)["tiny"]
+    assert c["metrics"]["n_broken"] == 0
+    assert c["details"]["examples"] == []
+    block = _gallery_block((attack_run / "card.html").read_text(), "tiny")
+    assert "No sample broken by square_linf: no adversarial example to show." in block
+    assert "<img" not in block
+
+
+def test_gallery_comes_back_after_resume(attack_run, model_path, data, tmp_path):
+    """The gallery is rebuilt from the records alone: a resumed run's card shows the same."""
+    out = tmp_path / "resumed"
+    shutil.copytree(attack_run, out)
+    for f in ("results.json", "card.html"):
+        (out / f).unlink()
+    proc = builders.run_cli("run", model_path, "--suite", attack_run.parent / "s.yaml",
+                            "--data", data, "--out", out, "--no-pdf", "--resume")
+    assert proc.returncode in (0, 1, 7), proc.stderr
+    before, after = _checks(attack_run), _checks(out)
+    for cid in ("sq", "l0", "hsj"):
+        assert after[cid]["details"]["examples"] == before[cid]["details"]["examples"]
+        assert after[cid]["details"]["examples"]
+    images = _card_images((out / "card.html").read_text())
+    for e in after["sq"]["details"]["examples"]:
+        assert image_digest(images[e["adversarial"]]) == e["adversarial"]
+
+
+def _dataset(n: int) -> Dataset:
+    g = torch.Generator().manual_seed(0)
+    return Dataset(x=torch.rand(n, 3, 8, 8, generator=g), y=torch.zeros(n, dtype=torch.long),
+                   ids=[f"s{i}" for i in range(n)], class_names=["a", "b", "c"],
+                   source="t", layout="npz")
+
+
+def test_each_batch_keeps_images_of_its_first_broken_samples_in_sample_order():
+    n = 10
+    recs = [{"outcome": "broken" if i != 3 else "robust", "label": 0} for i in range(n)]
+    index = [90 - 10 * i for i in range(n)]  # the batch lists samples in reverse order
+    x_adv = torch.rand(n, 3, 8, 8)
+    keep_adversarial_images(recs, list(range(n)), index, x_adv, "probs")
+    kept = sorted(index[j] for j in range(n) if "adv_image" in recs[j])
+    broken = sorted(index[j] for j in range(n) if recs[j]["outcome"] == "broken")
+    assert kept == broken[:GALLERY_EXAMPLES]
+    assert all(recs[j]["scores"] == "probs" for j in range(n) if "adv_image" in recs[j])
+
+
+def test_an_example_broken_in_a_later_round_comes_from_that_round():
+    """max_queries: auto: round 0 left the sample robust; round 1 broke it. The merged record
+    carries round 1's adversarial image and label, and the gallery says which round."""
+    data = _dataset(2)
+    check = AttackCheck("square_linf", max_queries="auto", binarization=False)
+    adv = data.x[1:2].clone()
+    adv[0, :, 0, 0] = 1 - adv[0, :, 0, 0]
+    r1 = [{"outcome": "broken", "label": 0, "adv_pred": 2, "confidence": 0.75, "queries": 9,
+           "attack_queries": 7}]
+    keep_adversarial_images(r1, [0], [1], adv, "logits")
+    base = {"label": 0, "queries": 5, "attack_queries": 4, "check": "a"}
+    merged = check.merge_round(
+        {0: base | {"outcome": "robust", "i": 0, "id": "s0", "confidence": 0.9},
+         1: base | {"outcome": "robust", "i": 1, "id": "s1", "confidence": 0.8}},
+        {1: r1[0] | {"check": "a#round1", "i": 1, "id": "s1"}}, 1)
+    sink = ImageSink()
+    (e,) = gallery_examples(list(merged.values()), data, "linf", sink)
+    assert (e["index"], e["pred_name"], e["round"]) == (1, "c", 1)
+    assert e["confidence"] == 0.75 and e["confidence_of"] == "softmax of logits"
+    assert np.array_equal(sink.images[e["adversarial"]],
+                          np.rint(adv[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+
+
+def test_labels_only_examples_claim_no_confidence():
+    data = _dataset(1)
+    r = [{"outcome": "broken", "label": 0, "adv_pred": 1, "confidence": 1.0, "i": 0,
+          "id": "s0"}]
+    keep_adversarial_images(r, [0], [0], data.x[:1] * 0.5, "labels")
+    (e,) = gallery_examples(r, data, "l2", ImageSink())
+    assert e["confidence"] is None and e["confidence_of"] == "labels only: no confidence"
