@@ -205,3 +205,58 @@ def test_labels_only_examples_claim_no_confidence():
     keep_adversarial_images(r, [0], [0], data.x[:1] * 0.5, "labels")
     (e,) = gallery_examples(r, data, "l2", ImageSink())
     assert e["confidence"] is None and e["confidence_of"] == "labels only: no confidence"
+
+
+PAIRS = [
+    {"id": "rot+bright", "kind": "corruption_pair",
+     "params": {"first": {"property": "rotation", "bound": 30, "steps": 2},
+                "second": {"property": "brightness", "bound": 0.5, "steps": 2}}},
+    {"id": "bright+blur", "kind": "corruption_pair",
+     "params": {"first": {"property": "brightness", "bound": 0.5, "steps": 2},
+                "second": {"property": "blur", "bound": 1.5, "steps": 2}}},
+    {"id": "blur+noise", "kind": "corruption_pair",
+     "params": {"first": {"property": "blur", "bound": 1.5, "steps": 2},
+                "second": {"property": "gaussian_noise", "bound": 0.2, "steps": 2}}},
+]
+
+
+def _svg_cells(svg: str) -> tuple[list[str], list[str]]:
+    """(fills of the matrix cells, texts of the bold score labels)."""
+    fills = re.findall(r'<rect x="[^"]*" y="[^"]*" width="64.0" height="[^"]*" fill="([^"]*)"',
+                       svg)
+    return fills, re.findall(r'font-weight="bold">([^<]*)</text>', svg)
+
+
+def test_pair_matrix_shows_every_pairs_score(model_path, data, tmp_path):
+    suite = _suite(tmp_path / "s.yaml", PAIRS)
+    out = tmp_path / "out"
+    proc = builders.run_cli("run", model_path, "--suite", suite, "--data", data, "--out", out,
+                            "--no-pdf")
+    assert proc.returncode in (0, 1, 7), proc.stderr
+    checks = _checks(out)
+    html = (out / "card.html").read_text()
+    m = re.search(r'<figure class="pair-matrix-figure">(.*?)</figure>', html, re.S)
+    assert m, "no pair matrix on the card"
+    svg = m.group(1)
+    for p in ("rotation", "brightness", "blur", "gaussian_noise"):
+        assert f">{p}</text>" in svg
+    fills, texts = _svg_cells(svg)
+    assert len(fills) == 16  # four properties on both axes
+    assert sorted(texts) == sorted(f"{100 * checks[c['id']]['metrics']['robustness_score']:.1f}%"
+                                   for c in PAIRS)
+    # rotation was never combined with blur or noise: those cells are blank
+    assert fills.count("#ffffff") == 16 - 4 - 3
+
+
+def test_pair_matrix_colours_by_score_and_leaves_missing_pairs_blank():
+    from certify.figures import PAIR_BANDS, pair_matrix_svg
+
+    svg = pair_matrix_svg([("a", "b", 0.95), ("c", "a", 0.5), ("b", "c", 0.8),
+                           ("a", "b", 0.75), ("a", "d", 0.2)])
+    fills, texts = _svg_cells(svg)
+    colour = {lo: c for lo, c, _ in PAIR_BANDS}
+    # row-major over a, b, c, d; the pair sits above the diagonal whichever order it was given
+    assert fills[1] == colour[0.7]  # (a, b): 95% and 75%, coloured by the worse
+    assert fills[2] == colour[0.0] and fills[6] == colour[0.7] and fills[3] == colour[0.0]
+    assert fills[4] == "#ffffff" and fills[7] == "#ffffff"  # below the diagonal / never paired
+    assert texts == ["95.0%", "75.0%", "50.0%", "20.0%", "80.0%"]
