@@ -785,7 +785,7 @@ def _class_name(names: Sequence[str], c: int) -> str:
     return names[c] if 0 <= c < len(names) else str(c)
 
 
-def gallery_examples(records: list[dict[str, Any]], data: Dataset, norm: str,
+def gallery_examples(records: list[dict[str, Any]], data: Dataset | None, norm: str,
                      sink: ImageSink) -> list[dict[str, Any]]:
     """The card's adversarial examples: the first :data:`GALLERY_EXAMPLES` broken samples (in
     sample order) whose records hold their adversarial image.
@@ -795,8 +795,11 @@ def gallery_examples(records: list[dict[str, Any]], data: Dataset, norm: str,
     of three images (their pixels go to ``sink``): the original, the adversarial image and the
     perturbation made visible: for L0 the changed pixels in white on black
     (``changed_pixels`` counts them), otherwise mid-grey plus the 8-bit difference times
-    ``amplification`` (the largest whole factor that keeps it within [0, 255]).
+    ``amplification`` (the largest whole factor that keeps it within [0, 255]). Without a
+    dataset (records summarised on their own) there are no originals: no examples.
     """
+    if data is None:
+        return []
     picked = sorted((r for r in records if r["outcome"] == "broken" and "adv_image" in r),
                     key=lambda r: int(r["i"]))
     out: list[dict[str, Any]] = []
