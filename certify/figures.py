@@ -113,7 +113,8 @@ def pair_matrix_svg(pairs: list[tuple[str, str, float]]) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="pair-matrix" role="img" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
            f'font-family="DejaVu Sans, Arial, sans-serif" font-size="10">',
-           "<title>Joint robustness score of each combination of two properties</title>"]
+           "<title>Joint robustness score of each combination of two properties: "
+           + _esc("; ".join(f"{a} with {b} {100 * v:.1f}%" for a, b, v in pairs)) + "</title>"]
     for k, p in enumerate(props):
         y = top + k * ch + ch / 2 + 3.5
         out.append(f'<text x="{label_w - 5:.1f}" y="{y:.1f}" text-anchor="end">{_esc(p)}</text>')
