@@ -241,11 +241,13 @@ def test_pair_matrix_shows_every_pairs_score(model_path, data, tmp_path):
     for p in ("rotation", "brightness", "blur", "gaussian_noise"):
         assert f">{p}</text>" in svg
     fills, texts = _svg_cells(svg)
-    assert len(fills) == 16  # four properties on both axes
+    # rows: the earlier property of a pair; columns: the later one
+    assert len(fills) == 9  # rotation, brightness, blur × brightness, blur, gaussian_noise
     assert sorted(texts) == sorted(f"{100 * checks[c['id']]['metrics']['robustness_score']:.1f}%"
                                    for c in PAIRS)
-    # rotation was never combined with blur or noise: those cells are blank
-    assert fills.count("#ffffff") == 16 - 4 - 3
+    # never combined (blank): rotation with blur or noise, brightness with noise, and the
+    # (blur, brightness) cell, below its pair's place; grey where a property meets itself
+    assert fills.count("#ffffff") == 4 and fills.count("#eceff1") == 2
 
 
 def test_pair_matrix_colours_by_score_and_leaves_missing_pairs_blank():
@@ -255,11 +257,15 @@ def test_pair_matrix_colours_by_score_and_leaves_missing_pairs_blank():
                            ("a", "b", 0.75), ("a", "d", 0.2)])
     fills, texts = _svg_cells(svg)
     colour = {lo: c for lo, c, _ in PAIR_BANDS}
-    # row-major over a, b, c, d; the pair sits above the diagonal whichever order it was given
-    assert fills[1] == colour[0.7]  # (a, b): 95% and 75%, coloured by the worse
-    assert fills[2] == colour[0.0] and fills[6] == colour[0.7] and fills[3] == colour[0.0]
-    assert fills[4] == "#ffffff" and fills[7] == "#ffffff"  # below the diagonal / never paired
+    # rows a, b (c and d come later in every pair); columns b, c, d; a pair sits in the row of
+    # its earlier property whichever order the check gave
+    assert len(fills) == 6
+    assert fills[0] == colour[0.7]  # (a, b): 95% and 75%, coloured by the worse
+    assert fills[1] == colour[0.0] and fills[2] == colour[0.0]  # (a, c) 50%, (a, d) 20%
+    assert fills[3] == "#eceff1"  # b meets itself
+    assert fills[4] == colour[0.7] and fills[5] == "#ffffff"  # (b, c) 80%; b and d never paired
     assert texts == ["95.0%", "75.0%", "50.0%", "20.0%", "80.0%"]
+    assert "a with b 95.0%; c with a 50.0%" in svg  # the text alternative states the numbers
 
 
 def _card_css() -> str:
