@@ -79,3 +79,71 @@ def queries_curve_svg(curve: list[dict[str, Any]], totals: list[int]) -> str:
         ax.set_xlabel("queries per sample")
         ax.set_ylabel("robust accuracy")
         return _svg(fig, ax)
+
+
+#: Pair-matrix cell fills by robustness score band (lower bound inclusive), lightest first.
+PAIR_BANDS = ((0.9, "#c8e6c9", "≥ 90%"), (0.7, "#ffe0b2", "70–90%"), (0.0, "#ffcdd2", "< 70%"))
+
+
+def _esc(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;"))
+
+
+def pair_matrix_svg(pairs: list[tuple[str, str, float]]) -> str:
+    """A matrix of two-property combinations: ``pairs`` are (first property, second property,
+    joint robustness score). Properties are ordered by first appearance; each pair fills the
+    cell whose row is the property listed earlier and whose column the later one, with its
+    score as text and a fill by score band (:data:`PAIR_BANDS`, with a legend); other cells stay
+    blank (grey where a property meets itself). Rows and columns that no pair fills are left
+    out. The same two properties in several checks show every score in their cell."""
+    props = list(dict.fromkeys(p for a, b, _ in pairs for p in (a, b)))
+    pos = {p: k for k, p in enumerate(props)}
+    cells: dict[tuple[str, str], list[float]] = {}
+    for a, b, score in pairs:
+        first, second = sorted((a, b), key=pos.__getitem__)
+        cells.setdefault((first, second), []).append(score)
+    rows = [p for p in props if any(r == p for r, _ in cells)]
+    cols = [p for p in props if any(c == p for _, c in cells)]
+    label_w = 7 + 6.2 * max((len(p) for p in props), default=1)
+    cw = 64.0
+    ch = 15.0 + 12.0 * max((len(v) for v in cells.values()), default=1)
+    top = 5 + 5.4 * max((len(p) for p in cols), default=1)  # column labels at -60°
+    width = max(label_w + len(cols) * cw + 8 + 3.1 * len(cols[-1]) if cols else 0, 260)
+    legend_y = top + len(rows) * ch + 16
+    height = legend_y + 14
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="pair-matrix" role="img" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
+           f'font-family="DejaVu Sans, Arial, sans-serif" font-size="10">',
+           "<title>Joint robustness score of each combination of two properties: "
+           + _esc("; ".join(f"{a} with {b} {100 * v:.1f}%" for a, b, v in pairs)) + "</title>"]
+    for i, p in enumerate(rows):
+        y = top + i * ch + ch / 2 + 3.5
+        out.append(f'<text x="{label_w - 5:.1f}" y="{y:.1f}" text-anchor="end">{_esc(p)}</text>')
+    for j, p in enumerate(cols):
+        x = label_w + j * cw + cw / 2 + 3.5
+        out.append(f'<text x="{x:.1f}" y="{top - 5:.1f}" text-anchor="start" '
+                   f'transform="rotate(-60 {x:.1f} {top - 5:.1f})">{_esc(p)}</text>')
+    for i, rp in enumerate(rows):
+        for j, cp in enumerate(cols):
+            x, y = label_w + j * cw, top + i * ch
+            scores = cells.get((rp, cp), [])
+            fill = "#ffffff"
+            if scores:
+                fill = next(c for lo, c, _ in PAIR_BANDS if min(scores) >= lo)
+            elif rp == cp:
+                fill = "#eceff1"
+            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{cw:.1f}" height="{ch:.1f}" '
+                       f'fill="{fill}" stroke="#d9dee7"/>')
+            for k, s in enumerate(scores):
+                ty = y + ch / 2 + 3.5 + 12 * (k - (len(scores) - 1) / 2)
+                out.append(f'<text x="{x + cw / 2:.1f}" y="{ty:.1f}" text-anchor="middle" '
+                           f'font-weight="bold">{100 * s:.1f}%</text>')
+    x = 0.0
+    for _, color, text in PAIR_BANDS:
+        out.append(f'<rect x="{x:.1f}" y="{legend_y - 9:.1f}" width="10" height="10" '
+                   f'fill="{color}" stroke="#d9dee7"/>')
+        out.append(f'<text x="{x + 14:.1f}" y="{legend_y:.1f}">{_esc(text)}</text>')
+        x += 26 + 6.2 * len(text)
+    out.append("</svg>")
+    return "\n".join(out)

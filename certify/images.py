@@ -51,9 +51,12 @@ class ImageSink:
 
     def add(self, img: torch.Tensor | np.ndarray) -> str:
         """Keep ``img`` (see :func:`to_uint8`) and return its digest."""
-        arr = to_uint8(img)
+        return self.add_pixels(to_uint8(img))
+
+    def add_pixels(self, arr: np.ndarray) -> str:
+        """Keep ``[H, W, 3]`` uint8 pixels as they are and return their digest."""
         digest = image_digest(arr)
-        self.images[digest] = arr
+        self.images[digest] = np.ascontiguousarray(arr)
         return digest
 
 

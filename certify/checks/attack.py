@@ -11,6 +11,8 @@ weak to support the robust accuracy it measured, and the check's verdict becomes
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import dataclasses
 import math
@@ -46,6 +48,7 @@ from certify.checks.binarization import (
 from certify.checks.confidence import WORST_CASE_METRICS, confidences, worst_case_coverage
 from certify.data import Dataset
 from certify.errors import SuiteError
+from certify.images import ImageSink, decode_png, png_bytes, to_uint8
 from certify.models.base import Model, ModelInfo
 from certify.stats import wilson_interval
 from certify.validation import expect
@@ -72,9 +75,16 @@ AUTO_CAP_FACTOR = 16
 CONVERGENCE_SHARE = 0.01
 #: Record fields that describe one attempt on a sample; a later round's attempt replaces them.
 _ATTEMPT = ("outcome", "adv_pred", "confidence", "start_failed", "gap", "half_gap", "abstained",
-            "confidence_first", "confident_queries")
+            "confidence_first", "confident_queries", "adv_image", "scores")
 #: Record fields that are tallies over rounds or the sample's identity.
 _TALLY = ("queries", "attack_queries", "ref_queries", "check", "i", "id", "label")
+#: Adversarial examples a check shows on the card: the first broken samples in sample order.
+#: Each record batch keeps the adversarial image of its first this-many broken samples, which
+#: always include the check's first this-many (a subset's first k broken are among them).
+GALLERY_EXAMPLES = 6
+#: What the confidence beside an adversarial label is, per kind of model output.
+CONFIDENCE_OF = {"probs": "probability", "logits": "softmax of logits",
+                 "labels": "labels only: no confidence"}
 #: Extra queries per broken sample that score-based attacks spend on a confident mistake.
 CONFIDENT_QUERIES = 100
 #: Why a decision-based attack reports no coverage-under-attack figures.
@@ -443,9 +453,10 @@ class AttackCheck(Check):
                         math.isfinite(float(res.gap[k])):
                     rec[i]["gap"] = float(res.gap[k])
                     rec[i]["half_gap"] = float(res.half_gap[k])
-            self._confident_mistakes(counter, x[ci.to(dev)], x_adv, y[ci.to(dev)], adv_scores,
-                                     [rec[i] for i in ci.tolist()],
-                                     [int(index[i]) for i in ci.tolist()], ctx)
+            x_final = self._confident_mistakes(counter, x[ci.to(dev)], x_adv, y[ci.to(dev)],
+                                               adv_scores, [rec[i] for i in ci.tolist()],
+                                               [int(index[i]) for i in ci.tolist()], ctx)
+            keep_adversarial_images(rec, ci.tolist(), index, x_final, output)
         if ctx.abstain_class is not None:
             for r, p in zip(rec, scores.argmax(1).cpu().tolist(), strict=True):
                 if int(r.get("adv_pred", p)) == ctx.abstain_class:
@@ -469,18 +480,19 @@ class AttackCheck(Check):
     def _confident_mistakes(self, counter: Any, x: torch.Tensor, x_adv: torch.Tensor,
                             y: torch.Tensor, adv_scores: torch.Tensor,
                             recs: list[dict[str, Any]], index: list[int],
-                            ctx: CheckContext) -> None:
+                            ctx: CheckContext) -> torch.Tensor:
         """Score-based attacks: raise each broken sample's wrong-class confidence.
 
         Spends at most ``confident_queries`` queries per broken sample
         (:func:`certify.attacks.confident.maximise_confidence`); the record keeps the
         first-break confidence (``confidence_first``) and the maximised one (``confidence``,
-        which the coverage figures read), and is charged the queries.
+        which the coverage figures read), and is charged the queries. Returns the adversarial
+        points the records now describe (``x_adv`` with the more confident ones swapped in).
         """
         budget = self._confident_queries()
         broken = [k for k, r in enumerate(recs) if r["outcome"] == "broken"]
         if not budget or not broken:
-            return
+            return x_adv
         sel = torch.tensor(broken)
         dev = x.device
         norm, eps = self.threat_model()
@@ -495,6 +507,9 @@ class AttackCheck(Check):
                             "adv_pred": int(out.pred[j]),
                             "confident_queries": q,
                             "queries": recs[k]["queries"] + q})
+        x_final = x_adv.clone()
+        x_final[sel.to(x_final.device)] = out.x_adv.to(x_final)
+        return x_final
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
@@ -652,8 +667,10 @@ class AttackCheck(Check):
             details["binarization"] = None
             if self._norm() == "l0":
                 details["binarization_note"] = BT_NOT_L0
+        sink = ImageSink()
+        details["examples"] = gallery_examples(records, data, self._norm(), sink)
         return Measurement(metrics=metrics, intervals=intervals, details=details,
-                           warnings=warnings)
+                           warnings=warnings, images=sink.images)
 
 
 def convergence(records: list[dict[str, Any]], last_round: int, last_budget: int
@@ -743,4 +760,79 @@ def _histogram(values: list[int], top: int, bins: int = 10) -> list[dict[str, in
     for lo, hi in zip(edges, edges[1:], strict=False):
         out.append({"from": lo, "to": hi,
                     "count": sum(lo < v <= hi or (lo == 0 and v == 0) for v in values)})
+    return out
+
+
+def keep_adversarial_images(recs: list[dict[str, Any]], attacked: list[int],
+                            index: Sequence[int], x_adv: torch.Tensor, output: str) -> None:
+    """Store the adversarial image of the batch's first :data:`GALLERY_EXAMPLES` broken samples
+    (in dataset order) in their records, as a lossless 8-bit PNG (base64).
+
+    ``attacked[k]`` is the batch position of ``x_adv[k]``; ``output`` the model's kind of
+    answer (what the recorded confidence is). The image is the point the record's
+    ``adv_pred`` and ``confidence`` describe, so the card's gallery comes from the records
+    alone: after ``--resume``, on any executor, for the round that broke the sample.
+    """
+    broken = sorted((k for k, j in enumerate(attacked) if recs[j]["outcome"] == "broken"),
+                    key=lambda k: int(index[attacked[k]]))
+    for k in broken[:GALLERY_EXAMPLES]:
+        png = png_bytes(to_uint8(x_adv[k]))
+        recs[attacked[k]].update({"adv_image": base64.b64encode(png).decode("ascii"),
+                                  "scores": output})
+
+
+def _class_name(names: Sequence[str], c: int) -> str:
+    return names[c] if 0 <= c < len(names) else str(c)
+
+
+def gallery_examples(records: list[dict[str, Any]], data: Dataset | None, norm: str,
+                     sink: ImageSink) -> list[dict[str, Any]]:
+    """The card's adversarial examples: the first :data:`GALLERY_EXAMPLES` broken samples (in
+    sample order) whose records hold their adversarial image.
+
+    Each example names its sample, the true and the adversarial label, the adversarial label's
+    confidence and what it is (:data:`CONFIDENCE_OF`), the round that broke it, and the digests
+    of three images (their pixels go to ``sink``): the original, the adversarial image and the
+    perturbation made visible: for L0 the changed pixels in white on black
+    (``changed_pixels`` counts them), otherwise mid-grey plus the 8-bit difference times
+    ``amplification`` (the largest whole factor that keeps it within [0, 255]). Without a
+    dataset (records summarised on their own) there are no originals: no examples.
+    """
+    if data is None:
+        return []
+    picked = sorted((r for r in records if r["outcome"] == "broken" and "adv_image" in r),
+                    key=lambda r: int(r["i"]))
+    out: list[dict[str, Any]] = []
+    for r in picked:
+        if len(out) == GALLERY_EXAMPLES:
+            break
+        original = to_uint8(data.x[int(r["i"])])
+        try:
+            adversarial = decode_png(base64.b64decode(r["adv_image"], validate=True))
+        except (ValueError, binascii.Error):
+            continue  # a damaged record shows no picture; its outcome still counts
+        if adversarial.shape != original.shape:
+            continue
+        delta = adversarial.astype("int16") - original.astype("int16")
+        ex: dict[str, Any] = {
+            "id": r["id"], "index": int(r["i"]), "label": int(r["label"]),
+            "label_name": _class_name(data.class_names, int(r["label"])),
+            "pred": int(r["adv_pred"]),
+            "pred_name": _class_name(data.class_names, int(r["adv_pred"])),
+            "confidence": None if r.get("scores") == "labels" else float(r["confidence"]),
+            "confidence_of": CONFIDENCE_OF.get(str(r.get("scores")), "unknown"),
+            "round": int(r.get("broken_round", 0)),
+        }
+        if norm == "l0":
+            changed = (delta != 0).any(axis=2)
+            shown = (changed[..., None] * 255).repeat(3, axis=2).astype("uint8")
+            ex["changed_pixels"] = int(changed.sum())
+        else:
+            peak = int(abs(delta).max())
+            factor = max(1, 127 // peak) if peak else 1
+            shown = (128 + factor * delta).clip(0, 255).astype("uint8")
+            ex["amplification"] = factor
+        ex.update(original=sink.add_pixels(original), adversarial=sink.add_pixels(adversarial),
+                  perturbation=sink.add_pixels(shown))
+        out.append(ex)
     return out

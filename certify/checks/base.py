@@ -182,6 +182,11 @@ class Check:
         """Inline SVG figures for the card section, by name (none by default)."""
         return {}
 
+    @classmethod
+    def section_figures(cls, results: Sequence[ResultView]) -> dict[str, str]:
+        """Inline SVG figures over all of this kind's checks, by name (none by default)."""
+        return {}
+
     def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
         """Per-sample binary outcomes kept (as packed bitmaps) for later comparisons.
 

@@ -441,6 +441,15 @@ class CorruptionPair(_CorruptionBase):
                 f"{pct(m.score_first)} and {pct(m.score_second)}; change vs weaker "
                 f"{100 * m.change_vs_weaker:+.1f} points")
 
+    @classmethod
+    def section_figures(cls, results: Sequence[ResultView]) -> dict[str, str]:
+        """The matrix of the combinations' joint robustness scores (checks that ran)."""
+        from certify.figures import pair_matrix_svg
+
+        pairs = [(r.details["first"], r.details["second"], float(r.metrics.robustness_score))
+                 for r in results if r.status not in ("ERROR", "SKIPPED")]
+        return {"matrix": pair_matrix_svg(pairs)} if pairs else {}
+
     def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
         """Joint outcomes, plus robustness to each property alone."""
         bits = super().outcome_bits(records)

@@ -76,7 +76,8 @@ def card_context(result: RunResult, signature: Any = None,
     for c in checks:
         figures[c.id] = {} if c.status in ("ERROR", "SKIPPED") else CHECKS[c.kind].figures(c)
     sections = [{"kind": kind, "partial": cls.partial(),
-                 "checks": [c for c in checks if c.kind == kind]}
+                 "checks": [c for c in checks if c.kind == kind],
+                 "figures": cls.section_figures([c for c in checks if c.kind == kind])}
                 for kind, cls in CHECKS.items() if kind in kinds]
     warnings = [{"check": c.id, "text": w} for c in checks for w in c.warnings]
     rule = {"name": m.suite.decision, "text": DECISION_RULE_TEXT[m.suite.decision],
