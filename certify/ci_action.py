@@ -60,6 +60,8 @@ INPUTS: dict[str, tuple[str, str]] = {
     "CERTIFY_FAIL_ON": ("regression", "regression: fail on a resolved regression only; "
                                       "verdict: also when the card's verdict is not PASS"),
     "CERTIFY_RELEASE_TAG": ("", "release to attach the cards to"),
+    "CERTIFY_DATASET_ID": ("", "export --dataset-id: the Hub dataset the data is, if it is one"),
+    "CERTIFY_DATASET_SPLIT": ("", "export --dataset-split"),
 }
 #: ``certify run`` exit codes with which the card was written.
 CARD_WRITTEN = (0, 1, 5, 6, 7)
@@ -114,23 +116,23 @@ def fetch_previous(spec: str, dest: Path) -> Path | None:
     if spec.startswith(("https://", "http://")):
         import requests
 
-        name = Path(urlparse(spec).path).name or "card.pdf"
+        name = Path(urlparse(spec).path).name
         if not name.endswith((".pdf", ".html", ".json")):
             raise UsageError(f"previous card URL {spec} does not name a card",
                              hint="link card.pdf, card.html or results.json")
         try:
-            resp = requests.get(spec, timeout=60)
+            with requests.Session() as session, session.get(spec, timeout=60) as resp:
+                status, content = resp.status_code, resp.content
         except requests.RequestException as exc:
             raise UsageError(f"could not download the previous card: {exc}",
                              hint="check previous-card, or pass none for a first release"
                              ) from None
-        if resp.status_code != 200:
-            raise UsageError(f"could not download the previous card {spec}: HTTP "
-                             f"{resp.status_code}",
+        if status != 200:
+            raise UsageError(f"could not download the previous card {spec}: HTTP {status}",
                              hint="check previous-card, or pass none for a first release")
         dest.mkdir(parents=True, exist_ok=True)
         path = dest / name
-        path.write_bytes(resp.content)
+        path.write_bytes(content)
         return path
     path = Path(spec)
     if not path.exists():
@@ -158,6 +160,16 @@ def comparison_lines(doc: dict[str, Any]) -> list[str]:
                      f"{_md(_value(r['change'], r['change_interval']))} | "
                      f"{_md(r['outcome'])} |")
     return lines
+
+
+def release_asset_url(env: Mapping[str, str], tag: str, name: str) -> str | None:
+    """Where ``name`` will be downloadable once attached to release ``tag`` (None when the
+    cards will not be attached: no tag, token or repository)."""
+    repo = env.get("GITHUB_REPOSITORY")
+    if not (tag and repo and env.get("GH_TOKEN")):
+        return None
+    server = env.get("GITHUB_SERVER_URL") or "https://github.com"
+    return f"{server}/{repo}/releases/download/{tag}/{name}"
 
 
 def upload(tag: str, files: list[Path], env: Mapping[str, str]) -> str:
@@ -249,7 +261,15 @@ def _run(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, o: Outc
     o.say(f"## certify: {_md(m['model']['name'])}: {_md(m['verdict'])}", "",
           f"`certify run` exited {proc.returncode}; the card is "
           + ("signed" if signed else "**not signed** (no `signing-key` given)") + ".")
-    exp = _certify(["export", str(out)], env)
+    export = ["export", str(out)]
+    if inp["CERTIFY_DATASET_ID"]:
+        export += ["--dataset-id", inp["CERTIFY_DATASET_ID"]]
+        if inp["CERTIFY_DATASET_SPLIT"]:
+            export += ["--dataset-split", inp["CERTIFY_DATASET_SPLIT"]]
+    url = release_asset_url(env, inp["CERTIFY_RELEASE_TAG"], "card.pdf")
+    if url and pdf:
+        export += ["--source-url", url]
+    exp = _certify(export, env)
     if exp.returncode != 0:
         raise CertifyError(f"certify export failed: {_error_line(exp)}")
     o.say("", (out / "summary.md").read_text(encoding="utf-8").replace(

@@ -163,3 +163,42 @@ def test_action_yml_is_a_composite_action_whose_steps_use_only_declared_inputs()
     assert {k for k in env if k.startswith("CERTIFY_")} == set(INPUTS)
     # the signing key reaches the script only through the environment, never the command line
     assert "signing-key" not in " ".join(runs)
+
+
+def test_the_source_url_is_the_release_asset_only_when_the_cards_will_be_attached():
+    from certify.ci_action import release_asset_url
+
+    env = {"GITHUB_REPOSITORY": "o/r", "GH_TOKEN": "t"}
+    assert release_asset_url(env, "v2", "card.pdf") == \
+        "https://github.com/o/r/releases/download/v2/card.pdf"
+    assert release_asset_url({**env, "GITHUB_SERVER_URL": "https://ghe.example"}, "v2",
+                             "card.pdf") == "https://ghe.example/o/r/releases/download/v2/card.pdf"
+    assert release_asset_url(env, "", "card.pdf") is None
+    assert release_asset_url({"GITHUB_REPOSITORY": "o/r"}, "v2", "card.pdf") is None
+
+
+def test_a_previous_card_url_is_downloaded_and_a_missing_one_is_a_usage_error(first, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    from certify.ci_action import fetch_previous
+    from certify.errors import UsageError
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(first[3]))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        got = fetch_previous(f"{base}/card.html", tmp_path / "prev")
+        assert got == tmp_path / "prev" / "card.html"
+        assert got.read_bytes() == (first[3] / "card.html").read_bytes()
+        with pytest.raises(UsageError, match="HTTP 404"):
+            fetch_previous(f"{base}/gone/card.pdf", tmp_path / "prev2")
+        with pytest.raises(UsageError, match="does not name a card"):
+            fetch_previous(f"{base}/", tmp_path / "prev3")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert fetch_previous("none", tmp_path) is None and fetch_previous("", tmp_path) is None
