@@ -550,7 +550,7 @@ def verify_bundle_cmd(bundle_dir: Path, signature: Path, pubkey: Path) -> None:
                    "written as the results' source.")
 def export_cmd(run_dir: Path, dataset_id: str | None, dataset_split: str | None,
                source_url: str | None) -> None:
-    """Write model-index.md (a Hugging Face model card) and summary.md for a release page.
+    """Write model-index.md (Hugging Face model card front matter) and summary.md.
 
     model-index.md loads with huggingface_hub's ModelCard.load; the results digest is under
     its front matter's `certify` key.

@@ -132,6 +132,18 @@ def test_a_missing_previous_card_stops_with_a_usage_error(setup):
     assert outputs["exit-code"] == "2"
 
 
+
+def test_fail_on_verdict_fails_the_job_on_a_failed_card_even_with_nothing_to_compare(setup):
+    strict = setup["tmp"] / "strict.yaml"
+    raw = yaml.safe_load(setup["suite"].read_text())
+    raw["checks"] = [{**raw["checks"][0], "threshold": {"metric": "accuracy", "min": 0.99}}]
+    strict.write_text(yaml.safe_dump(raw))
+    proc, summary, outputs, _ = _check({**setup, "suite": strict}, "strict", "none",
+                                       extra={"CERTIFY_FAIL_ON": "verdict"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert outputs["verdict"] == "FAIL" and outputs["run-exit-code"] == "1"
+    assert "nothing to compare" in summary and "fails on the card's verdict" in summary
+
 # --- action.yml ------------------------------------------------------------------------------
 
 

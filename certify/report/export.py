@@ -143,20 +143,13 @@ def front_matter(result: RunResult, *, dataset_id: str | None = None,
 
 def model_index(result: RunResult, *, dataset_id: str | None = None, split: str | None = None,
                 source_url: str | None = None) -> str:
-    """A Hugging Face model card (README.md) with the results as YAML front matter.
+    """A Hugging Face model card's YAML front matter (to head the model's README.md).
 
     It loads with ``huggingface_hub.ModelCard.load`` and its ``model-index`` with
     ``model_index_to_eval_results``.
     """
     doc = front_matter(result, dataset_id=dataset_id, split=split, source_url=source_url)
-    m = result.measurement
-    body = (f"# Robustness of {md(m.model.name)}\n\n"
-            f"Measured by certify {md(m.certify_version)} with suite {md(m.suite.name)}: "
-            f"overall verdict **{md(m.verdict)}**. The numbers above are a view of the signed "
-            f"results `{results_digest(result)}`; verify the attached card with "
-            "`certify verify card.pdf --pubkey KEY.pub`.\n")
-    return ("---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) + "---\n\n"
-            + body)
+    return "---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) + "---\n"
 
 
 def markdown_summary(result: RunResult) -> str:
