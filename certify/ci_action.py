@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from certify.errors import (
+    CARD_WRITTEN_CODES,
     EXIT_CODES,
     EXIT_FAIL,
     EXIT_NOT_COMPARABLE,
@@ -63,8 +64,6 @@ INPUTS: dict[str, tuple[str, str]] = {
     "CERTIFY_DATASET_ID": ("", "export --dataset-id: the Hub dataset the data is, if it is one"),
     "CERTIFY_DATASET_SPLIT": ("", "export --dataset-split"),
 }
-#: ``certify run`` exit codes with which the card was written.
-CARD_WRITTEN = (0, 1, 5, 6, 7)
 CARD_FILES = ("card.pdf", "card.html", "results.json", "results.json.sig", "model-index.md",
               "summary.md")
 COMPARE_FILES = ("compare.pdf", "compare.html", "compare.json")
@@ -213,7 +212,7 @@ def release_check(env: Mapping[str, str]) -> Outcome:
                              hint="regression (default) or verdict")
         pdf = inp["CERTIFY_PDF"].lower() not in ("false", "0", "no")
         run_rc = _run(inp, child, out, pdf, o)
-        if run_rc not in CARD_WRITTEN:
+        if run_rc not in CARD_WRITTEN_CODES:
             o.exit_code = run_rc
             return o
         _compare(inp, child, out, pdf, tolerance, o)
@@ -248,7 +247,7 @@ def _run(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, o: Outc
                 args += ["--passphrase-env", "CERTIFY_KEY_PASSPHRASE"]
         proc = _certify(args, env)
     o.outputs["run-exit-code"] = str(proc.returncode)
-    if proc.returncode not in CARD_WRITTEN:
+    if proc.returncode not in CARD_WRITTEN_CODES:
         o.say("## certify: no card", "",
               f"`certify run` exited {proc.returncode} "
               f"({_md(EXIT_CODES.get(proc.returncode, 'unknown'))}) and wrote no card: "
