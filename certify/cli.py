@@ -545,8 +545,20 @@ def verify_bundle_cmd(bundle_dir: Path, signature: Path, pubkey: Path) -> None:
 
 @main.command("export")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-def export_cmd(run_dir: Path) -> None:
-    """Write model-index.md (Hugging Face front matter) and summary.md for a release page."""
+@click.option("--dataset-id", metavar="ID",
+              help="The Hugging Face dataset the data is (e.g. a GTSRB test set's id); "
+                   "without it the data is named as local data, never as a Hub dataset.")
+@click.option("--dataset-split", metavar="SPLIT", help="Its split, e.g. test.")
+@click.option("--source-url", metavar="URL",
+              help="Where the signed card is published (e.g. the release's card.pdf): "
+                   "written as the results' source.")
+def export_cmd(run_dir: Path, dataset_id: str | None, dataset_split: str | None,
+               source_url: str | None) -> None:
+    """Write model-index.md (Hugging Face model card front matter) and summary.md.
+
+    model-index.md loads with huggingface_hub's ModelCard.load; the results digest is under
+    its front matter's `certify` key.
+    """
     import json
 
     from certify.report.export import markdown_summary, model_index
@@ -560,7 +572,14 @@ def export_cmd(run_dir: Path) -> None:
         raise UsageError(f"{path} not found", hint="export the --out folder of a run") from None
     except ValueError:
         raise UsageError(f"{path} is not valid JSON", hint="was it edited?") from None
-    atomic_write(run_dir / "model-index.md", model_index(results).encode())
+    if source_url is not None and not source_url.startswith(("https://", "http://")):
+        raise UsageError(f"--source-url {source_url!r} is not an http(s) URL",
+                         hint="e.g. https://github.com/OWNER/REPO/releases/download/v1/card.pdf")
+    if dataset_split and not dataset_id:
+        raise UsageError("--dataset-split needs --dataset-id", hint="name the Hub dataset")
+    index = model_index(results, dataset_id=dataset_id, split=dataset_split,
+                        source_url=source_url)
+    atomic_write(run_dir / "model-index.md", index.encode())
     atomic_write(run_dir / "summary.md", markdown_summary(results).encode())
     click.echo(f"model-index: {run_dir / 'model-index.md'}\nsummary: {run_dir / 'summary.md'}")
 

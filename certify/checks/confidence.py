@@ -100,8 +100,9 @@ class Coverage(Check):
         Metric("accuracy_full_coverage", "accuracy without abstaining", "higher"),
     )
     compare_outcomes = {"confident_mistake_rate": ("confident_mistake", "lower")}
-    export: ClassVar[ExportMetric | None] = ExportMetric("accuracy_at_coverage", "accuracy",
-                                                         "Accuracy at coverage")
+    # typed as what it is: accuracy on the answered share is not the model's accuracy
+    export: ClassVar[ExportMetric | None] = ExportMetric(
+        "accuracy_at_coverage", "accuracy_at_coverage", "Accuracy at coverage")
 
     def __init__(self, coverage: float = 0.8, confidence_threshold: float = 0.9,
                  abstain_class: int | None = None) -> None:

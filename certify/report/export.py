@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -17,6 +18,7 @@ from certify.canonical import canonical_json
 from certify.checks import CHECKS
 from certify.redact import redact
 from certify.report.card import headline
+from certify.report.sign import part_digest
 from certify.results import RunResult
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#!{}])")
@@ -40,8 +42,70 @@ def results_digest(result: RunResult) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(result.to_json())).hexdigest()
 
 
-def model_index(result: RunResult) -> str:
-    """A model card's YAML front matter with a ``model-index`` entry per check."""
+#: Front-matter key under which the export carries what the card's digests and identities are;
+#: ``huggingface_hub``'s ``ModelCard.load(...).data.to_dict()`` keeps unknown top-level keys.
+CERTIFY_KEY = "certify"
+#: ``dataset.type`` of local data: deliberately not a Hub dataset id, so that no leaderboard
+#: files a local copy (or a generated set) under a public benchmark it may not be.
+LOCAL_DATASET_TYPE = "local-data"
+DEMO_DATASET_TYPE = "certify-synthetic-traffic-signs"
+_DEMO_DATA_FILE = "synthetic-gtsrb-test.npz"
+
+
+def _is_demo_data(result: RunResult) -> bool:
+    """True for the set `certify demo` generates (its file name in its demo-data folder)."""
+    from certify.rundir import DEMO_DATA
+
+    source = Path(result.provenance.data_source or "")
+    return (result.measurement.data.name == _DEMO_DATA_FILE
+            and source.name == _DEMO_DATA_FILE and source.parent.name == DEMO_DATA)
+
+
+def dataset_entry(result: RunResult, dataset_id: str | None = None,
+                  split: str | None = None) -> dict[str, Any]:
+    """The ``dataset`` of a model-index result: what the evaluation data is.
+
+    A Hub dataset id is written only when the caller names one (``dataset_id``: the person
+    exporting asserts the data is that dataset); otherwise the data is named as local data by
+    its file name and digest (the demo's as generated, synthetic data), never by a path.
+    """
+    d = result.measurement.data
+    short = d.digest.split(":")[-1][:12]
+    if dataset_id:
+        entry: dict[str, Any] = {"name": local_free(dataset_id), "type": local_free(dataset_id)}
+        if split:
+            entry["split"] = local_free(split)
+    elif _is_demo_data(result):
+        entry = {"name": f"certify demo: synthetic traffic signs ({d.n} generated images, "
+                         f"not GTSRB)", "type": DEMO_DATASET_TYPE}
+    else:
+        entry = {"name": local_free(f"{d.name}: local data ({d.n} images, {d.layout}, "
+                                    f"sha256 {short})"), "type": LOCAL_DATASET_TYPE}
+    return entry
+
+
+def _metric(c: Any, export: Any, value: float) -> dict[str, Any]:
+    lo, hi = c.intervals.get(export.metric, (None, None))
+    args: dict[str, Any] = {"check": local_free(c.id), "kind": c.kind, "verdict": c.status}
+    if lo is not None and hi is not None:
+        args["ci95"] = [lo, hi]
+    if c.threshold is not None:
+        args["threshold"] = local_free(c.threshold.text)
+    n = getattr(c.metrics, "n", None)
+    if isinstance(n, int):
+        args["n"] = n
+    return {"type": export.type, "value": value, "name": local_free(f"{export.label}: {c.id}"),
+            "args": args}
+
+
+def front_matter(result: RunResult, *, dataset_id: str | None = None,
+                 split: str | None = None, source_url: str | None = None) -> dict[str, Any]:
+    """The model card metadata: a ``model-index`` entry per check and the card's digests.
+
+    ``verified``/``verify_token`` are left to the Hub (they mark its own evaluation service).
+    A ``source`` is written only with a ``source_url`` (the Hub requires the pair), e.g. the
+    release's card.pdf; the results digest is always under the top-level ``certify`` key.
+    """
     m = result.measurement
     metrics = []
     for c in result.checks:
@@ -51,19 +115,40 @@ def model_index(result: RunResult) -> str:
         value = getattr(c.metrics, export.metric, None)
         if value is None:
             continue
-        metrics.append({"type": export.type, "value": value,
-                        "name": local_free(f"{export.label}: {c.id}"), "verified": False})
-    doc: dict[str, Any] = {"model-index": [{
-        "name": local_free(m.model.name),
-        "results": [{
-            "task": {"type": "image-classification", "name": "Image Classification"},
-            "dataset": {"name": local_free(f"{m.suite.name} ({m.data.name})"),
-                        "type": m.suite.name},
-            "metrics": metrics,
-            "source": {"name": f"certify {m.certify_version}, results "
-                               f"{results_digest(result)}"},
-        }],
-    }]}
+        metrics.append(_metric(c, export, value))
+    digest = results_digest(result)
+    entry: dict[str, Any] = {
+        "task": {"type": "image-classification", "name": "Image Classification"},
+        "dataset": dataset_entry(result, dataset_id, split),
+        "metrics": metrics,
+    }
+    if source_url:
+        entry["source"] = {"name": f"certify {m.certify_version} robustness card ({digest})",
+                           "url": source_url}
+    return {
+        "model-index": [{"name": local_free(m.model.name), "results": [entry]}],
+        CERTIFY_KEY: {
+            "results_digest": digest,
+            "measurement_digest": part_digest(result.to_json(), "measurement"),
+            "certify_version": m.certify_version,
+            "suite": local_free(m.suite.name),
+            "suite_digest": m.suite.digest,
+            "data_digest": m.data.digest,
+            "model_identity": m.model.identity,
+            "verdict": m.verdict,
+            "verify": "certify verify card.pdf --pubkey KEY.pub",
+        },
+    }
+
+
+def model_index(result: RunResult, *, dataset_id: str | None = None, split: str | None = None,
+                source_url: str | None = None) -> str:
+    """A Hugging Face model card's YAML front matter (to head the model's README.md).
+
+    It loads with ``huggingface_hub.ModelCard.load`` and its ``model-index`` with
+    ``model_index_to_eval_results``.
+    """
+    doc = front_matter(result, dataset_id=dataset_id, split=split, source_url=source_url)
     return "---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) + "---\n"
 
 
