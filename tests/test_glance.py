@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -289,3 +290,61 @@ def test_the_glance_figure_and_the_verdicts_are_on_pdf_page_one(demo_run, tmp_pa
     for status in {c["status"] for c in checks}:
         near = (np.abs(band - _hex(glance.COLOURS[status])).max(axis=-1) < 30).sum()
         assert near >= 8, (status, near)
+
+
+class _Figures(HTMLParser):
+    """Collects the card's images, top-level SVGs (with their <title>) and verdict badges."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.imgs: list[dict] = []
+        self.svgs: list[dict] = []
+        self.badges: list[str] = []
+        self._depth = 0
+        self._in_title = False
+        self._badge: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a)
+        elif tag == "svg":
+            if self._depth == 0:
+                self.svgs.append({"attrs": a, "title": ""})
+            self._depth += 1
+        elif tag == "title" and self._depth:
+            self._in_title = True
+        elif tag == "span" and "verdict" in (a.get("class") or "").split():
+            self._badge = []
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._depth -= 1
+        elif tag == "title":
+            self._in_title = False
+        elif tag == "span" and self._badge is not None:
+            self.badges.append("".join(self._badge).strip())
+            self._badge = None
+
+    def handle_data(self, data):
+        if self._in_title and self.svgs and not self.svgs[-1]["title"]:
+            self.svgs[-1]["title"] = data
+        if self._badge is not None:
+            self._badge.append(data)
+
+
+def test_every_figure_has_a_text_alternative_and_every_verdict_a_word(demo_run):
+    parser = _Figures()
+    parser.feed((demo_run / "card.html").read_text(encoding="utf-8"))
+    assert parser.svgs and parser.imgs and parser.badges
+    for svg in parser.svgs:
+        assert svg["attrs"].get("role") == "img", svg["attrs"]
+        # a title that states numbers, not only a name
+        assert re.search(r"\d", svg["title"]), svg["title"][:80]
+    for img in parser.imgs:
+        alt = img.get("alt") or ""
+        assert re.search(r"sample .+\S", alt), alt
+    perturbed = [i["alt"] for i in parser.imgs if "predicted" in i["alt"]]
+    assert perturbed and all("true " in a for a in perturbed)
+    words = set(STATUS_WORDS) | {"passed", "too weak"}
+    assert all(b in words for b in parser.badges), set(parser.badges) - words
