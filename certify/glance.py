@@ -52,7 +52,7 @@ class Row:
     def sentence(self) -> str:
         """The row in words (the figure's text alternative)."""
         if self.value is None:
-            why = "not evaluated" if self.status == "SKIPPED" else "no value"
+            why = _no_value(self.status)
             return f"{self.id}: {why}, {self.status}."
         text = f"{self.id}: {self.words} {_fmt(self.value, self.rate)}"
         if self.interval is not None:
@@ -62,6 +62,10 @@ class Row:
             text += f", reference {_fmt(self.reference[0], self.rate)}"
         text += f", threshold {_threshold_text(self)}" if self.threshold else ", no threshold"
         return text + f", {self.status}."
+
+
+def _no_value(status: str) -> str:
+    return {"SKIPPED": "not evaluated", "ERROR": "error: no value"}.get(status, "no value")
 
 
 def _fmt(v: float, rate: bool) -> str:
@@ -215,7 +219,7 @@ def glance_svg(checks: Sequence[Any]) -> str:
                                       fill="#5b6475"))
                 col = COLOURS.get(r.status, "#455a64")
                 if r.value is None:
-                    why = "not evaluated" if r.status == "SKIPPED" else "no value (error)"
+                    why = _no_value(r.status)
                     body.append(_text(_PLOT_X0 + 4, cy + 3.5, why, 8.5, fill="#5b6475"))
                 else:
                     if r.interval is not None:
@@ -247,7 +251,7 @@ def glance_svg(checks: Sequence[Any]) -> str:
                 body.append(f"<g><title>{escape(r.sentence())}</title>")
                 body.append(_text(_LABEL_X, cy + 3.5, _clip(r.id)))
                 if r.value is None:
-                    line = "not evaluated" if r.status == "SKIPPED" else "no value (error)"
+                    line = _no_value(r.status)
                 else:
                     line = f"{r.words} {_fmt(r.value, False)}"
                     if r.interval is not None:

@@ -124,6 +124,12 @@ def test_the_figure_states_its_numbers_in_words():
             "PASS.") in desc
     assert "coverage: confident mistake rate 0.2% (95% CI 0.0%–1.3%), threshold ≤ 5.0%" in desc
     assert "hue_scores: not evaluated, SKIPPED." in desc
+    assert "clean: error: no value, ERROR." in desc
+    # a metric that came out undefined (non-finite outputs) is not drawn as a number
+    nan = _check("nan_score", "corruption", "INCONCLUSIVE", {"robustness_score": None}, {},
+                 ("robustness_score", 0.8, None))
+    assert glance.alt_text([nan]) == "nan_score: no value, INCONCLUSIVE."
+    assert "cx=" not in _rows(glance.glance_svg([nan]))["nan_score"].split("INCONCLUSIVE")[0]
     assert "brittleness: brittle score 0.00884 (95% CI 0.00597–0.0118), reference 0.00561, " \
            "no threshold, INFO." in desc
     assert glance.alt_text(_suite()) == desc
