@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from typing import Any
+from xml.sax.saxutils import escape
 
 _RC: dict[Any, Any] = {"svg.hashsalt": "certify", "svg.fonttype": "none", "font.size": 7}
 
@@ -20,14 +21,17 @@ def _figure(size: tuple[float, float]) -> tuple[Any, Any]:
     return fig, fig.subplots()
 
 
-def _svg(fig: Any, ax: Any) -> str:
-    """Finish a figure and return it as inline SVG (no XML header, no timestamp)."""
+def _svg(fig: Any, ax: Any, title: str) -> str:
+    """Finish a figure and return it as inline SVG (no XML header, no timestamp), with
+    ``title`` (its numbers in words) as its text alternative: ``role="img"`` and ``<title>``."""
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg"):]
+    end = svg.index(">") + 1
+    return (svg[: end - 1] + ' role="img">' + f"<title>{escape(title)}</title>" + svg[end:])
 
 
 def per_class_svg(per_class: list[dict[str, Any]]) -> str:
@@ -44,7 +48,10 @@ def per_class_svg(per_class: list[dict[str, Any]]) -> str:
         ax.set_ylabel("accuracy")
         ax.set_xlabel("class id")
         ax.tick_params(axis="x", labelsize=5)
-        return _svg(fig, ax)
+        title = "Accuracy per class (bars coloured green at 90% or more, amber at 70% or " \
+                "more, red below): " + "; ".join(f"class {c}: {100 * a:.1f}%"
+                                                 for c, a in zip(classes, acc, strict=True))
+        return _svg(fig, ax, title)
 
 
 def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
@@ -60,7 +67,9 @@ def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel(unit)
         ax.set_ylabel("robustness")
-        return _svg(fig, ax)
+        title = (f"Robustness score against the bound ({unit}): "
+                 + ("; ".join(f"{x:g} {unit}: {100 * y:.1f}%" for x, y in pts) or "no points"))
+        return _svg(fig, ax, title)
 
 
 def queries_curve_svg(curve: list[dict[str, Any]], totals: list[int]) -> str:
@@ -78,7 +87,10 @@ def queries_curve_svg(curve: list[dict[str, Any]], totals: list[int]) -> str:
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("queries per sample")
         ax.set_ylabel("robust accuracy")
-        return _svg(fig, ax)
+        title = ("Robust accuracy had the attack stopped after a number of queries per sample: "
+                 + "; ".join(f"{x:g} queries: {100 * y:.1f}%" for x, y in pts)
+                 + (f" (round totals: {', '.join(str(t) for t in totals)})" if totals else ""))
+        return _svg(fig, ax, title)
 
 
 #: Pair-matrix cell fills by robustness score band (lower bound inclusive), lightest first.

@@ -126,6 +126,7 @@ class AttackCheck(Check):
     """
 
     kind: ClassVar[str] = "attack"
+    glance_group: ClassVar[str] = "Attacks"
     family: ClassVar[str] = "Query-based attacks validated by the binarization test"
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("robust_accuracy", "share of all samples correct and not broken by the attack "

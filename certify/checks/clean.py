@@ -31,6 +31,7 @@ class CleanAccuracy(Check):
     """
 
     kind: ClassVar[str] = "clean_accuracy"
+    glance_group: ClassVar[str] = "Clean, coverage and confidence"
     family: ClassVar[str] = "Clean accuracy"
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("accuracy", "top-1 accuracy on clean data", "higher", threshold=True),

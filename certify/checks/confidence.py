@@ -86,6 +86,7 @@ class Coverage(Check):
     """
 
     kind: ClassVar[str] = "coverage"
+    glance_group: ClassVar[str] = "Clean, coverage and confidence"
     family: ClassVar[str] = FAMILY
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("accuracy_at_coverage", "accuracy on the answered inputs", "higher",
@@ -232,6 +233,7 @@ class Sanity(Check):
     """
 
     kind: ClassVar[str] = "sanity"
+    glance_group: ClassVar[str] = "Clean, coverage and confidence"
     family: ClassVar[str] = FAMILY
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("nondeterministic_share", "share of samples whose repeated queries differ, on "

@@ -128,6 +128,7 @@ def search(
 
 class _CorruptionBase(Check):
     family: ClassVar[str] = FAMILY
+    glance_group: ClassVar[str] = "Corruptions"
 
     def _clean(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
                flip_only: bool

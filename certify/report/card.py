@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
+from certify import glance
 from certify.canonical import script_safe_json
 from certify.checks import CHECKS
 from certify.results import RunResult
@@ -61,6 +62,12 @@ def renderer_info() -> dict[str, str]:
             "weasyprint": weasyprint.__version__}
 
 
+def _glance(checks: list[Any], worst: list[Any]) -> dict[str, Any]:
+    svg = glance.glance_svg(checks)
+    return {"svg": svg, "alt": glance.alt_text(checks), "worst": glance.worst_case_line(worst),
+            "width_mm": glance.print_width_mm(svg)}
+
+
 def card_context(result: RunResult, signature: Any = None,
                  images: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Everything the template shows, computed from the result (and the images it names)."""
@@ -102,6 +109,7 @@ def card_context(result: RunResult, signature: Any = None,
         "not_tested": not_tested,
         "figures": figures,
         "headlines": {c.id: headline(c) for c in checks},
+        "glance": _glance(checks, m.attack_worst_case),
         "sections": sections,
         "warnings": warnings,
         "decision_rule": rule,

@@ -1,0 +1,356 @@
+"""The card at a glance and its accessibility basics (issue 18, points 4 and 6).
+
+The figure's rules on hand-made results (fast), then the demo card in real headless Chromium at a
+phone's and a laptop's width (no sideways scrolling, nothing cut) and its PDF's first page.
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+from pypdf import PdfReader
+
+from certify import figures, glance
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PROBE = Path(__file__).with_name("layout_probe.js")
+STATUS_WORDS = ("PASS", "FAIL", "WARN", "INCONCLUSIVE", "SKIPPED", "ERROR", "INFO")
+
+
+def _check(id: str, kind: str, status: str, metrics: dict | None = None,
+           intervals: dict | None = None, threshold: tuple | None = None):
+    """A stand-in for a typed check result: what the figure reads of it."""
+    thr = None if threshold is None else SimpleNamespace(
+        metric=threshold[0], min=threshold[1], max=threshold[2])
+    return SimpleNamespace(id=id, kind=kind, status=status, metrics=metrics or {},
+                           intervals=intervals or {}, threshold=thr)
+
+
+def _suite():
+    return [
+        _check("gaussian_noise", "corruption", "PASS", {"robustness_score": 0.91},
+               {"robustness_score": [0.879, 0.934]}, ("robustness_score", 0.8, None)),
+        _check("sticker", "corruption", "FAIL", {"robustness_score": 0.243},
+               {"robustness_score": [0.205, 0.287]}, ("robustness_score", 0.6, None)),
+        _check("square_l2", "attack", "WARN", {"robust_accuracy": 0.67},
+               {"robust_accuracy": [0.573, 0.754]}, ("robust_accuracy", 0.5, None)),
+        _check("hsj", "attack", "INCONCLUSIVE", {"robust_accuracy": 0.575},
+               {"robust_accuracy": [0.422, 0.715]}, ("robust_accuracy", 0.5, None)),
+        _check("hue_scores", "corruption", "SKIPPED", {}, {}, ("robustness_score", 0.8, None)),
+        _check("clean", "clean_accuracy", "ERROR", {}, {}, ("accuracy", 0.9, None)),
+        _check("coverage", "coverage", "PASS",
+               {"accuracy_at_coverage": 1.0, "confident_mistake_rate": 0.002},
+               {"confident_mistake_rate": [0.0004, 0.013]},
+               ("confident_mistake_rate", None, 0.05)),
+        _check("brittleness", "brittleness", "INFO",
+               {"brittle_score": 0.00884, "reference_brittle_score": 0.00561},
+               {"brittle_score": [0.00597, 0.0118],
+                "reference_brittle_score": [0.00385, 0.00761]}),
+    ]
+
+
+def _rows(svg: str) -> dict[str, str]:
+    """Each row's SVG group, by check id (from the group's <title>)."""
+    return {m.group(1): m.group(0) for m in
+            re.finditer(r"<g><title>([^:<]+):.*?</g>", svg, flags=re.S)}
+
+
+def test_every_status_is_a_word_and_a_shape_not_only_a_colour():
+    svg = glance.glance_svg(_suite())
+    rows = _rows(svg)
+    assert set(rows) == {c.id for c in _suite()}
+    expected = {c.id: c.status for c in _suite()}
+    tags = {"circle": "<circle", "ring": "<circle", "cross": "<path", "triangle": "<path",
+            "diamond": "<path", "dash": "<path", "square": "<rect"}
+    for cid, g in rows.items():
+        status = expected[cid]
+        # the word, and beside it a marker of the status's own shape
+        assert f">{status}</text>" in g, (cid, status)
+        before_word = g.split(f">{status}</text>")[0]
+        assert before_word.rstrip().rsplit("<text", 1)[0].rstrip().endswith("/>")
+        assert tags[glance.SHAPES[status]] in before_word.rsplit("<text", 1)[0][-260:], cid
+    assert len(set(glance.SHAPES.values())) == len(glance.SHAPES), "two statuses share a shape"
+    # the legend names every status present, beside its shape
+    legend = svg.split("<g>", 1)[0]
+    for status in set(expected.values()):
+        assert f">{status}</text>" in legend, status
+
+
+def test_value_interval_and_threshold_are_drawn_where_they_are():
+    svg = glance.glance_svg(_suite())
+    g = _rows(svg)["gaussian_noise"]
+    x0, x1 = glance._PLOT_X0, glance._PLOT_X1
+    at = lambda v: x0 + (x1 - x0) * v  # noqa: E731
+    assert f'cx="{at(0.91):.1f}"' in g  # the value's marker
+    assert f"M{at(0.879):.1f}," in g and f"L{at(0.934):.1f}," in g  # its 95% interval
+    assert f"M{at(0.8):.1f}," in g  # the threshold's tick
+    assert ">91.0%</text>" in g
+    # an upper threshold (coverage: confident mistakes at most 5%) is drawn at 5%
+    assert f"M{at(0.05):.1f}," in _rows(svg)["coverage"]
+    # a skipped check has no marker on the axis and says it was not evaluated
+    skipped = _rows(svg)["hue_scores"]
+    assert "not evaluated" in skipped and "cx=" not in skipped.split("not evaluated")[0]
+
+
+def test_a_score_that_is_not_a_rate_is_never_put_on_the_percent_axis():
+    svg = glance.glance_svg(_suite())
+    g = _rows(svg)["brittleness"]
+    assert "brittle score 0.00884 (95% CI 0.00597–0.0118)" in g
+    assert "reference 0.00561" in g
+    shown = re.sub(r"<title>.*?</title>", "", g)
+    assert re.findall(r"[\d.]+%", shown) == ["95%"]  # the interval's level, no value as a %
+    # nothing of the row is drawn on the axis: its only marker is the status's, beside the word
+    drawn = [float(x) for x in re.findall(r'<(?:circle cx|path d)="M?([\d.]+)', g)]
+    assert drawn and min(drawn) >= glance._STATUS_X, drawn
+
+
+def test_the_figure_states_its_numbers_in_words():
+    svg = glance.glance_svg(_suite())
+    assert svg.startswith("<svg") and 'role="img"' in svg
+    assert 'aria-labelledby="glance-title glance-desc"' in svg
+    desc = html_lib.unescape(re.search(r'<desc id="glance-desc">(.*?)</desc>', svg).group(1))
+    assert ("gaussian_noise: robustness score 91.0% (95% CI 87.9%–93.4%), threshold ≥ 80.0%, "
+            "PASS.") in desc
+    assert "coverage: confident mistake rate 0.2% (95% CI 0.0%–1.3%), threshold ≤ 5.0%" in desc
+    assert "hue_scores: not evaluated, SKIPPED." in desc
+    assert "clean: error: no value, ERROR." in desc
+    # a metric that came out undefined (non-finite outputs) is not drawn as a number
+    nan = _check("nan_score", "corruption", "INCONCLUSIVE", {"robustness_score": None}, {},
+                 ("robustness_score", 0.8, None))
+    assert glance.alt_text([nan]) == "nan_score: no value, INCONCLUSIVE."
+    assert "cx=" not in _rows(glance.glance_svg([nan]))["nan_score"].split("INCONCLUSIVE")[0]
+    assert "brittleness: brittle score 0.00884 (95% CI 0.00597–0.0118), reference 0.00561, " \
+           "no threshold, INFO." in desc
+    assert glance.alt_text(_suite()) == desc
+
+
+def test_worst_case_line_per_threat_model():
+    w = [SimpleNamespace(norm="l2", epsilon=0.5, n=40, robust_accuracy=0.575),
+         SimpleNamespace(norm="linf", epsilon=0.0314, n=100, robust_accuracy=0.1),
+         SimpleNamespace(norm="spatial", epsilon=0.0, n=100, robust_accuracy=0.08),
+         SimpleNamespace(norm="l0", epsilon=8.0, n=100, robust_accuracy=0.07)]
+    assert glance.worst_case_line(w) == ("L∞ 8/255: 10% (n 100) · L2 0.5: 57.5% (n 40) · "
+                                         "L0 8 px: 7% (n 100) · spatial: 8% (n 100)")
+    # an ε that is not a whole number of grey levels is written as it is
+    assert glance.threat_name("linf", 0.01) == "L∞ 0.01"
+
+
+def test_a_long_suite_figure_is_not_shrunk_past_legibility_to_fit_page_one():
+    short = glance.glance_svg(_suite())
+    long = glance.glance_svg(_suite() * 12)
+    assert glance.print_width_mm(short) == 180.0  # as wide as the page allows
+    assert glance.print_width_mm(long) == 110.0  # the floor: it moves to page 2 instead
+
+
+def test_matplotlib_figures_carry_a_title_stating_their_numbers():
+    per_class = figures.per_class_svg([{"class": 0, "accuracy": 0.5}, {"class": 7,
+                                                                       "accuracy": 1.0}])
+    assert re.search(r"<svg[^>]*role=\"img\"", per_class)
+    title = re.search(r"<title>(.*?)</title>", per_class).group(1)
+    assert "class 0: 50.0%" in title and "class 7: 100.0%" in title
+    curve = figures.curve_svg([{"intensity": 0.1, "score": 0.9},
+                               {"intensity": 0.2, "score": 0.75}], "sigma")
+    title = re.search(r"<title>(.*?)</title>", curve).group(1)
+    assert "0.1 sigma: 90.0%" in title and "0.2 sigma: 75.0%" in title
+    q = figures.queries_curve_svg([{"queries": 10, "robust_accuracy": 0.8},
+                                   {"queries": 100, "robust_accuracy": 0.4}], [100])
+    title = re.search(r"<title>(.*?)</title>", q).group(1)
+    assert "10 queries: 80.0%" in title and "100 queries: 40.0%" in title
+
+
+# --- the demo card in Chromium and in its PDF ------------------------------------------------
+
+def layout(card_html: Path, width: int, tmp: Path) -> dict:
+    """Load a copy of the card with the layout probe in headless Chromium, in a viewport
+    ``width`` px wide.
+
+    Headless Chromium never makes its window narrower than 500 px, so the copy is loaded in an
+    iframe of exactly ``width`` x 900 px: the frame is the card's viewport (its media queries,
+    ``innerWidth`` and scrolling are the frame's), and the probe posts its findings to the
+    outer page, which ``--dump-dom`` prints.
+    """
+    page = tmp / f"probe-{width}.html"
+    text = card_html.read_text(encoding="utf-8")
+    page.write_text(text.replace("</body>", f"<script>{PROBE.read_text()}</script></body>"),
+                    encoding="utf-8")
+    outer = tmp / f"outer-{width}.html"
+    outer.write_text(
+        "<!DOCTYPE html><html><body style='margin:0'><pre id='layout-result'></pre>"
+        f"<iframe src='{page.name}' style='width:{width}px;height:900px;border:0;"
+        "display:block'></iframe><script>addEventListener('message', e => {"
+        "document.getElementById('layout-result').textContent = e.data; });</script>"
+        "</body></html>", encoding="utf-8")
+    profile = tempfile.mkdtemp()
+    try:
+        proc = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--no-first-run", "--hide-scrollbars",
+             "--allow-file-access-from-files", f"--user-data-dir={profile}",
+             f"--window-size={max(width, 500) + 40},1000", "--virtual-time-budget=10000",
+             "--dump-dom", outer.as_uri()],
+            capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    found = re.findall(r'<pre id="layout-result">(\{.*?)</pre>', proc.stdout, flags=re.S)
+    assert found, proc.stderr[-2000:]
+    return json.loads(html_lib.unescape(found[-1]))
+
+
+def assert_fits(result: dict, width: int) -> None:
+    """No sideways scrolling of the page and nothing cut, without hiding the overflow."""
+    assert result["innerWidth"] == width, result["innerWidth"]
+    assert result["htmlOverflowX"] in ("visible", "auto"), result["htmlOverflowX"]
+    assert result["bodyOverflowX"] in ("visible", "auto"), result["bodyOverflowX"]
+    assert result["checked"] > 500  # the probe saw the card, not an empty page
+    assert result["scrollWidth"] <= result["clientWidth"], (
+        f"the page scrolls sideways at {width}px: {result['scrollWidth']} > "
+        f"{result['clientWidth']}; cut: {result['cut'][:5]}")
+    assert not result["cut"], result["cut"][:10]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by setup.sh")
+@pytest.mark.parametrize("width", [390, 1280])
+def test_card_fits_a_phone_and_a_laptop_in_chromium(demo_run, tmp_path, width):
+    result = layout(demo_run / "card.html", width, tmp_path)
+    assert_fits(result, width)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by setup.sh")
+def test_the_probe_catches_a_page_that_scrolls_or_clips(tmp_path):
+    wide = tmp_path / "wide.html"
+    wide.write_text("<html><body>" + "<p>x</p>" * 600 +
+                    "<table><tr>" + "<td>wide_cell_content</td>" * 40 +
+                    "</tr></table></body></html>")
+    assert layout(wide, 390, tmp_path)["scrollWidth"] > 400
+    hidden = tmp_path / "hidden.html"
+    hidden.write_text("<html><body style='overflow-x:hidden'>" + "<p>x</p>" * 600 +
+                      "<div style='overflow:hidden;width:100px'><span style='white-space:nowrap'>"
+                      "a long line that the box cuts off</span></div></body></html>")
+    r = layout(hidden, 390, tmp_path)
+    assert r["bodyOverflowX"] == "hidden"
+    assert any(c.get("clipped_by") for c in r["cut"]), r["cut"]
+
+
+def _page1(pdf: Path, tmp: Path, stem: str) -> tuple[np.ndarray, float, float]:
+    """Page 1 at 72 dpi (one pixel per point) in colour, and the y (points) of the "At a
+    glance" heading and of the figure's caption ("Each check's ...") below the figure."""
+    subprocess.run(["pdftoppm", "-r", "72", "-png", "-f", "1", "-l", "1", str(pdf),
+                    str(tmp / stem)], check=True)
+    (png,) = tmp.glob(f"{stem}*.png")
+    with Image.open(png) as im:
+        pixels = np.asarray(im.convert("RGB"), dtype=np.int32)
+    words = subprocess.run(["pdftotext", "-bbox", "-f", "1", "-l", "1", str(pdf), "-"],
+                           check=True, capture_output=True, text=True).stdout
+    found = re.findall(r'<word xMin="[\d.]+" yMin="([\d.]+)"[^>]*>([^<]*)</word>', words)
+    ys = [(float(y), w) for y, w in found]
+    heading = next(y for y, w in ys if w == "glance")
+    caption = next(y for (y, w), (_, nxt) in zip(ys, ys[1:], strict=False)
+                   if w == "Each" and nxt.startswith("check"))
+    return pixels, heading, caption
+
+
+def _hex(colour: str) -> np.ndarray:
+    return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+
+
+def test_the_glance_figure_and_the_verdicts_are_on_pdf_page_one(demo_run, tmp_path):
+    from certify.report.card import render_pdf
+
+    pdf = demo_run / "card.pdf"
+    results = json.loads((demo_run / "results.json").read_text())
+    checks = results["measurement"]["checks"]
+    text = PdfReader(pdf).pages[0].extract_text()
+    # selectable text on page 1: the verdict words, the check ids (the figure's text is text)
+    assert "At a glance" in text and "Worst case per threat model" in text
+    assert f"Overall verdict: {results['measurement']['verdict']}" in text
+    assert "Corruptions · robustness score" in text and "Attacks · robust accuracy" in text
+    for c in checks:
+        assert c["id"] in text, c["id"]
+    for status in {c["status"] for c in checks}:
+        assert status in text
+    # the drawing: against the same card rendered without the figure's SVG, page 1 has a tall
+    # band between the heading and the caption, drawn in every verdict colour present
+    card = (demo_run / "card.html").read_text(encoding="utf-8")
+    without = re.sub(r'<svg xmlns="http://www.w3.org/2000/svg" viewBox[^>]*class="glance-svg".*?'
+                     r"</svg>", "", card, count=1, flags=re.S)
+    assert without != card
+    bare = tmp_path / "bare.pdf"
+    bare.write_bytes(render_pdf(without, (demo_run / "results.json").read_bytes()))
+    full, top, bottom = _page1(pdf, tmp_path, "full")
+    _, bare_top, bare_bottom = _page1(bare, tmp_path, "bare")
+    assert bare_bottom - bare_top < 60, (bare_top, bare_bottom)
+    assert bottom - top > 250, (top, bottom)  # the figure: over 88 mm tall, on page 1
+    band = full[int(top) + 20:int(bottom) - 2]
+    for status in {c["status"] for c in checks}:
+        near = (np.abs(band - _hex(glance.COLOURS[status])).max(axis=-1) < 30).sum()
+        assert near >= 8, (status, near)
+
+
+class _Figures(HTMLParser):
+    """Collects the card's images, top-level SVGs (with their <title>) and verdict badges."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.imgs: list[dict] = []
+        self.svgs: list[dict] = []
+        self.badges: list[str] = []
+        self._depth = 0
+        self._in_title = False
+        self._badge: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a)
+        elif tag == "svg":
+            if self._depth == 0:
+                self.svgs.append({"attrs": a, "title": ""})
+            self._depth += 1
+        elif tag == "title" and self._depth:
+            self._in_title = True
+        elif tag == "span" and "verdict" in (a.get("class") or "").split():
+            self._badge = []
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._depth -= 1
+        elif tag == "title":
+            self._in_title = False
+        elif tag == "span" and self._badge is not None:
+            self.badges.append("".join(self._badge).strip())
+            self._badge = None
+
+    def handle_data(self, data):
+        if self._in_title and self.svgs and not self.svgs[-1]["title"]:
+            self.svgs[-1]["title"] = data
+        if self._badge is not None:
+            self._badge.append(data)
+
+
+def test_every_figure_has_a_text_alternative_and_every_verdict_a_word(demo_run):
+    parser = _Figures()
+    parser.feed((demo_run / "card.html").read_text(encoding="utf-8"))
+    assert parser.svgs and parser.imgs and parser.badges
+    for svg in parser.svgs:
+        assert svg["attrs"].get("role") == "img", svg["attrs"]
+        # a title that states numbers, not only a name
+        assert re.search(r"\d", svg["title"]), svg["title"][:80]
+    for img in parser.imgs:
+        alt = img.get("alt") or ""
+        assert re.search(r"sample .+\S", alt), alt
+    perturbed = [i["alt"] for i in parser.imgs if "predicted" in i["alt"]]
+    assert perturbed and all("true " in a for a in perturbed)
+    words = set(STATUS_WORDS) | {"passed", "too weak"}
+    assert all(b in words for b in parser.badges), set(parser.badges) - words
