@@ -52,11 +52,12 @@ from certify.images import ImageSink
 from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed
 
-#: Masked images per model call (across samples). 256 runs onnxruntime faster per image than
-#: larger calls on 2 CPU cores (idle, 30 images x 1,000 masks, benchmarks/brittleness.py models:
-#: small CNN 32.3 ms/img at 256 against 39.6 at 2,048; demo model 64.9 against 67.4), and
-#: bounds memory (~12 KB per 3x32x32 image).
-_CHUNK = 256
+#: Masked images built per hand-off to the models (across samples); each model call is then
+#: split into onnxruntime calls of ``certify.models.onnx.CPU_CHUNK`` images on the CPU, which
+#: is where smaller batches run faster. Building 2,048 at a time rather than 256 was 10-18%
+#: faster with two models (the check: model and reference) and with one (benchmarks/RESULTS.md).
+#: Bounds memory (~12 KB per 3x32x32 image).
+_CHUNK = 2048
 #: Bootstrap resamples for the intervals.
 BOOTSTRAP = 2000
 #: Stream of the grid segmentation's masks (``ctx.seed(i, _GRID_STREAM)``) and the bootstrap's.
