@@ -208,3 +208,26 @@ def measurement(out: Path) -> bytes:
     from certify.canonical import canonical_json
 
     return canonical_json(json.loads((out / "results.json").read_text())["measurement"])
+
+
+#: Class names for suites on the tiny model.
+CLASSES = [f"c{i}" for i in range(NUM_CLASSES)]
+
+
+def write_small_suite(path: Path, name: str, extra: list[dict] | None = None) -> Path:
+    """A fast suite for the tiny model: clean accuracy and one noise property (thresholds at 0,
+    so only a comparison decides), plus ``extra`` checks."""
+    import yaml
+
+    checks = [
+        {"id": "clean", "kind": "clean_accuracy",
+         "threshold": {"metric": "accuracy", "min": 0.0}},
+        {"id": "noise", "kind": "corruption",
+         "params": {"property": "gaussian_noise", "bound": 0.08, "steps": 2, "tries": 1},
+         "threshold": {"min": 0.0}},
+        *(extra or []),
+    ]
+    path.write_text(yaml.safe_dump({"name": name, "classes": CLASSES, "seed": 0,
+                                    "checks": checks}))
+    return path
+

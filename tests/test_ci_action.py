@@ -15,20 +15,12 @@ import yaml
 import builders
 
 ROOT = Path(__file__).resolve().parents[1]
-CLASSES = [f"c{i}" for i in range(43)]
 
 
 @pytest.fixture(scope="module")
 def setup(net, model_path, tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("action")
-    suite = tmp / "suite.yaml"
-    suite.write_text(yaml.safe_dump({"name": "rel", "classes": CLASSES, "seed": 0, "checks": [
-        {"id": "clean", "kind": "clean_accuracy",
-         "threshold": {"metric": "accuracy", "min": 0.0}},
-        {"id": "noise", "kind": "corruption",
-         "params": {"property": "gaussian_noise", "bound": 0.08, "steps": 2, "tries": 1},
-         "threshold": {"min": 0.0}},
-    ]}))
+    suite = builders.write_small_suite(tmp / "suite.yaml", "rel")
     keys = tmp / "keys"
     assert builders.run_cli("keygen", "--out", keys).returncode == 0
     return {"tmp": tmp, "suite": suite, "model": model_path, "keys": keys,

@@ -239,17 +239,10 @@ def test_other_schemas_and_reference_models_are_not_comparable(tmp_path):
 # --- the command on the tiny model ---------------------------------------------------------------
 
 def _suite(path: Path) -> Path:
-    path.write_text(yaml.safe_dump({"name": "cmp", "classes": CLASSES, "seed": 0, "checks": [
-        {"id": "clean", "kind": "clean_accuracy",
-         "threshold": {"metric": "accuracy", "min": 0.0}},
-        {"id": "noise", "kind": "corruption",
-         "params": {"property": "gaussian_noise", "bound": 0.08, "steps": 2, "tries": 1},
-         "threshold": {"min": 0.0}},
+    return builders.write_small_suite(path, "cmp", [
         {"id": "square", "kind": "attack", "params": {
             "attack": "square_linf", "epsilon": 0.03, "max_queries": 20,
-            "binarization": False}, "threshold": {"metric": "robust_accuracy", "min": 0.0}},
-    ]}))
-    return path
+            "binarization": False}, "threshold": {"metric": "robust_accuracy", "min": 0.0}}])
 
 
 @pytest.fixture(scope="module")
