@@ -98,8 +98,7 @@ PAIR_BANDS = ((0.9, "#c8e6c9", "≥ 90%"), (0.7, "#ffe0b2", "70–90%"), (0.0, "
 
 
 def _esc(text: str) -> str:
-    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace('"', "&quot;"))
+    return escape(text, {'"': "&quot;"})
 
 
 def pair_matrix_svg(pairs: list[tuple[str, str, float]]) -> str:
