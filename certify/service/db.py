@@ -1,0 +1,154 @@
+"""The service's state: tables, engine, schema migrations (Alembic).
+
+SQLite (WAL) by default, PostgreSQL with ``--db postgresql+psycopg://...``. The schema is only
+ever created by the Alembic migrations in :mod:`certify.service.migrations`, run at start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Engine,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+#: Run states. ``queued`` and ``running`` are live; the rest are final.
+QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
+FINAL_STATES = (DONE, ERROR, CANCELLED)
+
+
+def utcnow() -> dt.datetime:
+    """Now, timezone-aware UTC (stored as naive UTC: SQLite keeps no zone)."""
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the service's tables."""
+
+
+class Token(Base):
+    """An API token: only its sha256 is stored."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    expires: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Model queries this token's runs may spend in all (None: unlimited).
+    query_budget: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    queries_used: Mapped[int] = mapped_column(Integer, default=0)
+    #: Runs of this token that may be queued or running at once.
+    max_concurrent: Mapped[int] = mapped_column(Integer, default=4)
+
+
+class Run(Base):
+    """One submitted run, from queued to a final state."""
+
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, unique=True)  # submission order
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    updated: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: ``onnx`` (model_ref = upload digest) or ``http`` (model_ref = endpoint URL).
+    model_kind: Mapped[str] = mapped_column(String(8))
+    model_ref: Mapped[str] = mapped_column(Text)
+    model_name: Mapped[str] = mapped_column(String(300))
+    #: The endpoint's auth secret, encrypted (:mod:`certify.service.secrets`); never returned.
+    secret_enc: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    #: A packaged suite name, or ``upload:<digest>`` of an uploaded YAML.
+    suite: Mapped[str] = mapped_column(String(300))
+    suite_name: Mapped[str] = mapped_column(String(300))
+    #: A registered dataset name, or ``upload:<digest>`` of an uploaded .npz.
+    dataset: Mapped[str] = mapped_column(String(300))
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: Live progress: {"label": ..., "done": n, "total": m, "checks": {id: status}}.
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    verdict: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class Upload(Base):
+    """An uploaded file, stored by content digest."""
+
+    __tablename__ = "uploads"
+    digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # model | suite | dataset
+    size: Mapped[int] = mapped_column(Integer)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    expires: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class LogEntry(Base):
+    """One leaf of the transparency log (append-only: rows are never updated or deleted)."""
+
+    __tablename__ = "log_entries"
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    leaf_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    #: sha256 of the signed statement's canonical JSON (the leaf's data), "sha256:<hex>".
+    statement_digest: Mapped[str] = mapped_column(String(80), unique=True, index=True)
+    statement: Mapped[dict[str, Any]] = mapped_column(JSON)
+    run_id: Mapped[str] = mapped_column(String(32))
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+def sqlite_url(home: Path) -> str:
+    """The default database: ``state.db`` in the service's home folder."""
+    return f"sqlite:///{home / 'state.db'}"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn: Any, _record: Any) -> None:
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest migration (Alembic ``upgrade head``)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def sessions(engine: Engine) -> sessionmaker[Any]:
+    """A session factory whose objects stay readable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
