@@ -1,0 +1,431 @@
+"""The HTTP API (``/api/v1``), mounted with the web UI and the transparency log's routes.
+
+Only static validation happens before a submission's 202 (tokens and limits, suite parse, upload
+sizes, the ONNX static checks, dataset name, endpoint allow-list); the model is loaded and
+probed in the run's own process, whose refusals end the run ``error`` with the messages
+``certify run`` prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, File, Form, HTTPException, Request, UploadFile
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
+
+import certify
+from certify.errors import CertifyError
+from certify.service import auth, queue
+from certify.service.config import ServeConfig
+from certify.service.db import FINAL_STATES, QUEUED, RUNNING, Run, Token, Upload, utcnow
+
+log = logging.getLogger("certify.service")
+
+API = "/api/v1"
+SESSION_COOKIE = "certify_session"
+#: Files of a finished run that may be downloaded, and their media types.
+ARTEFACTS = {"card.html": "text/html; charset=utf-8", "card.pdf": "application/pdf",
+             "results.json": "application/json", "results.json.sig": "application/json"}
+
+
+@dataclass
+class Services:
+    """What the routes share: configuration, database, store, log, keys, workers."""
+
+    cfg: ServeConfig
+    factory: sessionmaker[Any]
+    store: Any  # certify.service.store.Store
+    tlog: Any  # certify.service.tlog.TransparencyLog
+    secrets: Any  # certify.service.secrets.SecretBox | None
+    public_pem: bytes
+    session_key: bytes
+    limits: Any  # certify.service.uploads.Limits
+    workers: Any = None  # certify.service.workers.WorkerPool
+
+
+def open_services(cfg: ServeConfig) -> Services:
+    """Open (and migrate) the database, the store, the keys and the log."""
+    from cryptography.hazmat.primitives import serialization
+
+    from certify.report.sign import load_private_key
+    from certify.service import keys
+    from certify.service.db import make_engine, migrate, sessions
+    from certify.service.store import Store
+    from certify.service.tlog import TransparencyLog
+    from certify.service.uploads import Limits
+
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(cfg.db_url)
+    migrate(engine)
+    factory = sessions(engine)
+    key_path = keys.signing_key_path(cfg.home, cfg.sign_key)
+    import os
+
+    passphrase = (os.environ.get(cfg.passphrase_env, "").encode() or None
+                  if cfg.passphrase_env else None)
+    private = load_private_key(key_path, passphrase)
+    public_pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    box = None
+    if cfg.secrets_key is not None or os.environ.get("CERTIFY_SECRETS_KEY"):
+        from certify.service.secrets import load_secret_box
+
+        box = load_secret_box(cfg.secrets_key, cfg.home)
+    limits = Limits(max_model_bytes=cfg.max_upload_mb * 2**20,
+                    max_total_bytes=cfg.max_upload_mb * 2**20,
+                    max_dataset_bytes=cfg.max_dataset_mb * 2**20,
+                    allowed_domains=Limits().allowed_domains + tuple(cfg.allow_domains))
+    import dataclasses
+
+    cfg2 = dataclasses.replace(cfg, sign_key=key_path)
+    return Services(cfg2, factory, Store(cfg.store_root), TransparencyLog(factory, private),
+                    box, public_pem, keys.session_secret(cfg.home), limits)
+
+
+def create_app(cfg: ServeConfig, services: Services | None = None,
+               start_workers: bool = True) -> FastAPI:
+    """The service's ASGI application."""
+    svc = services or open_services(cfg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if start_workers and svc.cfg.workers > 0:
+            from certify.service.workers import WorkerPool
+
+            svc.workers = WorkerPool(svc.cfg, svc.factory, svc.store, svc.tlog, svc.secrets)
+            svc.workers.start()
+        try:
+            yield
+        finally:
+            if svc.workers is not None:
+                await asyncio.to_thread(svc.workers.stop)
+
+    app = FastAPI(title="certify service", version=certify.__version__, lifespan=lifespan,
+                  description="Robustness certification: submit a model, get a signed card.")
+    app.state.services = svc
+
+    @app.exception_handler(CertifyError)
+    async def _certify_error(_req: Request, exc: CertifyError) -> JSONResponse:
+        status = int(getattr(exc, "status", 422))
+        detail = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
+        return JSONResponse({"detail": detail}, status_code=status)
+
+    from certify.service.log_routes import log_router
+
+    app.include_router(log_router(lambda: svc.tlog, svc.public_pem), prefix=API)
+    _api_routes(app, svc)
+    from certify.service.ui import ui_router
+
+    app.include_router(ui_router(svc))
+    return app
+
+
+# --- authentication -----------------------------------------------------------------------
+
+def principal_from(request: Request, svc: Services) -> auth.Principal | None:
+    """The caller: a bearer token, or the web UI's session cookie."""
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        with svc.factory() as s:
+            return auth.authenticate(s, header[7:].strip())
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        from certify.service.sessions import read_session
+
+        tid = read_session(cookie, svc.session_key)
+        if tid is not None:
+            with svc.factory() as s:
+                row = s.get(Token, tid)
+                if row is not None and not row.revoked and (
+                        row.expires is None or row.expires > utcnow()):
+                    return auth.Principal(row.id, row.name, row.role)
+    return None
+
+
+def require(role: str) -> Callable[[Request], auth.Principal]:
+    """A dependency: the caller, who must hold ``role`` (401 without a token, 403 below it)."""
+
+    def dep(request: Request) -> auth.Principal:
+        who = principal_from(request, request.app.state.services)
+        if who is None:
+            raise HTTPException(401, "a valid API token is required (Authorization: Bearer "
+                                     "<token>); it is missing, unknown, revoked or expired",
+                                headers={"WWW-Authenticate": "Bearer"})
+        if not who.allows(role):
+            raise HTTPException(403, f"this token's role {who.role!r} may not do this "
+                                     f"(needs {role!r})")
+        return who
+
+    return dep
+
+
+# --- runs ---------------------------------------------------------------------------------
+
+def run_json(run: Run) -> dict[str, Any]:
+    """A run as the API shows it (never its secret)."""
+    links = {"self": f"{API}/runs/{run.id}", "events": f"{API}/runs/{run.id}/events"}
+    if run.state == "done":
+        links.update({name: f"{API}/runs/{run.id}/{name}" for name in ARTEFACTS})
+    return {
+        "id": run.id, "state": run.state, "model": run.model_name, "model_kind": run.model_kind,
+        "suite": run.suite_name, "dataset": run.dataset if not run.dataset.startswith("store:")
+        else "uploaded", "options": {k: v for k, v in (run.options or {}).items()
+                                     if k in ("samples", "seed")},
+        "created": run.created.isoformat() + "Z", "updated": run.updated.isoformat() + "Z",
+        "attempts": run.attempts, "progress": run.progress or {}, "verdict": run.verdict,
+        "exit_code": run.exit_code, "error": run.error, "log_index": run.log_index,
+        "links": links,
+    }
+
+
+def _get_run(svc: Services, run_id: str) -> Run:
+    if not (len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
+        raise HTTPException(404, f"no run {run_id!r}")
+    with svc.factory() as s:
+        run = s.get(Run, run_id)
+    if run is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return run
+
+
+def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place for the routes
+    reader = Depends(require("read"))
+    submitter = Depends(require("submit"))
+
+    @app.get(f"{API}/health", tags=["service"])
+    def health() -> dict[str, Any]:
+        """Liveness: the database answers."""
+        with svc.factory() as s:
+            s.execute(select(1))
+        return {"status": "ok", "version": certify.__version__}
+
+    @app.post(f"{API}/runs", status_code=202, tags=["runs"])
+    async def submit(
+        request: Request,
+        who: Annotated[auth.Principal, submitter],
+        model: Annotated[list[UploadFile] | None, File(
+            description="The .onnx file, with its external-data files, or one archive")] = None,
+        endpoint: Annotated[str | None, Form(description="An inference endpoint URL")] = None,
+        endpoint_secret: Annotated[str | None, Form(
+            description="Sent in endpoint_header; stored encrypted, never returned")] = None,
+        endpoint_header: Annotated[str, Form()] = "Authorization",
+        model_version: Annotated[str | None, Form()] = None,
+        suite: Annotated[str | None, Form(description="A packaged suite name")] = None,
+        suite_file: Annotated[UploadFile | None, File(description="A suite YAML")] = None,
+        dataset: Annotated[str | None, Form(description="A registered dataset name")] = None,
+        dataset_file: Annotated[UploadFile | None, File(description="An .npz (x, y)")] = None,
+        reference: Annotated[UploadFile | None, File(
+            description="A reference model (.onnx)")] = None,
+        samples: Annotated[int | None, Form(ge=1)] = None,
+        seed: Annotated[int | None, Form(ge=0)] = None,
+    ) -> dict[str, Any]:
+        """Submit a run: 202 with its id once the static checks pass."""
+        from certify.service.submit_checks import validate_submission
+
+        fields = await validate_submission(
+            svc, who, model=model or [], endpoint=endpoint, endpoint_secret=endpoint_secret,
+            endpoint_header=endpoint_header, model_version=model_version, suite=suite,
+            suite_file=suite_file, dataset=dataset, dataset_file=dataset_file,
+            reference=reference, samples=samples, seed=seed)
+        with svc.factory() as s:
+            run = queue.enqueue(s, **fields)
+            if endpoint_secret:
+                assert svc.secrets is not None
+                run.secret_enc = svc.secrets.encrypt(endpoint_secret, run.id)
+                s.merge(run)
+                s.commit()
+        log.info("run %s queued by token %d (%s)", run.id, who.token_id, run.model_name)
+        return run_json(run)
+
+    @app.get(f"{API}/runs", tags=["runs"])
+    def list_runs(_who: Annotated[auth.Principal, reader], model: str | None = None,
+                  suite: str | None = None, verdict: str | None = None,
+                  state: str | None = None, limit: int = 50, offset: int = 0
+                  ) -> dict[str, Any]:
+        """Runs, newest first, filtered by model name, suite, verdict or state."""
+        q = select(Run)
+        if model:
+            q = q.where(Run.model_name.contains(model))
+        if suite:
+            q = q.where(Run.suite_name == suite)
+        if verdict:
+            q = q.where(Run.verdict == verdict.upper())
+        if state:
+            q = q.where(Run.state == state)
+        limit = max(1, min(limit, 500))
+        with svc.factory() as s:
+            total = s.scalar(select(func.count()).select_from(q.subquery()))
+            runs = s.scalars(q.order_by(Run.seq.desc()).limit(limit).offset(max(0, offset)))
+            return {"total": total, "runs": [run_json(r) for r in runs]}
+
+    @app.get(f"{API}/runs/{{run_id}}", tags=["runs"])
+    def get_run(run_id: str, _who: Annotated[auth.Principal, reader]) -> dict[str, Any]:
+        """One run: state, progress per check, statuses, verdict."""
+        return run_json(_get_run(svc, run_id))
+
+    @app.get(f"{API}/runs/{{run_id}}/events", tags=["runs"])
+    async def events(run_id: str, request: Request,
+                     _who: Annotated[auth.Principal, reader]) -> StreamingResponse:
+        """Server-sent events: the run's state whenever it changes, until it ends."""
+        _get_run(svc, run_id)
+
+        async def stream() -> AsyncIterator[bytes]:
+            last = None
+            while True:
+                run = await asyncio.to_thread(_get_run, svc, run_id)
+                doc = run_json(run)
+                text = json.dumps(doc)
+                if text != last:
+                    last = text
+                    yield f"event: run\ndata: {text}\n\n".encode()
+                if run.state in FINAL_STATES:
+                    yield b"event: end\ndata: {}\n\n"
+                    return
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(0.5)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
+    @app.get(f"{API}/runs/{{run_id}}/{{name}}", tags=["runs"])
+    def artefact(run_id: str, name: str, _who: Annotated[auth.Principal, reader]
+                 ) -> FileResponse:
+        """A finished run's card.html, card.pdf, results.json or results.json.sig."""
+        if name not in ARTEFACTS:
+            raise HTTPException(404, f"no such file {name!r}; one of {', '.join(ARTEFACTS)}")
+        run = _get_run(svc, run_id)
+        if run.state != "done":
+            raise HTTPException(409, f"run {run_id} is {run.state}: its card exists once it "
+                                     "is done")
+        from certify.service.job import OUT_DIR
+
+        path = svc.store.run_dir(run.id) / OUT_DIR / name
+        if not path.is_file():
+            raise HTTPException(404, f"{name} is missing from run {run_id}")
+        return FileResponse(path, media_type=ARTEFACTS[name], filename=name)
+
+    @app.post(f"{API}/runs/{{run_id}}/cancel", tags=["runs"])
+    def cancel(run_id: str, who: Annotated[auth.Principal, submitter]) -> dict[str, Any]:
+        """Cancel a queued or running run (your own, or any as admin)."""
+        run = _get_run(svc, run_id)
+        if run.token_id != who.token_id and not who.allows("admin"):
+            raise HTTPException(403, "only the run's submitter or an admin may cancel it")
+        if run.state in FINAL_STATES:
+            raise HTTPException(409, f"run {run_id} already ended ({run.state})")
+        with svc.factory() as s:
+            queue.request_cancel(s, run_id)
+        return run_json(_get_run(svc, run_id))
+
+    @app.get(f"{API}/runs/{{a}}/compare/{{b}}", tags=["runs"])
+    def compare_runs(a: str, b: str, _who: Annotated[auth.Principal, reader],
+                     tolerance: float = 0.0) -> dict[str, Any]:
+        """``certify compare`` of two finished runs (a = old, b = new)."""
+        from certify.compare import compare_paths
+        from certify.service.job import OUT_DIR
+
+        paths = []
+        for rid in (a, b):
+            run = _get_run(svc, rid)
+            if run.state != "done":
+                raise HTTPException(409, f"run {rid} is {run.state}, not done")
+            paths.append(svc.store.run_dir(rid) / OUT_DIR / "results.json")
+        c = compare_paths(paths[0], paths[1], tolerance)
+        return {**c.to_json(), "exit_code": c.exit_code}
+
+    @app.post(f"{API}/verify", tags=["verify"])
+    async def verify(file: Annotated[UploadFile, File(description="card.html, card.pdf or "
+                                                           "results.json")],
+                     signature: Annotated[UploadFile | None, File(
+                         description="results.json.sig, with a results.json")] = None,
+                     ) -> dict[str, Any]:
+        """Check a card against this service's key and log (public, for auditors)."""
+        return await asyncio.to_thread(_verify_upload, svc, file, signature)
+
+    @app.delete(f"{API}/uploads/{{digest}}", tags=["uploads"])
+    def delete_upload(digest: str, who: Annotated[auth.Principal, submitter]
+                      ) -> dict[str, Any]:
+        """Delete an upload (its owner or an admin); refused while a live run uses it."""
+        with svc.factory() as s:
+            up = s.get(Upload, digest)
+            if up is None:
+                raise HTTPException(404, f"no upload {digest!r}")
+            if up.token_id != who.token_id and not who.allows("admin"):
+                raise HTTPException(403, "only the upload's owner or an admin may delete it")
+            live = s.scalar(select(func.count()).select_from(Run).where(
+                Run.state.in_((QUEUED, RUNNING)),
+                Run.options["uploads"].as_string().contains(digest)))
+            if live:
+                raise HTTPException(409, "a queued or running run uses this upload")
+            s.delete(up)
+            s.commit()
+        svc.store.delete_upload(digest)
+        return {"deleted": digest}
+
+    @app.get(f"{API}/openapi-version", include_in_schema=False)
+    def _version() -> PlainTextResponse:
+        return PlainTextResponse(certify.__version__)
+
+
+def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
+                   ) -> dict[str, Any]:
+    from cryptography.hazmat.primitives import serialization
+
+    from certify.report.sign import VerificationError, fingerprint, verify_file
+    from certify.service.tlog import statement_digest
+
+    name = Path(file.filename or "").name.lower()
+    suffix = Path(name).suffix
+    if suffix not in (".html", ".htm", ".pdf", ".json"):
+        raise HTTPException(422, "upload card.html, card.pdf or results.json")
+    key = serialization.load_pem_public_key(svc.public_pem)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"card{suffix}"
+        _copy_limited(file, path, 64 * 2**20)
+        if signature is not None:
+            _copy_limited(signature, Path(tmp) / f"card{suffix}.sig", 2**20)
+        try:
+            v = verify_file(path, key)  # type: ignore[arg-type]
+        except VerificationError as exc:
+            return {"valid": False, "reason": exc.message, "hint": exc.hint,
+                    "service_key": fingerprint(key)}  # type: ignore[arg-type]
+    digest = statement_digest(v.signature.signed)
+    index = svc.tlog.lookup(digest)
+    m = v.result.measurement
+    return {
+        "valid": True, "key_fingerprint": v.signature.key_fingerprint,
+        "statement_digest": digest, "log_index": index, "in_log": index is not None,
+        "visible": v.visible, "model": m.model.name, "suite": m.suite.name,
+        "verdict": m.verdict, "checks": {c.id: c.status for c in m.checks},
+    }
+
+
+def _copy_limited(upload: UploadFile, dest: Path, limit: int) -> None:
+    n = 0
+    with dest.open("wb") as out:
+        while chunk := upload.file.read(1 << 20):
+            n += len(chunk)
+            if n > limit:
+                raise HTTPException(413, f"the upload exceeds {limit // 2**20} MB")
+            out.write(chunk)
+
+
+def sha256_file(path: Path) -> str:
+    """``sha256:<hex>`` of a file."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+

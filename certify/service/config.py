@@ -1,0 +1,57 @@
+"""What ``certify serve`` is told by its operator: one frozen object, built by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The service's settings; every field has a ``certify serve`` option of the same name."""
+
+    #: The service's folder: the SQLite database, the artefact store.
+    home: Path
+    #: SQLAlchemy URL; None means SQLite in ``home``.
+    db: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8470
+    workers: int = 2
+    #: The service's signing key (ECDSA P-256 PEM, mode 0600) and the variable holding its
+    #: passphrase, if it is encrypted.
+    sign_key: Path | None = None
+    passphrase_env: str | None = None
+    #: The key that encrypts endpoint secrets at rest (file, mode 0600; or CERTIFY_SECRETS_KEY).
+    secrets_key: Path | None = None
+    #: Registered datasets: name -> path of a folder or .npz.
+    datasets: dict[str, Path] = field(default_factory=dict)
+    #: Endpoint hosts runs may reach, "HOST" or "HOST:PORT".
+    allow_endpoints: tuple[str, ...] = ()
+    #: Custom ONNX operator domains uploads may use.
+    allow_domains: tuple[str, ...] = ()
+    max_upload_mb: int = 200
+    max_dataset_mb: int = 64
+    #: Limits of one run's subprocess.
+    run_timeout_s: float = 4 * 3600.0
+    run_memory_mb: int = 16 * 1024
+    #: Lease on a claimed run, renewed every heartbeat; an expired lease is reclaimed.
+    lease_s: float = 30.0
+    heartbeat_s: float = 5.0
+    #: Uploads no run refers to are deleted after this many days.
+    retention_days: int = 30
+    executor: str = "local"
+    ray_address: str | None = None
+    #: Samples a submission may ask for at most.
+    max_samples: int = 5000
+
+    @property
+    def db_url(self) -> str:
+        """The database URL in use."""
+        from certify.service.db import sqlite_url
+
+        return self.db or sqlite_url(self.home)
+
+    @property
+    def store_root(self) -> Path:
+        """Where uploads and run folders live."""
+        return self.home / "store"

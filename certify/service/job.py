@@ -1,0 +1,140 @@
+"""One run, in its own process: ``python -m certify.service.job RUN_FOLDER``.
+
+The worker (:mod:`certify.service.workers`) writes ``job.json`` into the run's folder, starts
+this process with the endpoint secret (if any) on stdin, and watches it. This process calls the
+same library entry point as ``certify run`` (:func:`certify.api.certify_model`), reports progress
+in ``progress.json`` and ends by writing ``outcome.json``: the run's state, verdict, exit code
+and, on an error, the message ``certify run`` would print. It never touches the database, so a
+model that crashes or hangs onnxruntime takes down only this process.
+
+A run folder that already holds records is resumed (``certify run --resume``): a run whose
+server was killed finishes with the same results as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from certify.errors import EXIT_INTERNAL, CertifyError, exit_code_for_verdict
+from certify.rundir import RECORDS_FILE, RUN_FILE, atomic_write
+
+JOB_FILE, PROGRESS_FILE, OUTCOME_FILE, LOG_FILE = ("job.json", "progress.json", "outcome.json",
+                                                   "job.log")
+OUT_DIR = "out"
+#: The environment variable the endpoint secret is put in, inside this process only.
+SECRET_ENV = "CERTIFY_SERVICE_ENDPOINT_SECRET"
+
+
+class FileProgress:
+    """certify's Progress protocol, written to ``progress.json`` at most twice a second."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.current: str | None = None
+        self.steps: dict[str, dict[str, int]] = {}
+        self._last = 0.0
+
+    def start(self, label: str, total: int) -> None:  # noqa: D102
+        self.current = label
+        self.steps[label] = {"done": 0, "total": int(total)}
+        self._write(force=True)
+
+    def advance(self, n: int) -> None:  # noqa: D102
+        if self.current is not None:
+            self.steps[self.current]["done"] += int(n)
+        self._write()
+
+    def finish(self) -> None:  # noqa: D102
+        if self.current is not None:
+            step = self.steps[self.current]
+            step["done"] = max(step["done"], step["total"])
+        self._write(force=True)
+
+    def _write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= 0.5:
+            self._last = now
+            atomic_write(self.path, json.dumps(
+                {"current": self.current, "steps": self.steps}).encode())
+
+
+def _options(spec: dict[str, Any], out: Path) -> Any:
+    from certify.api import RunOptions
+    from certify.models.http import HttpOptions
+
+    http = None
+    if spec["model_kind"] == "http":
+        h = dict(spec.get("http") or {})
+        if spec.get("has_secret"):
+            h["auth_env"] = SECRET_ENV
+        http = HttpOptions(**h)
+    resume = (out / RUN_FILE).exists() or (out / RECORDS_FILE).exists()
+    passphrase = None
+    if spec.get("passphrase_env"):
+        passphrase = os.environ.get(spec["passphrase_env"], "").encode() or None
+    return RunOptions(
+        model=spec["model"], suite=spec["suite"], data=spec["data"], out=out,
+        samples=spec.get("samples"), seed=spec.get("seed"), resume=resume,
+        reference=spec.get("reference"), pdf=True,
+        sign_key=Path(spec["sign_key"]), passphrase=passphrase, http=http,
+        query_budget=spec.get("query_budget"), executor=spec.get("executor", "local"),
+        ray_address=spec.get("ray_address"))
+
+
+def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
+    """Run the job described in ``folder/job.json``; returns the outcome (also written)."""
+    from certify.api import certify_model
+
+    spec = json.loads((folder / JOB_FILE).read_text(encoding="utf-8"))
+    out = folder / OUT_DIR
+    if secret is not None:
+        os.environ[SECRET_ENV] = secret
+    try:
+        result, _ = certify_model(_options(spec, out), FileProgress(folder / PROGRESS_FILE))
+        verdict = result.measurement.verdict
+        outcome: dict[str, Any] = {
+            "state": "done", "verdict": verdict, "exit_code": exit_code_for_verdict(verdict),
+            "checks": {c.id: c.status for c in result.measurement.checks},
+            "queries": result.measurement.queries.total}
+    except CertifyError as exc:
+        hint = f" (hint: {exc.hint})" if exc.hint else ""
+        outcome = {"state": "error", "exit_code": exc.exit_code,
+                   "error": f"{exc.message}{hint}"}
+    except Exception as exc:  # noqa: BLE001 - the run fails, the service does not
+        from certify.redact import redact
+
+        logging.getLogger("certify").exception("internal error")
+        outcome = {"state": "error", "exit_code": EXIT_INTERNAL,
+                   "error": f"internal error: {type(exc).__name__}: {redact(str(exc))}"}
+    atomic_write(folder / OUTCOME_FILE, json.dumps(outcome).encode())
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the job process."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m certify.service.job RUN_FOLDER\n")
+        return 2
+    from certify.redact import install_log_filters
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    install_log_filters(handler)
+    log = logging.getLogger("certify")
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    line = sys.stdin.readline().rstrip("\n")
+    outcome = run_job(Path(args[0]), line or None)
+    return 0 if outcome["state"] == "done" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
