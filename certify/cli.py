@@ -619,6 +619,11 @@ def suites_show(name: str) -> None:
     click.echo(resolve_suite_path(name).read_text(encoding="utf-8"), nl=False)
 
 
+from certify.service.cli import serve, submit  # noqa: E402 - the service's commands
+
+main.add_command(serve)
+main.add_command(submit)
+
 if __name__ == "__main__":  # pragma: no cover
     main()
 

@@ -1,0 +1,285 @@
+"""``certify serve`` (the service and its tokens) and ``certify submit`` (its client).
+
+Registered on the main command group by :mod:`certify.cli`; everything heavy (FastAPI,
+SQLAlchemy, uvicorn) is imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from certify.errors import UsageError
+
+DEFAULT_HOME = Path("certify-service")
+log = logging.getLogger("certify.service")
+
+
+def _home_options(f: Any) -> Any:
+    f = click.option("--db", metavar="URL",
+                     help="Database URL [default: SQLite in --home]; PostgreSQL: "
+                          "postgresql+psycopg://USER@HOST/DB.")(f)
+    return click.option("--home", type=click.Path(file_okay=False, path_type=Path),
+                        default=DEFAULT_HOME, show_default=True,
+                        help="The service's folder: database, store, keys.")(f)
+
+
+def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for v in values:
+        name, sep, path = v.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--dataset {v!r} is not NAME=PATH", hint="e.g. gtsrb=data/gtsrb")
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise UsageError(f"dataset name {name!r} must be letters, digits, - and _")
+        p = Path(path)
+        if not p.exists():
+            raise UsageError(f"--dataset {name}: {p} does not exist", hint="check the path")
+        out[name] = p.resolve()
+    return out
+
+
+@click.group("serve", invoke_without_command=True)
+@_home_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (put a TLS reverse proxy in front for other hosts).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8470, show_default=True)
+@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Runs at once, each in its own process (0: accept runs, run none).")
+@click.option("--sign-key", type=click.Path(dir_okay=False, path_type=Path),
+              help="The service's signing key (mode 0600) [default: made in --home/keys].")
+@click.option("--passphrase-env", metavar="VAR", help="Variable holding its passphrase.")
+@click.option("--secrets-key", type=click.Path(dir_okay=False, path_type=Path),
+              help="Key file (0600, outside --home) encrypting endpoint secrets; or set "
+                   "CERTIFY_SECRETS_KEY. Without one, endpoints with secrets are refused.")
+@click.option("--dataset", "datasets", multiple=True, metavar="NAME=PATH",
+              help="Register a dataset submissions may name (repeatable).")
+@click.option("--allow-endpoint", "allow_endpoints", multiple=True, metavar="HOST[:PORT]",
+              help="An endpoint host runs may reach even on a private address (repeatable).")
+@click.option("--allow-domain", "allow_domains", multiple=True, metavar="DOMAIN",
+              help="A custom ONNX operator domain uploads may use (repeatable).")
+@click.option("--max-upload-mb", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--max-dataset-mb", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-samples", type=click.IntRange(min=1), default=5000, show_default=True)
+@click.option("--run-timeout", type=click.FloatRange(min=1), default=4 * 3600.0,
+              show_default=True, help="Seconds one run may take.")
+@click.option("--run-memory-mb", type=click.IntRange(min=256), default=16 * 1024,
+              show_default=True, help="Address-space limit of one run's process.")
+@click.option("--lease", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds a claimed run stays claimed without a heartbeat.")
+@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
+@click.option("--retention-days", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where a run's checks execute.")
+@click.option("--ray-address", metavar="ADDRESS", help="Ray: an existing cluster.")
+@click.pass_context
+def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
+          datasets: tuple[str, ...], allow_endpoints: tuple[str, ...],
+          allow_domains: tuple[str, ...], run_timeout: float, lease: float,
+          heartbeat: float, **rest: Any) -> None:
+    """Run certify as a service: HTTP API (/api/v1, OpenAPI at /docs) and web UI.
+
+    \b
+    Example:
+      certify serve token create --role submit        # prints a token, once
+      certify serve --dataset gtsrb=GTSRB/Final_Test/Images
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    import uvicorn
+
+    from certify.service.app import create_app
+    from certify.service.config import ServeConfig
+
+    if heartbeat >= lease:
+        raise UsageError(f"--heartbeat {heartbeat} must be shorter than --lease {lease}")
+    cfg = ServeConfig(home=home, db=db, host=host, port=port, datasets=_datasets(datasets),
+                      allow_endpoints=allow_endpoints, allow_domains=allow_domains,
+                      run_timeout_s=run_timeout, lease_s=lease, heartbeat_s=heartbeat,
+                      **rest)
+    _service_logging()
+    app = create_app(cfg)
+    svc = app.state.services
+    from cryptography.hazmat.primitives import serialization
+
+    from certify.redact import redact
+    from certify.report.sign import fingerprint
+
+    key = serialization.load_pem_public_key(svc.public_pem)
+    log.info("certify serve: http://%s:%d (home %s, database %s, %d workers)", host, port,
+             home, redact(cfg.db_url), cfg.workers)
+    log.info("signing key %s", fingerprint(key))  # type: ignore[arg-type]
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s: serve other hosts through a TLS reverse proxy", host)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _service_logging() -> None:
+    from certify.redact import install_log_filters
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    install_log_filters(handler)
+    for name in ("certify.service",):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [handler]
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+
+
+def _factory(home: Path, db: str | None) -> Any:
+    from certify.service.db import make_engine, migrate, sessions, sqlite_url
+
+    home.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(db or sqlite_url(home))
+    migrate(engine)
+    return sessions(engine)
+
+
+@serve.group("token")
+def token() -> None:
+    """Create, list and revoke API tokens."""
+
+
+@token.command("create")
+@_home_options
+@click.option("--role", type=click.Choice(["read", "submit", "admin"]), required=True)
+@click.option("--name", default="", help="Who or what the token is for.")
+@click.option("--expires", default="90d", show_default=True,
+              help="Lifetime: 90d, 12h, 30m; 'never' for no expiry.")
+@click.option("--query-budget", type=click.IntRange(min=1),
+              help="Model queries this token's runs may spend in all.")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Runs of this token queued or running at once.")
+def token_create(home: Path, db: str | None, role: str, name: str, expires: str,
+                 query_budget: int | None, max_concurrent: int) -> None:
+    """Create a token; it is printed once and stored only hashed."""
+    from certify.service.auth import create_token, parse_duration
+
+    lifetime = None if expires == "never" else parse_duration(expires)
+    with _factory(home, db)() as s:
+        plain, row = create_token(s, name or role, role, lifetime, query_budget,
+                                  max_concurrent)
+    click.echo(plain)
+    until = "never" if row.expires is None else row.expires.isoformat(timespec="minutes")
+    click.echo(f"token {row.id} ({role}, expires {until}): shown once, stored hashed",
+               err=True)
+
+
+@token.command("list")
+@_home_options
+def token_list(home: Path, db: str | None) -> None:
+    """List tokens (never their values)."""
+    from sqlalchemy import select
+
+    from certify.service.db import Token
+
+    with _factory(home, db)() as s:
+        for t in s.scalars(select(Token).order_by(Token.id)):
+            state = "revoked" if t.revoked else "active"
+            exp = "never" if t.expires is None else t.expires.isoformat(timespec="minutes")
+            budget = "" if t.query_budget is None else \
+                f"  queries {t.queries_used}/{t.query_budget}"
+            click.echo(f"{t.id:>4}  {t.role:<7} {state:<8} expires {exp}  {t.name}{budget}")
+
+
+@token.command("revoke")
+@_home_options
+@click.argument("token_id", type=int)
+def token_revoke(home: Path, db: str | None, token_id: int) -> None:
+    """Revoke a token by its id (see `token list`)."""
+    from certify.service.auth import revoke
+
+    with _factory(home, db)() as s:
+        if not revoke(s, token_id):
+            raise UsageError(f"no token {token_id}", hint="see `certify serve token list`")
+    click.echo(f"token {token_id} revoked")
+
+
+@click.command("submit")
+@click.argument("model")
+@click.option("--server", required=True, metavar="URL", help="The certify service.")
+@click.option("--suite", required=True, metavar="NAME|FILE.yaml")
+@click.option("--dataset", required=True, metavar="NAME|FILE.npz",
+              help="A dataset the service registered, or an .npz (x, y) to upload.")
+@click.option("--samples", type=click.IntRange(min=1))
+@click.option("--seed", type=click.IntRange(min=0))
+@click.option("--reference", type=click.Path(dir_okay=False, path_type=Path),
+              help="A reference model (.onnx).")
+@click.option("--external-data", "extra", multiple=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="An external-data file of the model (repeatable).")
+@click.option("--token-env", default="CERTIFY_TOKEN", show_default=True, metavar="VAR",
+              help="Variable holding the API token.")
+@click.option("--auth-env", metavar="VAR",
+              help="Endpoint: variable holding the secret the service sends to it.")
+@click.option("--auth-header", metavar="NAME", help="Endpoint: header for that secret.")
+@click.option("--model-version", metavar="V", help="Endpoint: the version it serves.")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Follow the run and download its card.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to put the card [default: card-RUNID].")
+def submit(model: str, server: str, suite: str, dataset: str, samples: int | None,
+           seed: int | None, reference: Path | None, extra: tuple[Path, ...], token_env: str,
+           auth_env: str | None, auth_header: str | None, model_version: str | None,
+           wait: bool, out: Path | None) -> int:
+    """Submit MODEL (.onnx or endpoint URL) to a certify service; exit codes as `certify run`.
+
+    \b
+    Example:
+      CERTIFY_TOKEN=... certify submit model.onnx --server https://certify.example.com \\
+          --suite gtsrb --dataset gtsrb --out card/
+    """
+    from certify.service.client import Client, exit_code_of
+
+    tok = os.environ.get(token_env)
+    if not tok:
+        raise UsageError(f"no API token: {token_env} is not set",
+                         hint="export it (certify serve token create prints one)")
+    secret = None
+    if auth_env:
+        secret = os.environ.get(auth_env)
+        if not secret:
+            raise UsageError(f"--auth-env {auth_env} is not set")
+    client = Client(server, tok)
+    run = client.submit(model, suite, dataset, samples=samples, seed=seed,
+                        reference=reference, extra_files=extra, endpoint_secret=secret,
+                        endpoint_header=auth_header, model_version=model_version)
+    click.echo(f"run {run['id']} queued ({server.rstrip('/')}/runs/{run['id']})", err=True)
+    if not wait:
+        click.echo(run["id"])
+        return 0
+    shown: dict[str, str] = {}
+
+    def update(r: dict[str, Any]) -> None:
+        line = _progress_line(r)
+        if line != shown.get("last"):
+            shown["last"] = line
+            click.echo(line, err=True)
+
+    final = client.wait(run["id"], update)
+    if final["state"] == "done":
+        folder = out or Path(f"card-{run['id']}")
+        for p in client.download(run["id"], folder):
+            click.echo(str(p))
+        click.echo(f"verdict: {final['verdict']} (transparency log entry "
+                   f"{final['log_index']})", err=True)
+    elif final["state"] == "error":
+        click.echo(f"error: {final['error']}", err=True)
+    else:
+        click.echo(f"run {final['state']}", err=True)
+    return exit_code_of(final)
+
+
+def _progress_line(r: dict[str, Any]) -> str:
+    p = r.get("progress") or {}
+    cur = p.get("current")
+    if r["state"] == "running" and cur:
+        step = (p.get("steps") or {}).get(cur, {})
+        return f"running: {cur} {step.get('done', 0)}/{step.get('total', '?')}"
+    return r["state"]

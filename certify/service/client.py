@@ -1,0 +1,143 @@
+"""``certify submit``: send a model to a certify service, follow it, download the signed card.
+
+The client needs only ``requests``: CI pipelines can submit without running the suite
+themselves. The token comes from an environment variable (``CERTIFY_TOKEN`` by default), never
+from the command line. Exit codes are those of ``certify run``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from certify.errors import (
+    EXIT_INTERRUPTED,
+    CertifyError,
+    ModelError,
+    UsageError,
+)
+
+FILES = ("card.html", "card.pdf", "results.json", "results.json.sig")
+
+
+class ServiceError(CertifyError):
+    """The service refused a request or could not be reached."""
+
+    exit_code = 2
+
+
+class Client:
+    """A thin client of the service's ``/api/v1``."""
+
+    def __init__(self, server: str, token: str, timeout: float = 60.0) -> None:
+        self.base = server.rstrip("/") + "/api/v1"
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = f"Bearer {token}"
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, **kw: Any) -> requests.Response:
+        try:
+            r = self.http.request(method, self.base + path, timeout=self.timeout, **kw)
+        except requests.RequestException as exc:
+            raise ServiceError(f"cannot reach the certify service at {self.base}: "
+                               f"{type(exc).__name__}",
+                               hint="check --server and that the service is running") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail")
+            except ValueError:
+                detail = r.text[:300]
+            if not isinstance(detail, str):  # FastAPI's validation errors are a list
+                detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}"
+                                   for d in detail or [] if isinstance(d, dict))
+            hint = {401: "set a valid token in the token variable (certify serve token "
+                         "create)", 403: "ask the service's operator for a token with that "
+                                         "role"}.get(r.status_code)
+            raise ServiceError(f"the service refused the request ({r.status_code}): {detail}",
+                               hint=hint)
+        return r
+
+    def submit(self, model: str, suite: str, dataset: str, samples: int | None = None,
+               seed: int | None = None, reference: Path | None = None,
+               extra_files: tuple[Path, ...] = (), endpoint_secret: str | None = None,
+               endpoint_header: str | None = None, model_version: str | None = None
+               ) -> dict[str, Any]:
+        """POST /runs; returns the queued run."""
+        data: dict[str, Any] = {}
+        with ExitStack() as stack:
+            files: list[tuple[str, Any]] = []
+
+            def add(field: str, path: Path) -> None:
+                if not path.is_file():
+                    raise UsageError(f"{path} not found", hint="check the path")
+                files.append((field, (path.name, stack.enter_context(path.open("rb")))))
+
+            if model.startswith(("http://", "https://")):
+                data["endpoint"] = model
+                if endpoint_secret:
+                    data["endpoint_secret"] = endpoint_secret
+                if endpoint_header:
+                    data["endpoint_header"] = endpoint_header
+                if model_version:
+                    data["model_version"] = model_version
+            else:
+                add("model", Path(model))
+                for p in extra_files:
+                    add("model", p)
+            if suite.endswith((".yaml", ".yml")):
+                add("suite_file", Path(suite))
+            else:
+                data["suite"] = suite
+            if dataset.endswith(".npz"):
+                add("dataset_file", Path(dataset))
+            else:
+                data["dataset"] = dataset
+            if reference is not None:
+                add("reference", reference)
+            if samples is not None:
+                data["samples"] = str(samples)
+            if seed is not None:
+                data["seed"] = str(seed)
+            return self._call("POST", "/runs", data=data, files=files or None).json()
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        """GET /runs/{id}."""
+        return self._call("GET", f"/runs/{run_id}").json()
+
+    def wait(self, run_id: str, on_update: Callable[[dict[str, Any]], None],
+             poll_s: float = 1.0) -> dict[str, Any]:
+        """Poll until the run ends; ``on_update`` sees every state."""
+        while True:
+            run = self.run(run_id)
+            on_update(run)
+            if run["state"] in ("done", "error", "cancelled"):
+                return run
+            time.sleep(poll_s)
+
+    def download(self, run_id: str, out: Path) -> list[Path]:
+        """Fetch the finished run's card and results into ``out``."""
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name in FILES:
+            r = self._call("GET", f"/runs/{run_id}/{name}")
+            tmp = out / f".{name}.tmp"
+            tmp.write_bytes(r.content)
+            os.replace(tmp, out / name)
+            written.append(out / name)
+        return written
+
+
+def exit_code_of(run: dict[str, Any]) -> int:
+    """The exit code ``certify run`` would have given."""
+    if run["state"] == "cancelled":
+        return EXIT_INTERRUPTED
+    code = run.get("exit_code")
+    if code is None:
+        raise ModelError(f"run {run['id']} ended {run['state']} without an exit code")
+    return int(code)

@@ -1,0 +1,223 @@
+"""A submission's static checks, shared by the API and the web UI.
+
+Everything here happens before the 202: token limits, the suite (packaged name, or uploaded YAML
+parsed and validated), the dataset (registered name, or an uploaded .npz checked without
+unpickling), the model (uploaded ONNX files checked statically by
+:mod:`certify.service.uploads`, or an endpoint URL checked against the allow-list), and the
+options. Uploads are stored by content digest under names the service makes; no name a client
+sends ever becomes a path outside the upload's own folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fastapi import HTTPException, UploadFile
+from sqlalchemy import func, select
+
+from certify.redact import redact
+from certify.service import auth
+from certify.service.db import QUEUED, RUNNING, Run, Token, Upload, utcnow
+
+
+def _hex(digest: str) -> str:
+    return digest.split(":", 1)[1]
+
+
+def _place(src: Path, dest: Path) -> None:
+    """Put a stored blob at its named place (hard link when possible)."""
+    if dest.exists():
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def _folder_digest(folder: Path) -> str:
+    """sha256 over a model folder's file names and contents (its identity in the store)."""
+    import hashlib
+
+    from certify.service.app import sha256_file
+
+    h = hashlib.sha256()
+    for p in sorted(folder.iterdir()):
+        h.update(f"{p.name}\0{sha256_file(p)}\n".encode())
+    return h.hexdigest()
+
+
+class _Submission:
+    """Collects what a submission stored, to record the uploads once it is accepted."""
+
+    def __init__(self, svc: Any, who: auth.Principal) -> None:
+        self.svc, self.who = svc, who
+        self.uploads: list[tuple[str, str, int]] = []  # digest, kind, size
+
+    def put(self, upload: UploadFile, limit: int, kind: str) -> Any:
+        stored = self.svc.store.put_stream(upload.file, limit, kind)
+        self.uploads.append((stored.digest, kind, stored.size))
+        return stored
+
+    def limits_for_token(self) -> int | None:
+        with self.svc.factory() as s:
+            tok = s.get(Token, self.who.token_id)
+            assert tok is not None
+            live = s.scalar(select(func.count()).select_from(Run).where(
+                Run.token_id == tok.id, Run.state.in_((QUEUED, RUNNING))))
+            if live is not None and live >= tok.max_concurrent:
+                raise HTTPException(429, f"this token already has {live} runs queued or "
+                                         f"running (its limit is {tok.max_concurrent})")
+            if tok.query_budget is None:
+                return None
+            left = tok.query_budget - tok.queries_used
+            if left <= 0:
+                raise HTTPException(403, f"this token's query budget of {tok.query_budget} "
+                                         "model queries is spent")
+            return left
+
+    def suite(self, name: str | None, file: UploadFile | None) -> tuple[str, str]:
+        from certify.service.uploads import check_suite_yaml
+        from certify.suite import packaged_suites
+
+        if (name is None) == (file is None):
+            raise HTTPException(422, "give a packaged suite name (suite) or a suite YAML "
+                                     "(suite_file), not both and not neither")
+        if name is not None:
+            suites = packaged_suites()
+            if name not in suites:
+                raise HTTPException(422, f"unknown suite {name!r}; packaged suites: "
+                                         f"{', '.join(sorted(suites))}")
+            return name, name
+        assert file is not None
+        stored = self.put(file, self.svc.limits.max_suite_bytes, "suite")
+        suite_name = check_suite_yaml(stored.path.read_bytes(), self.svc.limits)
+        rel = f"suites/{_hex(stored.digest)}.yaml"
+        _place(stored.path, self.svc.store.root / rel)
+        return f"store:{rel}", suite_name
+
+    def dataset(self, name: str | None, file: UploadFile | None) -> str:
+        from certify.service.uploads import check_npz
+
+        if (name is None) == (file is None):
+            raise HTTPException(422, "give a registered dataset name (dataset) or an .npz "
+                                     "(dataset_file), not both and not neither")
+        if name is not None:
+            if name not in self.svc.cfg.datasets:
+                known = ", ".join(sorted(self.svc.cfg.datasets)) or "none registered"
+                raise HTTPException(422, f"unknown dataset {name!r} (registered: {known})")
+            return name
+        assert file is not None
+        stored = self.put(file, self.svc.limits.max_dataset_bytes, "dataset")
+        check_npz(stored.path, self.svc.limits)
+        rel = f"datasets/{_hex(stored.digest)}.npz"
+        _place(stored.path, self.svc.store.root / rel)
+        return f"store:{rel}"
+
+    def onnx(self, files: list[UploadFile]) -> tuple[str, str]:
+        """Store, lay out and statically check one model's files; (store path, name)."""
+        import tempfile
+
+        from certify.service.uploads import check_onnx, prepare_model
+
+        total, named = 0, []
+        for f in files:
+            stored = self.put(f, self.svc.limits.max_model_bytes, "model")
+            total += stored.size
+            if total > self.svc.limits.max_total_bytes:
+                raise HTTPException(413, "the model's files together exceed "
+                                         f"{self.svc.limits.max_total_bytes // 2**20} MB")
+            named.append((f.filename or "model.onnx", stored.path))
+        tmp_root = self.svc.store.root / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=tmp_root))
+        try:
+            main = prepare_model(named, work / "m", self.svc.limits)
+            check_onnx(main, self.svc.limits)
+            rel = f"models/{_folder_digest(work / 'm')}"
+            dest = self.svc.store.root / rel
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError, OSError):
+                    os.replace(work / "m", dest)
+            if not (dest / main.name).is_file():
+                raise HTTPException(409, "the model is being stored by another submission; "
+                                         "retry")
+            return f"{rel}/{main.name}", main.name.removesuffix(".onnx")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def record_uploads(self) -> None:
+        expires = utcnow() + dt.timedelta(days=self.svc.cfg.retention_days)
+        with self.svc.factory() as s:
+            for digest, kind, size in self.uploads:
+                row = s.get(Upload, digest)
+                if row is None:
+                    s.add(Upload(digest=digest, kind=kind, size=size, created=utcnow(),
+                                 token_id=self.who.token_id, expires=expires))
+                else:
+                    row.expires = max(row.expires or expires, expires)
+            s.commit()
+
+
+def _check(svc: Any, who: auth.Principal, model: list[UploadFile], endpoint: str | None,
+           endpoint_secret: str | None, endpoint_header: str, model_version: str | None,
+           suite: str | None, suite_file: UploadFile | None, dataset: str | None,
+           dataset_file: UploadFile | None, reference: UploadFile | None,
+           samples: int | None, seed: int | None) -> dict[str, Any]:
+    from certify.service.endpoints import EndpointRefused, check_endpoint
+
+    sub = _Submission(svc, who)
+    budget = sub.limits_for_token()
+    if samples is not None and samples > svc.cfg.max_samples:
+        raise HTTPException(422, f"samples {samples} is over this service's limit of "
+                                 f"{svc.cfg.max_samples}")
+    if bool(model) == bool(endpoint):
+        raise HTTPException(422, "give a model: upload its .onnx file(s) (model) or name an "
+                                 "endpoint URL (endpoint), not both")
+    suite_ref, suite_name = sub.suite(suite, suite_file)
+    dataset_ref = sub.dataset(dataset, dataset_file)
+    options: dict[str, Any] = {"samples": samples, "seed": seed, "query_budget": budget}
+    if endpoint:
+        try:
+            check_endpoint(endpoint, tuple(svc.cfg.allow_endpoints))
+        except EndpointRefused as exc:
+            raise HTTPException(422, f"endpoint refused: {exc}") from None
+        if endpoint_secret and svc.secrets is None:
+            raise HTTPException(422, "this service stores no endpoint secrets: its operator "
+                                     "has not given it a secrets key (--secrets-key)")
+        if not endpoint_header or any(c in endpoint_header for c in "\r\n:"):
+            raise HTTPException(422, "endpoint_header must be a plain header name")
+        options["http"] = {"auth_header": endpoint_header, "version": model_version}
+        kind, ref, name = "http", endpoint, redact(endpoint)
+    else:
+        kind = "onnx"
+        ref, name = sub.onnx(model)
+    if reference is not None:
+        options["reference"], _ = sub.onnx([reference])
+    options["uploads"] = [d for d, _, _ in sub.uploads]
+    sub.record_uploads()
+    return {"token_id": who.token_id, "model_kind": kind, "model_ref": ref,
+            "model_name": name[:300], "suite": suite_ref, "suite_name": suite_name,
+            "dataset": dataset_ref, "options": options}
+
+
+async def validate_submission(svc: Any, who: auth.Principal, **kw: Any) -> dict[str, Any]:
+    """Check a submission statically; the Run fields to enqueue (HTTPException otherwise)."""
+    from certify.errors import CertifyError
+
+    try:
+        return await asyncio.to_thread(_check, svc, who, **kw)
+    except CertifyError as exc:
+        status = int(getattr(exc, "status", 422))
+        detail = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
+        raise HTTPException(status, detail) from None
