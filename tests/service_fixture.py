@@ -1,0 +1,145 @@
+"""A real ``certify serve`` process on 127.0.0.1 for the service tests, and what they submit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import requests
+
+from builders import write_small_suite
+
+CERTIFY = str(Path(sys.executable).with_name("certify"))
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    """``certify serve`` in a subprocess, with its own home folder and log file."""
+
+    def __init__(self, home: Path, *args: str, db: str | None = None) -> None:
+        self.home, self.args, self.db = home, list(args), db
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = home.parent / f"{home.name}-serve.log"
+
+    def _db_args(self) -> list[str]:
+        return ["--db", self.db] if self.db else []
+
+    def start(self, timeout: float = 60.0) -> Service:
+        """Start the server and wait until its health endpoint answers."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        logf = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [CERTIFY, "serve", "--home", str(self.home), "--port", str(self.port),
+             *self._db_args(), *self.args],
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        logf.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"certify serve exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                if requests.get(f"{self.url}/api/v1/health", timeout=2).ok:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"certify serve did not come up in {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        """Everything the server printed."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def token(self, role: str = "submit", *extra: str) -> str:
+        """A new API token (through the CLI, as an operator makes one)."""
+        out = subprocess.run([CERTIFY, "serve", "token", "create", "--home", str(self.home),
+                              *self._db_args(), "--role", role, *extra],
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+    def kill(self) -> None:
+        """SIGKILL the server (only the server process, as a crash would)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        """Stop the server gracefully (SIGTERM), or kill it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def get(self, path: str, token: str | None = None, **kw: Any) -> requests.Response:
+        """GET under /api/v1."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return requests.get(f"{self.url}/api/v1{path}", headers=headers, timeout=30, **kw)
+
+    def post(self, path: str, token: str | None = None, **kw: Any) -> requests.Response:
+        """POST under /api/v1."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return requests.post(f"{self.url}/api/v1{path}", headers=headers, timeout=60, **kw)
+
+    def wait_run(self, run_id: str, token: str, timeout: float = 300.0,
+                 states: tuple[str, ...] = ("done", "error", "cancelled")) -> dict[str, Any]:
+        """Poll a run until it reaches one of ``states``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.get(f"/runs/{run_id}", token)
+            r.raise_for_status()
+            doc = r.json()
+            if doc["state"] in states:
+                return doc
+            time.sleep(0.3)
+        raise AssertionError(f"run {run_id} not {states} after {timeout} s:\n{self.log()}")
+
+
+def job_processes(home: Path, run_id: str = "") -> list[int]:
+    """Pids of job processes of this service home (and run) still alive."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"certify.service.job" in cmd and any(str(home).encode() in c
+                                                 and run_id.encode() in c for c in cmd):
+            pids.append(int(d.name))
+    return pids
+
+
+def small_inputs(folder: Path, per_class: int = 2) -> tuple[Path, Path]:
+    """A small suite (clean + noise) and an .npz of demo data for it."""
+    from certify.data.synthetic import generate
+
+    folder.mkdir(parents=True, exist_ok=True)
+    suite = write_small_suite(folder / "small.yaml", "small")
+    x, y = generate(per_class, seed=11)
+    data = folder / "small.npz"
+    np.savez(data, x=x, y=y)
+    return suite, data
+
+
+def env_with(**kv: str) -> dict[str, str]:
+    """os.environ plus ``kv``."""
+    return {**os.environ, **kv}

@@ -1,0 +1,178 @@
+"""``certify serve`` end to end: real server processes on 127.0.0.1, real runs, real clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from service_fixture import CERTIFY, Service, env_with, job_processes, small_inputs
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The small suite and data every test here submits."""
+    return small_inputs(tmp_path_factory.mktemp("inputs"))
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, inputs: tuple[Path, Path]):
+    """One SQLite service for the module, with the small data registered as 'small'."""
+    home = tmp_path_factory.mktemp("svc") / "home"
+    svc = Service(home, "--workers", "2", "--dataset", f"small={inputs[1]}",
+                  "--max-upload-mb", "2").start()
+    yield svc
+    svc.stop()
+
+
+def _demo_model() -> Path:
+    from certify.api import demo_model_path
+
+    return demo_model_path("standard")
+
+
+def _submit(svc: Service, token: str, suite: Path, samples: int = 20, **data: str
+            ) -> requests.Response:
+    with _demo_model().open("rb") as m, suite.open("rb") as s:
+        return svc.post("/runs", token, files={"model": ("standard.onnx", m),
+                                               "suite_file": ("small.yaml", s)},
+                        data={"dataset": "small", "samples": str(samples), **data})
+
+
+def test_submit_wait_download_and_verify_against_the_log(
+        service: Service, inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    """certify submit → signed card → certify verify --log passes (SQLite)."""
+    suite, _ = inputs
+    token = service.token("submit")
+    out = tmp_path / "card"
+    r = subprocess.run([CERTIFY, "submit", str(_demo_model()), "--server", service.url,
+                        "--suite", str(suite), "--dataset", "small", "--samples", "20",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env=env_with(CERTIFY_TOKEN=token))
+    assert r.returncode == 0, r.stderr + service.log()
+    assert "verdict: PASS" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "card.html", "card.pdf", "results.json", "results.json.sig"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["measurement"]["model"]["name"].startswith("standard")
+    assert [c["id"] for c in results["measurement"]["checks"]] == ["clean", "noise"]
+    state = tmp_path / "log-state.json"
+    v = subprocess.run([CERTIFY, "verify", str(out / "card.pdf"), "--log", service.url,
+                        "--log-state", str(state)], capture_output=True, text=True,
+                       timeout=120)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "inclusion" in v.stdout.lower()
+    # The service's verify endpoint agrees (public: no token).
+    with (out / "card.html").open("rb") as f:
+        doc = service.post("/verify", files={"file": ("card.html", f)}).json()
+    assert doc["valid"] is True and doc["in_log"] is True and doc["verdict"] == "PASS"
+
+
+def test_bad_inputs_are_refused_with_4xx_and_nothing_is_written_outside_the_store(
+        service: Service, inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    suite, _ = inputs
+    token = service.token("submit")
+    reader = service.token("read")
+    before = {p for p in service.home.parent.rglob("*")}
+
+    def post(files: dict, data: dict | None = None, tok: str | None = token) -> requests.Response:
+        return service.post("/runs", tok, files=files,
+                            data={"dataset": "small", **(data or {})})
+
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a model" * 10)
+    with junk.open("rb") as m, suite.open("rb") as s:
+        r = post({"model": ("junk.onnx", m), "suite_file": ("s.yaml", s)})
+    assert r.status_code == 422 and "not an ONNX model" in r.json()["detail"]
+
+    big = tmp_path / "big.onnx"
+    big.write_bytes(os.urandom(3 * 2**20))  # the service allows 2 MB
+    with big.open("rb") as m:
+        r = post({"model": ("big.onnx", m)}, {"suite": "gtsrb"})
+    assert r.status_code == 413, r.text
+
+    evil = _external_data_model(tmp_path, "../../etc/passwd")
+    with evil.open("rb") as m:
+        r = post({"model": ("evil.onnx", m)}, {"suite": "gtsrb"})
+    assert r.status_code == 422 and "etc/passwd" in r.json()["detail"], r.text
+
+    bad_suite = tmp_path / "bad.yaml"
+    bad_suite.write_text("name: x\nchecks: [ {kind: nope\n")
+    with _demo_model().open("rb") as m, bad_suite.open("rb") as s:
+        r = post({"model": ("m.onnx", m), "suite_file": ("bad.yaml", s)})
+    assert r.status_code == 422 and "YAML" in r.json()["detail"], r.text
+
+    with _demo_model().open("rb") as m:
+        files = {"model": ("m.onnx", m)}
+        assert post(files, {"suite": "gtsrb"}, tok=None).status_code == 401
+        m.seek(0)
+        assert post(files, {"suite": "gtsrb"}, tok="cfy_not-a-token").status_code == 401
+        m.seek(0)
+        r = post(files, {"suite": "gtsrb"}, tok=reader)
+        assert r.status_code == 403 and "submit" in r.json()["detail"]
+    assert service.get("/runs").status_code == 401
+    assert service.get("/runs", reader).status_code == 200
+    # Nothing outside the service's home, and no temporary upload left behind.
+    after = {p for p in service.home.parent.rglob("*")}
+    assert all(service.home in p.parents or p.parent == service.home.parent
+               for p in after - before), sorted(map(str, after - before))
+    assert not Path("/etc/passwd").with_name("passwd.onnx").exists()
+    tmp = service.home / "store" / "tmp"
+    assert not tmp.exists() or not any(tmp.iterdir())
+
+
+def _external_data_model(folder: Path, location: str) -> Path:
+    """A small ONNX model whose one initializer claims to live in ``location``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4], [0.0] * 4)
+    w.data_location = TensorProto.EXTERNAL
+    del w.float_data[:]
+    for k, v in (("location", location), ("offset", "0"), ("length", "16")):
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [w])
+    path = folder / "evil.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_crashing_run_ends_error_and_the_server_stays_up(
+        service: Service, inputs: tuple[Path, Path]) -> None:
+    """A job process killed by SIGSEGV (as a crash in onnxruntime ends it): its run is
+    ``error`` with a message saying so; the server answers and runs the next one."""
+    suite, _ = inputs
+    token = service.token("submit")
+    run = _submit(service, token, suite, samples=200).json()
+    service.wait_run(run["id"], token, states=("running",))
+    deadline = time.monotonic() + 60
+    while not (pids := job_processes(service.home)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGSEGV)
+    doc = service.wait_run(run["id"], token)
+    assert doc["state"] == "error" and "SIGSEGV" in doc["error"], doc
+    ok = _submit(service, token, suite).json()
+    assert service.wait_run(ok["id"], token)["state"] == "done"
+
+
+def test_cancel_a_running_run(service: Service, inputs: tuple[Path, Path]) -> None:
+    suite, _ = inputs
+    token = service.token("submit")
+    run = _submit(service, token, suite, samples=200).json()
+    service.wait_run(run["id"], token, states=("running",))
+    r = service.post(f"/runs/{run['id']}/cancel", token)
+    assert r.status_code == 200
+    doc = service.wait_run(run["id"], token)
+    assert doc["state"] == "cancelled"
+    assert service.get(f"/runs/{run['id']}/card.html", token).status_code == 409
+    assert not job_processes(service.home, run["id"])

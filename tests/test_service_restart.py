@@ -1,0 +1,141 @@
+"""The service under load and across a crash: concurrent submissions, SIGKILL and restart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from service_fixture import CERTIFY, Service, job_processes, small_inputs
+
+
+def _demo_model() -> Path:
+    from certify.api import demo_model_path
+
+    return demo_model_path("standard")
+
+
+def _submit(svc: Service, token: str, suite: Path, samples: int, seed: int) -> str:
+    with _demo_model().open("rb") as m, suite.open("rb") as s:
+        r = svc.post("/runs", token, files={"model": ("standard.onnx", m),
+                                            "suite_file": ("small.yaml", s)},
+                     data={"dataset": "small", "samples": str(samples), "seed": str(seed)})
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def _measurement(svc: Service, run_id: str) -> dict:
+    from certify.service.job import OUT_DIR
+
+    doc = json.loads((svc.home / "store" / "runs" / run_id / OUT_DIR / "results.json")
+                     .read_text())
+    return doc["measurement"]
+
+
+def _comparable(m: dict) -> dict:
+    """A measurement without what legitimately differs between two runs of the same work."""
+    return {k: v for k, v in m.items() if k not in ("certify_version",)}
+
+
+def test_sigkill_mid_run_then_restart_completes_every_run_once(tmp_path: Path) -> None:
+    suite, data = small_inputs(tmp_path / "in", per_class=4)
+    home = tmp_path / "home"
+    args = ("--workers", "2", "--lease", "3", "--heartbeat", "0.5",
+            "--dataset", f"small={data}")
+    svc = Service(home, *args).start()
+    token = svc.token("submit", "--max-concurrent", "10")
+    seeds = [1, 2, 3, 4]
+    ids = [_submit(svc, token, suite, samples=172, seed=s) for s in seeds]
+    # Kill once both workers have records on disk.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        recs = [home / "store" / "runs" / i / "out" / "records.jsonl" for i in ids]
+        if sum(p.exists() and p.stat().st_size > 0 for p in recs) >= 2:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("no run started\n" + svc.log())
+    svc.kill()
+    # The job processes die with the server (parent-death signal): no orphan keeps writing.
+    deadline = time.monotonic() + 10
+    while job_processes(home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not job_processes(home)
+    svc2 = Service(home, *args)
+    svc2.port, svc2.url = svc.port, svc.url
+    svc2.start()
+    try:
+        docs = [svc2.wait_run(i, token, timeout=600) for i in ids]
+        assert [d["state"] for d in docs] == ["done"] * 4, [d.get("error") for d in docs]
+        assert any(d["attempts"] >= 2 for d in docs)  # some were resumed
+        listed = svc2.get("/runs?limit=500", token).json()
+        assert listed["total"] == 4  # no run lost or duplicated
+        # The same runs uninterrupted, on the restarted server: identical measurements.
+        again = [_submit(svc2, token, suite, samples=172, seed=s) for s in seeds]
+        for first, second in zip(ids, again, strict=True):
+            assert svc2.wait_run(second, token, timeout=600)["state"] == "done"
+            assert _comparable(_measurement(svc2, first)) == \
+                _comparable(_measurement(svc2, second))
+        # Each finished run is in the log exactly once.
+        indices = [svc2.get(f"/runs/{i}", token).json()["log_index"] for i in ids + again]
+        assert len(set(indices)) == 8
+        assert svc2.get("/log").json()["tree_size"] == 8
+    finally:
+        svc2.stop()
+
+
+def test_twenty_concurrent_submissions_all_complete(tmp_path: Path) -> None:
+    suite, data = small_inputs(tmp_path / "in")
+    svc = Service(tmp_path / "home", "--workers", "2", "--dataset", f"small={data}").start()
+    try:
+        token = svc.token("submit", "--max-concurrent", "20")
+        with ThreadPoolExecutor(20) as pool:
+            ids = list(pool.map(lambda i: _submit(svc, token, suite, samples=12, seed=i % 5),
+                                range(20)))
+        assert len(set(ids)) == 20
+        docs = [svc.wait_run(i, token, timeout=900) for i in ids]
+        assert all(d["state"] == "done" for d in docs), [d.get("error") for d in docs]
+        # Correct results: runs with the same seed measured exactly the same, and the same as
+        # `certify run` of that work outside the service.
+        by_seed: dict[int, list[dict]] = {}
+        for d in docs:
+            by_seed.setdefault(d["options"]["seed"], []).append(
+                _comparable(_measurement(svc, d["id"])))
+        assert sorted(by_seed) == [0, 1, 2, 3, 4]
+        for group in by_seed.values():
+            assert all(m == group[0] for m in group)
+        out = tmp_path / "cli"
+        r = subprocess.run([CERTIFY, "run", str(_demo_model()), "--suite", str(suite),
+                            "--data", str(data), "--samples", "12", "--seed", "3", "--out",
+                            str(out), "--no-pdf", "-q"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        cli = json.loads((out / "results.json").read_text())["measurement"]
+        assert [c["metrics"] for c in cli["checks"]] == \
+            [c["metrics"] for c in by_seed[3][0]["checks"]]
+        assert svc.get("/log").json()["tree_size"] == 20
+    finally:
+        svc.stop()
+
+
+def test_token_limits_and_cancelling_a_queued_run(tmp_path: Path) -> None:
+    """With no workers nothing starts: the concurrency limit and the budget are exact."""
+    suite, data = small_inputs(tmp_path / "in")
+    svc = Service(tmp_path / "home", "--workers", "0", "--dataset", f"small={data}").start()
+    try:
+        limited = svc.token("submit", "--max-concurrent", "1")
+        first = _submit(svc, limited, suite, samples=12, seed=0)
+        with _demo_model().open("rb") as m, suite.open("rb") as s:
+            r = svc.post("/runs", limited, files={"model": ("m.onnx", m),
+                                                  "suite_file": ("s.yaml", s)},
+                         data={"dataset": "small"})
+        assert r.status_code == 429 and "limit is 1" in r.json()["detail"]
+        r = svc.post(f"/runs/{first}/cancel", limited)
+        assert r.status_code == 200 and r.json()["state"] == "cancelled"
+        other = svc.token("submit")
+        assert svc.post(f"/runs/{first}/cancel", other).status_code in (403, 409)
+        _submit(svc, limited, suite, samples=12, seed=0)  # the slot is free again
+    finally:
+        svc.stop()
