@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from service_fixture import Service, small_inputs
+
 from servers import OnnxHttpServer
 
 
