@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Request, UploadFile
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
@@ -28,7 +28,7 @@ import certify
 from certify.errors import CertifyError
 from certify.service import auth, queue
 from certify.service.config import ServeConfig
-from certify.service.db import FINAL_STATES, QUEUED, RUNNING, Run, Token, Upload, utcnow
+from certify.service.db import FINAL_STATES, Run, Token, Upload, utcnow
 
 log = logging.getLogger("certify.service")
 
@@ -105,9 +105,11 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
 
             svc.workers = WorkerPool(svc.cfg, svc.factory, svc.store, svc.tlog, svc.secrets)
             svc.workers.start()
+        janitor = asyncio.create_task(_janitor(svc))
         try:
             yield
         finally:
+            janitor.cancel()
             if svc.workers is not None:
                 await asyncio.to_thread(svc.workers.stop)
 
@@ -129,6 +131,18 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
 
     app.include_router(ui_router(svc))
     return app
+
+
+async def _janitor(svc: Services) -> None:
+    """Hourly: delete uploads whose retention period ended."""
+    from certify.service import retention
+
+    while True:
+        try:
+            await asyncio.to_thread(retention.expire, svc.factory, svc.store)
+        except Exception:  # noqa: BLE001 - retention must not stop the service
+            log.exception("retention pass failed")
+        await asyncio.sleep(3600)
 
 
 # --- authentication -----------------------------------------------------------------------
@@ -357,25 +371,18 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
     def delete_upload(digest: str, who: Annotated[auth.Principal, submitter]
                       ) -> dict[str, Any]:
         """Delete an upload (its owner or an admin); refused while a live run uses it."""
+        from certify.service import retention
+
         with svc.factory() as s:
             up = s.get(Upload, digest)
             if up is None:
                 raise HTTPException(404, f"no upload {digest!r}")
             if up.token_id != who.token_id and not who.allows("admin"):
                 raise HTTPException(403, "only the upload's owner or an admin may delete it")
-            live = s.scalar(select(func.count()).select_from(Run).where(
-                Run.state.in_((QUEUED, RUNNING)),
-                Run.options["uploads"].as_string().contains(digest)))
-            if live:
-                raise HTTPException(409, "a queued or running run uses this upload")
-            s.delete(up)
-            s.commit()
-        svc.store.delete_upload(digest)
+        if not retention.delete_upload(svc.factory, svc.store, digest):
+            raise HTTPException(409, "a queued or running run uses this upload")
         return {"deleted": digest}
 
-    @app.get(f"{API}/openapi-version", include_in_schema=False)
-    def _version() -> PlainTextResponse:
-        return PlainTextResponse(certify.__version__)
 
 
 def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None

@@ -100,6 +100,8 @@ class Upload(Base):
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     expires: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    #: Store-relative paths made from this upload (a suite's .yaml, a model's folder).
+    paths: Mapped[list[str]] = mapped_column(JSON, default=list)
 
 
 class LogEntry(Base):

@@ -61,12 +61,19 @@ class _Submission:
 
     def __init__(self, svc: Any, who: auth.Principal) -> None:
         self.svc, self.who = svc, who
-        self.uploads: list[tuple[str, str, int]] = []  # digest, kind, size
+        #: digest -> (kind, size, store paths made from it)
+        self.uploads: dict[str, tuple[str, int, list[str]]] = {}
 
     def put(self, upload: UploadFile, limit: int, kind: str) -> Any:
         stored = self.svc.store.put_stream(upload.file, limit, kind)
-        self.uploads.append((stored.digest, kind, stored.size))
+        self.uploads.setdefault(stored.digest, (kind, stored.size, []))
         return stored
+
+    def made(self, digest: str, rel: str) -> None:
+        """Record that ``rel`` (store-relative) was made from upload ``digest``."""
+        paths = self.uploads[digest][2]
+        if rel not in paths:
+            paths.append(rel)
 
     def limits_for_token(self) -> int | None:
         with self.svc.factory() as s:
@@ -103,6 +110,7 @@ class _Submission:
         suite_name = check_suite_yaml(stored.path.read_bytes(), self.svc.limits)
         rel = f"suites/{_hex(stored.digest)}.yaml"
         _place(stored.path, self.svc.store.root / rel)
+        self.made(stored.digest, rel)
         return f"store:{rel}", suite_name
 
     def dataset(self, name: str | None, file: UploadFile | None) -> str:
@@ -121,6 +129,7 @@ class _Submission:
         check_npz(stored.path, self.svc.limits)
         rel = f"datasets/{_hex(stored.digest)}.npz"
         _place(stored.path, self.svc.store.root / rel)
+        self.made(stored.digest, rel)
         return f"store:{rel}"
 
     def onnx(self, files: list[UploadFile]) -> tuple[str, str]:
@@ -129,9 +138,10 @@ class _Submission:
 
         from certify.service.uploads import check_onnx, prepare_model
 
-        total, named = 0, []
+        total, named, digests = 0, [], []
         for f in files:
             stored = self.put(f, self.svc.limits.max_model_bytes, "model")
+            digests.append(stored.digest)
             total += stored.size
             if total > self.svc.limits.max_total_bytes:
                 raise HTTPException(413, "the model's files together exceed "
@@ -152,6 +162,8 @@ class _Submission:
             if not (dest / main.name).is_file():
                 raise HTTPException(409, "the model is being stored by another submission; "
                                          "retry")
+            for d in digests:
+                self.made(d, rel)
             return f"{rel}/{main.name}", main.name.removesuffix(".onnx")
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -159,13 +171,14 @@ class _Submission:
     def record_uploads(self) -> None:
         expires = utcnow() + dt.timedelta(days=self.svc.cfg.retention_days)
         with self.svc.factory() as s:
-            for digest, kind, size in self.uploads:
+            for digest, (kind, size, paths) in self.uploads.items():
                 row = s.get(Upload, digest)
                 if row is None:
                     s.add(Upload(digest=digest, kind=kind, size=size, created=utcnow(),
-                                 token_id=self.who.token_id, expires=expires))
+                                 token_id=self.who.token_id, expires=expires, paths=paths))
                 else:
                     row.expires = max(row.expires or expires, expires)
+                    row.paths = sorted(set(row.paths or []) | set(paths))
             s.commit()
 
 
@@ -204,7 +217,7 @@ def _check(svc: Any, who: auth.Principal, model: list[UploadFile], endpoint: str
         ref, name = sub.onnx(model)
     if reference is not None:
         options["reference"], _ = sub.onnx([reference])
-    options["uploads"] = [d for d, _, _ in sub.uploads]
+    options["uploads"] = sorted(sub.uploads)
     sub.record_uploads()
     return {"token_id": who.token_id, "model_kind": kind, "model_ref": ref,
             "model_name": name[:300], "suite": suite_ref, "suite_name": suite_name,

@@ -63,6 +63,7 @@ def upgrade() -> None:
         sa.Column("created", sa.DateTime, nullable=False),
         sa.Column("token_id", sa.Integer, nullable=True),
         sa.Column("expires", sa.DateTime, nullable=True),
+        sa.Column("paths", sa.JSON, nullable=False),
     )
     op.create_table(
         "log_entries",
