@@ -96,6 +96,9 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
     from certify.service.app import create_app
     from certify.service.config import ServeConfig
 
+    if rest.get("executor") == "ray" and not rest.get("ray_address"):
+        raise UsageError("--executor ray needs --ray-address",
+                         hint="the service sends runs to an existing Ray cluster")
     if heartbeat >= lease:
         raise UsageError(f"--heartbeat {heartbeat} must be shorter than --lease {lease}")
     cfg = ServeConfig(home=home, db=db, host=host, port=port, datasets=_datasets(datasets),
