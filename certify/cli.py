@@ -434,18 +434,37 @@ def sign_cmd(run_dir: Path, key_path: Path, passphrase_env: str | None, no_pdf: 
 
 @main.command("verify")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--pubkey", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The signer's public key.")
-def verify_cmd(path: Path, pubkey: Path) -> None:
+@click.option("--pubkey", type=click.Path(dir_okay=False, path_type=Path),
+              help="The signer's public key (required without --log; with --log, the log's "
+                   "own key is fetched and pinned on first use).")
+@click.option("--log", "log_url", metavar="URL",
+              help="A certify service: also check the card is in its transparency log, and "
+                   "that the log only grew since it was last seen from here.")
+@click.option("--log-state", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where the last tree head seen is kept [default: $CERTIFY_LOG_STATE or "
+                   "~/.config/certify/logs.json].")
+def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
+               log_state: Path | None) -> None:
     """Verify card.html, card.pdf or results.json against a public key (exit 0 only if valid).
 
     \b
-    Example:
+    Examples:
       certify verify demo-card/card.pdf --pubkey keys/certify.pub
+      certify verify card/card.pdf --log https://certify.example.com
     """
     from certify.report.sign import fingerprint, load_public_key, verify_file
 
-    key = load_public_key(pubkey)
+    client = None
+    if log_url is not None:
+        from certify.service.logclient import LogClient, log_key
+
+        client = LogClient(log_url)
+        key = log_key(client, pubkey)
+    elif pubkey is None:
+        raise UsageError("--pubkey is required without --log",
+                         hint="pass the signer's public key, or --log URL of the service")
+    else:
+        key = load_public_key(pubkey)
     v = verify_file(path, key)
     m = v.result.measurement
     click.echo(f"OK: {path} is intact and signed by {fingerprint(key)}")
@@ -453,6 +472,12 @@ def verify_cmd(path: Path, pubkey: Path) -> None:
     click.echo(f"provenance:  intact ({v.signature.signed['provenance']})")
     if v.visible is not None:
         click.echo(f"visible content: {v.visible}")
+    if client is not None:
+        from certify.service.logclient import check_in_log, default_state_path
+
+        for line in check_in_log(v.signature.signed, client, key,
+                                 log_state or default_state_path()):
+            click.echo(line)
     click.echo(f"model: {m.model.name} {m.model.identity}")
     click.echo(f"verdict: {m.verdict}")
     for c in m.checks:

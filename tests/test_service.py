@@ -25,9 +25,20 @@ def service(tmp_path_factory: pytest.TempPathFactory, inputs: tuple[Path, Path])
     """One SQLite service for the module, with the small data registered as 'small'."""
     home = tmp_path_factory.mktemp("svc") / "home"
     svc = Service(home, "--workers", "2", "--dataset", f"small={inputs[1]}",
-                  "--max-upload-mb", "2").start()
+                  "--max-upload-mb", "2", "--heartbeat", "0.5").start()
     yield svc
     svc.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A suite whose run takes long enough to be interrupted (Square L∞, 2,000 queries)."""
+    from builders import write_small_suite
+
+    return write_small_suite(tmp_path_factory.mktemp("slow") / "slow.yaml", "slow", [
+        {"id": "square", "kind": "attack", "params": {
+            "attack": "square_linf", "epsilon": 0.03, "max_queries": 2000,
+            "binarization": False}}])
 
 
 def _demo_model() -> Path:
@@ -146,12 +157,12 @@ def _external_data_model(folder: Path, location: str) -> Path:
 
 
 def test_a_crashing_run_ends_error_and_the_server_stays_up(
-        service: Service, inputs: tuple[Path, Path]) -> None:
+        service: Service, inputs: tuple[Path, Path], slow_suite: Path) -> None:
     """A job process killed by SIGSEGV (as a crash in onnxruntime ends it): its run is
     ``error`` with a message saying so; the server answers and runs the next one."""
     suite, _ = inputs
     token = service.token("submit")
-    run = _submit(service, token, suite, samples=200).json()
+    run = _submit(service, token, slow_suite, samples=40).json()
     service.wait_run(run["id"], token, states=("running",))
     deadline = time.monotonic() + 60
     while not (pids := job_processes(service.home)) and time.monotonic() < deadline:
@@ -165,10 +176,9 @@ def test_a_crashing_run_ends_error_and_the_server_stays_up(
     assert service.wait_run(ok["id"], token)["state"] == "done"
 
 
-def test_cancel_a_running_run(service: Service, inputs: tuple[Path, Path]) -> None:
-    suite, _ = inputs
+def test_cancel_a_running_run(service: Service, slow_suite: Path) -> None:
     token = service.token("submit")
-    run = _submit(service, token, suite, samples=200).json()
+    run = _submit(service, token, slow_suite, samples=40).json()
     service.wait_run(run["id"], token, states=("running",))
     r = service.post(f"/runs/{run['id']}/cancel", token)
     assert r.status_code == 200

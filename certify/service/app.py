@@ -127,9 +127,6 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
 
     app.include_router(log_router(lambda: svc.tlog, svc.public_pem), prefix=API)
     _api_routes(app, svc)
-    from certify.service.ui import ui_router
-
-    app.include_router(ui_router(svc))
     return app
 
 
@@ -213,9 +210,12 @@ def _get_run(svc: Services, run_id: str) -> Run:
     return run
 
 
+#: Route parameters: the caller, with at least this role.
+Reader = Annotated[auth.Principal, Depends(require("read"))]
+Submitter = Annotated[auth.Principal, Depends(require("submit"))]
+
+
 def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place for the routes
-    reader = Depends(require("read"))
-    submitter = Depends(require("submit"))
 
     @app.get(f"{API}/health", tags=["service"])
     def health() -> dict[str, Any]:
@@ -227,7 +227,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
     @app.post(f"{API}/runs", status_code=202, tags=["runs"])
     async def submit(
         request: Request,
-        who: Annotated[auth.Principal, submitter],
+        who: Submitter,
         model: Annotated[list[UploadFile] | None, File(
             description="The .onnx file, with its external-data files, or one archive")] = None,
         endpoint: Annotated[str | None, Form(description="An inference endpoint URL")] = None,
@@ -263,7 +263,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         return run_json(run)
 
     @app.get(f"{API}/runs", tags=["runs"])
-    def list_runs(_who: Annotated[auth.Principal, reader], model: str | None = None,
+    def list_runs(_who: Reader, model: str | None = None,
                   suite: str | None = None, verdict: str | None = None,
                   state: str | None = None, limit: int = 50, offset: int = 0
                   ) -> dict[str, Any]:
@@ -284,13 +284,13 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
             return {"total": total, "runs": [run_json(r) for r in runs]}
 
     @app.get(f"{API}/runs/{{run_id}}", tags=["runs"])
-    def get_run(run_id: str, _who: Annotated[auth.Principal, reader]) -> dict[str, Any]:
+    def get_run(run_id: str, _who: Reader) -> dict[str, Any]:
         """One run: state, progress per check, statuses, verdict."""
         return run_json(_get_run(svc, run_id))
 
     @app.get(f"{API}/runs/{{run_id}}/events", tags=["runs"])
     async def events(run_id: str, request: Request,
-                     _who: Annotated[auth.Principal, reader]) -> StreamingResponse:
+                     _who: Reader) -> StreamingResponse:
         """Server-sent events: the run's state whenever it changes, until it ends."""
         _get_run(svc, run_id)
 
@@ -314,7 +314,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
                                  headers={"Cache-Control": "no-store"})
 
     @app.get(f"{API}/runs/{{run_id}}/{{name}}", tags=["runs"])
-    def artefact(run_id: str, name: str, _who: Annotated[auth.Principal, reader]
+    def artefact(run_id: str, name: str, _who: Reader
                  ) -> FileResponse:
         """A finished run's card.html, card.pdf, results.json or results.json.sig."""
         if name not in ARTEFACTS:
@@ -331,7 +331,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         return FileResponse(path, media_type=ARTEFACTS[name], filename=name)
 
     @app.post(f"{API}/runs/{{run_id}}/cancel", tags=["runs"])
-    def cancel(run_id: str, who: Annotated[auth.Principal, submitter]) -> dict[str, Any]:
+    def cancel(run_id: str, who: Submitter) -> dict[str, Any]:
         """Cancel a queued or running run (your own, or any as admin)."""
         run = _get_run(svc, run_id)
         if run.token_id != who.token_id and not who.allows("admin"):
@@ -343,7 +343,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         return run_json(_get_run(svc, run_id))
 
     @app.get(f"{API}/runs/{{a}}/compare/{{b}}", tags=["runs"])
-    def compare_runs(a: str, b: str, _who: Annotated[auth.Principal, reader],
+    def compare_runs(a: str, b: str, _who: Reader,
                      tolerance: float = 0.0) -> dict[str, Any]:
         """``certify compare`` of two finished runs (a = old, b = new)."""
         from certify.compare import compare_paths
@@ -368,7 +368,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         return await asyncio.to_thread(_verify_upload, svc, file, signature)
 
     @app.delete(f"{API}/uploads/{{digest}}", tags=["uploads"])
-    def delete_upload(digest: str, who: Annotated[auth.Principal, submitter]
+    def delete_upload(digest: str, who: Submitter
                       ) -> dict[str, Any]:
         """Delete an upload (its owner or an admin); refused while a live run uses it."""
         from certify.service import retention

@@ -51,7 +51,7 @@ def claim(factory: sessionmaker[Any], owner: str, lease_s: float) -> Run | None:
                                     lease_expires=now + dt.timedelta(seconds=lease_s),
                                     updated=now))
             s.commit()
-            if res.rowcount == 1:  # type: ignore[attr-defined]
+            if res.rowcount == 1:
                 return s.get(Run, rid, populate_existing=True)
         return None
 
@@ -69,7 +69,7 @@ def heartbeat(factory: sessionmaker[Any], run_id: str, owner: str, lease_s: floa
                                           Run.state == RUNNING).values(**values))
         s.commit()
         cancel = bool(s.scalar(select(Run.cancel_requested).where(Run.id == run_id)))
-        return res.rowcount == 1, cancel  # type: ignore[attr-defined]
+        return res.rowcount == 1, cancel
 
 
 def finish(factory: sessionmaker[Any], run_id: str, owner: str, **values: Any) -> bool:
@@ -80,7 +80,7 @@ def finish(factory: sessionmaker[Any], run_id: str, owner: str, **values: Any) -
                         .values(lease_owner=None, lease_expires=None, updated=utcnow(),
                                 **values))
         s.commit()
-        return res.rowcount == 1  # type: ignore[attr-defined]
+        return res.rowcount == 1
 
 
 def request_cancel(session: Session, run_id: str) -> str:

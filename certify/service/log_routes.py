@@ -1,0 +1,58 @@
+"""The transparency log's public routes (no token: auditors use them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import PlainTextResponse
+
+from certify.service.merkle import LogError
+from certify.service.tlog import TransparencyLog
+
+
+def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes) -> APIRouter:
+    """``/log``, ``/log/entries/{n}``, ``/log/proof/*``, ``/log/lookup`` and ``/key``."""
+    r = APIRouter(tags=["transparency log"])
+
+    def guard(fn: Callable[[], dict[str, Any]], status: int = 404) -> dict[str, Any]:
+        try:
+            return fn()
+        except LogError as exc:
+            raise HTTPException(status, exc.message) from None
+
+    @r.get("/log")
+    def tree_head() -> dict[str, Any]:
+        """The latest signed tree head."""
+        return get_log().tree_head()
+
+    @r.get("/log/entries/{n}")
+    def entry(n: int) -> dict[str, Any]:
+        """One entry: its leaf hash and the statement it logs."""
+        return guard(lambda: get_log().entry(n))
+
+    @r.get("/log/proof/inclusion")
+    def inclusion(index: int, tree_size: int) -> dict[str, Any]:
+        """The audit path of an entry in a tree of the given size."""
+        return guard(lambda: get_log().inclusion(index, tree_size), 400)
+
+    @r.get("/log/proof/consistency")
+    def consistency(first: int, second: int) -> dict[str, Any]:
+        """Proof that the tree of size ``first`` is a prefix of the tree of size ``second``."""
+        return guard(lambda: get_log().consistency(first, second), 400)
+
+    @r.get("/log/lookup")
+    def lookup(statement_digest: str) -> dict[str, Any]:
+        """The index of the entry logging a statement digest."""
+        idx = get_log().lookup(statement_digest)
+        if idx is None:
+            raise HTTPException(404, f"no entry for {statement_digest[:80]}")
+        return {"index": idx}
+
+    @r.get("/key", response_class=PlainTextResponse)
+    def key() -> PlainTextResponse:
+        """The service's public key (PEM): it signs cards and tree heads."""
+        return PlainTextResponse(public_pem.decode("ascii"))
+
+    return r

@@ -1,0 +1,119 @@
+"""The service's transparency log: every issued card, appended to an RFC 6962 Merkle tree.
+
+A leaf's data is the *statement digest*: SHA-256 of the canonical JSON of the statement the
+card's signature covers (schema, and the digests of its measurement and provenance). Rows of
+``log_entries`` are only ever inserted, with consecutive indices; a tree head is signed with the
+service's key over ``{"type": "certify.tree-head/1", "tree_size", "root_hash", "timestamp"}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from typing import Any
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from certify.canonical import canonical_json
+from certify.report.sign import ALGORITHM, fingerprint
+from certify.service import merkle
+from certify.service.db import LogEntry, utcnow
+
+TREE_HEAD_TYPE = "certify.tree-head/1"
+
+
+def b64(b: bytes) -> str:
+    """Standard base64 text."""
+    return base64.b64encode(b).decode("ascii")
+
+
+def statement_digest(statement: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of a signed statement's canonical JSON: the leaf's data."""
+    return "sha256:" + hashlib.sha256(canonical_json(statement)).hexdigest()
+
+
+def tree_head_payload(size: int, root_b64: str, timestamp: int) -> bytes:
+    """The bytes a tree head's signature covers."""
+    return canonical_json({"type": TREE_HEAD_TYPE, "tree_size": size, "root_hash": root_b64,
+                           "timestamp": timestamp})
+
+
+class TransparencyLog:
+    """The log on the ``log_entries`` table, signed with the service's key."""
+
+    def __init__(self, factory: Any, key: ec.EllipticCurvePrivateKey) -> None:
+        self.factory, self.key = factory, key
+
+    def _leaves(self, size: int | None = None) -> list[bytes]:
+        with self.factory() as s:
+            q = select(LogEntry.leaf_hash).order_by(LogEntry.idx)
+            if size is not None:
+                q = q.limit(size)
+            return [bytes(h) for h in s.scalars(q)]
+
+    def size(self) -> int:
+        """Entries in the log."""
+        with self.factory() as s:
+            return int(s.scalar(select(func.count()).select_from(LogEntry)) or 0)
+
+    def append(self, statement: dict[str, Any], run_id: str) -> int:
+        """Append a signed statement (once: the same statement again gets its index)."""
+        digest = statement_digest(statement)
+        leaf = merkle.leaf_hash(bytes.fromhex(digest.split(":", 1)[1]))
+        for _ in range(50):
+            existing = self.lookup(digest)
+            if existing is not None:
+                return existing
+            with self.factory() as s:
+                idx = int(s.scalar(select(func.count()).select_from(LogEntry)) or 0)
+                s.add(LogEntry(idx=idx, leaf_hash=leaf, statement_digest=digest,
+                               statement=statement, run_id=run_id, created=utcnow()))
+                try:
+                    s.commit()
+                    return idx
+                except IntegrityError:  # another writer took idx (or this statement)
+                    s.rollback()
+            time.sleep(0.01)
+        raise RuntimeError("could not append to the transparency log after 50 tries")
+
+    def lookup(self, digest: str) -> int | None:
+        """The index of the entry with this statement digest."""
+        with self.factory() as s:
+            return s.scalar(select(LogEntry.idx).where(LogEntry.statement_digest == digest))
+
+    def tree_head(self) -> dict[str, Any]:
+        """The latest signed tree head."""
+        leaves = self._leaves()
+        size = len(leaves)
+        root_b64 = b64(merkle.root(leaves))
+        ts = int(time.time() * 1000)
+        sig = self.key.sign(tree_head_payload(size, root_b64, ts), ec.ECDSA(hashes.SHA256()))
+        return {"tree_size": size, "root_hash": root_b64, "timestamp": ts,
+                "key_fingerprint": fingerprint(self.key.public_key()), "algorithm": ALGORITHM,
+                "signature": b64(sig)}
+
+    def entry(self, n: int) -> dict[str, Any]:
+        """Entry ``n`` (LogError if there is none)."""
+        with self.factory() as s:
+            e = s.get(LogEntry, n)
+        if e is None:
+            raise merkle.LogError(f"no log entry {n}")
+        return {"index": e.idx, "leaf_hash": b64(bytes(e.leaf_hash)),
+                "statement_digest": e.statement_digest, "statement": e.statement,
+                "run_id": e.run_id, "created": e.created.isoformat() + "Z"}
+
+    def inclusion(self, index: int, tree_size: int) -> dict[str, Any]:
+        """The audit path of entry ``index`` in the tree of size ``tree_size``."""
+        leaves = self._leaves()
+        proof = merkle.inclusion_proof(leaves, index, tree_size)
+        return {"index": index, "tree_size": tree_size, "leaf_hash": b64(leaves[index]),
+                "audit_path": [b64(p) for p in proof]}
+
+    def consistency(self, first: int, second: int) -> dict[str, Any]:
+        """The proof that the tree of size ``first`` is a prefix of that of ``second``."""
+        proof = merkle.consistency_proof(self._leaves(), first, second)
+        return {"first": first, "second": second, "proof": [b64(p) for p in proof]}
