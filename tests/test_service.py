@@ -186,3 +186,58 @@ def test_cancel_a_running_run(service: Service, slow_suite: Path) -> None:
     assert doc["state"] == "cancelled"
     assert service.get(f"/runs/{run['id']}/card.html", token).status_code == 409
     assert not job_processes(service.home, run["id"])
+
+
+def _verify_log(card: Path, svc: Service, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CERTIFY, "verify", str(card), "--log", svc.url, "--log-state",
+                           str(state)], capture_output=True, text=True, timeout=120)
+
+
+def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
+        service: Service, inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    import sqlite3
+
+    suite, _ = inputs
+    token = service.token("submit")
+    ids = [_submit(service, token, suite, samples=10, seed=str(s)).json()["id"]
+           for s in (7, 8)]
+    docs = [service.wait_run(i, token) for i in ids]
+    assert [d["state"] for d in docs] == ["done", "done"]
+    card = tmp_path / "card.html"
+    card.write_bytes(service.get(f"/runs/{ids[1]}/card.html", token).content)
+    state = tmp_path / "state.json"
+    first = _verify_log(card, service, state)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "first time this log is seen" in first.stdout
+    assert "consistency: the log extends" in _verify_log(card, service, state).stdout
+    db = sqlite3.connect(service.home / "state.db")
+    try:
+        # Rewrite history: another leaf in place of the first run's entry.
+        (old,) = db.execute("SELECT leaf_hash FROM log_entries WHERE idx = ?",
+                            (docs[0]["log_index"],)).fetchone()
+        db.execute("UPDATE log_entries SET leaf_hash = ? WHERE idx = ?",
+                   (bytes(32), docs[0]["log_index"]))
+        db.commit()
+        r = _verify_log(card, service, state)
+        assert r.returncode == 1 and "rewrote its history" in r.stderr, r.stdout + r.stderr
+        db.execute("UPDATE log_entries SET leaf_hash = ? WHERE idx = ?",
+                   (old, docs[0]["log_index"]))
+        # A card whose entry is gone is not in the log.
+        db.execute("UPDATE log_entries SET statement_digest = 'sha256:gone' WHERE idx = ?",
+                   (docs[1]["log_index"],))
+        db.commit()
+        r = _verify_log(card, service, tmp_path / "fresh.json")
+        assert r.returncode == 1 and "not in the log" in r.stderr, r.stdout + r.stderr
+    finally:
+        db.close()
+    # A log that presents another key than the one pinned is refused.
+    doc = json.loads(state.read_text())
+    doc["logs"][service.url]["key_fingerprint"] = "sha256:" + "0" * 64
+    state.write_text(json.dumps(doc))
+    r = _verify_log(card, service, state)
+    assert r.returncode == 1 and "pinned" in r.stderr
+    # An unreachable log is exit 3, one line.
+    r = subprocess.run([CERTIFY, "verify", str(card), "--log", "http://127.0.0.1:9",
+                        "--log-state", str(state)], capture_output=True, text=True)
+    assert r.returncode == 3 and "cannot reach the log" in r.stderr
+    assert "Traceback" not in r.stderr

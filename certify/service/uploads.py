@@ -118,7 +118,7 @@ def _members(archive_name: str, path: Path) -> Iterator[tuple[str, bool, Any]]:
                     if info.is_dir():
                         continue
                     mode = info.external_attr >> 16
-                    regular = mode == 0 or stat.S_ISREG(mode)
+                    regular = stat.S_IFMT(mode) in (0, stat.S_IFREG)
                     yield info.filename, regular, (lambda i=info: z.open(i))
         else:
             with tarfile.open(path, "r:*") as t:
