@@ -169,17 +169,29 @@ class _Submission:
             shutil.rmtree(work, ignore_errors=True)
 
     def record_uploads(self) -> None:
+        """Record the uploads (or extend them): concurrent first uploads of the same file
+        race on its digest; the loser retries as an update."""
+        from sqlalchemy.exc import IntegrityError
+
         expires = utcnow() + dt.timedelta(days=self.svc.cfg.retention_days)
-        with self.svc.factory() as s:
-            for digest, (kind, size, paths) in self.uploads.items():
-                row = s.get(Upload, digest)
-                if row is None:
-                    s.add(Upload(digest=digest, kind=kind, size=size, created=utcnow(),
-                                 token_id=self.who.token_id, expires=expires, paths=paths))
-                else:
-                    row.expires = max(row.expires or expires, expires)
-                    row.paths = sorted(set(row.paths or []) | set(paths))
-            s.commit()
+        for _ in range(10):
+            with self.svc.factory() as s:
+                try:
+                    for digest, (kind, size, paths) in self.uploads.items():
+                        row = s.get(Upload, digest)
+                        if row is None:
+                            s.add(Upload(digest=digest, kind=kind, size=size,
+                                         created=utcnow(), token_id=self.who.token_id,
+                                         expires=expires, paths=paths))
+                        else:
+                            row.expires = max(row.expires or expires, expires)
+                            row.paths = sorted(set(row.paths or []) | set(paths))
+                        s.flush()
+                    s.commit()
+                    return
+                except IntegrityError:
+                    s.rollback()
+        raise HTTPException(503, "the upload could not be recorded; retry")
 
 
 def _check(svc: Any, who: auth.Principal, model: list[UploadFile], endpoint: str | None,
