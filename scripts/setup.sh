@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# WeasyPrint's libraries, poppler-utils (pdftoppm/pdftotext) and Chromium for the card tests
+# WeasyPrint's libraries, poppler-utils (pdftoppm/pdftotext), Chromium for the card and web UI
+# tests, and PostgreSQL for the service's tests (each test starts its own cluster)
 debs=(libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz-subset0 fonts-dejavu-core poppler-utils
-      chromium)
+      chromium postgresql)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,108 @@
+"""The service on PostgreSQL (started by the test from Debian's package) and its schema."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from pg import postgres_cluster
+from service_fixture import CERTIFY, Service, env_with, small_inputs
+from sqlalchemy import Engine, inspect
+
+from certify.service import queue
+from certify.service.db import Base, make_engine, migrate, sessions, sqlite_url
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this module."""
+    with postgres_cluster() as url:
+        yield url
+
+
+@contextmanager
+def _engine(url: str) -> Iterator[Engine]:
+    engine = make_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _schema(url: str) -> dict[str, list[str]]:
+    with _engine(url) as engine:
+        insp = inspect(engine)
+        return {t: sorted(c["name"] for c in insp.get_columns(t))
+                for t in insp.get_table_names()}
+
+
+def test_migrations_make_the_same_schema_on_postgresql_and_sqlite(pg_url: str,
+                                                                   tmp_path: Path) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    lite = sqlite_url(tmp_path)
+    for url in (pg_url, lite):
+        with _engine(url) as engine:
+            migrate(engine)
+            migrate(engine)  # a second time is a no-op
+            with engine.connect() as conn:
+                diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == [], (url.split(":")[0], diff)
+    assert _schema(pg_url) == _schema(lite)
+
+
+def test_concurrent_claims_take_each_run_once(pg_url: str) -> None:
+    with _engine(pg_url) as engine:
+        _claim_all(engine)
+
+
+def _claim_all(engine: Engine) -> None:
+    migrate(engine)
+    factory = sessions(engine)
+    with factory() as s:
+        ids = {queue.enqueue(s, token_id=None, model_kind="onnx", model_ref="m", model_name="m",
+                             suite="gtsrb", suite_name="gtsrb", dataset="d",
+                             options={"secret": b"x".hex()}).id for _ in range(40)}
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        while (run := queue.claim(factory, f"w{n}", 60)) is not None:
+            with lock:
+                claimed.append(run.id)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(claimed) == sorted(ids)  # every run once, none twice
+
+
+def test_serve_submit_verify_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    suite, data = small_inputs(tmp_path / "in")
+    svc = Service(tmp_path / "home", "--workers", "1", "--dataset", f"small={data}",
+                  db=pg_url).start()
+    try:
+        token = svc.token("submit")
+        from certify.api import demo_model_path
+
+        out = tmp_path / "card"
+        r = subprocess.run([CERTIFY, "submit", str(demo_model_path()), "--server", svc.url,
+                            "--suite", str(suite), "--dataset", "small", "--samples", "12",
+                            "--out", str(out)], capture_output=True, text=True, timeout=300,
+                           env=env_with(CERTIFY_TOKEN=token))
+        assert r.returncode == 0, r.stderr + svc.log()
+        v = subprocess.run([CERTIFY, "verify", str(out / "card.pdf"), "--log", svc.url,
+                            "--log-state", str(tmp_path / "state.json")],
+                           capture_output=True, text=True, timeout=120)
+        assert v.returncode == 0, v.stdout + v.stderr
+        assert "inclusion: proven" in v.stdout
+        assert not (tmp_path / "home" / "state.db").exists()  # the state is in PostgreSQL
+    finally:
+        svc.stop()
