@@ -98,6 +98,11 @@ class Service:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return requests.post(f"{self.url}/api/v1{path}", headers=headers, timeout=60, **kw)
 
+    def session_delete(self, path: str, token: str) -> requests.Response:
+        """DELETE under /api/v1."""
+        return requests.delete(f"{self.url}/api/v1{path}",
+                               headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
     def wait_run(self, run_id: str, token: str, timeout: float = 300.0,
                  states: tuple[str, ...] = ("done", "error", "cancelled")) -> dict[str, Any]:
         """Poll a run until it reaches one of ``states``."""

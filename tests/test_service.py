@@ -241,3 +241,50 @@ def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
                         "--log-state", str(state)], capture_output=True, text=True)
     assert r.returncode == 3 and "cannot reach the log" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_events_compare_uploads_and_query_budget(service: Service,
+                                                 inputs: tuple[Path, Path]) -> None:
+    suite, _ = inputs
+    probe = service.token("submit")
+    first = _submit(service, probe, suite, samples=12, seed="1").json()
+    # Server-sent events: the run's states as they change, ending with `end`.
+    with requests.get(f"{service.url}/api/v1/runs/{first['id']}/events", stream=True,
+                      headers={"Authorization": f"Bearer {probe}"}, timeout=300) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines(decode_unicode=True) if line]
+    states = [json.loads(e[6:])["state"] for e in events if e.startswith("data: {\"")]
+    assert states[-1] == "done" and events[-2:] == ["event: end", "data: {}"]
+    needed = json.loads(service.get(f"/runs/{first['id']}/results.json", probe).content)[
+        "measurement"]["queries"]["total"]
+    # A token whose budget is exactly that run's queries: the run completes, the budget is
+    # then spent, and the next submission is refused; a smaller budget ends checks ERROR.
+    exact = service.token("submit", "--query-budget", str(needed))
+    run = _submit(service, exact, suite, samples=12, seed="1").json()
+    assert service.wait_run(run["id"], exact)["verdict"] == "PASS"
+    r = _submit(service, exact, suite, samples=12, seed="1")
+    assert r.status_code == 403 and "budget" in r.json()["detail"]
+    short = service.token("submit", "--query-budget", str(needed // 2))
+    run = _submit(service, short, suite, samples=12, seed="1").json()
+    doc = service.wait_run(run["id"], short)
+    assert doc["verdict"] == "ERROR" and doc["exit_code"] == 5
+    owner = probe
+    # compare: the same model on the same data twice is no regression.
+    other = service.token("submit")
+    ids = [_submit(service, other, suite, samples=12, seed="3").json()["id"] for _ in range(2)]
+    for i in ids:
+        assert service.wait_run(i, other)["state"] == "done"
+    c = service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other).json()
+    assert c["exit_code"] == 0 and {row["id"] for row in c["checks"]} == {"clean", "noise"}
+    # Uploads: deletable by their owner (not by another token) once no live run uses them.
+    from certify.service.app import sha256_file
+
+    digest = sha256_file(suite)
+    admin_less = service.token("submit")
+    assert service.session_delete(f"/uploads/{digest}", admin_less).status_code in (403,)
+    gone = service.session_delete(f"/uploads/{digest}", owner)
+    assert gone.status_code == 200, gone.text
+    blob = service.home / "store" / "blobs" / "sha256" / digest[7:9] / digest[7:]
+    assert not blob.exists()
+    assert not (service.home / "store" / "suites" / f"{digest[7:]}.yaml").exists()
+    assert service.session_delete(f"/uploads/{digest}", owner).status_code == 404
