@@ -127,6 +127,9 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
 
     app.include_router(log_router(lambda: svc.tlog, svc.public_pem), prefix=API)
     _api_routes(app, svc)
+    from certify.service.ui import ui_router
+
+    app.include_router(ui_router(svc))
     return app
 
 
@@ -245,20 +248,13 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         seed: Annotated[int | None, Form(ge=0)] = None,
     ) -> dict[str, Any]:
         """Submit a run: 202 with its id once the static checks pass."""
-        from certify.service.submit_checks import validate_submission
+        from certify.service.submit_checks import accept_submission
 
-        fields = await validate_submission(
+        run = await accept_submission(
             svc, who, model=model or [], endpoint=endpoint, endpoint_secret=endpoint_secret,
             endpoint_header=endpoint_header, model_version=model_version, suite=suite,
             suite_file=suite_file, dataset=dataset, dataset_file=dataset_file,
             reference=reference, samples=samples, seed=seed)
-        with svc.factory() as s:
-            run = queue.enqueue(s, **fields)
-            if endpoint_secret:
-                assert svc.secrets is not None
-                run.secret_enc = svc.secrets.encrypt(endpoint_secret, run.id)
-                s.merge(run)
-                s.commit()
         log.info("run %s queued by token %d (%s)", run.id, who.token_id, run.model_name)
         return run_json(run)
 
@@ -328,7 +324,8 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         path = svc.store.run_dir(run.id) / OUT_DIR / name
         if not path.is_file():
             raise HTTPException(404, f"{name} is missing from run {run_id}")
-        return FileResponse(path, media_type=ARTEFACTS[name], filename=name)
+        return FileResponse(path, media_type=ARTEFACTS[name], filename=name,
+                            content_disposition_type="inline")
 
     @app.post(f"{API}/runs/{{run_id}}/cancel", tags=["runs"])
     def cancel(run_id: str, who: Submitter) -> dict[str, Any]:

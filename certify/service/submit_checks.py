@@ -246,3 +246,22 @@ async def validate_submission(svc: Any, who: auth.Principal, **kw: Any) -> dict[
         status = int(getattr(exc, "status", 422))
         detail = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
         raise HTTPException(status, detail) from None
+
+
+async def accept_submission(svc: Any, who: auth.Principal, **kw: Any) -> Any:
+    """Check a submission and queue it (its endpoint secret encrypted); returns the Run."""
+    from certify.service import queue
+
+    fields = await validate_submission(svc, who, **kw)
+    secret = kw.get("endpoint_secret")
+
+    def enqueue() -> Any:
+        with svc.factory() as s:
+            run = queue.enqueue(s, **fields)
+            if secret:
+                run.secret_enc = svc.secrets.encrypt(secret, run.id)
+                s.merge(run)
+                s.commit()
+            return run
+
+    return await asyncio.to_thread(enqueue)
