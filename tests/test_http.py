@@ -272,3 +272,39 @@ def test_http_flags_refused_for_a_file(model_path, data, tmp_path):
     proc = _run(model_path, _suite(tmp_path / "s.yaml"), data, tmp_path / "o", "--auth-env",
                 "X")
     assert proc.returncode == 2 and "only apply to HTTP endpoints" in proc.stderr
+
+
+def test_redirects_are_refused_not_followed(model_path, data, tmp_path):
+    """An endpoint that redirects is refused: following it would send the auth secret (and
+    the images) to a host the user never named."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    target = OnnxHttpServer(model_path)
+    seen: list[str] = []
+
+    class Redirect(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            seen.append(self.path)
+            self.send_response(307)
+            self.send_header("Location", target.v2_url)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_GET  # noqa: N815
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v2/models/signs"
+        proc = _run(url, _suite(tmp_path / "s.yaml"), data, tmp_path / "o", "--retries", "0")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        target.stop()
+    assert proc.returncode == 3, proc.stderr
+    assert "does not follow redirects" in proc.stderr and "Traceback" not in proc.stderr
+    assert seen and target.headers_seen == []  # the target never heard from certify

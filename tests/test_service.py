@@ -107,6 +107,18 @@ def test_bad_inputs_are_refused_with_4xx_and_nothing_is_written_outside_the_stor
         r = post({"model": ("big.onnx", m)}, {"suite": "gtsrb"})
     assert r.status_code == 413, r.text
 
+    # A body declared larger than any submission may be is refused before it is read.
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=30)
+    conn.putrequest("POST", "/api/v1/runs")
+    conn.putheader("Authorization", f"Bearer {token}")
+    conn.putheader("Content-Length", str(50 * 2**30))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413 and b"larger than" in resp.read()
+    conn.close()
+
     evil = _external_data_model(tmp_path, "../../etc/passwd")
     with evil.open("rb") as m:
         r = post({"model": ("evil.onnx", m)}, {"suite": "gtsrb"})
@@ -243,8 +255,8 @@ def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
     assert "Traceback" not in r.stderr
 
 
-def test_events_compare_uploads_and_query_budget(service: Service,
-                                                 inputs: tuple[Path, Path]) -> None:
+def test_events_compare_uploads_and_query_budget(service: Service, inputs: tuple[Path, Path],
+                                                 tmp_path: Path) -> None:
     suite, _ = inputs
     probe = service.token("submit")
     first = _submit(service, probe, suite, samples=12, seed="1").json()
@@ -279,7 +291,12 @@ def test_events_compare_uploads_and_query_budget(service: Service,
     # Uploads: deletable by their owner (not by another token) once no live run uses them.
     from certify.service.app import sha256_file
 
-    digest = sha256_file(suite)
+    from builders import write_small_suite
+
+    mine = write_small_suite(tmp_path / "mine.yaml", f"mine-{os.getpid()}-{time.time_ns()}")
+    run = _submit(service, owner, mine, samples=12, seed="1").json()
+    assert service.wait_run(run["id"], owner)["state"] == "done"
+    digest = sha256_file(mine)
     admin_less = service.token("submit")
     assert service.session_delete(f"/uploads/{digest}", admin_less).status_code in (403,)
     gone = service.session_delete(f"/uploads/{digest}", owner)

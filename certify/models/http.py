@@ -264,7 +264,7 @@ class HttpModel:
                     self.retries_sent += 1
             try:
                 resp = self._session().request(method, url, data=body, headers=headers,
-                                               timeout=timeout)
+                                               timeout=timeout, allow_redirects=False)
             except requests.RequestException as exc:
                 with self._lock:  # the first try and every retry urllib3 made
                     self.requests_sent += 1 + o.retries
@@ -286,6 +286,11 @@ class HttpModel:
                     hint="the server is failing or rate limiting; records are kept, rerun "
                          "with --resume",
                 )
+            if 300 <= resp.status_code < 400:  # never follow: the secret would go along
+                raise ModelError(
+                    f"{method} {redact(url)} answered HTTP {resp.status_code}, redirecting to "
+                    f"{redact(resp.headers.get('Location', '?'))}; certify does not follow "
+                    "redirects", hint="pass the final URL of the endpoint")
             if resp.status_code >= 400:
                 raise ModelError(
                     f"{method} {redact(url)} answered HTTP {resp.status_code}: "

@@ -116,6 +116,8 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
     app = FastAPI(title="certify service", version=certify.__version__, lifespan=lifespan,
                   description="Robustness certification: submit a model, get a signed card.")
     app.state.services = svc
+    limit = (2 * svc.cfg.max_upload_mb + svc.cfg.max_dataset_mb + 2) * 2**20
+    app.add_middleware(BodyLimit, limit=limit)
 
     @app.exception_handler(CertifyError)
     async def _certify_error(_req: Request, exc: CertifyError) -> JSONResponse:
@@ -143,6 +145,31 @@ async def _janitor(svc: Services) -> None:
         except Exception:  # noqa: BLE001 - retention must not stop the service
             log.exception("retention pass failed")
         await asyncio.sleep(3600)
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes before reading them (413), and bodies of
+    unstated length (411): uploads are spooled to disk as they arrive, so a limit checked only
+    afterwards would let one request fill the disk."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: D102
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = dict(scope.get("headers") or [])
+            length = headers.get(b"content-length")
+            status, detail = 0, ""
+            if length is None:
+                if b"chunked" in headers.get(b"transfer-encoding", b""):
+                    status, detail = 411, "send the request with a Content-Length"
+            elif not length.isdigit() or int(length) > self.limit:
+                status, detail = 413, (f"the request is larger than this service's limit of "
+                                       f"{self.limit // 2**20} MB")
+            if status:
+                await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # --- authentication -----------------------------------------------------------------------

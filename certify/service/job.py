@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from certify.errors import EXIT_INTERNAL, CertifyError, exit_code_for_verdict
+from certify.errors import EXIT_INTERNAL, CertifyError, ModelError, exit_code_for_verdict
 from certify.rundir import RECORDS_FILE, RUN_FILE, atomic_write
 
 JOB_FILE, PROGRESS_FILE, OUTCOME_FILE, LOG_FILE = ("job.json", "progress.json", "outcome.json",
@@ -96,6 +96,15 @@ def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
     if secret is not None:
         os.environ[SECRET_ENV] = secret
     try:
+        if spec["model_kind"] == "http":  # again: the name may resolve elsewhere by now
+            from certify.service.endpoints import EndpointRefused, check_endpoint
+
+            try:
+                check_endpoint(spec["model"], tuple(spec.get("allow_endpoints") or ()))
+            except EndpointRefused as exc:
+                raise ModelError(f"endpoint refused: {exc}",
+                                 hint="the service's operator decides which hosts runs "
+                                      "may reach") from None
         result, _ = certify_model(_options(spec, out), FileProgress(folder / PROGRESS_FILE))
         verdict = result.measurement.verdict
         outcome: dict[str, Any] = {

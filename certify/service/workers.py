@@ -69,6 +69,7 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
         "query_budget": opts.get("query_budget"),
         "sign_key": str(cfg.sign_key), "passphrase_env": cfg.passphrase_env,
         "executor": cfg.executor, "ray_address": cfg.ray_address,
+        "allow_endpoints": list(cfg.allow_endpoints),
     }
 
 
