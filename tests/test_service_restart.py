@@ -139,3 +139,53 @@ def test_token_limits_and_cancelling_a_queued_run(tmp_path: Path) -> None:
         _submit(svc, limited, suite, samples=12, seed=0)  # the slot is free again
     finally:
         svc.stop()
+
+
+def test_model_refusals_time_limit_and_revocation(tmp_path: Path) -> None:
+    """A model the runner refuses ends its run ``error`` with `certify run`'s own message; a
+    run over the time limit is stopped; a revoked token is refused."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    suite, data = small_inputs(tmp_path / "in")
+    slow = tmp_path / "slow.yaml"
+    from builders import write_small_suite
+
+    write_small_suite(slow, "slow", [{"id": "square", "kind": "attack", "params": {
+        "attack": "square_linf", "epsilon": 0.03, "max_queries": 5000, "binarization": False}}])
+    # A valid ONNX model that is no image classifier: it passes the static checks.
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 7])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 7])])
+    wrong = tmp_path / "wrong.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
+              str(wrong))
+    svc = Service(tmp_path / "home", "--workers", "1", "--dataset", f"small={data}",
+                  "--run-timeout", "4", "--heartbeat", "0.5").start()
+    try:
+        token = svc.token("submit")
+        with wrong.open("rb") as m, suite.open("rb") as s:
+            r = svc.post("/runs", token, files={"model": ("wrong.onnx", m),
+                                                "suite_file": ("small.yaml", s)},
+                         data={"dataset": "small"})
+        assert r.status_code == 202, r.text
+        doc = svc.wait_run(r.json()["id"], token)
+        cli = subprocess.run([CERTIFY, "run", str(wrong), "--suite", str(suite), "--data",
+                              str(data), "--out", str(tmp_path / "cli")],
+                             capture_output=True, text=True)
+        assert doc["state"] == "error" and doc["exit_code"] == cli.returncode != 0
+        message = doc["error"].split(" (hint:")[0]
+        assert message and message in " ".join(cli.stderr.split()), (doc["error"], cli.stderr)
+        long = _submit(svc, token, slow, samples=40, seed=0)
+        doc = svc.wait_run(long, token)
+        assert doc["state"] == "error" and "time limit of 4 s" in doc["error"]
+        assert not job_processes(svc.home, long)
+        listed = subprocess.run([CERTIFY, "serve", "token", "list", "--home", str(svc.home)],
+                                capture_output=True, text=True, check=True).stdout
+        token_id = listed.split()[0]
+        subprocess.run([CERTIFY, "serve", "token", "revoke", "--home", str(svc.home), token_id],
+                       check=True, capture_output=True)
+        r = svc.get("/runs", token)
+        assert r.status_code == 401 and "revoked" in r.json()["detail"]
+    finally:
+        svc.stop()
