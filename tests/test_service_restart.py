@@ -137,6 +137,14 @@ def test_token_limits_and_cancelling_a_queued_run(tmp_path: Path) -> None:
         other = svc.token("submit")
         assert svc.post(f"/runs/{first}/cancel", other).status_code in (403, 409)
         _submit(svc, limited, suite, samples=12, seed=0)  # the slot is free again
+        # A queued run holds the token's remaining query budget until it ends.
+        budget = svc.token("submit", "--query-budget", "500")
+        _submit(svc, budget, suite, samples=12, seed=0)
+        with _demo_model().open("rb") as m, suite.open("rb") as s:
+            r = svc.post("/runs", budget, files={"model": ("m.onnx", m),
+                                                 "suite_file": ("s.yaml", s)},
+                         data={"dataset": "small"})
+        assert r.status_code == 429 and "held by its 1 queued" in r.json()["detail"]
     finally:
         svc.stop()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import HTTPException, UploadFile
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from certify.redact import redact
 from certify.service import auth
@@ -79,15 +79,21 @@ class _Submission:
         with self.svc.factory() as s:
             tok = s.get(Token, self.who.token_id)
             assert tok is not None
-            live = s.scalar(select(func.count()).select_from(Run).where(
-                Run.token_id == tok.id, Run.state.in_((QUEUED, RUNNING))))
-            if live is not None and live >= tok.max_concurrent:
-                raise HTTPException(429, f"this token already has {live} runs queued or "
+            live = list(s.scalars(select(Run.options).where(
+                Run.token_id == tok.id, Run.state.in_((QUEUED, RUNNING)))))
+            if len(live) >= tok.max_concurrent:
+                raise HTTPException(429, f"this token already has {len(live)} runs queued or "
                                          f"running (its limit is {tok.max_concurrent})")
             if tok.query_budget is None:
                 return None
-            left = tok.query_budget - tok.queries_used
+            # Live runs hold the budget they were given until they end and are charged
+            # what they spent: runs at once never spend more than the token's budget.
+            reserved = sum(int((o or {}).get("query_budget") or 0) for o in live)
+            left = tok.query_budget - tok.queries_used - reserved
             if left <= 0:
+                if reserved:
+                    raise HTTPException(429, f"the rest of this token's query budget is held "
+                                             f"by its {len(live)} queued or running runs")
                 raise HTTPException(403, f"this token's query budget of {tok.query_budget} "
                                          "model queries is spent")
             return left
