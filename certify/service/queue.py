@@ -43,6 +43,12 @@ def claim(factory: sessionmaker[Any], owner: str, lease_s: float) -> Run | None:
     """Take the oldest queued run, or a running one whose lease expired; None if there is none."""
     with factory() as s:
         now = utcnow()
+        # A run cancelled while its worker was gone (server killed) ends now.
+        s.execute(update(Run).where(Run.state == RUNNING, Run.lease_expires < now,
+                                    Run.cancel_requested.is_(True))
+                  .values(state=CANCELLED, lease_owner=None, lease_expires=None, updated=now,
+                          error="cancelled while its server was down"))
+        s.commit()
         ids = s.scalars(select(Run.id).where(_claimable(now), Run.cancel_requested.is_(False))
                         .order_by(Run.seq).limit(8)).all()
         for rid in ids:
