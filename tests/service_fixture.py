@@ -117,6 +117,17 @@ class Service:
         raise AssertionError(f"run {run_id} not {states} after {timeout} s:\n{self.log()}")
 
 
+def submit_cli(svc: Service, token: str, suite: Path, out: Path, samples: int
+               ) -> subprocess.CompletedProcess[str]:
+    """``certify submit`` of the demo model, following the run and downloading its card."""
+    from certify.api import demo_model_path
+
+    return subprocess.run([CERTIFY, "submit", str(demo_model_path()), "--server", svc.url,
+                           "--suite", str(suite), "--dataset", "small", "--samples",
+                           str(samples), "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "CERTIFY_TOKEN": token})
+
+
 def job_processes(home: Path, run_id: str = "") -> list[int]:
     """Pids of job processes of this service home (and run) still alive."""
     pids = []
@@ -143,8 +154,3 @@ def small_inputs(folder: Path, per_class: int = 2) -> tuple[Path, Path]:
     data = folder / "small.npz"
     np.savez(data, x=x, y=y)
     return suite, data
-
-
-def env_with(**kv: str) -> dict[str, str]:
-    """os.environ plus ``kv``."""
-    return {**os.environ, **kv}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from service_fixture import CERTIFY, Service, env_with, job_processes, small_inputs
+from service_fixture import CERTIFY, Service, job_processes, small_inputs, submit_cli
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +61,7 @@ def test_submit_wait_download_and_verify_against_the_log(
     suite, _ = inputs
     token = service.token("submit")
     out = tmp_path / "card"
-    r = subprocess.run([CERTIFY, "submit", str(_demo_model()), "--server", service.url,
-                        "--suite", str(suite), "--dataset", "small", "--samples", "20",
-                        "--out", str(out)], capture_output=True, text=True, timeout=300,
-                       env=env_with(CERTIFY_TOKEN=token))
+    r = submit_cli(service, token, suite, out, samples=20)
     assert r.returncode == 0, r.stderr + service.log()
     assert "verdict: PASS" in r.stderr
     assert sorted(p.name for p in out.iterdir()) == [

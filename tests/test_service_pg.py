@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from pg import postgres_cluster
-from service_fixture import CERTIFY, Service, env_with, small_inputs
+from service_fixture import CERTIFY, Service, small_inputs, submit_cli
 from sqlalchemy import Engine, inspect
 
 from certify.service import queue
@@ -90,13 +90,8 @@ def test_serve_submit_verify_on_postgresql(pg_url: str, tmp_path: Path) -> None:
                   db=pg_url).start()
     try:
         token = svc.token("submit")
-        from certify.api import demo_model_path
-
         out = tmp_path / "card"
-        r = subprocess.run([CERTIFY, "submit", str(demo_model_path()), "--server", svc.url,
-                            "--suite", str(suite), "--dataset", "small", "--samples", "12",
-                            "--out", str(out)], capture_output=True, text=True, timeout=300,
-                           env=env_with(CERTIFY_TOKEN=token))
+        r = submit_cli(svc, token, suite, out, samples=12)
         assert r.returncode == 0, r.stderr + svc.log()
         v = subprocess.run([CERTIFY, "verify", str(out / "card.pdf"), "--log", svc.url,
                             "--log-state", str(tmp_path / "state.json")],

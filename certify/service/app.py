@@ -230,6 +230,21 @@ def run_json(run: Run) -> dict[str, Any]:
     }
 
 
+def runs_query(model: str | None, suite: str | None, verdict: str | None,
+               state: str | None = None) -> Any:
+    """Runs filtered by model name (substring), suite, verdict and state (API and UI)."""
+    q = select(Run)
+    if model:
+        q = q.where(Run.model_name.contains(model))
+    if suite:
+        q = q.where(Run.suite_name == suite)
+    if verdict:
+        q = q.where(Run.verdict == verdict.upper())
+    if state:
+        q = q.where(Run.state == state)
+    return q
+
+
 def _get_run(svc: Services, run_id: str) -> Run:
     if not (len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
         raise HTTPException(404, f"no run {run_id!r}")
@@ -291,15 +306,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
                   state: str | None = None, limit: int = 50, offset: int = 0
                   ) -> dict[str, Any]:
         """Runs, newest first, filtered by model name, suite, verdict or state."""
-        q = select(Run)
-        if model:
-            q = q.where(Run.model_name.contains(model))
-        if suite:
-            q = q.where(Run.suite_name == suite)
-        if verdict:
-            q = q.where(Run.verdict == verdict.upper())
-        if state:
-            q = q.where(Run.state == state)
+        q = runs_query(model, suite, verdict, state)
         limit = max(1, min(limit, 500))
         with svc.factory() as s:
             total = s.scalar(select(func.count()).select_from(q.subquery()))

@@ -14,10 +14,16 @@ from typing import Any
 import jinja2
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from sqlalchemy import select
 
 from certify.service import auth
-from certify.service.app import SESSION_COOKIE, _get_run, _verify_upload, principal_from, run_json
+from certify.service.app import (
+    SESSION_COOKIE,
+    _get_run,
+    _verify_upload,
+    principal_from,
+    run_json,
+    runs_query,
+)
 from certify.service.db import Run
 from certify.service.sessions import SESSION_S, check_csrf, csrf_token, make_session
 
@@ -106,13 +112,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
         who = login_needed(request)
         if who is None:
             return RedirectResponse("/login", 303)
-        q = select(Run)
-        if model:
-            q = q.where(Run.model_name.contains(model))
-        if suite:
-            q = q.where(Run.suite_name == suite)
-        if verdict:
-            q = q.where(Run.verdict == verdict.upper())
+        q = runs_query(model, suite, verdict)
         with svc.factory() as s:
             rows = [run_json(x) for x in s.scalars(q.order_by(Run.seq.desc()).limit(200))]
         return page(request, "runs.html.j2", runs=rows, verdicts=VERDICTS,
