@@ -302,3 +302,26 @@ def test_events_compare_uploads_and_query_budget(service: Service, inputs: tuple
     assert not blob.exists()
     assert not (service.home / "store" / "suites" / f"{digest[7:]}.yaml").exists()
     assert service.session_delete(f"/uploads/{digest}", owner).status_code == 404
+
+
+def test_serve_refuses_a_bad_home_database_or_busy_port(tmp_path: Path) -> None:
+    """One line and exit 2, never a traceback, for every way `certify serve` cannot start."""
+    import socket
+
+    (tmp_path / "file").write_text("x")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cases = [
+            (["--home", str(tmp_path / "file")], "is a file"),
+            (["--home", str(tmp_path / "h"), "--db", "postgresql+psycopg://u:pw@127.0.0.1:9/x"],
+             "cannot open the database"),
+            (["--home", str(tmp_path / "h"), "--db", "nosuchdb://x"], "cannot open the database"),
+            (["--home", str(tmp_path / "h"), "--port", str(port)], "Address already in use"),
+        ]
+        for args, words in cases:
+            r = subprocess.run([CERTIFY, "serve", *args], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 2 and words in r.stderr, (args, r.stderr)
+            assert "Traceback" not in r.stderr and "pw@" not in r.stderr

@@ -57,7 +57,10 @@ class Services:
 def open_services(cfg: ServeConfig) -> Services:
     """Open (and migrate) the database, the store, the keys and the log."""
     from cryptography.hazmat.primitives import serialization
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+    from certify.errors import UsageError
+    from certify.redact import redact
     from certify.report.sign import load_private_key
     from certify.service import keys
     from certify.service.db import make_engine, migrate, sessions
@@ -65,9 +68,19 @@ def open_services(cfg: ServeConfig) -> Services:
     from certify.service.tlog import TransparencyLog
     from certify.service.uploads import Limits
 
-    cfg.home.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(cfg.db_url)
-    migrate(engine)
+    try:
+        cfg.home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot use --home {cfg.home}: {exc.strerror}",
+                         hint="choose a folder the service may write") from None
+    try:
+        engine = make_engine(cfg.db_url)
+        migrate(engine)
+    except (ArgumentError, SQLAlchemyError, ImportError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise UsageError(f"cannot open the database {redact(cfg.db_url)}: {redact(reason)}",
+                         hint="check --db (postgresql+psycopg://USER@HOST/DB) and that the "
+                              "server is up") from None
     factory = sessions(engine)
     key_path = keys.signing_key_path(cfg.home, cfg.sign_key)
     import os

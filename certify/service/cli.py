@@ -105,6 +105,15 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
                       allow_endpoints=allow_endpoints, allow_domains=allow_domains,
                       run_timeout_s=run_timeout, lease_s=lease, heartbeat_s=heartbeat,
                       **rest)
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                             hint="choose another --port or --host") from None
     _service_logging()
     app = create_app(cfg)
     svc = app.state.services
