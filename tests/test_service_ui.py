@@ -76,6 +76,11 @@ def test_log_in_submit_watch_open_and_verify_in_chromium(tmp_path: Path) -> None
             page.set_input_files("#file", str(bad))
             page.click("form.stack button[type=submit]")
             expect(page.locator("#result")).to_contain_text("INVALID")
+            # The API's page renders offline (Swagger UI shipped, not fetched from a CDN).
+            page.goto(f"{svc.url}/docs")
+            expect(page.get_by_role("heading", level=1)).to_contain_text("certify service",
+                                                                     timeout=20_000)
+            expect(page.locator("body")).to_contain_text("/api/v1/runs")
             browser.close()
         # A POST without the session's CSRF token is refused.
         s = requests.Session()

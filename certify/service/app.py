@@ -127,8 +127,10 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
                 await asyncio.to_thread(svc.workers.stop)
 
     app = FastAPI(title="certify service", version=certify.__version__, lifespan=lifespan,
-                  description="Robustness certification: submit a model, get a signed card.")
+                  description="Robustness certification: submit a model, get a signed card.",
+                  docs_url=None, redoc_url=None)
     app.state.services = svc
+    _docs(app)
     limit = (2 * svc.cfg.max_upload_mb + svc.cfg.max_dataset_mb + 2) * 2**20
     app.add_middleware(BodyLimit, limit=limit)
 
@@ -158,6 +160,26 @@ async def _janitor(svc: Services) -> None:
         except Exception:  # noqa: BLE001 - retention must not stop the service
             log.exception("retention pass failed")
         await asyncio.sleep(3600)
+
+
+def _docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI served from the assets the fastapi-offline package ships, so the
+    API's page works on machines without internet access (FastAPI's default loads it from a
+    CDN)."""
+    import fastapi_offline
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="certify service API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon.png")
 
 
 class BodyLimit:
