@@ -117,6 +117,16 @@ class Service:
         raise AssertionError(f"run {run_id} not {states} after {timeout} s:\n{self.log()}")
 
 
+def post_run(svc: Service, token: str, suite: Path, **data: str) -> requests.Response:
+    """POST /runs of the demo model with an uploaded suite on the registered 'small' data."""
+    from certify.api import demo_model_path
+
+    with demo_model_path().open("rb") as m, suite.open("rb") as s:
+        return svc.post("/runs", token, files={"model": ("standard.onnx", m),
+                                               "suite_file": ("small.yaml", s)},
+                        data={"dataset": "small", **data})
+
+
 def submit_cli(svc: Service, token: str, suite: Path, out: Path, samples: int
                ) -> subprocess.CompletedProcess[str]:
     """``certify submit`` of the demo model, following the run and downloading its card."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from service_fixture import CERTIFY, Service, job_processes, small_inputs, submit_cli
+from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs, submit_cli
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,7 @@ def _demo_model() -> Path:
 
 def _submit(svc: Service, token: str, suite: Path, samples: int = 20, **data: str
             ) -> requests.Response:
-    with _demo_model().open("rb") as m, suite.open("rb") as s:
-        return svc.post("/runs", token, files={"model": ("standard.onnx", m),
-                                               "suite_file": ("small.yaml", s)},
-                        data={"dataset": "small", "samples": str(samples), **data})
+    return post_run(svc, token, suite, samples=str(samples), **data)
 
 
 def test_submit_wait_download_and_verify_against_the_log(
@@ -286,14 +283,14 @@ def test_events_compare_uploads_and_query_budget(service: Service, inputs: tuple
     c = service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other).json()
     assert c["exit_code"] == 0 and {row["id"] for row in c["checks"]} == {"clean", "noise"}
     # Uploads: deletable by their owner (not by another token) once no live run uses them.
-    from certify.service.app import sha256_file
+    from certify.models.onnx import sha256_file
 
     from builders import write_small_suite
 
     mine = write_small_suite(tmp_path / "mine.yaml", f"mine-{os.getpid()}-{time.time_ns()}")
     run = _submit(service, owner, mine, samples=12, seed="1").json()
     assert service.wait_run(run["id"], owner)["state"] == "done"
-    digest = sha256_file(mine)
+    digest = "sha256:" + sha256_file(mine)
     admin_less = service.token("submit")
     assert service.session_delete(f"/uploads/{digest}", admin_less).status_code in (403,)
     gone = service.session_delete(f"/uploads/{digest}", owner)

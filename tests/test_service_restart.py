@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from service_fixture import CERTIFY, Service, job_processes, small_inputs
+from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs
 
 
 def _demo_model() -> Path:
@@ -19,10 +19,7 @@ def _demo_model() -> Path:
 
 
 def _submit(svc: Service, token: str, suite: Path, samples: int, seed: int) -> str:
-    with _demo_model().open("rb") as m, suite.open("rb") as s:
-        r = svc.post("/runs", token, files={"model": ("standard.onnx", m),
-                                            "suite_file": ("small.yaml", s)},
-                     data={"dataset": "small", "samples": str(samples), "seed": str(seed)})
+    r = post_run(svc, token, suite, samples=str(samples), seed=str(seed))
     assert r.status_code == 202, r.text
     return str(r.json()["id"])
 
@@ -127,10 +124,7 @@ def test_token_limits_and_cancelling_a_queued_run(tmp_path: Path) -> None:
     try:
         limited = svc.token("submit", "--max-concurrent", "1")
         first = _submit(svc, limited, suite, samples=12, seed=0)
-        with _demo_model().open("rb") as m, suite.open("rb") as s:
-            r = svc.post("/runs", limited, files={"model": ("m.onnx", m),
-                                                  "suite_file": ("s.yaml", s)},
-                         data={"dataset": "small"})
+        r = post_run(svc, limited, suite)
         assert r.status_code == 429 and "limit is 1" in r.json()["detail"]
         r = svc.post(f"/runs/{first}/cancel", limited)
         assert r.status_code == 200 and r.json()["state"] == "cancelled"
@@ -140,10 +134,7 @@ def test_token_limits_and_cancelling_a_queued_run(tmp_path: Path) -> None:
         # A queued run holds the token's remaining query budget until it ends.
         budget = svc.token("submit", "--query-budget", "500")
         _submit(svc, budget, suite, samples=12, seed=0)
-        with _demo_model().open("rb") as m, suite.open("rb") as s:
-            r = svc.post("/runs", budget, files={"model": ("m.onnx", m),
-                                                 "suite_file": ("s.yaml", s)},
-                         data={"dataset": "small"})
+        r = post_run(svc, budget, suite)
         assert r.status_code == 429 and "held by its 1 queued" in r.json()["detail"]
     finally:
         svc.stop()

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import dataclasses
 import json
 import logging
+import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -83,8 +84,6 @@ def open_services(cfg: ServeConfig) -> Services:
                               "server is up") from None
     factory = sessions(engine)
     key_path = keys.signing_key_path(cfg.home, cfg.sign_key)
-    import os
-
     passphrase = (os.environ.get(cfg.passphrase_env, "").encode() or None
                   if cfg.passphrase_env else None)
     private = load_private_key(key_path, passphrase)
@@ -99,8 +98,6 @@ def open_services(cfg: ServeConfig) -> Services:
                     max_total_bytes=cfg.max_upload_mb * 2**20,
                     max_dataset_bytes=cfg.max_dataset_mb * 2**20,
                     allowed_domains=Limits().allowed_domains + tuple(cfg.allow_domains))
-    import dataclasses
-
     cfg2 = dataclasses.replace(cfg, sign_key=key_path)
     return Services(cfg2, factory, Store(cfg.store_root), TransparencyLog(factory, private),
                     box, public_pem, keys.session_secret(cfg.home), limits)
@@ -492,13 +489,3 @@ def _copy_limited(upload: UploadFile, dest: Path, limit: int) -> None:
             if n > limit:
                 raise HTTPException(413, f"the upload exceeds {limit // 2**20} MB")
             out.write(chunk)
-
-
-def sha256_file(path: Path) -> str:
-    """``sha256:<hex>`` of a file."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
-

@@ -48,11 +48,11 @@ def _folder_digest(folder: Path) -> str:
     """sha256 over a model folder's file names and contents (its identity in the store)."""
     import hashlib
 
-    from certify.service.app import sha256_file
+    from certify.models.onnx import sha256_file
 
     h = hashlib.sha256()
     for p in sorted(folder.iterdir()):
-        h.update(f"{p.name}\0{sha256_file(p)}\n".encode())
+        h.update(f"{p.name}\0sha256:{sha256_file(p)}\n".encode())
     return h.hexdigest()
 
 
