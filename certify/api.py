@@ -80,13 +80,17 @@ def certify_model(
     if overrides:
         pre = dataclasses.replace(pre, **overrides)
     input_size = opts.input_size or suite.input_size
+    # in-process models share the cores between the executor's lanes; Ray's workers load
+    # their own copies with --threads
+    threads = device.onnx_threads if opts.executor == "local" else 0
     model = load_model(opts.model, device, pre, input_size=input_size,
-                       num_classes=len(suite.classes), http=opts.http)
+                       num_classes=len(suite.classes), http=opts.http, threads=threads)
     suite.validate_for(model.info)
     reference = None
     if opts.reference is not None:
         reference = load_model(opts.reference, device, pre, input_size=input_size,
-                               num_classes=len(suite.classes), http=opts.http)
+                               num_classes=len(suite.classes), http=opts.http,
+                               threads=threads)
         suite.validate_for(reference.info)
     seed = suite.seed if opts.seed is None else opts.seed
     spec = suite.data

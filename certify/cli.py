@@ -251,7 +251,14 @@ def _common_logging(f: Any) -> Any:
 @click.option("--auth-header", metavar="NAME",
               help="HTTP: header the --auth-env value is sent in [default: Authorization].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
-              help="HTTP: seconds to wait for a response [default: 30].")
+              help="HTTP: the longest an attempt waits for an answer; after warm-up the "
+                   "deadline follows the observed latency [default: 30].")
+@click.option("--no-hedge", "hedge", flag_value=False, default=None,
+              help="HTTP: never send a duplicate of a slow request (hedging is on by default, "
+                   "at most 5%% of requests, never after a 429 or 503).")
+@click.option("--breaker-wait", type=click.FloatRange(min=0),
+              help="HTTP: seconds the circuit breaker probes a failing endpoint's health "
+                   "before the run ends with exit 3 [default: 60].")
 @click.option("--max-requests", type=click.IntRange(min=1),
               help="HTTP: most requests this invocation may send, retries included (model "
                    "queries are capped by --query-budget).")
@@ -314,7 +321,7 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
 
     names = {"auth_env": "auth_env", "auth_header": "auth_header", "timeout": "timeout",
              "retries": "retries", "concurrency": "concurrency", "http_batch": "batch",
-             "max_requests": "max_requests",
+             "max_requests": "max_requests", "hedge": "hedge", "breaker_wait": "breaker_wait",
              "model_version": "version", "input_layout": "layout"}
     set_ = {names[k]: v for k, v in given.items() if v is not None}
     remote = any(m and m.startswith(("http://", "https://")) for m in (model, reference))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from certify.errors import UsageError
 log = logging.getLogger("certify")
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+#: Batches the in-process executor runs at once on the CPU (see ``DeviceChoice.lanes``).
+CPU_LANES = 2
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,6 +55,28 @@ class DeviceChoice:
     def name(self) -> str:
         """``cuda`` or ``cpu``."""
         return self.torch_device.type
+
+    @property
+    def lanes(self) -> int:
+        """Batches the in-process executor runs at once on this device (threads).
+
+        On the CPU ``CPU_LANES`` (at most the cores): while one batch's attack does its Python
+        and torch work, another's inference runs in onnxruntime (both release the GIL). On a
+        GPU one: its work is already asynchronous.
+        """
+        return max(1, min(CPU_LANES, os.cpu_count() or 1)) if self.name == "cpu" else 1
+
+    @property
+    def onnx_threads(self) -> int:
+        """onnxruntime's intra-op threads for an in-process model (0: its default).
+
+        On the CPU the cores are shared out between the lanes: two lanes calling one session
+        whose pool spans every core contend for it (18,700 vs 24,200 images/s for two callers
+        on 2 cores, benchmarks/RESULTS.md), while one thread per lane and core scales.
+        """
+        if self.name != "cpu":
+            return 0
+        return max(1, (os.cpu_count() or 1) // self.lanes)
 
 
 def choose_device(requested: str = "auto") -> DeviceChoice:

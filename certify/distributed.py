@@ -165,6 +165,13 @@ class _Worker:
                 out[name] = {k: int(d[k]) for k in TRAFFIC_COUNTS}
         return out
 
+    def disable_hedging(self, why: str) -> None:
+        """No more hedged requests from this worker's endpoint models."""
+        for m in (self.model, self.reference):
+            off = getattr(m, "disable_hedging", None)
+            if off is not None:
+                off(why)
+
     def run_batch(self, check: Any, x: torch.Tensor, y: torch.Tensor, idx: list[int],
                   ctx: dict[str, Any], ledger: Any, keys: list[str] | None) -> dict[str, Any]:
         def count(model: Model) -> QueryCounter:
@@ -190,7 +197,10 @@ class _Worker:
 DRAIN_TIMEOUT_S = 300
 
 #: The traffic counts a worker reports and the driver adds up.
-TRAFFIC_COUNTS = ("requests", "retries", "images")
+TRAFFIC_COUNTS = ("requests", "retries", "images", "hedges", "hedge_wins", "hedged_images",
+                  "timeouts",
+                  "connection_errors", "overloaded", "server_errors", "malformed",
+                  "health_probes")
 
 _ERRORS: dict[str, type[CertifyError]] = {"BudgetExceeded": BudgetExceeded,
                                           "ModelError": ModelError}
@@ -358,6 +368,11 @@ class RayExecutor:
                 continue
             if isinstance(out, dict) and "traffic" in out:
                 self._traffic[self._actors[slot]] = out["traffic"]
+
+    def disable_hedging(self, why: str) -> None:
+        """Tell every worker to send no more hedged requests."""
+        self._ray.get([a.disable_hedging.remote(why) for a in self._actors],
+                      timeout=DRAIN_TIMEOUT_S)
 
     def traffic(self) -> dict[str, dict[str, int]]:
         """Endpoint traffic of all workers: the live ones asked now, dead ones as they last

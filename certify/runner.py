@@ -13,10 +13,12 @@ import hashlib
 import logging
 import math
 import platform
+import threading
 import time
 import traceback
 import typing
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,6 +66,11 @@ NON_FINITE = "non-finite model output"
 # batch 1 up, and whole 224x224 runs were fastest at this cap. 32x32 images (3 MB per 256) keep
 # the full batch. Endpoints are left alone: their requests in flight come out of the batch.
 CPU_BATCH_BYTES = 4 << 20
+
+#: Sample groups the in-process executor runs at once per request an endpoint may have in
+#: flight: a group waiting out a 429's Retry-After or a retry holds no request slot, so the
+#: others keep the endpoint busy.
+HTTP_LANES_PER_REQUEST = 4
 
 
 class Executor(Protocol):
@@ -176,23 +183,104 @@ def run_batch_isolating(check: Check, model: QueryCounter, x: torch.Tensor, y: t
     return rows
 
 
-def _local_batches(spec: CheckSpec, counters: tuple[QueryCounter, QueryCounter | None],
-                   data: Dataset, batches: list[list[int]], ctx: CheckContext
+def lane_batches(pending: list[int], batch_size: int, lanes: int) -> list[list[int]]:
+    """Split ``pending`` into equal batches of at most ``batch_size``, a multiple of ``lanes``
+    of them, so that every lane gets the same share.
+
+    Not fewer, larger batches: an attack runs until its batch's last sample is broken or out
+    of queries, so each batch costs about the same number of iterations whatever its size,
+    and each iteration has a fixed cost (Python, a model call). Records do not depend on the
+    split (every draw is seeded per sample).
+    """
+    if lanes <= 1 or not pending:
+        return [pending[s : s + batch_size] for s in range(0, len(pending), batch_size)]
+    n = lanes * math.ceil(len(pending) / (lanes * batch_size))
+    size = math.ceil(len(pending) / n)
+    return [pending[s : s + size] for s in range(0, len(pending), size)]
+
+
+def local_lanes(model: Model, device: DeviceChoice) -> int:
+    """How many batches the in-process executor runs at once (threads).
+
+    An endpoint: ``HTTP_LANES_PER_REQUEST ×`` its ``--concurrency``, so that a group of
+    samples whose request waits for a retry, a hedge or a Retry-After does not stall the other
+    groups (no head-of-line blocking); requests in flight stay within ``--concurrency``.
+    A model in this process: the device's lanes (``DeviceChoice.lanes``).
+    """
+    http = getattr(model, "options", None)
+    if getattr(model, "traffic", None) is not None and http is not None:
+        return max(1, HTTP_LANES_PER_REQUEST * int(http.concurrency))
+    return device.lanes
+
+
+class _Stopped(Exception):
+    """Raised in a lane's model query once another lane failed or the run was interrupted."""
+
+
+class _LaneCounter(QueryCounter):
+    """A batch's query counter that stops its lane when the executor says so."""
+
+    def __init__(self, model: Model, shared: tuple[Budget, ...], stop: threading.Event
+                 ) -> None:
+        super().__init__(model, shared=shared)
+        self._stop = stop
+
+    def _spend(self, x: torch.Tensor) -> None:
+        if self._stop.is_set():
+            raise _Stopped("the run is stopping")
+        super()._spend(x)
+
+
+def _local_batches(spec: CheckSpec, model: Model, reference: Model | None,
+                   shared: tuple[Budget, ...], data: Dataset, batches: list[list[int]],
+                   ctx: CheckContext, lanes: int
                    ) -> Iterator[tuple[list[int], list[dict[str, Any]], int, int]]:
-    """Run batches in this process: yields (indices, records, queries the model saw, queries
-    the reference model saw)."""
-    counter, ref = counters
-    ctx = dataclasses.replace(ctx, reference=ref)
-    for idx in batches:
+    """Run batches in this process, ``lanes`` at once on threads: yields (indices, records,
+    queries the model saw, queries the reference model saw) as batches finish.
+
+    Each batch has its own counters charged to the ``shared`` budgets. After a batch fails no
+    new batch starts; the running ones stop at their next model query (their records are
+    dropped, as an interrupted batch's are) and the first failure is raised.
+    """
+    stop = threading.Event()
+
+    def one(idx: list[int]) -> tuple[list[int], list[dict[str, Any]], int, int]:
         if idx[-1] - idx[0] == len(idx) - 1:  # contiguous (the usual case): a view, no copy
             x, y = data.x[idx[0] : idx[-1] + 1], data.y[idx[0] : idx[-1] + 1]
         else:
             x, y = data.x[idx], data.y[idx]
-        before, ref_before = counter.queries, 0 if ref is None else ref.queries
+        counter = _LaneCounter(model, shared, stop)
+        ref = None if reference is None else _LaneCounter(reference, shared, stop)
         rows = run_batch_isolating(spec.check, counter, x.to(ctx.device), y.to(ctx.device),
-                                   idx, ctx)
-        yield (idx, rows, counter.queries - before,
-               0 if ref is None else ref.queries - ref_before)
+                                   idx, dataclasses.replace(ctx, reference=ref))
+        return idx, rows, counter.queries, 0 if ref is None else ref.queries
+
+    if lanes <= 1:
+        for idx in batches:
+            yield one(idx)
+        return
+    todo = list(reversed(batches))
+    running: set[Future[tuple[list[int], list[dict[str, Any]], int, int]]] = set()
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="certify-lane") as pool:
+        try:
+            while todo or running:
+                while todo and failure is None and len(running) < lanes:
+                    running.add(pool.submit(one, todo.pop()))
+                if not running:
+                    break
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    exc = f.exception()
+                    if exc is None:
+                        yield f.result()
+                    elif failure is None or isinstance(failure, _Stopped):
+                        failure = exc
+                        stop.set()
+        finally:
+            stop.set()  # an interrupt or a closed generator: lanes stop at their next query
+    if failure is not None:
+        raise failure
 
 
 def _record_queries(r: dict[str, Any]) -> int:
@@ -224,12 +312,14 @@ def _run_check(
     batch_size: int,
     progress: Progress,
     executor: Executor | None = None,
+    lanes: int = 1,
 ) -> dict[int, dict[str, Any]]:
     """Run a check, round after round: each round finishes for all samples (and all shards)
     before the check decides on the next one from the merged records, so a resumed or
     distributed run makes the same decisions."""
     records = _run_round(spec, spec, _selected(spec, data, subset_seed), model, reference,
-                         run_budget, data, run, ctx, batch_size, progress, executor, used=0)
+                         run_budget, data, run, ctx, batch_size, progress, executor, used=0,
+                         lanes=lanes)
     r = 0
     while (nxt := spec.check.next_round(records, r)) is not None:
         r += 1
@@ -240,7 +330,7 @@ def _run_check(
         log.info("check %s: round %d on %d unbroken samples", spec.id, r, len(indices))
         new = _run_round(spec, dataclasses.replace(spec, id=key, check=check), indices, model,
                          reference, run_budget, data, run, ctx, batch_size, progress, executor,
-                         used=used)
+                         used=used, lanes=lanes)
         records = spec.check.merge_round(records, {i: new[i] for i in indices}, r)
     return records
 
@@ -259,9 +349,11 @@ def _run_round(
     progress: Progress,
     executor: Executor | None,
     used: int,
+    lanes: int = 1,
 ) -> dict[int, dict[str, Any]]:
     """One round of a check (``this``: its id is the round's record key) on ``selected``;
-    ``used`` is what the check's earlier rounds spent of its budget."""
+    ``used`` is what the check's earlier rounds spent of its budget; ``lanes`` batches run at
+    once when there is no executor."""
     done = run.records[this.id]
     ctx = dataclasses.replace(ctx, selected=tuple(selected))
     pending = [i for i in selected if i not in done]
@@ -276,11 +368,12 @@ def _run_round(
         batch_size = min(batch_size, spec.check.record_batch)
     if executor is None:
         check_budget = Budget(budget, f"query budget of check {spec.id}")
-        shared = (check_budget, run_budget)
-        counters = (QueryCounter(model, shared=shared),
-                    None if reference is None else QueryCounter(reference, shared=shared))
-        batches = [pending[s : s + batch_size] for s in range(0, len(pending), batch_size)]
-        results = _local_batches(this, counters, data, batches, ctx)
+        http = getattr(model, "options", None)
+        if lanes > 1 and http is not None and getattr(model, "traffic", None) is not None:
+            batch_size = min(batch_size, int(http.batch))  # one request per lane and step
+        batches = lane_batches(pending, batch_size, lanes)
+        results = _local_batches(this, model, reference, (check_budget, run_budget), data,
+                                 batches, ctx, lanes)
     else:
         results = executor.run_check(this, data, pending, batch_size, ctx, budget)
     for idx, rows, spent, ref_spent in results:
@@ -529,6 +622,9 @@ def run_suite(
                         "run query budget")
     if executor is not None:
         executor.start(run_budget.limit)
+    lanes = local_lanes(model, device)
+    if executor is None and lanes > 1:
+        log.info("in-process executor: %d batches at once", lanes)
     t0 = time.perf_counter()
     entries: list[dict[str, Any]] = []
     durations: dict[str, float] = {}
@@ -566,7 +662,7 @@ def run_suite(
         try:
             records = _run_check(spec, model, reference, run_budget, data, run, ctx,
                                  check_seed(seed, SUBSET_KEY),
-                                 batch_size, progress, executor)
+                                 batch_size, progress, executor, lanes)
             finals[spec.id] = records
             ordered = [records[i] for i in sorted(records)]
             errored = [r for r in ordered if r.get("outcome") == "error"]
@@ -596,6 +692,12 @@ def run_suite(
                 "sample_errors": len(errored),
             })
             images.update(m.images)
+            share = (m.metrics or {}).get("nondeterministic_share") if spec.kind == "sanity" \
+                else None
+            if share:
+                _no_hedging(f"check {spec.id} found the model randomised ({share:.0%} of its "
+                            "samples gave different outputs for the same input)",
+                            model, reference, executor)
         except (KeyboardInterrupt, ModelError):
             raise
         except Exception as exc:  # noqa: BLE001 - a check's crash is a result, not a crash
@@ -655,6 +757,15 @@ def run_suite(
     )))
     result = RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)
     return SuiteOutcome(result=result, images=images)
+
+
+def _no_hedging(why: str, *where: Any) -> None:
+    """Stop hedged requests for the rest of the run, in this process and on the workers: with
+    a model that answers randomly, which of two answers arrives first would decide a record."""
+    for w in where:
+        off = getattr(w, "disable_hedging", None)
+        if off is not None:
+            off(why)
 
 
 def _traffic(model: Model, reference: Model | None, executor: Executor | None

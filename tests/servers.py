@@ -1,9 +1,11 @@
 """Real model servers on 127.0.0.1 for the HTTP tests and benchmark.
 
 - :class:`OnnxHttpServer`: a threaded ``http.server`` that serves an ONNX model over the KServe v2
-  and the v1 (TF-Serving) protocols, with optional bearer auth and injectable faults (500s,
-  429 with Retry-After, responses slower than the client's timeout, malformed JSON, dropped
-  connections, and a hard outage after N requests).
+  and the v1 (TF-Serving) protocols, with optional bearer auth and seeded injectable faults:
+  500s, 429 with Retry-After, slow answers, connections accepted and never answered (hangs),
+  truncated JSON, garbage bodies, connections dropped before answering or reset in the middle
+  of the body, and an outage (every request 503, health too) after N requests, for ever or for
+  a while.
 - :func:`mlserver`: MLServer 1.7.1 (its own virtual environment, ``.venv-mlserver``, made by
   scripts/setup.sh because it needs protobuf < 7) serving the same ONNX model through a small
   custom runtime over v2.
@@ -15,6 +17,7 @@ import contextlib
 import json
 import random
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -50,10 +53,17 @@ class Faults:
     p_slow: float = 0.0
     p_malformed: float = 0.0
     p_drop: float = 0.0
+    p_hang: float = 0.0  # accepted, read, never answered (until the client gives up)
+    p_reset: float = 0.0  # headers and half the body, then a TCP reset
+    p_garbage: float = 0.0  # 200 with bytes that are not the protocol
     slow_s: float = 1.0
     retry_after: int = 1
     outage_after: int | None = None  # every inference request after this many answers 503
+    outage_s: float | None = None  # the outage ends this long after it began (None: never)
     first: tuple[str, ...] = ()  # faults for inference requests 2, 3, … before random ones
+
+    #: The kinds, in the order the random draw tests them.
+    KINDS = ("500", "429", "slow", "malformed", "drop", "hang", "reset", "garbage")
 
 
 class OnnxHttpServer:
@@ -62,7 +72,7 @@ class OnnxHttpServer:
     def __init__(self, model_path: Path, name: str = "signs", token: str | None = None,
                  faults: Faults | None = None, labels_only: bool = False,
                  threads: int = 0, binary: bool = True, query_token: str | None = None,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, noise: float = 0.0) -> None:
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
@@ -77,6 +87,8 @@ class OnnxHttpServer:
         self.metadata = metadata or {}  # overrides of the v2 model metadata (e.g. platform)
         self.faults = faults or Faults()
         self.labels_only = labels_only
+        self.noise = noise  # Gaussian noise on every score: a randomised model
+        self.noise_rng = np.random.default_rng(self.faults.seed)
         self.binary = binary  # advertise and speak the v2 binary tensor data extension
         self.rng = random.Random(self.faults.seed)
         self.lock = threading.Lock()
@@ -85,6 +97,8 @@ class OnnxHttpServer:
         self.in_flight = 0
         self.max_in_flight = 0  # the most inference requests handled at once
         self.faults_injected: dict[str, int] = {}
+        self.outage_began: float | None = None
+        self._stopping = threading.Event()
         self.headers_seen: list[dict[str, str]] = []
         server = self
 
@@ -116,6 +130,7 @@ class OnnxHttpServer:
         return f"http://127.0.0.1:{self.port}/v1/models/{self.name}"
 
     def stop(self) -> None:
+        self._stopping.set()  # hung handlers return
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -147,10 +162,25 @@ class OnnxHttpServer:
             {"error": f"unauthorised: {h.headers.get('Authorization')}"}).encode())
         return False
 
+    def in_outage(self) -> bool:
+        """Whether the outage is on now (starting it when its request count is passed)."""
+        f = self.faults
+        with self.lock:
+            if f.outage_after is None or self.infer_requests < f.outage_after:
+                return False
+            if self.outage_began is None:
+                self.outage_began = time.monotonic()
+            return f.outage_s is None or time.monotonic() - self.outage_began < f.outage_s
+
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         if not self._authorised(h):
             return
-        if h.path.rstrip("/") == "/v2":
+        if self.in_outage() and h.path.rstrip("/") != "/v2":
+            self._send(h, 503, b'{"error": "down"}')
+            return
+        if h.path.rstrip("/") in ("/v2/health/ready", "/v2/health/live"):
+            self._send(h, 200, b"{}")
+        elif h.path.rstrip("/") == "/v2":
             ext = ["binary_tensor_data"] if self.binary else []
             self._send(h, 200, json.dumps({"name": "certify-test-server", "version": "1",
                                            "extensions": ext}).encode())
@@ -170,17 +200,19 @@ class OnnxHttpServer:
 
     def _fault(self) -> str | None:
         f = self.faults
+        out = self.in_outage()
         with self.lock:
             self.infer_requests += 1
-            if f.outage_after is not None and self.infer_requests > f.outage_after:
+            if out:
                 kind: str | None = "outage"
             elif 2 <= self.infer_requests < 2 + len(f.first):
                 kind = f.first[self.infer_requests - 2]
             else:
                 r = self.rng.random()
                 kind = None
-                for name, p in (("500", f.p_500), ("429", f.p_429), ("slow", f.p_slow),
-                                ("malformed", f.p_malformed), ("drop", f.p_drop)):
+                for name, p in zip(Faults.KINDS,
+                                   (f.p_500, f.p_429, f.p_slow, f.p_malformed, f.p_drop,
+                                    f.p_hang, f.p_reset, f.p_garbage), strict=True):
                     if r < p:
                         kind = name
                         break
@@ -220,10 +252,38 @@ class OnnxHttpServer:
             self._send(h, 429, b'{"error": "slow down"}',
                        {"Retry-After": str(self.faults.retry_after)})
             return
+        if fault == "hang":  # hold the connection until the client closes it
+            h.close_connection = True
+            h.connection.settimeout(1.0)
+            while not self._stopping.is_set():
+                try:
+                    if not h.connection.recv(1024):
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+            return
         if fault == "slow":
             time.sleep(self.faults.slow_s)
         if fault == "malformed":
             self._send(h, 200, b'{"outputs": [{"name": "y", "data": [1, 2')
+            return
+        if fault == "garbage":
+            self._send(h, 200, b"\x00\xffnot json <html>502 Bad Gateway</html>")
+            return
+        if fault == "reset":
+            h.close_connection = True
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", "4096")
+            h.end_headers()
+            with contextlib.suppress(OSError):
+                h.wfile.write(b'{"outputs": [{"name": "scores", "data": [0.1, 0.2, ')
+                h.wfile.flush()
+                h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                        struct.pack("ii", 1, 0))
+                h.connection.close()  # with linger 0: a RST in the middle of the body
             return
         head_len = h.headers.get("Inference-Header-Content-Length")
         binary_out = False
@@ -248,6 +308,9 @@ class OnnxHttpServer:
         except Exception as exc:  # noqa: BLE001 - a bad request is the client's 400
             self._send(h, 400, json.dumps({"error": str(exc)[:200]}).encode())
             return
+        if self.noise:
+            with self.lock:
+                y = y + self.noise_rng.normal(0, self.noise, y.shape).astype(y.dtype)
         if self.labels_only:
             y = y.argmax(axis=1)
         if path.endswith(":predict"):

@@ -8,6 +8,7 @@ probabilities or one-hot labels).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -127,14 +128,16 @@ class QueryCounter:
 
     def _spend(self, x: torch.Tensor) -> None:
         n = int(x.shape[0])
-        for b in self._budgets:
-            refused = b.refusal(n)
-            if refused:
-                raise BudgetExceeded(
-                    refused, hint="raise the budget in the suite or lower the number of samples")
-        for b in self._budgets:
-            b.spent += n
-        self.queries += n
+        with _SPEND:  # budgets are shared by the in-process executor's lanes (threads)
+            for b in self._budgets:
+                refused = b.refusal(n)
+                if refused:
+                    raise BudgetExceeded(
+                        refused,
+                        hint="raise the budget in the suite or lower the number of samples")
+            for b in self._budgets:
+                b.spent += n
+            self.queries += n
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Forward ``x`` to the model, counting ``len(x)`` queries.
@@ -159,6 +162,10 @@ class QueryCounter:
     def remaining(self) -> int | None:
         """Queries left, or ``None`` when unlimited."""
         return None if self.budget is None else self.budget - self.queries
+
+
+#: Makes checking and charging several shared budgets one step across threads.
+_SPEND = threading.Lock()
 
 
 def _finite(out: torch.Tensor, what: str) -> torch.Tensor:

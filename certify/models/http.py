@@ -10,10 +10,12 @@ Two protocols, chosen by the URL:
   image size comes from the suite and the layout from ``HttpOptions.layout`` (NHWC by default,
   TF-Serving's convention).
 
-Retries (connection errors, dropped connections, read timeouts, 5xx and 429 with its
-Retry-After) go through urllib3's ``Retry``; a malformed body is retried by the adapter with the
-same backoff. When the retries are spent the adapter raises :class:`ModelError` (exit 3), and
-the records written so far let ``--resume`` finish the run.
+Every request is retried on connection errors, dropped connections, timeouts, 5xx, 429 (after
+its Retry-After) and malformed bodies. Read deadlines come from the observed latency, slow
+requests are hedged, and a burst of failures opens a circuit breaker that probes the
+endpoint's health (:mod:`certify.models.resilience`). When the endpoint does not recover the
+adapter raises :class:`ModelError` (exit 3), and the records written so far let ``--resume``
+finish the run.
 
 The model's identity is the URL, the declared version and a SHA-256 of its responses to fixed
 probe images: certify cannot see the weights behind an endpoint, and the card says so.
@@ -22,23 +24,24 @@ The value of the auth header is read from an environment variable and never stor
 
 from __future__ import annotations
 
+import contextlib
+import email.utils
 import hashlib
 import logging
 import os
+import queue
 import re
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import orjson
 import requests
 import torch
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
 from certify.device import DeviceChoice
 from certify.errors import ModelError, UsageError
@@ -51,6 +54,15 @@ from certify.models.base import (
     probe_images,
     require_finite_probe,
     to_model_input,
+)
+from certify.models.resilience import (
+    BREAKER_CYCLES,
+    BURST,
+    HEDGE_SHARE,
+    Attempt,
+    Breaker,
+    Latency,
+    TrackedAdapter,
 )
 from certify.redact import redact, register_secret, register_url_secrets
 
@@ -74,7 +86,11 @@ class HttpOptions:
 
     ``auth_env`` names the environment variable whose value is sent in ``auth_header``; the
     value itself is never written anywhere. ``batch`` is the number of images per request and
-    ``concurrency`` the number of requests in flight at once.
+    ``concurrency`` the number of requests in flight at once (hedges aside). ``timeout`` is the
+    longest an attempt waits for an answer; after warm-up an attempt's deadline is
+    ``deadline_multiplier ×`` the observed p99 for its size, at least ``deadline_floor``.
+    ``hedge`` allows duplicate requests for stragglers; ``breaker_wait`` is how long the
+    circuit breaker probes a failing endpoint before the run ends.
     """
 
     auth_header: str = "Authorization"
@@ -87,6 +103,10 @@ class HttpOptions:
     version: str | None = None
     layout: Literal["NCHW", "NHWC"] | None = None
     max_requests: int | None = None
+    hedge: bool = True
+    breaker_wait: float = 60.0
+    deadline_floor: float = 0.25
+    deadline_multiplier: float = 4.0
 
     def describe(self) -> dict[str, Any]:
         """What the card states about the connection (no secret values)."""
@@ -94,7 +114,8 @@ class HttpOptions:
             "timeout_s": self.timeout, "retry_limit": self.retries, "backoff_s": self.backoff,
             "concurrency": self.concurrency, "images_per_request": self.batch,
             "auth_header": self.auth_header if self.auth_env else None,
-            "max_requests": self.max_requests,
+            "max_requests": self.max_requests, "hedging": self.hedge,
+            "breaker_wait_s": self.breaker_wait,
         }
 
 
@@ -147,6 +168,43 @@ class _Malformed(Exception):
     """A 2xx response whose body is not what the protocol promises."""
 
 
+@dataclass
+class _Outcome:
+    """How one attempt ended: ``ok`` (``value``), ``fatal`` (``error``: not retried), or a
+    retried failure: ``timeout``, ``conn``, ``overload`` (429/503), ``server_error``,
+    ``malformed``."""
+
+    kind: str
+    value: Any = None
+    latency: float = 0.0
+    message: str = ""
+    retry_after: float | None = None
+    error: ModelError | None = None
+
+
+#: Retried failures by kind, and the traffic count each one adds to.
+_FAILURES = {"timeout": "timeouts", "conn": "connection_errors", "overload": "overloaded",
+             "server_error": "server_errors", "malformed": "malformed"}
+
+#: The longest Retry-After certify honours (seconds); a longer one waits this long.
+MAX_RETRY_AFTER = 60.0
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or ``None``."""
+    if not value:
+        return None
+    try:
+        return min(MAX_RETRY_AFTER, max(0.0, float(value)))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return min(MAX_RETRY_AFTER, max(0.0, when.timestamp() - time.time()))
+
+
 class HttpModel:
     """A classifier behind a KServe v2 or v1 endpoint.
 
@@ -183,12 +241,29 @@ class HttpModel:
             register_secret(secret)  # masked in every message and file from here on
             self._headers[self.options.auth_header] = secret
         self._local = threading.local()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.concurrency),
-                                        thread_name_prefix="certify-http")
-        self.requests_sent = 0  # every HTTP request, retries included
-        self.retries_sent = 0
-        self.images_sent = 0
+        conc = max(1, self.options.concurrency)
+        # a prediction's requests; several predictions (sample groups) share it, and a request
+        # waiting out a Retry-After holds a thread but no slot, so it has more threads than slots
+        self._pool = ThreadPoolExecutor(max_workers=4 * conc, thread_name_prefix="certify-http")
+        # attempts run here, so that a waiting caller can hedge or abandon them
+        self._attempts = ThreadPoolExecutor(max_workers=2 * conc + 2,
+                                            thread_name_prefix="certify-attempt")
+        self._slots = threading.BoundedSemaphore(conc)  # inference requests in flight
         self._lock = threading.Lock()
+        #: requests (every attempt, retries and hedges included), retries, hedges, hedges
+        #: that answered first, and failures by kind
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("requests", "retries", "hedges", "hedge_wins", "hedged_images", "images",
+             "health_probes",
+             *_FAILURES.values()), 0)
+        #: ``None`` while hedging is allowed, else why not
+        self.hedging: str | None = None if self.options.hedge else "--no-hedge"
+        self._no_hedge_until = 0.0
+        self._answered = False
+        self.latency = Latency(self.options.timeout, self.options.deadline_floor,
+                               self.options.deadline_multiplier)
+        self.breaker = Breaker(self._health, self.options.breaker_wait, parse_endpoint(url)
+                               .display)
 
         version = self.options.version or self.endpoint.version
         self.input_name = "input"
@@ -237,89 +312,257 @@ class HttpModel:
 
     # -- transport ------------------------------------------------------------------------
     def _session(self) -> requests.Session:
+        """This thread's session: one keep-alive connection, no automatic retries."""
         s = getattr(self._local, "session", None)
         if s is None:
-            o = self.options
-            retry = Retry(total=o.retries, connect=o.retries, read=o.retries, status=o.retries,
-                          other=o.retries, backoff_factor=o.backoff, backoff_max=30,
-                          status_forcelist=RETRY_STATUS, allowed_methods=None,
-                          respect_retry_after_header=True, raise_on_status=False)
             s = requests.Session()
-            adapter = HTTPAdapter(max_retries=retry, pool_connections=1, pool_maxsize=1)
+            adapter = TrackedAdapter()
             s.mount("http://", adapter)
             s.mount("https://", adapter)
             s.headers.update(self._headers)
             self._local.session = s
         return s
 
-    def _call(self, method: str, url: str, parse: Callable[[requests.Response], Any],
-              body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
-        """One request with retries; ``parse`` turns the response into the result."""
-        o = self.options
-        timeout = (min(o.timeout, 10.0), o.timeout)
-        for attempt in range(o.retries + 1):
-            self._check_request_cap()
-            if attempt:
-                with self._lock:
-                    self.retries_sent += 1
-            try:
-                resp = self._session().request(method, url, data=body, headers=headers,
-                                               timeout=timeout, allow_redirects=False)
-            except requests.RequestException as exc:
-                with self._lock:  # the first try and every retry urllib3 made
-                    self.requests_sent += 1 + o.retries
-                    self.retries_sent += o.retries
-                raise ModelError(
-                    f"{self.endpoint.display} could not be reached after {o.retries} "
-                    f"retries: {_reason(exc)}",
-                    hint="check the URL and that the server is up; records are kept, rerun "
-                         "with --resume",
-                ) from None
-            history = getattr(getattr(resp.raw, "retries", None), "history", ()) or ()
-            with self._lock:
-                self.requests_sent += 1 + len(history)
-                self.retries_sent += len(history)
-            if resp.status_code in RETRY_STATUS:
-                raise ModelError(
-                    f"{self.endpoint.display} answered HTTP {resp.status_code} after "
-                    f"{o.retries} retries",
-                    hint="the server is failing or rate limiting; records are kept, rerun "
-                         "with --resume",
-                )
-            if 300 <= resp.status_code < 400:  # never follow: the secret would go along
-                raise ModelError(
-                    f"{method} {redact(url)} answered HTTP {resp.status_code}, redirecting to "
-                    f"{redact(resp.headers.get('Location', '?'))}; certify does not follow "
-                    "redirects", hint="pass the final URL of the endpoint")
-            if resp.status_code >= 400:
-                raise ModelError(
-                    f"{method} {redact(url)} answered HTTP {resp.status_code}: "
-                    f"{_snippet(resp.content)}",
-                    hint=_status_hint(resp.status_code),
-                )
-            try:
-                return parse(resp)
-            except (orjson.JSONDecodeError, _Malformed, KeyError, TypeError, ValueError) as exc:
-                if attempt == o.retries:
-                    raise ModelError(
-                        f"{self.endpoint.display} sent a malformed response "
-                        f"{o.retries + 1} times: {_reason(exc)}",
-                        hint="check that the server speaks the protocol of the URL; records "
-                             "are kept, rerun with --resume",
-                    ) from None
-                log.debug("malformed response (%s), retrying", _reason(exc))
-                time.sleep(o.backoff * (2 ** attempt))
-        raise AssertionError("unreachable")
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[key] = self.counts.get(key, 0) + n
 
-    def _check_request_cap(self) -> None:
-        """Refuse a request past ``max_requests`` (retries count; urllib3's retries inside one
-        request may pass the cap by at most ``retries``)."""
+    def _call(self, method: str, url: str, parse: Callable[[requests.Response], Any],
+              body: bytes | None = None, headers: dict[str, str] | None = None,
+              images: int = 0) -> Any:
+        """One request with retries; ``parse`` turns the response into the result.
+
+        ``images`` > 0 marks an inference request: its deadline comes from the observed
+        latency and it may be hedged. Retries: immediately after the first failure, then with
+        exponential backoff; a 429 or 503 waits its Retry-After and is never hedged again; a
+        timeout retries at once with a doubled deadline. When the retries are spent (or
+        :data:`BURST` attempts in a row failed endpoint-wide) the breaker pauses every request
+        and probes the endpoint's health: it resumes, or the run ends with exit 3.
+        """
+        o = self.options
+        failures = timeouts = cycles = 0
+        hedge = images > 0
+        while True:
+            self.breaker.wait()
+            if failures:
+                self._count("retries")
+            deadline = self.latency.deadline(images, timeouts) if images else o.timeout
+            # an inference attempt holds one of --concurrency slots; waits between attempts
+            # (Retry-After, backoff) hold none, so other sample groups keep the server busy
+            with self._slots if images else contextlib.nullcontext():
+                res = self._race(method, url, body, headers, parse, images, deadline, hedge)
+            if res.kind == "ok":
+                self.breaker.success()
+                self._answered = True
+                return res.value
+            if res.kind == "fatal":
+                raise res.error  # type: ignore[misc]
+            self._count(_FAILURES[res.kind])
+            burst = self.breaker.failure()
+            failures += 1
+            if res.kind == "overload":
+                hedge = False  # never add load to a server that asked for less
+                self._pause_hedging(res.retry_after or o.backoff)
+            elif res.kind == "timeout":
+                timeouts += 1
+                self.latency.record_expired(deadline)
+            if failures > o.retries or burst:
+                why = (f"{failures} attempt(s) in a row failed, the last with {res.message}"
+                       if not burst else f"{BURST} attempts in a row failed endpoint-wide, "
+                       f"the last with {res.message}")
+                if not self._answered:  # never answered: nothing to pause for
+                    raise ModelError(f"{self.endpoint.display} could not be reached after "
+                                     f"{o.retries} retries: {res.message}",
+                                     hint="check the URL and that the server is up; records "
+                                          "are kept, rerun with --resume")
+                cycles += 1
+                if cycles > BREAKER_CYCLES:
+                    raise ModelError(
+                        f"{self.endpoint.display} reports healthy but the same request failed "
+                        f"again after {BREAKER_CYCLES} pauses: {res.message}",
+                        hint="the server is failing this request; records are kept, rerun "
+                             "with --resume")
+                log.warning("%s: %s; pausing all requests to probe its health",
+                            self.endpoint.display, why)
+                self.breaker.trip(why)
+                failures = 0
+                continue
+            time.sleep(self._backoff(res, failures))
+
+    def _backoff(self, res: _Outcome, failures: int) -> float:
+        """Seconds to wait before the next attempt of a request that failed ``failures``
+        times: its Retry-After for 429/503, none after a timeout or a first failure, then
+        ``backoff × 2^(k-2)`` (at most 30 s)."""
+        if res.kind == "overload" and res.retry_after is not None:
+            return res.retry_after
+        if res.kind == "timeout" or failures <= 1:
+            return 0.0
+        return min(30.0, self.options.backoff * 2 ** (failures - 2))
+
+    def _pause_hedging(self, seconds: float) -> None:
+        with self._lock:
+            self._no_hedge_until = max(self._no_hedge_until, time.monotonic() + seconds)
+
+    def _reserve(self, hedge: bool) -> bool:
+        """Count one more request (and hedge) if it fits: under the request cap, and for a
+        hedge with hedging on, no 429/503 pause and under the hedge share."""
         cap = self.options.max_requests
-        if cap is not None and self.requests_sent >= cap:
-            raise ModelError(
-                f"{self.endpoint.display}: the request cap of {cap} is reached "
-                f"({self.requests_sent} requests sent, {self.retries_sent} of them retries)",
-                hint="raise --max-requests; records are kept, rerun with --resume")
+        with self._lock:
+            sent, hedges = self.counts["requests"], self.counts["hedges"]
+            if cap is not None and sent >= cap:
+                return False
+            if hedge:
+                if (self.hedging is not None or time.monotonic() < self._no_hedge_until
+                        or hedges + 1 > HEDGE_SHARE * sent):
+                    return False
+                self.counts["hedges"] += 1
+            self.counts["requests"] += 1
+            return True
+
+    def disable_hedging(self, why: str) -> None:
+        """Send no more hedges in this run (e.g. the model answers randomly)."""
+        if self.hedging is None:
+            log.info("%s: hedging off: %s", self.endpoint.display, why)
+            self.hedging = why
+
+    def _launch(self, method: str, url: str, body: bytes | None,
+                headers: dict[str, str] | None, parse: Callable[[requests.Response], Any],
+                deadline: float, hedge: bool, finished: queue.SimpleQueue[Attempt]
+                ) -> Attempt:
+        att = Attempt(hedge=hedge)
+
+        def run() -> None:
+            try:
+                att.finish(self._attempt(att, method, url, body, headers, parse, deadline))
+            except BaseException as exc:  # noqa: BLE001 - reported to the waiting caller
+                att.finish(_Outcome("conn", message=_reason(exc)))
+            finished.put(att)
+
+        self._attempts.submit(run)
+        return att
+
+    def _race(self, method: str, url: str, body: bytes | None,
+              headers: dict[str, str] | None, parse: Callable[[requests.Response], Any],
+              images: int, deadline: float, hedge: bool) -> _Outcome:
+        """Send one attempt, a hedge if it has not answered by the observed p95, and return
+        the first valid answer (the other attempt is aborted), or the failure."""
+        if not self._reserve(hedge=False):
+            self._refuse_past_cap()
+        finished: queue.SimpleQueue[Attempt] = queue.SimpleQueue()
+        attempts = [self._launch(method, url, body, headers, parse, deadline, False, finished)]
+        # an attempt ends by itself within its deadline (plus connecting); this is a backstop
+        limit = time.monotonic() + deadline + min(self.options.timeout, 10.0) + 5.0
+        hedge_at = self.latency.quantile(0.95, images) if hedge else None
+        outcomes: list[Attempt] = []
+        while len(outcomes) < len(attempts):
+            wait = limit - time.monotonic()
+            if hedge_at is not None and len(attempts) == 1:
+                wait = min(wait, attempts[0].started + hedge_at - time.monotonic())
+            try:
+                att = finished.get(timeout=max(0.0, wait))
+            except queue.Empty:
+                if hedge_at is not None and len(attempts) == 1 and time.monotonic() < limit:
+                    if self._reserve(hedge=True):
+                        self._count("hedged_images", images)
+                        attempts.append(self._launch(method, url, body, headers, parse,
+                                                     deadline, True, finished))
+                    hedge_at = None
+                    continue
+                for a in attempts:
+                    a.abort()
+                return _Outcome("timeout", message=f"no answer in {deadline:.3g} s")
+            outcomes.append(att)
+            res: _Outcome = att.outcome
+            if res.kind == "ok":
+                for other in attempts:
+                    if other is not att:
+                        other.abort()
+                if att.hedge:
+                    self._count("hedge_wins")
+                if images:
+                    self.latency.observe(res.latency, images)
+                return res
+        # every attempt failed: a 429/503 decides the wait, else the first attempt's failure
+        results = [a.outcome for a in outcomes]
+        for kind in ("fatal", "overload"):
+            for r in results:
+                if r.kind == kind:
+                    return r
+        return attempts[0].outcome
+
+    def _attempt(self, att: Attempt, method: str, url: str, body: bytes | None,
+                 headers: dict[str, str] | None, parse: Callable[[requests.Response], Any],
+                 deadline: float) -> _Outcome:
+        """One HTTP attempt on this transport thread, classified."""
+        if not att.begin_io():
+            return _Outcome("conn", message="aborted")
+        t0 = time.monotonic()
+        try:
+            resp = self._session().request(method, url, data=body, headers=headers,
+                                           timeout=(min(self.options.timeout, 10.0), deadline),
+                                           allow_redirects=False)
+        except requests.Timeout:
+            return _Outcome("timeout", message=f"no answer in {deadline:.3g} s")
+        except requests.RequestException as exc:
+            if att.aborted:
+                return _Outcome("conn", message="aborted")
+            return _Outcome("conn", message=_reason(exc))
+        finally:
+            att.end_io()
+        latency = time.monotonic() - t0
+        status = resp.status_code
+        if status in (429, 503):
+            return _Outcome("overload", message=f"HTTP {status}",
+                            retry_after=_retry_after(resp.headers.get("Retry-After")))
+        if status in RETRY_STATUS:
+            return _Outcome("server_error", message=f"HTTP {status}")
+        if 300 <= status < 400:  # never follow: the secret would go along
+            return _Outcome("fatal", error=ModelError(
+                f"{method} {redact(url)} answered HTTP {status}, redirecting to "
+                f"{redact(resp.headers.get('Location', '?'))}; certify does not follow "
+                "redirects", hint="pass the final URL of the endpoint"))
+        if status >= 400:
+            return _Outcome("fatal", error=ModelError(
+                f"{method} {redact(url)} answered HTTP {status}: {_snippet(resp.content)}",
+                hint=_status_hint(status)))
+        try:
+            return _Outcome("ok", value=parse(resp), latency=latency)
+        except (orjson.JSONDecodeError, _Malformed, KeyError, TypeError, ValueError,
+                IndexError) as exc:
+            log.debug("malformed response (%s)", _reason(exc))
+            return _Outcome("malformed", message=f"a malformed response: {_reason(exc)}")
+
+    def _health(self) -> str | None:
+        """``None`` when the endpoint says it is ready, else why not (the breaker's probe):
+        v2 ``/v2/health/ready`` (the model metadata where that route is missing), v1 the
+        model's status."""
+        e = self.endpoint
+        urls = ([e.url(f"{e.base}/v2/health/ready"), e.url(e.model_url)]
+                if e.protocol == "v2" else [e.url(e.model_url)])
+        self._count("health_probes")
+        why = ""
+        for u in urls:
+            try:
+                r = self._session().get(u, timeout=(min(self.options.timeout, 10.0),
+                                                    min(self.options.timeout, 5.0)),
+                                        allow_redirects=False)
+            except requests.RequestException as exc:
+                return _reason(exc)
+            if r.status_code == 200:
+                return None
+            why = f"GET {redact(u)}: HTTP {r.status_code}"
+            if r.status_code != 404:
+                break
+        return why
+
+    def _refuse_past_cap(self) -> NoReturn:
+        """Refuse a request past ``max_requests`` (retries and hedges count)."""
+        cap = self.options.max_requests
+        raise ModelError(
+            f"{self.endpoint.display}: the request cap of {cap} is reached "
+            f"({self.counts['requests']} requests sent, {self.counts['retries']} of them "
+            f"retries, {self.counts['hedges']} hedges)",
+            hint="raise --max-requests; records are kept, rerun with --resume")
 
     def _v2_metadata(self, input_size: tuple[int, int] | None
                      ) -> tuple[str, tuple[int, int, int], dict[str, str]]:
@@ -398,9 +641,9 @@ class HttpModel:
 
     def _post(self, arr: np.ndarray) -> np.ndarray:
         body, headers = self._request(arr)
-        out = self._call("POST", self.endpoint.infer_url, self._parse(len(arr)), body, headers)
-        with self._lock:
-            self.images_sent += len(arr)
+        out = self._call("POST", self.endpoint.infer_url, self._parse(len(arr)), body, headers,
+                         images=len(arr))
+        self._count("images", len(arr))
         return out
 
     def _forward(self, arr: np.ndarray) -> np.ndarray:
@@ -433,14 +676,20 @@ class HttpModel:
         return scores.to(x.device)
 
     def traffic(self) -> dict[str, Any]:
-        """Requests and images sent so far, probes included, for the card."""
-        return {"requests": self.requests_sent, "retries": self.retries_sent,
-                "images": self.images_sent, "probe_images": self.probe_images,
-                **self.options.describe()}
+        """Requests, retries, hedges, failures and images so far (probes included), the
+        deadlines chosen and the breaker's record, for the card."""
+        with self._lock:
+            counts = dict(self.counts)
+        b = self.breaker
+        return {**counts, "probe_images": self.probe_images,
+                "hedging_off": self.hedging,
+                "breaker": {"trips": b.trips, "paused_s": round(b.paused_s, 3)},
+                "deadlines": self.latency.describe(), **self.options.describe()}
 
     def close(self) -> None:
         """Stop the request threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._attempts.shutdown(wait=False, cancel_futures=True)
 
 
 def _json(resp: requests.Response) -> Any:
