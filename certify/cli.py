@@ -265,7 +265,8 @@ def _common_logging(f: Any) -> Any:
 @click.option("--retries", type=click.IntRange(min=0),
               help="HTTP: retries on connection errors, timeouts, 5xx and 429 [default: 5].")
 @click.option("--concurrency", type=click.IntRange(min=1),
-              help="HTTP: requests in flight at once [default: 4].")
+              help="HTTP: requests in flight at once, besides a hedge at most for each "
+                   "(hedges are at most 5%% of requests) [default: 4].")
 @click.option("--http-batch", type=click.IntRange(min=1),
               help="HTTP: images per request [default: 64].")
 @click.option("--model-version", metavar="V",

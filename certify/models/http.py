@@ -452,7 +452,7 @@ class HttpModel:
         attempts = [self._launch(method, url, body, headers, parse, deadline, False, finished)]
         # an attempt ends by itself within its deadline (plus connecting); this is a backstop
         limit = time.monotonic() + deadline + min(self.options.timeout, 10.0) + 5.0
-        hedge_at = self.latency.quantile(0.95, images) if hedge else None
+        hedge_at = self.latency.hedge_delay(images, deadline) if hedge else None
         outcomes: list[Attempt] = []
         while len(outcomes) < len(attempts):
             wait = limit - time.monotonic()

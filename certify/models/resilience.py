@@ -10,9 +10,10 @@ This module holds the parts of :class:`certify.models.http.HttpModel`'s transpor
   between a floor and ``--timeout``; each timeout of the same request doubles it, so a hang
   costs seconds while a slow but valid request still gets its answer.
 - hedging (Dean & Barroso, "The Tail at Scale", 2013): an attempt that has not answered by the
-  observed p95 gets a duplicate; the first valid answer wins and the other attempt's socket is
-  shut down (:class:`Attempt`). Hedges are capped at ``HEDGE_SHARE`` of requests and never sent
-  for a request that got 429 or 503 (that would add load to an overloaded server).
+  observed p95 (never before ``HEDGE_FLOOR``) gets a duplicate; the first valid answer wins
+  and the other attempt's socket is shut down (:class:`Attempt`). Hedges are capped at
+  ``HEDGE_SHARE`` of requests and never sent for a request that got 429 or 503 (that would
+  add load to an overloaded server).
 - :class:`Breaker`: a burst of consecutive failures beyond the retry policy pauses every
   request, probes the endpoint's health and resumes, or ends the run (exit 3, records kept
   for ``--resume``).
@@ -48,6 +49,9 @@ WARMUP = 8
 WARMUP_DEADLINE = 5.0
 #: Hedges may be at most this share of the requests sent.
 HEDGE_SHARE = 0.05
+#: No hedge before this many seconds (or half the attempt's deadline, if shorter): on a fast
+#: endpoint p95 is milliseconds, and a scheduling hiccup is not a straggler worth a duplicate.
+HEDGE_FLOOR = 0.1
 #: Endpoint-wide consecutive failed attempts that open the breaker even before one request
 #: has spent its retries.
 BURST = 12
@@ -85,6 +89,12 @@ class Latency:
             if n < WARMUP:
                 return None
             return self._sorted[min(n - 1, int(q * n))] * max(1, images)
+
+    def hedge_delay(self, images: int, deadline: float) -> float | None:
+        """Seconds after which an attempt of ``images`` images gets a hedge: the observed
+        p95, at least :data:`HEDGE_FLOOR` (or half of ``deadline``); ``None`` in warm-up."""
+        p95 = self.quantile(0.95, images)
+        return None if p95 is None else max(p95, min(HEDGE_FLOOR, deadline / 2))
 
     def deadline(self, images: int, timeouts: int) -> float:
         """The read deadline of an attempt at a request that already timed out ``timeouts``
