@@ -2,22 +2,27 @@
 
 The demo's standard model (a GTSRB CNN, 32x32) served over KServe v2 (binary tensors) by the
 threaded loopback server of tests/servers.py, and an 8-check suite (clean accuracy, sanity,
-two corruptions, brittleness, Square L∞ and HopSkipJump L2) on generated signs. Two runs with
+two corruptions, brittleness, Square L∞ and HopSkipJump L2) on generated signs. Three runs with
 certify's defaults (4 requests in flight, 64 images per request, hedging on):
 
 1. the server without faults;
-2. the same server injecting the issue's fixed mix, drawn per inference request from a seeded
+2. the same server injecting only the mix's 429s (the floor, below);
+3. the same server injecting the issue's fixed mix, drawn per inference request from a seeded
    generator: 4% HTTP 500, 4% HTTP 429 with ``Retry-After: 1``, 4% accepted and never
    answered, 3% garbage or truncated bodies (1.5% each).
 
-Wall time is the whole ``certify_model`` call (loading, checks, card without PDF). Metrics
-must be identical. Printed: both walls and their ratio, the retries, hedges and the deadlines
-certify chose, and the floor the mix's Retry-After waits put under the faulty run: the sample
-group that waited longest for 429s (each costs its Retry-After on that group's critical
-path; the other groups go on meanwhile) cannot finish before its own clean work plus those
-waits.
+Wall time is the whole ``certify_model`` call (loading, checks, card without PDF); best of
+``--repeats``, the configurations interleaved. Metrics must be identical. Printed: the walls and
+their ratios, the retries, hedges and the deadlines certify chose.
 
-Run: ``.venv/bin/python benchmarks/endpoint_faults.py [--images 128] [--seed 11]``
+The floor: a 429 with ``Retry-After: 1`` must be waited out, and an attack's sample group
+cannot go on until its request is answered, so the mix's 429s put seconds on every sequential
+chain of requests (Square's iterations, HopSkipJump's steps) that no client may avoid. The
+benchmark measures that floor as the second run: the same server injecting only the mix's 4%
+429s (same probability, same Retry-After), i.e. the waits certify must honour and nothing
+else.
+
+Run: ``.venv/bin/python benchmarks/endpoint_faults.py [--images 128] [--seed 11] [--repeats 2]``
 """
 
 from __future__ import annotations
@@ -78,12 +83,18 @@ def _run(url: str, suite: Path, data: Path, n: int, out: Path
 
 
 def main() -> None:
-    """Run clean and faulty, print a markdown table and the traffic record."""
+    """Run clean, 429s only and the full mix (interleaved, best of ``--repeats``), print a
+    markdown table and the faulty run's traffic record."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=128)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     model = demo_model_path("standard")
+    configs = {"clean": None,
+               "429s only (the floor)": {"p_429": MIX["p_429"], "retry_after": 1},
+               "15% faults": MIX}
+    best: dict[str, tuple[float, dict[str, Any], dict[str, Any], dict[str, int]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         suite = d / "suite.yaml"
@@ -92,36 +103,38 @@ def main() -> None:
         data = d / "data.npz"
         np.savez(data, x=x[:args.images], y=y[:args.images])
         n = min(args.images, len(y))
-        server = OnnxHttpServer(model)
-        try:
-            clean_wall, clean_metrics, clean_t = _run(server.v2_url, suite, data, n,
-                                                      d / "clean")
-        finally:
-            server.stop()
-        server = OnnxHttpServer(model, faults=Faults(seed=args.seed, **MIX))  # type: ignore[arg-type]
-        try:
-            wall, metrics, t = _run(server.v2_url, suite, data, n, d / "faults")
-            injected = dict(server.faults_injected)
-            requests = server.infer_requests
-        finally:
-            server.stop()
-    same = metrics == clean_metrics
-    print(f"{n} images, 8 checks, certify's HTTP defaults; fault mix {MIX} (seed {args.seed})")
-    print("| server | wall s | vs clean | requests | retries | hedges (won) | timeouts | "
-          "same metrics |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for label, w, tr in (("clean", clean_wall, clean_t), ("15% faults", wall, t)):
-        print(f"| {label} | {w:.1f} | {w / clean_wall:.2f} | {tr['requests']:,} | "
-              f"{tr['retries']:,} | {tr['hedges']} ({tr['hedge_wins']}) | {tr['timeouts']} | "
-              f"{'yes' if same or tr is clean_t else 'NO'} |")
-    print(f"\ninjected: {injected} of {requests:,} inference requests")
-    print("faulty run's deadlines:", json.dumps(t["deadlines"], ensure_ascii=False))
-    print("faulty run's failures:", {k: t[k] for k in ("timeouts", "connection_errors",
-                                                        "overloaded", "server_errors",
-                                                        "malformed")},
+        k = 0
+        for _ in range(args.repeats):
+            for label, mix in configs.items():
+                k += 1
+                faults = Faults(seed=args.seed, **mix) if mix else None  # type: ignore[arg-type]
+                server = OnnxHttpServer(model, faults=faults)
+                try:
+                    wall, metrics, traffic = _run(server.v2_url, suite, data, n, d / f"r{k}")
+                    injected = dict(server.faults_injected)
+                finally:
+                    server.stop()
+                if label not in best or wall < best[label][0]:
+                    best[label] = (wall, metrics, traffic, injected)
+    clean_wall, clean_metrics = best["clean"][0], best["clean"][1]
+    floor = best["429s only (the floor)"][0]
+    print(f"{n} images, 8 checks, certify's HTTP defaults; fault mix {MIX} (seed {args.seed}); "
+          f"best of {args.repeats}")
+    print("| server | wall s | vs clean | vs floor | requests | retries | hedges (won) | "
+          "timeouts | same metrics |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for label, (w, metrics, tr, _) in best.items():
+        print(f"| {label} | {w:.1f} | {w / clean_wall:.2f} | {w / floor:.2f} | "
+              f"{tr['requests']:,} | {tr['retries']:,} | {tr['hedges']} ({tr['hedge_wins']}) | "
+              f"{tr['timeouts']} | {'yes' if metrics == clean_metrics else 'NO'} |")
+    _, _, t, injected = best["15% faults"]
+    print(f"\nfaults run: injected {injected}")
+    print("its deadlines:", json.dumps(t["deadlines"], ensure_ascii=False))
+    print("its failures:", {k: t[k] for k in ("timeouts", "connection_errors", "overloaded",
+                                               "server_errors", "malformed")},
           "breaker:", t["breaker"])
-    if not same:
-        raise SystemExit("metrics differ between the clean and the faulty run")
+    if any(metrics != clean_metrics for _, metrics, _, _ in best.values()):
+        raise SystemExit("metrics differ between the runs")
 
 
 if __name__ == "__main__":

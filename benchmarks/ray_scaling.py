@@ -4,8 +4,9 @@ The demo's standard model and a query-bound suite (Square Attack L∞ with 1,000
 binarization test, and Gaussian noise with 3 tries at 4 intensities) on generated signs. Each
 configuration is a full ``certify_model`` run against a local Ray instance that certify starts
 on 127.0.0.1; throughput = model queries / time in the checks (Ray start-up and model loading
-excluded). The in-process executor (onnxruntime's default threads) is shown for reference.
-All runs must give identical metrics.
+excluded). The in-process executor (its defaults: on the CPU, two sample groups at once, each
+with single-threaded onnxruntime on half the cores) is compared with Ray's 1-worker run. All
+runs must give identical metrics.
 
 Every configuration gets the same ``--batch-size`` (default 48): the attack's own tensor work
 runs faster per image on batches that fit a core's cache, so comparing 1 worker on large
@@ -26,6 +27,7 @@ import yaml
 
 from certify.api import RunOptions, certify_model, demo_model_path
 from certify.data.synthetic import generate
+from certify.device import choose_device
 
 SUITE = {
     "name": "ray-bench", "seed": 3, "classes": [f"c{i}" for i in range(43)],
@@ -57,7 +59,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=48)
     args = ap.parse_args()
-    configs = [("in-process (local executor)", {"executor": "local"}),
+    dev = choose_device("auto")
+    local = f"in-process ({dev.lanes} lane(s) × {dev.onnx_threads or 'default'} thread(s))"
+    configs = [(local, {"executor": "local"}),
                ("Ray, 1 worker × 1 thread", {"executor": "ray", "workers": 1, "threads": 1}),
                ("Ray, 2 workers × 1 thread", {"executor": "ray", "workers": 2, "threads": 1})]
     rows = []

@@ -71,8 +71,8 @@ class DeviceChoice:
         """onnxruntime's intra-op threads for an in-process model (0: its default).
 
         On the CPU the cores are shared out between the lanes: two lanes calling one session
-        whose pool spans every core contend for it (18,700 vs 24,200 images/s for two callers
-        on 2 cores, benchmarks/RESULTS.md), while one thread per lane and core scales.
+        whose pool spans every core contend for it (11,400 vs 13,600 images/s for two callers
+        on 2 cores, benchmarks/onnx_callers.py), while one thread per lane and core scales.
         """
         if self.name != "cpu":
             return 0

@@ -24,6 +24,7 @@ The value of the auth header is read from an environment variable and never stor
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import email.utils
 import hashlib
@@ -59,6 +60,8 @@ from certify.models.resilience import (
     BREAKER_CYCLES,
     BURST,
     HEDGE_SHARE,
+    OVERLOAD_SHARE,
+    OVERLOAD_WINDOW,
     Attempt,
     Breaker,
     Latency,
@@ -259,6 +262,7 @@ class HttpModel:
         #: ``None`` while hedging is allowed, else why not
         self.hedging: str | None = None if self.options.hedge else "--no-hedge"
         self._no_hedge_until = 0.0
+        self._overloads: collections.deque[bool] = collections.deque(maxlen=OVERLOAD_WINDOW)
         self._answered = False
         self.latency = Latency(self.options.timeout, self.options.deadline_floor,
                                self.options.deadline_multiplier)
@@ -351,6 +355,7 @@ class HttpModel:
             # (Retry-After, backoff) hold none, so other sample groups keep the server busy
             with self._slots if images else contextlib.nullcontext():
                 res = self._race(method, url, body, headers, parse, images, deadline, hedge)
+            self._note_overload(res, o.backoff)
             if res.kind == "ok":
                 self.breaker.success()
                 self._answered = True
@@ -362,7 +367,6 @@ class HttpModel:
             failures += 1
             if res.kind == "overload":
                 hedge = False  # never add load to a server that asked for less
-                self._pause_hedging(res.retry_after or o.backoff)
             elif res.kind == "timeout":
                 timeouts += 1
                 self.latency.record_expired(deadline)
@@ -399,9 +403,16 @@ class HttpModel:
             return 0.0
         return min(30.0, self.options.backoff * 2 ** (failures - 2))
 
-    def _pause_hedging(self, seconds: float) -> None:
+    def _note_overload(self, res: _Outcome, backoff: float) -> None:
+        """Keep the recent share of 429/503 answers; while it is at least
+        :data:`OVERLOAD_SHARE`, no request is hedged for the answer's Retry-After (else
+        ``backoff``) seconds. A single 429 stops hedging only for its own request."""
         with self._lock:
-            self._no_hedge_until = max(self._no_hedge_until, time.monotonic() + seconds)
+            self._overloads.append(res.kind == "overload")
+            if res.kind == "overload" and \
+                    sum(self._overloads) >= OVERLOAD_SHARE * len(self._overloads):
+                seconds = res.retry_after or backoff
+                self._no_hedge_until = max(self._no_hedge_until, time.monotonic() + seconds)
 
     def _reserve(self, hedge: bool) -> bool:
         """Count one more request (and hedge) if it fits: under the request cap, and for a

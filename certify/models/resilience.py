@@ -12,8 +12,9 @@ This module holds the parts of :class:`certify.models.http.HttpModel`'s transpor
 - hedging (Dean & Barroso, "The Tail at Scale", 2013): an attempt that has not answered by the
   observed p95 (never before ``HEDGE_FLOOR``) gets a duplicate; the first valid answer wins
   and the other attempt's socket is shut down (:class:`Attempt`). Hedges are capped at
-  ``HEDGE_SHARE`` of requests and never sent for a request that got 429 or 503 (that would
-  add load to an overloaded server).
+  ``HEDGE_SHARE`` of requests and never sent for a request that got 429 or 503, nor for any
+  request while such answers are ``OVERLOAD_SHARE`` of the recent ones (that would add load
+  to an overloaded server).
 - :class:`Breaker`: a burst of consecutive failures beyond the retry policy pauses every
   request, probes the endpoint's health and resumes, or ends the run (exit 3, records kept
   for ``--resume``).
@@ -49,6 +50,10 @@ WARMUP = 8
 WARMUP_DEADLINE = 5.0
 #: Hedges may be at most this share of the requests sent.
 HEDGE_SHARE = 0.05
+#: While at least this share of the last ``OVERLOAD_WINDOW`` answers were 429 or 503, the server
+#: is overloaded and nothing is hedged (an occasional 429 only stops its own request's hedge).
+OVERLOAD_SHARE = 0.1
+OVERLOAD_WINDOW = 100
 #: No hedge before this many seconds (or half the attempt's deadline, if shorter): on a fast
 #: endpoint p95 is milliseconds, and a scheduling hiccup is not a straggler worth a duplicate.
 HEDGE_FLOOR = 0.1
