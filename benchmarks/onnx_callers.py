@@ -6,10 +6,12 @@ The demo's standard model on batches of 24 generated signs, for ``--seconds`` pe
 1. one caller, one session with 1 intra-op thread (the unit);
 2. one caller, one session with a thread per core (onnxruntime's default);
 3. one caller per core calling one session whose pool spans every core;
-4. one caller per core, each with its own 1-thread session (certify's lanes on the CPU).
+4. one caller per core, each with its own 1-thread session;
+5. one caller per core calling one 1-thread session (certify's lanes on the CPU: with one
+   intra-op thread a run executes on its caller's thread, so callers do not queue).
 
 Images per second, summed over callers. ``DeviceChoice.onnx_threads`` (certify/device.py)
-follows from the comparison of 3 and 4.
+follows from the comparison of 3 with 4 and 5.
 
 Run: ``.venv/bin/python benchmarks/onnx_callers.py [--seconds 5]``
 """
@@ -59,7 +61,7 @@ def _rate(sessions: list[ort.InferenceSession], seconds: float, batch: np.ndarra
 
 
 def main() -> None:
-    """Measure the four layouts and print a markdown table."""
+    """Measure the five layouts and print a markdown table."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args()
@@ -77,7 +79,9 @@ def main() -> None:
             (f"{cores} callers, one {cores}-thread session",
              _rate([shared] * cores, args.seconds, batch)),
             (f"{cores} callers, each its own 1-thread session",
-             _rate([s0] + [_session(1) for _ in range(cores - 1)], args.seconds, batch))]
+             _rate([s0] + [_session(1) for _ in range(cores - 1)], args.seconds, batch)),
+            (f"{cores} callers, one 1-thread session (certify's lanes)",
+             _rate([s0] * cores, args.seconds, batch))]
     unit = rows[0][1]
     print(f"demo standard model, batches of 24, {cores} cores, {args.seconds:g} s each")
     print("| layout | images/s | vs 1 thread |")

@@ -71,7 +71,7 @@ class DeviceChoice:
         """onnxruntime's intra-op threads for an in-process model (0: its default).
 
         On the CPU the cores are shared out between the lanes: two lanes calling one session
-        whose pool spans every core contend for it (11,400 vs 13,600 images/s for two callers
+        whose pool spans every core contend for it (10,200 vs 14,600 images/s for two callers
         on 2 cores, benchmarks/onnx_callers.py), while one thread per lane and core scales.
         """
         if self.name != "cpu":
