@@ -124,10 +124,10 @@ def test_no_hedge_after_429_or_503(model_path, first):
     assert t["overloaded"] == 1 and t["hedges"] == 0, t
 
 
-@pytest.mark.parametrize("overloads, hedges", [(1, 1), (3, 0)])
+@pytest.mark.parametrize("overloads, hedges", [(1, 1), (4, 0)])
 def test_hedging_pauses_for_everyone_only_while_429s_are_frequent(model_path, overloads,
                                                                    hedges):
-    # one 429 stops its own request's hedges only; three in the last ~27 answers (over 10%)
+    # one 429 stops its own request's hedges only; four in the last ~33 answers (over 10%)
     # mean an overloaded server, and the next request's slow answer is not hedged either
     server = OnnxHttpServer(model_path, faults=_warm_then(*["429"] * overloads, "", "slow"))
     server.faults.slow_s = 0.6

@@ -261,7 +261,6 @@ class HttpModel:
              *_FAILURES.values()), 0)
         #: ``None`` while hedging is allowed, else why not
         self.hedging: str | None = None if self.options.hedge else "--no-hedge"
-        self._no_hedge_until = 0.0
         self._overloads: collections.deque[bool] = collections.deque(maxlen=OVERLOAD_WINDOW)
         self._answered = False
         self.latency = Latency(self.options.timeout, self.options.deadline_floor,
@@ -355,7 +354,7 @@ class HttpModel:
             # (Retry-After, backoff) hold none, so other sample groups keep the server busy
             with self._slots if images else contextlib.nullcontext():
                 res = self._race(method, url, body, headers, parse, images, deadline, hedge)
-            self._note_overload(res, o.backoff)
+            self._note_overload(res)
             if res.kind == "ok":
                 self.breaker.success()
                 self._answered = True
@@ -403,27 +402,28 @@ class HttpModel:
             return 0.0
         return min(30.0, self.options.backoff * 2 ** (failures - 2))
 
-    def _note_overload(self, res: _Outcome, backoff: float) -> None:
-        """Keep the recent share of 429/503 answers; while it is at least
-        :data:`OVERLOAD_SHARE`, no request is hedged for the answer's Retry-After (else
-        ``backoff``) seconds. A single 429 stops hedging only for its own request."""
+    def _note_overload(self, res: _Outcome) -> None:
+        """Keep which of the recent answers were 429 or 503 (see :meth:`_overloaded`)."""
         with self._lock:
             self._overloads.append(res.kind == "overload")
-            if res.kind == "overload" and \
-                    sum(self._overloads) >= OVERLOAD_SHARE * len(self._overloads):
-                seconds = res.retry_after or backoff
-                self._no_hedge_until = max(self._no_hedge_until, time.monotonic() + seconds)
+
+    def _overloaded(self) -> bool:
+        """Whether 429/503s are at least :data:`OVERLOAD_SHARE` of the last
+        :data:`OVERLOAD_WINDOW` answers: then no request is hedged. (A single 429 stops only
+        its own request's hedges.) Call with ``_lock`` held."""
+        return sum(self._overloads) >= OVERLOAD_SHARE * max(1, len(self._overloads))
 
     def _reserve(self, hedge: bool) -> bool:
         """Count one more request (and hedge) if it fits: under the request cap, and for a
-        hedge with hedging on, no 429/503 pause and under the hedge share."""
+        hedge with hedging on, the server not overloaded (:meth:`_overloaded`) and under the
+        hedge share."""
         cap = self.options.max_requests
         with self._lock:
             sent, hedges = self.counts["requests"], self.counts["hedges"]
             if cap is not None and sent >= cap:
                 return False
             if hedge:
-                if (self.hedging is not None or time.monotonic() < self._no_hedge_until
+                if (self.hedging is not None or self._overloaded()
                         or hedges + 1 > HEDGE_SHARE * sent):
                     return False
                 self.counts["hedges"] += 1

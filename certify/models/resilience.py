@@ -50,8 +50,9 @@ WARMUP = 8
 WARMUP_DEADLINE = 5.0
 #: Hedges may be at most this share of the requests sent.
 HEDGE_SHARE = 0.05
-#: While at least this share of the last ``OVERLOAD_WINDOW`` answers were 429 or 503, the server
-#: is overloaded and nothing is hedged (an occasional 429 only stops its own request's hedge).
+#: While at least this share of the last ``OVERLOAD_WINDOW`` answers are 429 or 503, the
+#: server is overloaded and nothing is hedged (an occasional 429 stops its own request's hedges
+#: only).
 OVERLOAD_SHARE = 0.1
 OVERLOAD_WINDOW = 100
 #: No hedge before this many seconds (or half the attempt's deadline, if shorter): on a fast
