@@ -106,21 +106,28 @@ def test_a_hang_is_hedged_and_the_loser_connection_closed(model_path):
     assert threading.active_count() <= threads + 2 * 8 + 2  # the bounded attempt pool
 
 
+def _slow_after(model_path: Path, *before: str, retry_after: float = 0
+                ) -> tuple[dict[str, int], dict]:
+    """Ask a server whose faults after warm-up are ``before`` then one 0.6 s answer; return
+    the faults it injected and certify's traffic record."""
+    server = OnnxHttpServer(model_path, faults=_warm_then(*before, "slow"))
+    server.faults.slow_s = 0.6
+    server.faults.retry_after = retry_after
+    model = _model(server)
+    try:
+        _ask(model, WARM + 2 + sum(1 for f in before if f == ""))
+        return dict(server.faults_injected), model.traffic()
+    finally:
+        model.close()
+        server.stop()
+
+
 @pytest.mark.parametrize("first", ["429", "503"])
 def test_no_hedge_after_429_or_503(model_path, first):
     # the request that got 429 (or 503) is retried slowly: it must wait, not be hedged
     kind = "429" if first == "429" else "outage"  # the server's 503
-    server = OnnxHttpServer(model_path, faults=_warm_then(kind, "slow"))
-    server.faults.slow_s = 0.6
-    server.faults.retry_after = 0
-    model = _model(server)
-    try:
-        _ask(model, WARM + 2)
-        t = model.traffic()
-    finally:
-        model.close()
-        server.stop()
-    assert server.faults_injected == {kind: 1, "slow": 1}
+    injected, t = _slow_after(model_path, kind)
+    assert injected == {kind: 1, "slow": 1}
     assert t["overloaded"] == 1 and t["hedges"] == 0, t
 
 
@@ -129,32 +136,15 @@ def test_hedging_pauses_for_everyone_only_while_429s_are_frequent(model_path, ov
                                                                    hedges):
     # one 429 stops its own request's hedges only; four in the last ~33 answers (over 10%)
     # mean an overloaded server, and the next request's slow answer is not hedged either
-    server = OnnxHttpServer(model_path, faults=_warm_then(*["429"] * overloads, "", "slow"))
-    server.faults.slow_s = 0.6
-    server.faults.retry_after = 1
-    model = _model(server)
-    try:
-        _ask(model, WARM + 3)
-        t = model.traffic()
-    finally:
-        model.close()
-        server.stop()
-    assert server.faults_injected == {"429": overloads, "slow": 1}
+    injected, t = _slow_after(model_path, *["429"] * overloads, "", retry_after=1)
+    assert injected == {"429": overloads, "slow": 1}
     assert t["overloaded"] == overloads and t["hedges"] == hedges, t
 
 
 def test_a_slow_answer_without_429_is_hedged(model_path):
-    # the control for the test above: the same slow answer, no 429 before it
-    server = OnnxHttpServer(model_path, faults=_warm_then("slow"))
-    server.faults.slow_s = 0.6
-    model = _model(server)
-    try:
-        _ask(model, WARM + 2)
-        t = model.traffic()
-    finally:
-        model.close()
-        server.stop()
-    assert server.faults_injected == {"slow": 1}
+    # the control for the tests above: the same slow answer, no 429 before it
+    injected, t = _slow_after(model_path)
+    assert injected == {"slow": 1}
     assert t["hedges"] == 1 and t["hedge_wins"] == 1
 
 
