@@ -210,9 +210,13 @@ def demo_model_path(name: str = "standard") -> Path:
 
 def run_demo(
     out: Path, progress: Progress | None = None, pdf: bool = True, resume: bool = False,
-    **run_options: Any,
+    suite: str = "gtsrb", **run_options: Any,
 ) -> tuple[RunResult, dict[str, Path]]:
-    """Certify the bundled standard model on a seeded synthetic GTSRB-like test set."""
+    """Certify the bundled standard model on a seeded synthetic GTSRB-like test set.
+
+    ``suite``: the packaged ``gtsrb`` suite by default, or another suite (name or path) over
+    the same 43 classes, e.g. a short one to try an executor or an install.
+    """
     import numpy as np
 
     from certify.data.synthetic import generate
@@ -226,7 +230,7 @@ def run_demo(
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
     npz = data_dir / "synthetic-gtsrb-test.npz"
     np.savez(npz, x=x, y=y)
-    opts = RunOptions(model=str(model), suite="gtsrb", data=str(npz), out=out,
+    opts = RunOptions(model=str(model), suite=suite, data=str(npz), out=out,
                       samples=len(y), resume=resume, pdf=pdf,
                       reference=str(demo_model_path("robust")), **run_options)
     return certify_model(opts, progress)

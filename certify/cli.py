@@ -132,7 +132,8 @@ class _Group(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
         kwargs["standalone_mode"] = False
-        debug = "--debug" in sys.argv
+        argv = kwargs.get("args", args[0] if args else None)
+        debug = "--debug" in (sys.argv[1:] if argv is None else list(argv))
         try:
             rv = super().main(*args, **kwargs)
         except click.exceptions.Exit as e:
@@ -351,10 +352,13 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
               type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted demo run in --out.")
 @click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
+@click.option("--suite", "suite", default="gtsrb", show_default=True,
+              help="Packaged suite name or YAML path over the 43 GTSRB classes (a short suite "
+                   "tries an executor or an install in seconds).")
 @_executor_options
 @_common_logging
-def demo(out_dir: Path, resume: bool, no_pdf: bool, executor: str, ray_address: str | None,
-         workers: int, threads: int, debug: bool, quiet: bool) -> int:
+def demo(out_dir: Path, resume: bool, no_pdf: bool, suite: str, executor: str,
+         ray_address: str | None, workers: int, threads: int, debug: bool, quiet: bool) -> int:
     """Certify the bundled traffic-sign model on generated signs: no data or model needed.
 
     Exits 0 once the card is written, whatever its verdict (the verdict is the finding).
@@ -369,8 +373,8 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, executor: str, ray_address: 
 
     with RichProgress(err_console, enabled=not quiet) as progress:
         result, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume,
-                                 executor=executor, ray_address=ray_address, workers=workers,
-                                 threads=threads)
+                                 suite=suite, executor=executor, ray_address=ray_address,
+                                 workers=workers, threads=threads)
     _print_summary(result, paths)
     # The demo's job is to produce the card; the verdict inside it is the finding, not an error.
     return EXIT_OK
@@ -524,8 +528,8 @@ def compare_cmd(old: Path, new: Path, tolerance: float, pubkey: Path | None,
     """
     import json
 
-    from certify.compare import compare_paths
     from certify.report import comparison as view
+    from certify.report.compare import compare_paths
     from certify.rundir import atomic_write
 
     result = compare_paths(old, new, tolerance, pubkey)

@@ -165,6 +165,23 @@ class BudgetExceeded(CertifyError):
     exit_code = EXIT_ERROR
 
 
+class VerificationError(CertifyError):
+    """A card's payload or its signature does not check out (exit 1)."""
+
+    exit_code = 1
+
+
+class AttackProtocolError(CertifyError):
+    """An attack broke the sealed attack protocol (:meth:`certify.attacks.Attack.__call__`).
+
+    It reported a number of queries other than the counter saw, or returned candidates of the
+    wrong shape. The runner records the check as ERROR (exit 5): the attack's evidence cannot
+    be trusted, so it supports no verdict.
+    """
+
+    exit_code = EXIT_ERROR
+
+
 class NonFiniteOutput(CertifyError):
     """The model answered a query with NaN or infinite scores.
 

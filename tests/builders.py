@@ -150,7 +150,27 @@ def reference_accuracy(model_path: Path, images: np.ndarray, y: np.ndarray, *, n
 
 def run_cli(*args: str | Path, timeout: float = 300, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
-    """Run the installed ``certify`` console script and capture its output."""
+    """Run certify's CLI in this process (click's ``CliRunner``) and capture its output.
+
+    Same result shape as :func:`run_cli_process` (exit code, stdout, stderr apart) without a
+    new interpreter's 1.5-2 s of torch import. ``env`` is set only while the command runs.
+    ``timeout`` is accepted for symmetry and not enforced: use :func:`run_cli_process` where
+    the test is about the process (signals, a hang, the real executable).
+    """
+    from click.testing import CliRunner
+
+    from certify.cli import main
+
+    argv = [str(a) for a in args]
+    result = CliRunner().invoke(main, argv, env={"COLUMNS": "200", **(env or {})},
+                                catch_exceptions=False)
+    return subprocess.CompletedProcess(["certify", *argv], result.exit_code, result.stdout,
+                                       result.stderr)
+
+
+def run_cli_process(*args: str | Path, timeout: float = 300, env: dict[str, str] | None = None
+                    ) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``certify`` console script in a subprocess and capture its output."""
     exe = Path(sys.executable).parent / "certify"
     return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
@@ -208,6 +228,43 @@ def measurement(out: Path) -> bytes:
     from certify.canonical import canonical_json
 
     return canonical_json(json.loads((out / "results.json").read_text())["measurement"])
+
+
+#: Check ids of the packaged gtsrb suite kept by :func:`write_demo_small_suite`: one check of
+#: every kind the demo runs (the reference model's brittleness, an attack with budget rounds and
+#: the binarization test, the spatial grid, a pair), shrunk to run in seconds.
+DEMO_SMALL = {"sanity": {"samples": 43}, "clean": {}, "coverage": {},
+              "gaussian_noise": {"params": {"steps": 2, "tries": 2}},
+              "square_linf": {"samples": 24, "params": {
+                  "initial_queries": 40, "query_cap": 160, "confident_queries": 10,
+                  "binarization": {"samples": 2}}},
+              "spatial_grid": {"samples": 16, "params": {
+                  "max_queries": 44, "attack_params": {"rotation_steps": 2,
+                                                       "translation_steps": 1}}},
+              "brittleness": {"samples": 6, "params": {"num_masks": 60}},
+              "translation+scaling": {}}
+
+
+def write_demo_small_suite(path: Path) -> Path:
+    """The packaged gtsrb suite cut to :data:`DEMO_SMALL` (for ``certify demo --suite``)."""
+    import yaml
+
+    from certify.suite import resolve_suite_path
+
+    raw = yaml.safe_load(resolve_suite_path("gtsrb").read_text())
+    checks = []
+    for c in raw["checks"]:
+        if c["id"] not in DEMO_SMALL:
+            continue
+        change = DEMO_SMALL[c["id"]]
+        c = {**c, **{k: v for k, v in change.items() if k != "params"}}
+        c["params"] = {**c.get("params", {}), **change.get("params", {})}
+        if not c["params"]:
+            del c["params"]
+        checks.append(c)
+    raw["name"], raw["checks"] = "gtsrb-small", checks
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
 #: Class names for suites on the tiny model.

@@ -1,4 +1,10 @@
-"""Shared fixtures: a seeded tiny model and GTSRB-layout folders built per session."""
+"""Shared fixtures: a seeded tiny model and GTSRB-layout folders built per session.
+
+Tiers: every test module declares ``pytestmark`` ``unit`` (library code on small inputs) or
+``e2e`` (the CLI in-process, a server, a subprocess); ``slow`` marks what costs more than about
+20 s on 2 cores. A test that uses the shared demo run is ``slow`` by that alone (added here).
+``pytest -m "not slow"`` is the fast tier.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,22 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import builders  # noqa: E402
+
+#: Fixtures whose first use costs a full demo run.
+DEMO_FIXTURES = {"demo_run", "demo_card"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark demo users ``slow``; refuse a test in no tier (``unit`` or ``e2e``)."""
+    untiered = []
+    for item in items:
+        if DEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("unit") is None and item.get_closest_marker("e2e") is None:
+            untiered.append(item.nodeid)
+    if untiered:
+        raise pytest.UsageError("tests in no tier (mark them unit or e2e): "
+                                + ", ".join(untiered[:5]))
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +84,21 @@ def clean_suite(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("suites") / "gtsrb-clean.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_small_suite(tmp_path_factory) -> Path:
+    """The packaged suite cut to one small check of each kind the demo runs."""
+    return builders.write_demo_small_suite(tmp_path_factory.mktemp("suites") / "small.yaml")
+
+
+@pytest.fixture(scope="session")
+def demo_small_run(demo_small_suite, tmp_path_factory) -> Path:
+    """`certify demo --suite <small>` in-process: the local run the Ray and wheel runs match."""
+    out = tmp_path_factory.mktemp("demo-small") / "card"
+    proc = builders.run_cli("demo", "--suite", demo_small_suite, "--no-pdf", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
 
 
 @pytest.fixture(scope="session")

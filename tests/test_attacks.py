@@ -28,6 +28,8 @@ from certify.models.base import ModelInfo, QueryCounter
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 EPS = {"linf": 8 / 255, "l2": 0.5}
 
 

@@ -30,6 +30,8 @@ from certify.suite import load_suite
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 EPS = 8 / 255
 
 

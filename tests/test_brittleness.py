@@ -19,6 +19,8 @@ from certify.device import choose_device
 from certify.models.base import QueryCounter
 from certify.models.onnx import OnnxModel
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def models():

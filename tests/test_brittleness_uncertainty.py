@@ -20,6 +20,8 @@ from certify.report.card import _environment
 from certify.runner import decide
 from certify.suite import CheckSpec, Threshold
 
+pytestmark = pytest.mark.unit
+
 HYPOTHESIS = "Vora et al. hypothesise that a lower score tracks adversarial robustness"
 
 

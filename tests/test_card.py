@@ -17,6 +17,8 @@ from pypdf import PdfReader, PdfWriter
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 SECTIONS = ["Robustness model card", "Summary of verdicts", "Model details", "Intended use",
             "Evaluation data", "Suspect-model checks", "Clean accuracy",
             "Coverage and confident mistakes", "Corruption robustness",

@@ -14,6 +14,8 @@ import yaml
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from certify.compare import (
+from certify.errors import EXIT_FAIL, EXIT_NOT_COMPARABLE, EXIT_OK
+from certify.report.compare import (
     NotComparable,
     compare,
     holm,
@@ -18,10 +19,11 @@ from certify.compare import (
     newcombe_paired,
     newcombe_unpaired,
 )
-from certify.errors import EXIT_FAIL, EXIT_NOT_COMPARABLE, EXIT_OK
 from certify.results import pack_bits, parse_result
 
 import builders
+
+pytestmark = pytest.mark.e2e
 
 CLASSES = [f"c{i}" for i in range(43)]
 
@@ -224,7 +226,7 @@ def test_a_score_without_per_sample_values_compares_the_runs_intervals():
 
 
 def test_other_schemas_and_reference_models_are_not_comparable(tmp_path):
-    from certify.compare import load_run
+    from certify.report.compare import load_run
 
     sel = np.ones(50, dtype=bool)
     old = _result(sel, sel)

@@ -16,6 +16,8 @@ from certify.errors import exit_code_for_verdict
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 CLASSES = [f"c{i}" for i in range(43)]
 
 

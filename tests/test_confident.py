@@ -15,6 +15,8 @@ from certify.checks.confidence import worst_case_coverage
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, QueryCounter
 
+pytestmark = pytest.mark.unit
+
 C = 0.5  # every image sits near the constant grey image
 
 

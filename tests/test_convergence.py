@@ -19,6 +19,8 @@ from certify.suite import load_suite, packaged_suites
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 CLASSES = [f"c{i}" for i in range(43)]
 
 

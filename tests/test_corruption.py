@@ -18,6 +18,8 @@ from certify.perturbations import PROPERTIES
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 CLASSES = [f"class {i}" for i in range(43)]
 
 

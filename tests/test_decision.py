@@ -13,6 +13,8 @@ from certify.runner import decide
 from certify.stats import samples_to_decide, wilson_bounds, wilson_interval
 from certify.suite import CheckSpec, Threshold, parse_suite
 
+pytestmark = pytest.mark.unit
+
 
 def _spec(threshold: Threshold, rule: str = "interval", kind: str = "attack") -> CheckSpec:
     check = CHECKS[kind].__new__(CHECKS[kind])  # only its declared metrics are read

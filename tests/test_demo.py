@@ -20,6 +20,8 @@ from certify.suite import load_suite
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = json.loads((ROOT / "certify" / "demo" / "figures.json").read_text())
 

@@ -9,6 +9,8 @@ import torch
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 
 def _one_clear_line(proc, code: int, *needles: str) -> None:
     assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)

@@ -32,12 +32,14 @@ from certify.errors import (
     EXIT_USAGE,
     EXIT_WARN,
     VERDICT_PRECEDENCE,
+    VerificationError,
     exit_code_for_verdict,
     overall_verdict,
 )
-from certify.report.sign import VerificationError
 
 import builders
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = [f"c{i}" for i in range(builders.NUM_CLASSES)]

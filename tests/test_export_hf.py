@@ -13,6 +13,8 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def hf_run(model_path, npz_path, tmp_path_factory) -> Path:

@@ -24,6 +24,8 @@ from certify.images import ImageSink, image_digest, pixels_of_data_uri
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 CLASSES = [f"c{i}" for i in range(builders.NUM_CLASSES)]
 N = 12
 

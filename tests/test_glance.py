@@ -23,6 +23,8 @@ from pypdf import PdfReader
 
 from certify import figures, glance
 
+pytestmark = pytest.mark.e2e
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PROBE = Path(__file__).with_name("layout_probe.js")
 STATUS_WORDS = ("PASS", "FAIL", "WARN", "INCONCLUSIVE", "SKIPPED", "ERROR", "INFO")

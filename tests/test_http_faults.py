@@ -26,6 +26,8 @@ from certify.models.resilience import WARMUP
 import builders
 from servers import Faults, OnnxHttpServer
 
+pytestmark = pytest.mark.e2e
+
 WARM = 24  # requests answered before the fault under test (past WARMUP and the hedge share)
 
 

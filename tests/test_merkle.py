@@ -16,6 +16,8 @@ from certify.service.merkle import (
     verify_inclusion,
 )
 
+pytestmark = pytest.mark.unit
+
 # The RFC 6962 test leaves and the roots of their first 1..8 (as used by CT implementations).
 LEAVES = [bytes.fromhex(h) for h in (
     "", "00", "10", "2021", "3031", "40414243", "5051525354555657",

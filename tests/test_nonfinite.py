@@ -26,6 +26,8 @@ from certify.suite import CheckSpec, Threshold
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 CLASSES = [f"c{i}" for i in range(43)]
 BRIGHT = 0.62  # dark images have a mean pixel <= 0.52 (probe images about 0.5), bright >= 0.73
 

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from certify.perturbations import PROPERTIES
 
+pytestmark = pytest.mark.unit
+
 NAMES = sorted(PROPERTIES)
 settings.register_profile("certify", deadline=None, max_examples=15,
                           suppress_health_check=[HealthCheck.too_slow])

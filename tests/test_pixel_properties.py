@@ -28,6 +28,8 @@ from certify.suite import load_suite, parse_suite
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 BASE: dict[str, Any] = {
     "name": "mini",
     "seed": 0,

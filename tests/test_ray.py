@@ -1,8 +1,8 @@
 """--executor ray: a local Ray instance on 127.0.0.1, started by certify, gives the local metrics.
 
-Covers the demo suite on 2 workers (an attack with budget rounds included), a worker killed
-mid-run, resume across executors both ways, the run-wide budget across workers, and the install
-hint without Ray.
+Covers the demo (a small suite of every check kind) and a suite with an attack in budget rounds
+on 2 workers, a worker killed mid-run, resume across executors both ways, the run-wide budget
+across workers, and the install hint without Ray.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import yaml
 from certify.errors import CARD_WRITTEN_CODES, EXIT_ERROR
 
 import builders
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CLASSES = [f"c{i}" for i in range(43)]
 N = 48
@@ -104,16 +106,18 @@ def _listening_addresses() -> set[str]:
     return addrs
 
 
-def test_demo_on_two_workers_matches_the_local_run(demo_run, tmp_path):
+def test_demo_on_two_workers_matches_the_local_run(demo_small_suite, demo_small_run, tmp_path):
+    """The demo (a small suite with one check of each kind, the reference model included)."""
     out = tmp_path / "ray-demo"
-    proc = _popen("demo", "--out", str(out), "--no-pdf", "--executor", "ray", "--workers", "2")
+    proc = _popen("demo", "--suite", str(demo_small_suite), "--out", str(out), "--no-pdf",
+                  "--executor", "ray", "--workers", "2")
     _wait_for_record(out, "clean", proc, timeout=300)
     addrs = _listening_addresses()  # while Ray runs: nothing but loopback
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     assert addrs and addrs <= {"127.0.0.1", "::ffff:127.0.0.1"}, addrs
     # the signed measurement is byte-identical to the local run's
-    assert builders.measurement(out) == builders.measurement(demo_run)
+    assert builders.measurement(out) == builders.measurement(demo_small_run)
 
 
 def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):

@@ -20,6 +20,8 @@ from certify.redact import MASK, redact, redact_obj, register_secret
 import builders
 from servers import Faults, OnnxHttpServer, free_port
 
+pytestmark = pytest.mark.e2e
+
 CLASSES = [f"c{i}" for i in range(43)]
 N = 16
 TOKEN = "tok-7f3a9c1e55d2"  # the --auth-env bearer token

@@ -21,6 +21,8 @@ from certify.rundir import RunDir, check_out_dir
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 PASS_ENV = {"CERTIFY_TEST_PW": "correct horse battery staple"}
 NAME = "<i>signs|*v1*_[x]`.onnx"  # markdown and HTML in the model's name
 META = {"author": "<script>alert(1)</script>", "note": "<b>bold</b> & co"}

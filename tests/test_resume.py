@@ -17,6 +17,8 @@ from certify.canonical import canonical_json
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 N = 1500
 
 

@@ -10,6 +10,8 @@ import pytest
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 
 def _results(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())

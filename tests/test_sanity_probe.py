@@ -16,6 +16,8 @@ from certify.suite import parse_suite
 
 import builders
 
+pytestmark = pytest.mark.unit
+
 CLASSES = [f"c{i}" for i in range(builders.NUM_CLASSES)]
 
 

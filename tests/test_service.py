@@ -13,6 +13,8 @@ import pytest
 import requests
 from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs, submit_cli
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

@@ -16,6 +16,8 @@ from sqlalchemy import Engine, inspect
 from certify.service import queue
 from certify.service.db import Base, make_engine, migrate, sessions, sqlite_url
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:

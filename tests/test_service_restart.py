@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 def _demo_model() -> Path:
     from certify.api import demo_model_path

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from service_fixture import Service, small_inputs
 
 from servers import OnnxHttpServer
+
+pytestmark = pytest.mark.e2e
 
 
 def _demo_model() -> Path:

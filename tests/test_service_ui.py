@@ -12,8 +12,9 @@ import requests
 from service_fixture import Service, small_inputs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None,
-                                reason="Debian's chromium is installed by setup.sh")
+pytestmark = [pytest.mark.e2e, pytest.mark.slow,
+              pytest.mark.skipif(CHROMIUM is None,
+                                 reason="Debian's chromium is installed by setup.sh")]
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 

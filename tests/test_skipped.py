@@ -20,6 +20,8 @@ from certify.suite import resolve_suite_path
 import builders
 from servers import OnnxHttpServer
 
+pytestmark = pytest.mark.e2e
+
 N = 16
 SCORE_BASED = {"square_linf", "square_l2", "sparse_rs_l0", "coverage", "brittleness"}
 

@@ -21,6 +21,8 @@ from certify.validation import plain_data
 
 import builders
 
+pytestmark = pytest.mark.e2e
+
 BASE: dict[str, Any] = {
     "name": "mini",
     "seed": 0,

@@ -22,6 +22,8 @@ from certify.rundir import RunDir
 from certify.stats import wilson_interval
 from certify.suite import load_suite, parse_suite
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

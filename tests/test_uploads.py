@@ -24,6 +24,8 @@ from certify.service.uploads import (
     prepare_model,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def _model(domain: str = "", nodes: int = 1) -> onnx.ModelProto:
     w = numpy_helper.from_array(np.arange(4096, dtype=np.float32), "w")

@@ -24,6 +24,8 @@ import yaml
 
 import builders
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parents[1]
 # Repository folders shipped as data packages inside certify (see setup.py).
 MAPPED = {"templates": "certify/_templates", "suites": "certify/_suites"}
@@ -198,11 +200,17 @@ def test_wheel_runs_outside_the_source_tree(wheel_venv, workdir, tiny_inputs, si
     assert proc.returncode == 2 and "certify[ray]" in proc.stderr, proc.stderr
 
 
-def test_wheel_demo_runs_to_the_end(wheel_venv, workdir):
-    proc = _certify(wheel_venv, workdir, "demo", "--no-pdf", "--out", "demo", timeout=1200)
+def test_wheel_demo_runs_to_the_end(wheel_venv, workdir, demo_small_suite, demo_small_run):
+    """The installed demo (bundled models, sign generator, packaged suite) on a small suite of
+    every check kind gives the source tree's measurement byte for byte."""
+    proc = _certify(wheel_venv, workdir, "demo", "--suite", demo_small_suite, "--no-pdf",
+                    "--out", "demo", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (workdir / "demo" / "card.html").is_file()
     assert "verdict:" in proc.stdout
+    assert builders.measurement(workdir / "demo") == builders.measurement(demo_small_run)
+    proc = _certify(wheel_venv, workdir, "suites", "show", "gtsrb")
+    assert proc.returncode == 0 and "square_linf" in proc.stdout, proc.stderr
 
 
 def test_wheel_extras(wheel, wheel_venv, workdir, tiny_inputs, signed_run):

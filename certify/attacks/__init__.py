@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from certify.attacks.base import Attack, AttackResult, margin, project
+from certify.attacks.base import Attack, AttackOutcome, AttackResult, margin, project
 from certify.attacks.hsj import HopSkipJump
 from certify.attacks.simple import RandomSearch, SpatialGrid
 from certify.attacks.sparse_rs import SparseRS
@@ -13,5 +13,5 @@ ATTACKS: dict[str, type[Attack]] = {
                         SparseRS)
 }
 
-__all__ = ["ATTACKS", "Attack", "AttackResult", "HopSkipJump", "RandomSearch", "SparseRS",
-           "SpatialGrid", "SquareL2", "SquareLinf", "margin", "project"]
+__all__ = ["ATTACKS", "Attack", "AttackOutcome", "AttackResult", "HopSkipJump", "RandomSearch",
+           "SparseRS", "SpatialGrid", "SquareL2", "SquareLinf", "margin", "project"]

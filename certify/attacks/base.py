@@ -1,9 +1,13 @@
-"""The attack interface: black-box attacks that only call ``predict``.
+"""The attack interface: attacks propose, one sealed call judges (foolbox 3's ``__call__``).
 
-An attack is constructed from its suite parameters and ``run`` on a batch of samples with one
-seed per sample. It returns candidate adversarial images and the queries it spent per sample.
-It never grades itself: the caller projects the candidates onto the threat model
-(:func:`project`), queries the model once more and decides success from that answer.
+An attack is constructed from its suite parameters; its ``run`` proposes candidate adversarial
+images for a batch of samples (one seed per sample) and says how many queries it spent per
+sample. It never grades itself. Every caller goes through :meth:`Attack.__call__`, which runs
+the proposal against a counting proxy of the proposing model, refuses a query count other than
+the proxy's (:class:`~certify.errors.AttackProtocolError`), projects each proposal onto the
+threat model (an out-of-ball proposal is judged on its projected point; the spatial grid's
+proposed rotation and translation are applied to the clean image), asks the judging model once
+and decides success with one criterion: the judge's top class is not the true label.
 
 Shapes: ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]``, seeds ``[B]``.
 """
@@ -12,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
+from certify.errors import AttackProtocolError
 from certify.perturbations.base import generators
 
 
@@ -40,6 +45,86 @@ class AttackResult:
     start_failed: torch.Tensor | None = None
     gap: torch.Tensor | None = None
     half_gap: torch.Tensor | None = None
+    #: Spatial attacks: the proposed transform per sample (``[B, P]``, zeros for none); the
+    #: sealed call applies it to the clean image instead of trusting ``x_adv``.
+    params: torch.Tensor | None = None
+    #: Gradient evaluations per sample ``[B]`` (white-box proposers); not model queries.
+    gradients: torch.Tensor | None = None
+
+
+@dataclass
+class AttackOutcome:
+    """What the sealed call decided for a batch of ``B`` samples.
+
+    ``x_adv`` ``[B, C, H, W]``: the judged points (projected proposals); ``scores`` ``[B, K]``
+    (CPU): the judge's answers there; ``success`` ``[B]`` bool: the judge's top class is not
+    the true label. ``queries`` ``[B]``: the proposal's queries per sample, whose sum is what
+    the counting proxy saw; ``judge_queries``: images the judge was asked about by the call
+    (answers recalled from the proxy's memory cost none); ``gradients`` ``[B]``: gradient
+    evaluations, counted apart from queries. The other fields are the proposal's own
+    convergence evidence (see :class:`AttackResult`).
+    """
+
+    x_adv: torch.Tensor
+    scores: torch.Tensor
+    success: torch.Tensor
+    queries: torch.Tensor
+    judge_queries: int
+    gradients: torch.Tensor
+    start_failed: torch.Tensor | None = None
+    gap: torch.Tensor | None = None
+    half_gap: torch.Tensor | None = None
+    params: torch.Tensor | None = None
+
+
+class Predictor(Protocol):
+    """Anything an attack may query: ``predict(x[N, C, H, W]) -> scores[N, K]``."""
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores for a batch."""
+        ...
+
+
+class CountingProxy:
+    """The proposing model as an attack sees it: counts every image it forwards.
+
+    With ``remember``, it keeps the model's answer to each image it forwarded (keyed by the
+    image's bytes), so the judge can be answered from the model's own earlier answer to the
+    very same point instead of a new query: for searches whose final points were all queried
+    on the way (the confident-mistake search, the random baseline of the binarization test).
+    """
+
+    def __init__(self, model: Predictor, remember: bool = False) -> None:
+        self.model = model
+        self.queries = 0
+        self._memory: dict[bytes, torch.Tensor] | None = {} if remember else None
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Forward ``x``, counting ``len(x)`` queries."""
+        self.queries += int(x.shape[0])
+        scores = self.model.predict(x)
+        if self._memory is not None:
+            self.learn(x, scores)
+        return scores
+
+    def learn(self, x: torch.Tensor, scores: torch.Tensor) -> None:
+        """Remember the model's answers ``scores`` to the images ``x`` (no query)."""
+        if self._memory is None:
+            return
+        cpu = scores.detach().cpu()
+        for row, key in enumerate(_keys(x)):
+            self._memory[key] = cpu[row]
+
+    def recall(self, x: torch.Tensor) -> list[torch.Tensor | None]:
+        """The remembered answer to each image of ``x``, ``None`` where there is none."""
+        if self._memory is None:
+            return [None] * int(x.shape[0])
+        return [self._memory.get(key) for key in _keys(x)]
+
+
+def _keys(x: torch.Tensor) -> list[bytes]:
+    flat = x.detach().float().cpu().contiguous().view(int(x.shape[0]), -1)
+    return [bytes(row.numpy().tobytes()) for row in flat]
 
 
 def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> torch.Tensor:
@@ -59,6 +144,18 @@ def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> 
         n = delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
         delta = delta * torch.clamp(epsilon / n, max=1.0)
     return (x + delta).clamp(0.0, 1.0)
+
+
+def inside(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float,
+           rtol: float = 1e-6) -> torch.Tensor:
+    """``[B]`` bool: each candidate lies in ``[0, 1]`` and in the ε-ball around ``x`` (up to a
+    relative float tolerance ``rtol`` on the radius; L0 exactly)."""
+    delta = (x_adv - x).flatten(1)
+    valid = ((x_adv >= 0) & (x_adv <= 1)).flatten(1).all(dim=1)
+    if norm == "l0":
+        return valid & (changed_pixels(x_adv, x) <= int(epsilon))
+    size = delta.abs().amax(dim=1) if norm == "linf" else delta.norm(dim=1)
+    return valid & (size <= epsilon * (1 + rtol))
 
 
 def l0_keep(delta: torch.Tensor, k: int) -> torch.Tensor:
@@ -111,7 +208,11 @@ class Uniforms:
 
 
 class Attack:
-    """Base class: subclasses set ``name``, ``norm``, ``needs_scores`` and write ``run``."""
+    """Base class: subclasses set ``name``, ``norm``, ``needs_scores`` and write ``run``.
+
+    Callers never call ``run``: they call the attack (:meth:`__call__`), which seals the
+    bookkeeping (query count, projection, re-query, success) in one place.
+    """
 
     name: ClassVar[str] = ""
     norm: ClassVar[str] = "linf"  # linf | l2 | l0 | spatial
@@ -123,7 +224,75 @@ class Attack:
         """The constructor parameters (as given in the suite)."""
         return dict(vars(self))
 
-    def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+    def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
-        """Attack the batch; ``model.predict`` is the only access to the model."""
+        """Propose candidates for the batch; ``model.predict`` is the only access to the model."""
         raise NotImplementedError
+
+    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: str,
+                         epsilon: float) -> torch.Tensor:
+        """The points to judge: each proposal projected onto the threat model around ``x``."""
+        return project(proposal.x_adv, x, norm, epsilon)
+
+    def __call__(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+                 output: str, *, threat: tuple[str, float] | None = None,
+                 judge: Predictor | None = None,
+                 known: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 recall: bool = False) -> AttackOutcome:
+        """Run the proposal on ``model``, then project, re-query and decide success once.
+
+        ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]`` true labels, ``seeds`` ``[B]``.
+        ``threat`` is the (norm, ε) the proposals are projected onto (default: the attack's
+        own). ``judge`` answers for the projected points (default: ``model``); a proposer that
+        differs from the judge (a torch copy of an ONNX graph, a surrogate) is how white-box and
+        transfer attacks plug in. With ``recall`` (judge = model only), points the proposal
+        already queried are judged by the model's own answer to them, remembered by the
+        counting proxy, and not asked again; ``known`` seeds that memory with points and the
+        judge's earlier answers to them. Raises :class:`~certify.errors.AttackProtocolError`
+        when the proposal's reported queries differ from what the proxy counted.
+        """
+        proxy = CountingProxy(model, remember=recall and judge is None)
+        if known is not None:
+            proxy.learn(*known)
+        proposal = self.run(proxy, x, y, seeds, output)
+        claimed = proposal.queries
+        if tuple(claimed.shape) != (len(x),) or tuple(proposal.x_adv.shape) != tuple(x.shape):
+            raise AttackProtocolError(
+                f"attack {self.name or type(self).__name__} returned candidates of shape "
+                f"{tuple(proposal.x_adv.shape)} with {tuple(claimed.shape)} query counts for a "
+                f"batch of shape {tuple(x.shape)}",
+                hint="the attack's evidence is not used; report this as a bug")
+        if int(claimed.sum()) != proxy.queries:
+            raise AttackProtocolError(
+                f"attack {self.name or type(self).__name__} reported {int(claimed.sum())} "
+                f"queries but the model was asked about {proxy.queries} images",
+                hint="the attack's evidence is not used; report this as a bug")
+        norm, epsilon = threat if threat is not None else (self.norm, float(self.epsilon))
+        x_adv = self.project_proposal(proposal, x, norm, epsilon)
+        if recall and norm in ("linf", "l2", "l0"):
+            # A proposal inside the ball up to float rounding keeps its exact bytes, so the
+            # model's remembered answer to it applies (re-projecting a point on the L2 sphere
+            # can move it by one ulp, which would cost a query to judge the same point).
+            keep = inside(proposal.x_adv, x, norm, epsilon).view(-1, 1, 1, 1)
+            x_adv = torch.where(keep.to(x_adv.device), proposal.x_adv.to(x_adv), x_adv)
+        scores, asked = _judge(x_adv, judge or model, proxy if recall else None)
+        gradients = proposal.gradients if proposal.gradients is not None else \
+            torch.zeros(len(x), dtype=torch.long)
+        return AttackOutcome(x_adv, scores, scores.argmax(1) != y.cpu(), claimed.clone(),
+                             asked, gradients, proposal.start_failed, proposal.gap,
+                             proposal.half_gap, proposal.params)
+
+
+def _judge(x_adv: torch.Tensor, judge: Predictor, memory: CountingProxy | None
+           ) -> tuple[torch.Tensor, int]:
+    """The judge's answers ``[B, K]`` (CPU) at ``x_adv`` and how many images it was asked."""
+    known = memory.recall(x_adv) if memory is not None else [None] * len(x_adv)
+    missing = [k for k, s in enumerate(known) if s is None]
+    if len(missing) == len(known):
+        return judge.predict(x_adv).cpu(), len(missing)
+    rows: list[torch.Tensor | None] = list(known)
+    if missing:
+        sel = torch.tensor(missing, device=x_adv.device)
+        for k, s in zip(missing, judge.predict(x_adv[sel]).cpu(), strict=True):
+            rows[k] = s
+    return torch.stack([r for r in rows if r is not None]), len(missing)

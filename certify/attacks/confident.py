@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import torch
 
-from certify.attacks.base import Uniforms, project
+from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, project
 
 
 def _top_probability(scores: torch.Tensor, output: str) -> torch.Tensor:
@@ -47,56 +47,91 @@ class ConfidentResult:
     queries: torch.Tensor
 
 
-def maximise_confidence(model: Any, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
+class ConfidentSearch(Attack):
+    """The search as a proposal: from ``x_start`` (judged adversarial, with the judge's answers
+    ``start_scores``), raise the wrong class's top probability within ``budget`` queries.
+
+    Threat model: the breaking attack's (L∞ or L2, ``epsilon``); scores needed. Run it through
+    the sealed call (:func:`maximise_confidence` does), which judges the final points.
+    """
+
+    name: ClassVar[str] = "confident_search"
+
+    def __init__(self, norm: str, epsilon: float, budget: int, x_start: torch.Tensor,
+                 start_scores: torch.Tensor) -> None:
+        self.norm = norm  # type: ignore[misc]
+        self.epsilon = epsilon
+        self.max_queries = budget
+        self.x_start = x_start
+        self.start_scores = start_scores
+
+    def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+            output: str) -> AttackResult:
+        """Accept a step only when it stays adversarial and its top probability rises."""
+        b, budget, epsilon = len(x), self.max_queries, self.epsilon
+        best_x = self.x_start.clone()
+        best_conf = _top_probability(self.start_scores.cpu(), output)
+        queries = torch.zeros(b, dtype=torch.long)
+        if b == 0 or budget <= 0 or self.norm not in ("linf", "l2"):
+            return AttackResult(best_x, queries)
+        rng = Uniforms(seeds)
+        _, c, h, w = x.shape
+        yc = y.cpu()
+        everyone = torch.arange(b)
+        for t in range(budget):
+            frac = t / max(budget - 1, 1)
+            if self.norm == "linf":
+                p = 0.1 * (0.1 ** frac)  # 10% of the pixels down to 1%
+                s = min(max(int(round(math.sqrt(p * h * w))), 1), h, w)
+                u = rng.draw(2 + c, everyone)
+                top = (u[:, 0] * (h - s + 1)).long().clamp(max=h - s)
+                left = (u[:, 1] * (w - s + 1)).long().clamp(max=w - s)
+                rows = torch.arange(h).view(1, h, 1)
+                cols = torch.arange(w).view(1, 1, w)
+                m = ((rows >= top.view(-1, 1, 1)) & (rows < top.view(-1, 1, 1) + s)
+                     & (cols >= left.view(-1, 1, 1)) & (cols < left.view(-1, 1, 1) + s))
+                signs = (u[:, 2:] < 0.5).float().mul(2).sub(1).view(b, c, 1, 1)
+                delta = (best_x - x).cpu()
+                delta = torch.where(m.unsqueeze(1), epsilon * signs, delta)
+                cand = x + delta.to(x)
+            else:
+                step = 0.3 - 0.25 * frac
+                g = torch.stack([rng.normal((c, h, w), k) for k in range(b)])
+                g = g / g.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+                cand = best_x + (step * epsilon * g).to(x)
+            cand = project(cand, x, self.norm, epsilon)
+            scores = model.predict(cand).float().cpu()
+            queries += 1
+            pred = scores.argmax(1)
+            conf = _top_probability(scores, output)
+            better = (pred != yc) & (conf > best_conf)
+            if bool(better.any()):
+                best_x[better.to(best_x.device)] = cand[better.to(cand.device)]
+                best_conf[better] = conf[better]
+        return AttackResult(best_x, queries)
+
+
+def maximise_confidence(model: Predictor, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
                         adv_scores: torch.Tensor, norm: str, epsilon: float, budget: int,
                         seeds: torch.Tensor, output: str) -> ConfidentResult:
     """Random search for a more confident mistake from each broken sample's ``x_adv``.
 
     ``x`` ``[B, C, H, W]`` clean images, ``x_adv`` their (projected) adversarial points, ``y``
     the true labels, ``adv_scores`` the model's answers at ``x_adv`` (already counted),
-    ``budget`` queries per sample at most (0 turns the search off). ``model.predict`` is the
-    only access to the model.
+    ``budget`` queries per sample at most (0 turns the search off). Goes through the sealed
+    attack call: the final points are projected and judged there (from the model's own
+    answers to them during the search, so judging costs no query), and a point the judge
+    finds no longer adversarial falls back to ``x_adv``.
     """
-    b = len(x)
     first = _top_probability(adv_scores.cpu(), output)
-    best_x, best_conf = x_adv.clone(), first.clone()
-    best_pred = adv_scores.argmax(1).cpu()
-    queries = torch.zeros(b, dtype=torch.long)
-    if b == 0 or budget <= 0 or norm not in ("linf", "l2"):
-        return ConfidentResult(best_x, best_pred, first, best_conf, queries)
-    rng = Uniforms(seeds)
-    _, c, h, w = x.shape
-    yc = y.cpu()
-    everyone = torch.arange(b)
-    for t in range(budget):
-        frac = t / max(budget - 1, 1)
-        if norm == "linf":
-            p = 0.1 * (0.1 ** frac)  # 10% of the pixels down to 1%
-            s = min(max(int(round(math.sqrt(p * h * w))), 1), h, w)
-            u = rng.draw(2 + c, everyone)
-            top = (u[:, 0] * (h - s + 1)).long().clamp(max=h - s)
-            left = (u[:, 1] * (w - s + 1)).long().clamp(max=w - s)
-            rows = torch.arange(h).view(1, h, 1)
-            cols = torch.arange(w).view(1, 1, w)
-            m = ((rows >= top.view(-1, 1, 1)) & (rows < top.view(-1, 1, 1) + s)
-                 & (cols >= left.view(-1, 1, 1)) & (cols < left.view(-1, 1, 1) + s))
-            signs = (u[:, 2:] < 0.5).float().mul(2).sub(1).view(b, c, 1, 1)
-            delta = (best_x - x).cpu()
-            delta = torch.where(m.unsqueeze(1), epsilon * signs, delta)
-            cand = x + delta.to(x)
-        else:
-            step = 0.3 - 0.25 * frac
-            g = torch.stack([rng.normal((c, h, w), k) for k in range(b)])
-            g = g / g.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
-            cand = best_x + (step * epsilon * g).to(x)
-        cand = project(cand, x, norm, epsilon)
-        scores = model.predict(cand).float().cpu()
-        queries += 1
-        pred = scores.argmax(1)
-        conf = _top_probability(scores, output)
-        better = (pred != yc) & (conf > best_conf)
-        if bool(better.any()):
-            best_x[better.to(best_x.device)] = cand[better.to(cand.device)]
-            best_conf[better] = conf[better]
-            best_pred[better] = pred[better]
-    return ConfidentResult(best_x, best_pred, first, best_conf, queries)
+    if len(x) == 0 or budget <= 0 or norm not in ("linf", "l2"):
+        return ConfidentResult(x_adv.clone(), adv_scores.argmax(1).cpu(), first, first.clone(),
+                               torch.zeros(len(x), dtype=torch.long))
+    search = ConfidentSearch(norm, epsilon, budget, x_adv, adv_scores)
+    out = search(model, x, y, seeds, output, threat=(norm, epsilon), known=(x_adv, adv_scores),
+                 recall=True)
+    conf = _top_probability(out.scores.float(), output)
+    keep = out.success & (conf >= first)
+    best_x = torch.where(keep.view(-1, 1, 1, 1).to(x_adv.device), out.x_adv, x_adv)
+    pred = torch.where(keep, out.scores.argmax(1), adv_scores.argmax(1).cpu())
+    return ConfidentResult(best_x, pred, first, torch.where(keep, conf, first), out.queries)

@@ -115,7 +115,8 @@ class _Run:
     def adversarial(self, owner: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
         """One batched query; ``owner[k]`` is the sample that row ``k`` is charged to."""
         self.used.index_add_(0, owner, torch.ones(len(owner), dtype=torch.long))
-        return (self.model.predict(pts).argmax(1).cpu() != self.y[owner]).cpu()
+        pred: torch.Tensor = self.model.predict(pts).argmax(1).cpu()
+        return (pred != self.y[owner]).cpu()
 
     def dist(self, pts: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         diff = (pts - self.x[idx]).flatten(1).cpu()

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import kornia
 import torch
 
-from certify.attacks.base import Attack, AttackResult, Uniforms
-from certify.errors import SuiteError
+from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms
+from certify.errors import AttackProtocolError, SuiteError
 
 
 def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tensor,
@@ -42,15 +42,19 @@ def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tens
     return (x + delta.to(x)).clamp(0, 1)
 
 
-def first_success(model: Any, x: torch.Tensor, y: torch.Tensor, steps: int,
-                  candidates: Callable[[int, torch.Tensor], torch.Tensor]) -> AttackResult:
-    """Query ``candidates(step, active)`` for the samples not yet fooled; keep the first hit."""
+def first_success(model: Predictor, x: torch.Tensor, y: torch.Tensor, steps: int,
+                  candidates: Callable[[int, torch.Tensor], torch.Tensor]
+                  ) -> tuple[AttackResult, torch.Tensor]:
+    """Query ``candidates(step, active)`` for the samples not yet fooled; keep the first hit.
+
+    Returns the proposal and, per sample, the step of its first hit (``-1``: none).
+    """
     b = len(x)
     queries = torch.zeros(b, dtype=torch.long)
-    found = torch.zeros(b, dtype=torch.bool)
+    hit_step = torch.full((b,), -1, dtype=torch.long)
     x_adv = x.clone()
     for q in range(steps):
-        active = (~found).nonzero().flatten()
+        active = (hit_step < 0).nonzero().flatten()
         if len(active) == 0:
             break
         cand = candidates(q, active)
@@ -58,8 +62,8 @@ def first_success(model: Any, x: torch.Tensor, y: torch.Tensor, steps: int,
         queries[active] += 1
         hit = pred != y[active].cpu()
         x_adv[active[hit]] = cand[hit]
-        found[active[hit]] = True
-    return AttackResult(x_adv, queries)
+        hit_step[active[hit]] = q
+    return AttackResult(x_adv, queries), hit_step
 
 
 class RandomSearch(Attack):
@@ -90,7 +94,7 @@ class RandomSearch(Attack):
             return random_ball_points(x[active], self.norm, self.epsilon, u.to(x), gauss,
                                       corner)
 
-        return first_success(model, x, y, self.max_queries, candidates)
+        return first_success(model, x, y, self.max_queries, candidates)[0]
 
 
 class SpatialGrid(Attack):
@@ -146,8 +150,37 @@ class SpatialGrid(Attack):
         if self.max_queries is not None and len(g) > self.max_queries:
             raise SuiteError(cut_grid_message(len(g), self.max_queries),
                              hint=f"raise max_queries to {len(g)} or use fewer grid steps")
-        return first_success(model, x, y, len(g), lambda q, active: self.transform(
-            x[active], g[q].expand(len(active), -1)))
+        proposal, hit_step = first_success(model, x, y, len(g), lambda q, active:
+                                           self.transform(x[active],
+                                                          g[q].expand(len(active), -1)))
+        rows = torch.zeros(len(x), g.shape[1])
+        found = hit_step >= 0
+        rows[found] = g[hit_step[found]]
+        return AttackResult(proposal.x_adv, proposal.queries, params=rows)
+
+    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: str,
+                         epsilon: float) -> torch.Tensor:
+        """The proposed grid point applied to each clean image (none: the image itself).
+
+        The candidate images themselves are not trusted: only a rotation and translation on
+        the grid is in the threat model.
+        """
+        rows = proposal.params
+        if rows is None or tuple(rows.shape) != (len(x), 3):
+            raise AttackProtocolError(f"{self.name} proposed no grid point per sample",
+                                      hint="report this as a bug")
+        out = x.clone()
+        grid = self.grid()
+        for values in sorted({tuple(r) for r in rows.tolist()}):
+            row = torch.tensor(values, dtype=rows.dtype)
+            if not bool(row.ne(0).any()):
+                continue
+            if not bool((grid == row).all(dim=1).any()):
+                raise AttackProtocolError(f"{self.name} proposed {row.tolist()}, which is "
+                                          "not on its grid", hint="report this as a bug")
+            sel = (rows == row).all(dim=1).nonzero().flatten().to(x.device)
+            out[sel] = self.transform(x[sel], row.expand(len(sel), -1))
+        return out
 
 
 def cut_grid_message(size: int, budget: int) -> str:

@@ -168,7 +168,8 @@ def _pseudo_gaussian(hh: int, ww: int) -> torch.Tensor:
     for k in range(max(ch, cw) + 1):
         d[max(ch - k, 0): min(ch + k + 1, hh), max(cw - k, 0): min(cw + k + 1, ww)] += \
             1.0 / (k + 1) ** 2
-    return d / d.norm()
+    unit: torch.Tensor = d / d.norm()
+    return unit
 
 
 @functools.lru_cache(maxsize=256)
@@ -179,7 +180,8 @@ def _meta_pattern(s: int, transpose: bool) -> torch.Tensor:
     d[: s // 2] = _pseudo_gaussian(s // 2, s)
     d[s // 2:] = -_pseudo_gaussian(s - s // 2, s)
     d = d / d.norm()
-    return (d.T if transpose else d).float()
+    meta: torch.Tensor = (d.T if transpose else d).float()
+    return meta
 
 
 @functools.lru_cache(maxsize=256)
@@ -249,6 +251,7 @@ class SquareL2(_Square):
             new = new / new.pow(2).sum(dim=2, keepdim=True).sqrt().clamp(min=1e-12) * budget
             delta = delta.masked_fill(m2, 0.0).scatter_(2, i1c, new)
             delta = delta / delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1)
-            return (xa + delta.view(n, c, h, w) * eps).clamp(0, 1)
+            cand: torch.Tensor = (xa + delta.view(n, c, h, w) * eps).clamp(0, 1)
+            return cand
 
         return self._loop(model, x, y, x_best, rng, output, step)

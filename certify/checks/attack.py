@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from certify.attacks import ATTACKS, Attack, SpatialGrid, margin, project
+from certify.attacks import ATTACKS, Attack, SpatialGrid, margin
 from certify.attacks.confident import maximise_confidence
 from certify.attacks.simple import cut_grid_message
 from certify.checks.base import (
@@ -215,11 +215,11 @@ class AttackCheck(Check):
 
     def round_budget(self, r: int) -> int:
         """Queries per sample of round ``r``'s run: the initial budget, doubled each round."""
-        return self.initial_budget() * 2 ** r
+        return self.initial_budget() * (1 << r)
 
     def total_after(self, r: int) -> int:
         """Queries per sample a never-broken sample has spent after rounds ``0..r``."""
-        return self.initial_budget() * (2 ** (r + 1) - 1)
+        return self.initial_budget() * ((1 << (r + 1)) - 1)
 
     def for_round(self, r: int) -> AttackCheck:
         """A copy that runs round ``r`` (its budget and seed stream; no binarization test)."""
@@ -432,14 +432,13 @@ class AttackCheck(Check):
             stream = (1,) if self._round == 0 else (1, self._round)  # a new stream per round
             seeds = torch.tensor([ctx.seed(int(index[i]), *stream) for i in ci.tolist()])
             dev = x.device
-            res = attack.run(counter, x[ci.to(dev)], y[ci.to(dev)], seeds, output)
-            x_adv = res.x_adv if norm == "spatial" else project(res.x_adv, x[ci.to(dev)],
-                                                               norm, eps)
-            adv_scores = counter.predict(x_adv).cpu()
+            res = attack(counter, x[ci.to(dev)], y[ci.to(dev)], seeds, output,
+                         threat=(norm, eps))
+            x_adv, adv_scores = res.x_adv, res.scores
             pred = adv_scores.argmax(1)
             adv_conf = confidences(adv_scores, output)
             for k, i in enumerate(ci.tolist()):
-                broken = int(pred[k]) != int(y[i])
+                broken = bool(res.success[k])
                 rec[i].update({"outcome": "broken" if broken else "robust",
                                "attack_queries": int(res.queries[k]),
                                "queries": 2 + int(res.queries[k]),

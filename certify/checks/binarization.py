@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from certify.attacks import Attack, project
-from certify.attacks.base import Uniforms
+from certify.attacks import Attack, AttackResult, project
+from certify.attacks.base import Predictor, Uniforms
 from certify.attacks.simple import random_ball_points
 
 
@@ -103,7 +103,8 @@ class BinarizedModel:
 
     def score(self, x: torch.Tensor) -> torch.Tensor:
         """The readout's raw score ``w · f*(x)`` (class 1 when above the threshold)."""
-        return self.feature_fn(x).float().cpu() @ self.w
+        raw: torch.Tensor = self.feature_fn(x).float().cpu() @ self.w
+        return raw
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Two-class scores in the original model's convention."""
@@ -139,10 +140,10 @@ def _readout(f_in: torch.Tensor, f_b: torch.Tensor) -> torch.Tensor | None:
         z = x @ w + c
         loss = (weight * torch.nn.functional.binary_cross_entropy_with_logits(
             z, t, reduction="none")).mean() + 1e-4 * (w * w).sum()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         return loss
 
-    opt.step(closure)
+    opt.step(closure)  # type: ignore[no-untyped-call]
     with torch.no_grad():
         direction = (w / sd.double()).float()
         s_in, s_b = f_in @ direction, f_b @ direction
@@ -211,9 +212,8 @@ def binarization_test(
     scale = max(abs(original_margin), 1e-3) / max(threshold - s_c, 1e-12)
     h = BinarizedModel(counter, feature_fn, direction, threshold, scale, output, one_hot)
     y0 = torch.zeros(1, dtype=torch.long, device=x_c.device)
-    res = attack.run(h, x0, y0, torch.tensor([seed + 1]), output)
-    adv = project(res.x_adv, x0, norm, epsilon)
-    success = bool(h.predict(adv).argmax(1)[0] != 0)
+    res = attack(h, x0, y0, torch.tensor([seed + 1]), output, threat=(norm, epsilon))
+    success = bool(res.success[0])
     used = max(int(res.queries[0]), 1)
     budget = rasr_queries if rasr_queries is not None else int(attack.max_queries)
     rasr, rasr_used = random_asr(h, x_c, norm, epsilon, max(budget, 1), seed + 2)
@@ -223,29 +223,62 @@ def binarization_test(
 
 
 
+class RandomBaseline(Attack):
+    """The R-ASR's blind sampling on one planted problem, as a proposal for the sealed call.
+
+    The draws of :class:`~certify.attacks.RandomSearch` (alternately uniform in the ball and on
+    its corners / sphere), sent ``chunk`` at a time rather than one per call: the same budget
+    and the same distribution, the wall time of a few batched calls. A chunk is counted whole.
+    Proposes the first adversarial draw, else the last one (both were queried, so the sealed
+    call judges them from the model's own answers). Threat model: ``norm``, ``epsilon``;
+    labels suffice; batch of one sample.
+    """
+
+    name: ClassVar[str] = "random_baseline"
+    needs_scores: ClassVar[bool] = False
+
+    def __init__(self, norm: str, epsilon: float, max_queries: int, chunk: int = 250) -> None:
+        self.norm = norm  # type: ignore[misc]
+        self.epsilon = epsilon
+        self.max_queries = max_queries
+        self.chunk = chunk
+
+    def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+            output: str) -> AttackResult:
+        """Sample until a draw leaves class ``y`` or the budget is spent."""
+        x_c = x[0]
+        rng = Uniforms(seeds[:1])
+        shape = tuple(x_c.shape)
+        spent, last = 0, x
+        while spent < self.max_queries:
+            n = min(self.chunk, self.max_queries - spent)
+            u = torch.stack([rng.draw(math.prod(shape), [0]).view(shape) for _ in range(n)])
+            gauss = torch.stack([rng.normal(shape, 0) for _ in range(n)]) \
+                if self.norm == "l2" else None
+            corner = (torch.arange(spent, spent + n) % 2) == 1
+            cand = random_ball_points(x_c.unsqueeze(0).expand(n, *shape), self.norm,
+                                      self.epsilon, u.to(x_c),
+                                      None if gauss is None else gauss.to(x_c), corner)
+            cand = project(cand, x_c.unsqueeze(0), self.norm, self.epsilon)
+            spent += n
+            hit = (model.predict(cand).argmax(1).cpu() != y[0].cpu()).nonzero().flatten()
+            last = cand[int(hit[0]) if len(hit) else n - 1].unsqueeze(0)
+            if len(hit):
+                break
+        return AttackResult(last, torch.tensor([spent]))
+
+
 def random_asr(h: BinarizedModel, x_c: torch.Tensor, norm: str, epsilon: float, budget: int,
                seed: int, chunk: int = 250) -> tuple[bool, int]:
     """Random sampling's success on one planted problem: (found, queries spent).
 
-    The draws of :class:`RandomSearch` (alternately uniform in the ball and on its corners /
-    sphere), sent ``chunk`` at a time rather than one per call: the same budget and the same
-    distribution, the wall time of a few batched calls. A chunk is counted whole.
+    :class:`RandomBaseline` through the sealed attack call.
     """
-    rng = Uniforms(torch.tensor([seed]))
-    shape = tuple(x_c.shape)
-    spent = 0
-    while spent < budget:
-        n = min(chunk, budget - spent)
-        u = torch.stack([rng.draw(math.prod(shape), [0]).view(shape) for _ in range(n)])
-        gauss = torch.stack([rng.normal(shape, 0) for _ in range(n)]) if norm == "l2" else None
-        corner = (torch.arange(spent, spent + n) % 2) == 1
-        cand = random_ball_points(x_c.unsqueeze(0).expand(n, *shape), norm, epsilon,
-                                  u.to(x_c), None if gauss is None else gauss.to(x_c), corner)
-        cand = project(cand, x_c.unsqueeze(0), norm, epsilon)
-        spent += n
-        if bool((h.predict(cand).argmax(1) != 0).any()):
-            return True, spent
-    return False, spent
+    y0 = torch.zeros(1, dtype=torch.long, device=x_c.device)
+    out = RandomBaseline(norm, epsilon, budget, chunk)(h, x_c.unsqueeze(0), y0,
+                                                      torch.tensor([seed]), "labels",
+                                                      recall=True)
+    return bool(out.success[0]), int(out.queries[0])
 
 
 def ladder_test(

@@ -179,7 +179,8 @@ def _heatmap(img: torch.Tensor, seg: np.ndarray, weights: list[float], vmax: flo
     out = np.clip(gray * (1 - np.abs(wmap)[..., None] * 0.8) + tint * 0.8, 0, 1)
     rows = (np.arange(64) * out.shape[0]) // 64
     cols = (np.arange(64) * out.shape[1]) // 64
-    return out[rows][:, cols]
+    picked: np.ndarray = out[rows][:, cols]
+    return picked
 
 
 @dataclass

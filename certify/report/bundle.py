@@ -13,9 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from certify.errors import UsageError
+from certify.errors import UsageError, VerificationError
 from certify.models.onnx import external_data_files, model_identity
-from certify.report.sign import VerificationError
 from certify.results import RunResult
 
 CARD_FILES = ("card.html", "card.pdf", "results.json", "results.json.sig")

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from certify.compare import ALPHA, Comparison, Row
+from certify.report.compare import ALPHA, Comparison, Row
 
 _STYLE = {"regression": "bold red", "improvement": "green"}
 

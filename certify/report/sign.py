@@ -25,15 +25,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from certify.canonical import canonical_json, script_safe_json
-from certify.errors import CertifyError, UsageError
+from certify.errors import UsageError, VerificationError
 
 ALGORITHM = "ecdsa-p256-sha256"
-
-
-class VerificationError(CertifyError):
-    """The payload or its signature does not check out (exit 1)."""
-
-    exit_code = 1
 
 
 STATEMENT_TYPE = "certify.signed-results/1"

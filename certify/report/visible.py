@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
+from certify.errors import VerificationError
 from certify.images import decode_png, image_digest, pixels_of_data_uri
 from certify.report.card import render_html, render_pdf, renderer_info
-from certify.report.sign import VerificationError
 from certify.results import RunResult
 
 _WS = re.compile(r"\s+")

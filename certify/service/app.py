@@ -14,46 +14,31 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy import func, select
-from sqlalchemy.orm import sessionmaker
 
 import certify
 from certify.errors import CertifyError
 from certify.service import auth, queue
 from certify.service.config import ServeConfig
-from certify.service.db import FINAL_STATES, Run, Token, Upload, utcnow
+from certify.service.db import FINAL_STATES, Run, Upload
+from certify.service.shared import (
+    API,
+    ARTEFACTS,
+    Services,
+    find_run,
+    require,
+    run_json,
+    runs_query,
+    verify_upload,
+)
 
 log = logging.getLogger("certify.service")
-
-API = "/api/v1"
-SESSION_COOKIE = "certify_session"
-#: Files of a finished run that may be downloaded, and their media types.
-ARTEFACTS = {"card.html": "text/html; charset=utf-8", "card.pdf": "application/pdf",
-             "results.json": "application/json", "results.json.sig": "application/json"}
-
-
-@dataclass
-class Services:
-    """What the routes share: configuration, database, store, log, keys, workers."""
-
-    cfg: ServeConfig
-    factory: sessionmaker[Any]
-    store: Any  # certify.service.store.Store
-    tlog: Any  # certify.service.tlog.TransparencyLog
-    secrets: Any  # certify.service.secrets.SecretBox | None
-    public_pem: bytes
-    session_key: bytes
-    limits: Any  # certify.service.uploads.Limits
-    workers: Any = None  # certify.service.workers.WorkerPool
-
 
 def open_services(cfg: ServeConfig) -> Services:
     """Open (and migrate) the database, the store, the keys and the log."""
@@ -204,89 +189,6 @@ class BodyLimit:
         await self.app(scope, receive, send)
 
 
-# --- authentication -----------------------------------------------------------------------
-
-def principal_from(request: Request, svc: Services) -> auth.Principal | None:
-    """The caller: a bearer token, or the web UI's session cookie."""
-    header = request.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        with svc.factory() as s:
-            return auth.authenticate(s, header[7:].strip())
-    cookie = request.cookies.get(SESSION_COOKIE)
-    if cookie:
-        from certify.service.sessions import read_session
-
-        tid = read_session(cookie, svc.session_key)
-        if tid is not None:
-            with svc.factory() as s:
-                row = s.get(Token, tid)
-                if row is not None and not row.revoked and (
-                        row.expires is None or row.expires > utcnow()):
-                    return auth.Principal(row.id, row.name, row.role)
-    return None
-
-
-def require(role: str) -> Callable[[Request], auth.Principal]:
-    """A dependency: the caller, who must hold ``role`` (401 without a token, 403 below it)."""
-
-    def dep(request: Request) -> auth.Principal:
-        who = principal_from(request, request.app.state.services)
-        if who is None:
-            raise HTTPException(401, "a valid API token is required (Authorization: Bearer "
-                                     "<token>); it is missing, unknown, revoked or expired",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not who.allows(role):
-            raise HTTPException(403, f"this token's role {who.role!r} may not do this "
-                                     f"(needs {role!r})")
-        return who
-
-    return dep
-
-
-# --- runs ---------------------------------------------------------------------------------
-
-def run_json(run: Run) -> dict[str, Any]:
-    """A run as the API shows it (never its secret)."""
-    links = {"self": f"{API}/runs/{run.id}", "events": f"{API}/runs/{run.id}/events"}
-    if run.state == "done":
-        links.update({name: f"{API}/runs/{run.id}/{name}" for name in ARTEFACTS})
-    return {
-        "id": run.id, "state": run.state, "model": run.model_name, "model_kind": run.model_kind,
-        "suite": run.suite_name, "dataset": run.dataset if not run.dataset.startswith("store:")
-        else "uploaded", "options": {k: v for k, v in (run.options or {}).items()
-                                     if k in ("samples", "seed")},
-        "created": run.created.isoformat() + "Z", "updated": run.updated.isoformat() + "Z",
-        "attempts": run.attempts, "progress": run.progress or {}, "verdict": run.verdict,
-        "exit_code": run.exit_code, "error": run.error, "log_index": run.log_index,
-        "links": links,
-    }
-
-
-def runs_query(model: str | None, suite: str | None, verdict: str | None,
-               state: str | None = None) -> Any:
-    """Runs filtered by model name (substring), suite, verdict and state (API and UI)."""
-    q = select(Run)
-    if model:
-        q = q.where(Run.model_name.contains(model))
-    if suite:
-        q = q.where(Run.suite_name == suite)
-    if verdict:
-        q = q.where(Run.verdict == verdict.upper())
-    if state:
-        q = q.where(Run.state == state)
-    return q
-
-
-def _get_run(svc: Services, run_id: str) -> Run:
-    if not (len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
-        raise HTTPException(404, f"no run {run_id!r}")
-    with svc.factory() as s:
-        run = s.get(Run, run_id)
-    if run is None:
-        raise HTTPException(404, f"no run {run_id!r}")
-    return run
-
-
 #: Route parameters: the caller, with at least this role.
 Reader = Annotated[auth.Principal, Depends(require("read"))]
 Submitter = Annotated[auth.Principal, Depends(require("submit"))]
@@ -348,18 +250,18 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
     @app.get(f"{API}/runs/{{run_id}}", tags=["runs"])
     def get_run(run_id: str, _who: Reader) -> dict[str, Any]:
         """One run: state, progress per check, statuses, verdict."""
-        return run_json(_get_run(svc, run_id))
+        return run_json(find_run(svc, run_id))
 
     @app.get(f"{API}/runs/{{run_id}}/events", tags=["runs"])
     async def events(run_id: str, request: Request,
                      _who: Reader) -> StreamingResponse:
         """Server-sent events: the run's state whenever it changes, until it ends."""
-        _get_run(svc, run_id)
+        find_run(svc, run_id)
 
         async def stream() -> AsyncIterator[bytes]:
             last = None
             while True:
-                run = await asyncio.to_thread(_get_run, svc, run_id)
+                run = await asyncio.to_thread(find_run, svc, run_id)
                 doc = run_json(run)
                 text = json.dumps(doc)
                 if text != last:
@@ -381,7 +283,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         """A finished run's card.html, card.pdf, results.json or results.json.sig."""
         if name not in ARTEFACTS:
             raise HTTPException(404, f"no such file {name!r}; one of {', '.join(ARTEFACTS)}")
-        run = _get_run(svc, run_id)
+        run = find_run(svc, run_id)
         if run.state != "done":
             raise HTTPException(409, f"run {run_id} is {run.state}: its card exists once it "
                                      "is done")
@@ -396,25 +298,25 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
     @app.post(f"{API}/runs/{{run_id}}/cancel", tags=["runs"])
     def cancel(run_id: str, who: Submitter) -> dict[str, Any]:
         """Cancel a queued or running run (your own, or any as admin)."""
-        run = _get_run(svc, run_id)
+        run = find_run(svc, run_id)
         if run.token_id != who.token_id and not who.allows("admin"):
             raise HTTPException(403, "only the run's submitter or an admin may cancel it")
         if run.state in FINAL_STATES:
             raise HTTPException(409, f"run {run_id} already ended ({run.state})")
         with svc.factory() as s:
             queue.request_cancel(s, run_id)
-        return run_json(_get_run(svc, run_id))
+        return run_json(find_run(svc, run_id))
 
     @app.get(f"{API}/runs/{{a}}/compare/{{b}}", tags=["runs"])
     def compare_runs(a: str, b: str, _who: Reader,
                      tolerance: float = 0.0) -> dict[str, Any]:
         """``certify compare`` of two finished runs (a = old, b = new)."""
-        from certify.compare import compare_paths
+        from certify.report.compare import compare_paths
         from certify.service.job import OUT_DIR
 
         paths = []
         for rid in (a, b):
-            run = _get_run(svc, rid)
+            run = find_run(svc, rid)
             if run.state != "done":
                 raise HTTPException(409, f"run {rid} is {run.state}, not done")
             paths.append(svc.store.run_dir(rid) / OUT_DIR / "results.json")
@@ -428,7 +330,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
                          description="results.json.sig, with a results.json")] = None,
                      ) -> dict[str, Any]:
         """Check a card against this service's key and log (public, for auditors)."""
-        return await asyncio.to_thread(_verify_upload, svc, file, signature)
+        return await asyncio.to_thread(verify_upload, svc, file, signature)
 
     @app.delete(f"{API}/uploads/{{digest}}", tags=["uploads"])
     def delete_upload(digest: str, who: Submitter
@@ -448,44 +350,3 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
 
 
 
-def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
-                   ) -> dict[str, Any]:
-    from cryptography.hazmat.primitives import serialization
-
-    from certify.report.sign import VerificationError, fingerprint, verify_file
-    from certify.service.tlog import statement_digest
-
-    name = Path(file.filename or "").name.lower()
-    suffix = Path(name).suffix
-    if suffix not in (".html", ".htm", ".pdf", ".json"):
-        raise HTTPException(422, "upload card.html, card.pdf or results.json")
-    key = serialization.load_pem_public_key(svc.public_pem)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"card{suffix}"
-        _copy_limited(file, path, 64 * 2**20)
-        if signature is not None:
-            _copy_limited(signature, Path(tmp) / f"card{suffix}.sig", 2**20)
-        try:
-            v = verify_file(path, key)  # type: ignore[arg-type]
-        except VerificationError as exc:
-            return {"valid": False, "reason": exc.message, "hint": exc.hint,
-                    "service_key": fingerprint(key)}  # type: ignore[arg-type]
-    digest = statement_digest(v.signature.signed)
-    index = svc.tlog.lookup(digest)
-    m = v.result.measurement
-    return {
-        "valid": True, "key_fingerprint": v.signature.key_fingerprint,
-        "statement_digest": digest, "log_index": index, "in_log": index is not None,
-        "visible": v.visible, "model": m.model.name, "suite": m.suite.name,
-        "verdict": m.verdict, "checks": {c.id: c.status for c in m.checks},
-    }
-
-
-def _copy_limited(upload: UploadFile, dest: Path, limit: int) -> None:
-    n = 0
-    with dest.open("wb") as out:
-        while chunk := upload.file.read(1 << 20):
-            n += len(chunk)
-            if n > limit:
-                raise HTTPException(413, f"the upload exceeds {limit // 2**20} MB")
-            out.write(chunk)

@@ -16,16 +16,16 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from certify.service import auth
-from certify.service.app import (
+from certify.service.db import Run
+from certify.service.sessions import SESSION_S, check_csrf, csrf_token, make_session
+from certify.service.shared import (
     SESSION_COOKIE,
-    _get_run,
-    _verify_upload,
+    find_run,
     principal_from,
     run_json,
     runs_query,
+    verify_upload,
 )
-from certify.service.db import Run
-from certify.service.sessions import SESSION_S, check_csrf, csrf_token, make_session
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR")
 
@@ -122,7 +122,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
     def run_page(request: Request, run_id: str) -> Response:
         if login_needed(request) is None:
             return RedirectResponse("/login", 303)
-        return page(request, "run.html.j2", run=run_json(_get_run(svc, run_id)))
+        return page(request, "run.html.j2", run=run_json(find_run(svc, run_id)))
 
     def submit_page(request: Request, status: int = 200, error: str | None = None
                     ) -> HTMLResponse:
@@ -198,7 +198,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
             return page(request, "verify.html.j2", 422, result=None,
                         error="Choose a card.html, card.pdf or results.json to verify.")
         try:
-            result = await asyncio.to_thread(_verify_upload, svc, card, None)  # type: ignore[arg-type]
+            result = await asyncio.to_thread(verify_upload, svc, card, None)  # type: ignore[arg-type]
         except HTTPException as exc:
             return page(request, "verify.html.j2", exc.status_code, result=None,
                         error=str(exc.detail))

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test run, as CI runs it: set-up (scripts/setup.sh), the style gates (ruff, mypy),
+# then pytest. Arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast
+# tier. pytest runs last, so its summary line closes the output.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "ruff: checking certify tests benchmarks scripts"
+.venv/bin/ruff check certify tests benchmarks scripts
+echo "mypy: checking certify (pyproject.toml [tool.mypy])"
+.venv/bin/mypy
+exec .venv/bin/python -m pytest "$@"
