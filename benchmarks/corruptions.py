@@ -3,7 +3,7 @@
 Both sides corrupt images at 32x32 and 224x224 on the CPU. imagecorruptions works one uint8
 image per call (its only API); certify applies a property to a batch of float tensors, which
 is how its checks call it: batches of the size ``certify run`` uses for an in-process model on
-the CPU at that image size (``certify.runner.cpu_batch_size``: the default ``--batch-size`` of
+the CPU at that image size (``certify.engine.cpu_batch_size``: the default ``--batch-size`` of
 256, capped at ``CPU_BATCH_BYTES`` of images per batch; a search applies each candidate to the
 batch's still-unbroken samples, at most that many), with torch on the one thread that
 ``certify.device.choose_device`` sets on the CPU for a run. The peer runs
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from certify.device import choose_device
+from certify.engine import cpu_batch_size
 from certify.perturbations import PROPERTIES
-from certify.runner import cpu_batch_size
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_VENV = ROOT / ".venv-bench"
@@ -43,7 +43,7 @@ PAIRS = {
     "contrast": ("contrast", [-0.8]),
     "saturate": ("saturation", [1.0]),
 }
-RUN_BATCH = 256  # `certify run --batch-size` default (certify/cli.py, certify/runner.py)
+RUN_BATCH = 256  # `certify run --batch-size` default (certify/cli.py, certify/engine/local.py)
 
 
 def run_batch(size: int) -> int:

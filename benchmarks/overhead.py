@@ -27,9 +27,9 @@ from torch import nn
 
 from certify.data.loaders import from_arrays
 from certify.device import choose_device
+from certify.engine import run_suite
 from certify.models.onnx import OnnxModel
 from certify.rundir import RunDir
-from certify.runner import run_suite
 from certify.suite import load_suite, parse_suite
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from certify.data import load_dataset
 from certify.device import choose_device
+from certify.engine import run_fingerprint, run_suite
 from certify.errors import ModelError
 from certify.models import HttpOptions, load_model
 from certify.progress import NullProgress, Progress
@@ -17,7 +18,6 @@ from certify.report import write_report
 from certify.report.card import renderer_info
 from certify.results import RunResult
 from certify.rundir import DEMO_DATA, RunDir, check_out_dir
-from certify.runner import run_fingerprint, run_suite
 from certify.suite import load_suite
 
 

@@ -25,17 +25,17 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from certify.checks import CheckContext
 from certify.data import Dataset
 from certify.device import DeviceChoice, choose_device
+from certify.engine import run_batch_isolating
 from certify.errors import BudgetExceeded, CertifyError, ModelError, UsageError
 from certify.models import HttpOptions, load_model
-from certify.models.base import Model, Preprocessing, QueryCounter
-from certify.runner import run_batch_isolating
+from certify.models.base import Model, Preprocessing, QueryCounter, endpoint_of
 from certify.suite import CheckSpec
 
 log = logging.getLogger("certify")
@@ -159,18 +159,18 @@ class _Worker:
         """This worker's endpoint traffic so far (requests, retries, images), per model."""
         out = {}
         for name, m in (("model", self.model), ("reference", self.reference)):
-            t = getattr(m, "traffic", None)
-            if t is not None:
-                d = t()
+            endpoint = endpoint_of(m)
+            if endpoint is not None:
+                d = endpoint.traffic()
                 out[name] = {k: int(d[k]) for k in TRAFFIC_COUNTS}
         return out
 
     def disable_hedging(self, why: str) -> None:
         """No more hedged requests from this worker's endpoint models."""
         for m in (self.model, self.reference):
-            off = getattr(m, "disable_hedging", None)
-            if off is not None:
-                off(why)
+            endpoint = endpoint_of(m)
+            if endpoint is not None:
+                endpoint.disable_hedging(why)
 
     def run_batch(self, check: Any, x: torch.Tensor, y: torch.Tensor, idx: list[int],
                   ctx: dict[str, Any], ledger: Any, keys: list[str] | None) -> dict[str, Any]:
@@ -212,6 +212,9 @@ class RayExecutor:
     ``address`` is an existing cluster's address (``ray://…`` or ``host:port``); without it a
     local instance bound to 127.0.0.1 is started with ``workers × threads`` CPUs.
     """
+
+    #: Workers charge their own counters; the runner charges the run budget per batch.
+    live_budget: ClassVar[bool] = False
 
     def __init__(self, model: ModelSource, reference: ModelSource | None = None,
                  address: str | None = None, workers: int = 2, threads: int = 1) -> None:

@@ -14,10 +14,10 @@ from certify.checks.brittleness import Brittleness, direction_words, grid_segmen
 from certify.data.loaders import Dataset
 from certify.data.synthetic import generate
 from certify.device import choose_device
+from certify.engine import decide
 from certify.models.base import QueryCounter
 from certify.models.onnx import OnnxModel
 from certify.report.card import _environment
-from certify.runner import decide
 from certify.suite import CheckSpec, Threshold
 
 pytestmark = pytest.mark.unit

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from certify.checks import CHECKS
+from certify.engine import decide
 from certify.errors import SuiteError
-from certify.runner import decide
 from certify.stats import samples_to_decide, wilson_bounds, wilson_interval
 from certify.suite import CheckSpec, Threshold, parse_suite
 

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("inputs", ("certify.models", "certify.data", "certify.perturbations", "certify.demo")),
     ("attacks", ("certify.attacks",)),
     ("checks", ("certify.checks",)),
-    ("engine", ("certify.runner", "certify.distributed", "certify.suite", "certify.results")),
+    ("engine", ("certify.engine", "certify.distributed", "certify.suite", "certify.results")),
     ("report", ("certify.report", "certify.glance")),
     ("edges", ("certify.api", "certify.cli", "certify.ci_action", "certify.service")),
 ]
@@ -152,3 +152,15 @@ def test_readme_layout_names_every_top_level_part_of_the_package():
         p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert listed == actual, (f"README lists {sorted(listed - actual)} that do not exist and "
                               f"misses {sorted(actual - listed)}")
+
+
+def test_no_function_of_the_engine_is_over_100_lines():
+    """The engine stays a set of small parts (certify/engine: no function over 100 lines)."""
+    long = []
+    for path in sorted((PKG / "engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if n > 100:
+                    long.append(f"{path.name}:{node.name} ({n} lines)")
+    assert not long, long

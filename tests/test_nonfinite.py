@@ -19,9 +19,9 @@ import torch
 import yaml
 
 from certify.checks.base import Check, CheckContext, Measurement
+from certify.engine import NON_FINITE, decide, run_batch_isolating
 from certify.errors import EXIT_ERROR, EXIT_INCONCLUSIVE, NonFiniteOutput
 from certify.models.base import ModelInfo, QueryCounter
-from certify.runner import NON_FINITE, decide, run_batch_isolating
 from certify.suite import CheckSpec, Threshold
 
 import builders

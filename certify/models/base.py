@@ -87,6 +87,33 @@ class FeatureModel(Model, Protocol):
         ...
 
 
+@runtime_checkable
+class Endpoint(Model, Protocol):
+    """A model behind an inference API: what the engine may use beyond ``predict``.
+
+    ``options`` says the request size (``batch``) and the requests in flight
+    (``concurrency``); ``traffic()`` counts requests, retries, hedges and failures;
+    ``disable_hedging(why)`` stops duplicate requests (a randomised model, whose first answer
+    would otherwise decide a record). The one place the engine learns a model is an endpoint:
+    :func:`endpoint_of`.
+    """
+
+    options: Any
+
+    def traffic(self) -> dict[str, Any]:
+        """Traffic counts of this process so far."""
+        ...
+
+    def disable_hedging(self, why: str) -> None:
+        """No more hedged requests, for the rest of the run."""
+        ...
+
+
+def endpoint_of(model: object) -> Endpoint | None:
+    """``model`` as an :class:`Endpoint`, or ``None`` for a model in this process."""
+    return model if isinstance(model, Endpoint) else None
+
+
 class Budget:
     """A query budget shared by several counters (e.g. a check's, or the whole run's).
 

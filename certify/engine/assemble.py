@@ -1,0 +1,175 @@
+"""Result and provenance assembly: the typed, signed result of a run."""
+
+from __future__ import annotations
+
+import platform
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import certify
+from certify.canonical import normalize
+from certify.data import Dataset
+from certify.device import DeviceChoice
+from certify.engine.crosscheck import attack_worst_case
+from certify.engine.executor import Executor
+from certify.engine.records import recorded_queries
+from certify.errors import overall_verdict
+from certify.models.base import Model, endpoint_of
+from certify.redact import redact_obj
+from certify.results import (
+    SCHEMA,
+    DataDoc,
+    ModelDoc,
+    Outcomes,
+    Provenance,
+    RunMeasurement,
+    RunQueries,
+    RunResult,
+    Status,
+    SuiteDoc,
+    WorstCase,
+    check_result_model,
+    pack_bits,
+)
+from certify.rundir import RunDir
+from certify.suite import Suite
+
+
+@dataclass
+class RunState:
+    """What a run gathered on the way, for the assembly: entries, timings, seeds, records."""
+
+    seed: int
+    t0: float = field(default_factory=time.perf_counter)
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    durations: dict[str, float] = field(default_factory=dict)
+    seeds: dict[str, int] = field(default_factory=dict)
+    images: dict[str, Any] = field(default_factory=dict)
+    finals: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+
+
+def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model: Model,
+                    reference: Model | None, data: Dataset, device: DeviceChoice,
+                    run: RunDir, query_budget: int | None, executor: Executor,
+                    model_spec: str, reference_spec: str | None) -> RunResult:
+    """The typed result: the deterministic measurement, and the provenance beside it."""
+    checks = [_typed_check(e) for e in state.entries]
+    statuses = [c.status for c in checks]
+    verdict = overall_verdict(statuses)
+    model_q, ref_q = recorded_queries(run)
+    measurement = RunMeasurement(
+        certify_version=certify.__version__,
+        suite=SuiteDoc(name=suite.name, digest=suite.digest, description=suite.description,
+                       decision=typing.cast(Any, suite.decision)),
+        model=ModelDoc(**_model_doc(model)),
+        reference_model=None if reference is None else ModelDoc(**_model_doc(reference)),
+        data=DataDoc(**_data_doc(data)),
+        device=typing.cast(Any, device.name),
+        seeds={"suite": state.seed, "checks": state.seeds},
+        queries=RunQueries(total=model_q + ref_q, model=model_q, reference=ref_q,
+                           budget=query_budget),
+        checks=checks,
+        summary={s.lower(): statuses.count(s) for s in typing.get_args(Status)},
+        attack_worst_case=[WorstCase(**w) for w in attack_worst_case(suite, state.finals,
+                                                                      frozenset(skips))],
+        verdict=typing.cast(Any, verdict),
+        decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any evaluated check has, "
+                  f"else PASS: {verdict}"
+                  + (f" ({len(skips)} check(s) skipped: not evaluated, not passed)"
+                     if skips else "")),
+    )
+    traffic = _traffic(model, reference, executor)
+    provenance = Provenance(**redact_obj(dict(  # every string certify writes about a model
+        model_spec=model_spec,
+        reference_spec=reference_spec,
+        data_source=str(data.source),
+        suite_source=suite.source,
+        device={"requested": device.requested, "reason": device.reason,
+                "provider": model.info.provider},
+        environment=_versions(),
+        timings={"total_s": time.perf_counter() - state.t0, "checks": state.durations,
+                 "resumed_records": run.resumed_records},
+        traffic=traffic or None,
+    )))
+    return RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)
+
+
+def _versions() -> dict[str, str]:
+    import numpy
+    import onnxruntime
+
+    return {
+        "certify": certify.__version__,
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "platform": platform.platform(terse=True),
+    }
+
+
+def outcomes_doc(check: Any, records: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """A check's per-sample outcomes as packed bitmaps over the dataset (``n`` samples).
+
+    Samples whose model output was not finite have an ``error`` bit and no other outcome.
+    """
+    import numpy as np
+
+    good = [r for r in records if r.get("outcome") != "error"]
+    errors = [int(r["i"]) for r in records if r.get("outcome") == "error"]
+    selected = np.zeros(n, dtype=bool)
+    selected[[int(r["i"]) for r in records]] = True
+    good_index = [int(r["i"]) for r in good]
+    placed = [(name, good_index, flags) for name, flags in check.outcome_bits(good).items()]
+    if errors:
+        placed.append(("error", errors, [True] * len(errors)))
+    bits = {}
+    for name, index, flags in placed:
+        full = np.zeros(n, dtype=bool)
+        full[index] = np.asarray(flags, dtype=bool)
+        bits[name] = pack_bits(full)
+    pos = {int(r["i"]): k for k, r in enumerate(good)}
+    values = {k: [float(vs[pos[int(r["i"])]]) if int(r["i"]) in pos else None
+                  for r in records]
+              for k, vs in check.sample_values(good).items()}
+    return Outcomes(n=n, selected=pack_bits(selected), bits=bits, values=values).model_dump()
+
+
+def _traffic(model: Model, reference: Model | None, executor: Executor
+             ) -> dict[str, Any]:
+    """Endpoint traffic of this invocation per model: this process's, plus the workers'."""
+    out: dict[str, Any] = {}
+    for name, m in (("model", model), ("reference", reference)):
+        endpoint = endpoint_of(m)
+        if endpoint is not None:
+            out[name] = endpoint.traffic()
+    for name, counts in executor.traffic().items():
+        if name in out:
+            for k, v in counts.items():
+                out[name][k] = out[name].get(k, 0) + v
+    return out
+
+
+def _typed_check(entry: dict[str, Any]) -> Any:
+    """The typed result of one check (its kind's model validates the metrics it declares)."""
+    return check_result_model(entry["kind"]).model_validate(normalize(entry))
+
+
+def _model_doc(model: Model) -> dict[str, Any]:
+    d = model.info.to_dict()
+    d.pop("provider", None)  # provenance: the same model gives the same numbers on either
+    doc: dict[str, Any] = redact_obj(d)  # an endpoint's URL is part of its name and identity
+    return doc
+
+
+def _data_doc(data: Dataset) -> dict[str, Any]:
+    d = data.describe()
+    d["name"] = Path(str(d.pop("source"))).name
+    return d
+

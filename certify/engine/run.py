@@ -1,0 +1,317 @@
+"""run_suite(): seeding, budgets, timing, verdicts, per-sample records and resume.
+
+Checks only measure. The runner derives every seed from (suite seed, check id, sample index),
+feeds each check the samples it has not recorded yet in batches through an executor (this
+process's :class:`~certify.engine.local.LocalExecutor`, or Ray's), streams the records to the
+run directory, turns an exception inside a check into an ERROR result (so a card is still
+produced), applies the suite's thresholds (:mod:`certify.engine.verdicts`) and the rules across
+checks (:mod:`certify.engine.crosscheck`), and assembles the result
+(:mod:`certify.engine.assemble`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from certify.checks import CheckContext
+from certify.data import Dataset, stratified_subset
+from certify.device import DeviceChoice
+from certify.engine.assemble import RunState, assemble_result, outcomes_doc
+from certify.engine.crosscheck import apply_cross_checks
+from certify.engine.executor import Executor
+from certify.engine.local import LocalExecutor, cpu_batch_size, local_lanes
+from certify.engine.records import (
+    SUBSET_KEY,
+    record_queries,
+    recorded_queries,
+    round_key,
+)
+from certify.engine.verdicts import decide
+from certify.errors import CertifyError, ModelError, NonFiniteOutput
+from certify.models.base import Budget, Model, endpoint_of
+from certify.progress import NullProgress, Progress
+from certify.redact import redact, redact_obj
+from certify.results import RunResult
+from certify.rundir import RunDir
+from certify.suite import CheckSpec, Suite
+
+log = logging.getLogger("certify")
+
+
+def check_seed(suite_seed: int, check_id: str) -> int:
+    """The seed of one check, derived from the suite seed and the check id."""
+    digest = hashlib.sha256(f"{suite_seed}:{check_id}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
+                    reference: Model | None = None) -> dict[str, Any]:
+    """What must match for ``--resume`` to continue a run (redacted: it is written to run.json)."""
+    fingerprint: dict[str, Any] = redact_obj({
+        "model": model.info.identity,
+        "reference": None if reference is None else reference.info.identity,
+        "suite": suite.digest,
+        "data": data.digest,
+        "seed": seed,
+        "preprocessing": model.info.preprocessing.to_dict(),
+    })
+    return fingerprint
+
+
+@dataclass
+class _Run:
+    """What every check of one run shares: the models, budget, data, run folder, executor."""
+
+    model: Model
+    reference: Model | None
+    run_budget: Budget
+    data: Dataset
+    run: RunDir
+    subset_seed: int
+    batch_size: int
+    progress: Progress
+    executor: Executor
+
+
+def _run_check(spec: CheckSpec, ctx: CheckContext, w: _Run) -> dict[int, dict[str, Any]]:
+    """Run a check, round after round: each round finishes for all samples (and all shards)
+    before the check decides on the next one from the merged records, so a resumed or
+    distributed run makes the same decisions."""
+    records = _run_round(spec, spec, _selected(spec, w.data, w.subset_seed), ctx, w, used=0)
+    r = 0
+    while (nxt := spec.check.next_round(records, r)) is not None:
+        r += 1
+        check, indices = nxt
+        key = round_key(spec.id, r)
+        used = sum(record_queries(x) for k in range(r) for x in
+                   w.run.records[round_key(spec.id, k)].values())
+        log.info("check %s: round %d on %d unbroken samples", spec.id, r, len(indices))
+        new = _run_round(spec, dataclasses.replace(spec, id=key, check=check), indices, ctx, w,
+                         used=used)
+        records = spec.check.merge_round(records, {i: new[i] for i in indices}, r)
+    return records
+
+
+def _run_round(spec: CheckSpec, this: CheckSpec, selected: list[int], ctx: CheckContext,
+               w: _Run, used: int) -> dict[int, dict[str, Any]]:
+    """One round of a check (``this``: its id is the round's record key) on ``selected``;
+    ``used`` is what the check's earlier rounds spent of its budget."""
+    done = w.run.records[this.id]
+    ctx = dataclasses.replace(ctx, selected=tuple(selected))
+    pending = [i for i in selected if i not in done]
+    total = len(selected)
+    used += sum(record_queries(r) for r in done.values())
+    budget = None if spec.budget is None else max(0, spec.budget - used)
+    w.progress.start(this.id, total)
+    w.progress.advance(total - len(pending))
+    batch_size = w.batch_size
+    if ctx.device.type == "cpu" and endpoint_of(w.model) is None:
+        batch_size = cpu_batch_size(batch_size, tuple(w.data.x.shape[1:]),
+                                    w.data.x.element_size())
+    if spec.check.record_batch is not None:
+        batch_size = min(batch_size, spec.check.record_batch)
+    results = w.executor.run_check(this, w.data, pending, batch_size, ctx, budget)
+    for idx, rows, spent, ref_spent in results:
+        if len(rows) != len(idx):
+            raise RuntimeError(f"check returned {len(rows)} records for {len(idx)} samples")
+        # Checks report their own per-sample queries; the counters are the authority on totals.
+        claimed = sum(int(r.get("queries", 0)) for r in rows)
+        ref_claimed = sum(int(r.get("ref_queries", 0)) for r in rows)
+        if claimed != spent or ref_claimed != ref_spent:
+            raise RuntimeError(f"check claimed {claimed} + {ref_claimed} queries but the models "
+                               f"saw {spent} + {ref_spent}")
+        if not w.executor.live_budget:
+            w.run_budget.spent += spent + ref_spent
+        for i, r in zip(idx, rows, strict=True):
+            r.update({"check": this.id, "i": i, "id": w.data.ids[i]})
+        w.run.append(this.id, rows)
+        w.progress.advance(len(idx))
+    w.progress.finish()
+    return w.run.records[this.id]
+
+
+def _selected(spec: CheckSpec, data: Dataset, subset_seed: int) -> list[int]:
+    """The dataset indices a check evaluates: all, or a seeded class-stratified subset.
+
+    Every check draws from the same seeded stratified order (``subset_seed``, from the suite
+    seed), so a check's samples are the first ``samples`` of it: a smaller check's samples are
+    inside a larger one's, and checks compared sample by sample (the worst case over attacks,
+    ``certify compare``) share as many samples as their sizes allow.
+    """
+    if spec.samples is not None and spec.samples < len(data):
+        # the same whoever runs which shard
+        chosen: list[int] = stratified_subset(data.y.numpy(), spec.samples,
+                                              subset_seed).tolist()
+        return chosen
+    return list(range(len(data)))
+
+
+@dataclass
+class SuiteOutcome:
+    """What :func:`run_suite` returns: the typed result, and the images the card shows
+    (digest -> ``[H, W, 3]`` uint8 pixels; not part of the signed result)."""
+
+    result: RunResult
+    images: dict[str, Any] = field(default_factory=dict)
+
+
+def run_suite(
+    model: Model,
+    data: Dataset,
+    suite: Suite,
+    run: RunDir,
+    device: DeviceChoice,
+    *,
+    seed: int | None = None,
+    batch_size: int = 256,
+    progress: Progress | None = None,
+    model_spec: str = "",
+    reference: Model | None = None,
+    reference_spec: str | None = None,
+    query_budget: int | None = None,
+    executor: Executor | None = None,
+) -> SuiteOutcome:
+    """Run every check of ``suite`` and return the typed result and the card's images.
+
+    ``executor`` runs the checks' batches elsewhere (see :mod:`certify.distributed`); by
+    default they run in this process (:class:`~certify.engine.local.LocalExecutor`).
+
+    ``query_budget`` caps the images sent to all models over the whole run, records of a
+    resumed run included; a check that would cross it ends as an ERROR row and the checks after
+    it find it spent.
+    """
+    progress = progress or NullProgress()
+    seed = suite.seed if seed is None else seed
+    skips = suite.skips(model.info)
+    if skips and len(skips) == len(suite.checks):
+        suite.validate_for(model.info)  # raises: a run must evaluate something
+    recorded = sum(recorded_queries(run))
+    run_budget = Budget(None if query_budget is None else max(0, query_budget - recorded),
+                        "run query budget")
+    if executor is None:
+        lanes = local_lanes(model, device)
+        if lanes > 1:
+            log.info("in-process executor: %d batches at once", lanes)
+        executor = LocalExecutor(model, reference, run_budget, lanes)
+    executor.start(run_budget.limit)
+    work = _Run(model, reference, run_budget, data, run, check_seed(seed, SUBSET_KEY),
+                batch_size, progress, executor)
+    state = RunState(seed=seed)
+    for spec in suite.checks:
+        state.seeds[spec.id] = check_seed(seed, spec.id)
+        c0 = time.perf_counter()
+        entry = _entry_head(spec)
+        if spec.id in skips:  # not evaluated: no query, no record, never a pass
+            entry.update(_empty_result("SKIPPED", skips[spec.id], None))
+        else:
+            ctx = CheckContext(check_seed=state.seeds[spec.id], device=device.torch_device,
+                               class_names=list(data.class_names),
+                               flip_invariant_classes=suite.flip_invariant_classes,
+                               abstain_class=suite.abstain_class,
+                               n_samples=min(spec.samples or len(data), len(data)))
+            entry.update(_evaluate(spec, ctx, work, state))
+        state.durations[spec.id] = 0.0 if spec.id in skips else time.perf_counter() - c0
+        state.entries.append(entry)
+    apply_cross_checks(suite, state.entries)
+    result = assemble_result(state, suite, skips, model, reference, data, device, run,
+                             query_budget, executor, model_spec, reference_spec)
+    return SuiteOutcome(result=result, images=state.images)
+
+
+def _entry_head(spec: CheckSpec) -> dict[str, Any]:
+    """What a check's result entry says whatever happens: its id, kind, params, threshold."""
+    return {
+        "id": spec.id,
+        "kind": spec.kind,
+        "params": spec.check.get_params(),
+        "threshold": None if spec.threshold is None else {
+            "metric": spec.threshold.metric, "min": spec.threshold.min,
+            "max": spec.threshold.max, "text": spec.threshold.describe(),
+            "rule": spec.decision,
+        },
+        "budget": spec.budget,
+    }
+
+
+def _empty_result(status: str, decision: str, error: str | None) -> dict[str, Any]:
+    """The result fields of a check that measured nothing (SKIPPED, or ERROR)."""
+    return {"status": status, "decision": decision, "metrics": None, "intervals": {},
+            "details": {}, "error": error, "warnings": [],
+            "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0}, "outcomes": None}
+
+
+def _evaluate(spec: CheckSpec, ctx: CheckContext, w: _Run, state: RunState
+              ) -> dict[str, Any]:
+    """Run one check and decide it: its result fields (an ERROR entry if it crashed)."""
+    try:
+        records = _run_check(spec, ctx, w)
+        state.finals[spec.id] = records
+        fields, m = _summarize(spec, records, w.data)
+        state.images.update(m.images)
+        share = (m.metrics or {}).get("nondeterministic_share") if spec.kind == "sanity" \
+            else None
+        if share:
+            _no_hedging(f"check {spec.id} found the model randomised ({share:.0%} of its "
+                        "samples gave different outputs for the same input)",
+                        w.model, w.reference, w.executor)
+        return fields
+    except (KeyboardInterrupt, ModelError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a check's crash is a result, not a crash
+        w.progress.finish()
+        if isinstance(exc, CertifyError):
+            message = exc.message
+        else:
+            message = redact(f"{type(exc).__name__}: {exc}")
+        log.debug("check %s failed:\n%s", spec.id, traceback.format_exc())
+        log.error("check %s errored: %s", spec.id, message)
+        return _empty_result("ERROR", "the check could not complete", message)
+
+
+def _summarize(spec: CheckSpec, records: dict[int, dict[str, Any]], data: Dataset
+               ) -> tuple[dict[str, Any], Any]:
+    """A check's measured result fields from its merged records, and its measurement."""
+    ordered = [records[i] for i in sorted(records)]
+    errored = [r for r in ordered if r.get("outcome") == "error"]
+    if errored and len(errored) == len(ordered):
+        raise NonFiniteOutput(f"the model returned NaN or infinite outputs on every "
+                              f"sample ({len(errored)})")
+    # Summaries never see error records: they are counted, and make PASS impossible.
+    m = spec.check.summarize([r for r in ordered if r.get("outcome") != "error"], data)
+    if errored:
+        m.warnings.append(f"{len(errored)} of {len(ordered)} samples gave NaN or "
+                          "infinite model outputs and are left out of the metrics")
+    queries = [int(r.get("queries", 0)) for r in ordered]
+    status, decision = decide(spec, m.metrics, m.warnings, len(errored), m.intervals)
+    return {
+        "metrics": m.metrics,
+        "intervals": {k: list(v) for k, v in m.intervals.items()},
+        "details": m.details,
+        "queries": {"total": sum(queries),
+                    "mean_per_sample": sum(queries) / len(queries) if queries else 0.0,
+                    "reference": sum(int(r.get("ref_queries", 0)) for r in ordered)},
+        "error": None,
+        "warnings": m.warnings,
+        "status": status,
+        "decision": decision,
+        "outcomes": outcomes_doc(spec.check, ordered, len(data)),
+        "sample_errors": len(errored),
+    }, m
+
+
+def _no_hedging(why: str, model: Model, reference: Model | None, executor: Executor) -> None:
+    """Stop hedged requests for the rest of the run, in this process and on the workers: with
+    a model that answers randomly, which of two answers arrives first would decide a record."""
+    for m in (model, reference):
+        endpoint = endpoint_of(m)
+        if endpoint is not None:
+            endpoint.disable_hedging(why)
+    executor.disable_hedging(why)
+
+
