@@ -32,7 +32,7 @@ import torch
 from certify.api import demo_model_path
 from certify.attacks import HopSkipJump, SquareLinf, project
 from certify.attacks.square import default_p_init
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.device import choose_device
 from certify.models.base import QueryCounter
 from certify.models.onnx import OnnxModel

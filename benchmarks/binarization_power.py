@@ -2,7 +2,7 @@
 
 On the demo's standard model and the first ``--samples`` correctly classified generated signs,
 each packaged attack runs, at an adequate and at a starved budget, through every rung of the
-test ladder (certify.checks.binarization.LADDER, hardest first): per rung the attack's score
+test ladder (certify.attacks.binarization.LADDER, hardest first): per rung the attack's score
 (with its 95% Wilson interval), the R-ASR (random sampling with the attack's full budget), the
 setup failures and whether the paper's rule passes (score ≥ 0.95 and ≥ R-ASR + 0.1). A rung
 *separates* an attack when the adequate budget passes it and the starved budget does not.
@@ -23,9 +23,9 @@ import torch
 from certify.api import demo_model_path
 from certify.attacks import HopSkipJump, RandomSearch, SquareLinf, margin, project
 from certify.attacks.base import Attack
+from certify.attacks.binarization import LADDER, PACKAGED, ladder_scores, ladder_test, passes
 from certify.checks.attack import PASS_SCORE, RASR_MARGIN, one_hot_answers
-from certify.checks.binarization import LADDER, PACKAGED, ladder_scores, ladder_test, passes
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.device import choose_device
 from certify.models.base import QueryCounter
 from certify.models.onnx import OnnxModel

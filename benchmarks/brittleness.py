@@ -42,7 +42,7 @@ import torch
 
 from certify.api import demo_model_path
 from certify.checks.brittleness import Brittleness, segment
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.device import choose_device
 from certify.models.onnx import OnnxModel
 

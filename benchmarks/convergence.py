@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.suite import packaged_suites
 
 

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from certify.api import RunOptions, certify_model, demo_model_path  # noqa: E402
-from certify.data.synthetic import generate  # noqa: E402
+from certify.demo.synthetic import generate  # noqa: E402
 
 from servers import Faults, OnnxHttpServer  # noqa: E402
 

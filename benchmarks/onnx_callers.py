@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from certify.api import demo_model_path
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 
 
 def _session(threads: int) -> ort.InferenceSession:

@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from certify.api import RunOptions, certify_model, demo_model_path
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.device import choose_device
 
 SUITE = {

@@ -219,7 +219,7 @@ def run_demo(
     """
     import numpy as np
 
-    from certify.data.synthetic import generate
+    from certify.demo.synthetic import generate
 
     model = demo_model_path("standard")
     # Same rules as `certify run`, checked before the demo data is written: an earlier demo

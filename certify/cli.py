@@ -388,7 +388,7 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, suite: str, executor: str,
 @click.option("--scale", type=click.IntRange(min=1, max=8), default=2, show_default=True)
 def contact_sheet_cmd(path: Path, seed: int, per_class: int, size: int, scale: int) -> None:
     """Write a PNG of generated signs, one row per class, to check them by eye."""
-    from certify.data.synthetic import contact_sheet
+    from certify.demo.synthetic import contact_sheet
 
     if path.suffix.lower() != ".png":
         raise UsageError(f"{path} does not end in .png", hint="e.g. certify contact-sheet s.png")

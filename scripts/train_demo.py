@@ -7,7 +7,7 @@ take ``[N, 3, 32, 32]`` RGB images scaled to ``[0, 1]`` and return 43 GTSRB logi
 * ``robust.onnx``: PGD adversarial training (Madry et al.), L-infinity, eps = 8/255, with eps
   ramped up linearly over the first epochs; step size eps/4 with a random start.
 
-Data come from :func:`certify.data.synthetic.generate`: the training set is
+Data come from :func:`certify.demo.synthetic.generate`: the training set is
 ``generate(n_per_class=N, seed=SEED)`` and the held-out set is
 ``generate(n_per_class=100, seed=SEED, start_index=1_000_000)`` (4,300 images from a disjoint
 index range of the same distribution).
@@ -43,7 +43,7 @@ import torch.nn.functional as F  # noqa: N812
 import torch.utils.deterministic
 from torch import nn
 
-from certify.data.synthetic import NUM_CLASSES, generate
+from certify.demo.synthetic import NUM_CLASSES, generate
 
 HELDOUT_PER_CLASS = 100
 HELDOUT_START = 1_000_000
@@ -286,7 +286,7 @@ def export_onnx(model: nn.Module, path: Path, name: str, seed: int, extra: dict[
         "training_seed": str(seed),
         "description": DESCRIPTION,
         "input": "float32 [N,3,32,32] RGB in [0,1]; no mean/std normalisation",
-        "labels": "43 GTSRB classes, certify.data.synthetic.GTSRB_CLASS_NAMES order",
+        "labels": "43 GTSRB classes, certify.demo.synthetic.GTSRB_CLASS_NAMES order",
         **extra,
     }
     for k, v in meta.items():
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             "python scripts/train_demo.py " + " ".join(sys.argv[1:] if argv is None else argv)
         ).strip(),
         "data": {
-            "generator": "certify.data.synthetic.generate",
+            "generator": "certify.demo.synthetic.generate",
             "train": f"generate(n_per_class={args.train_per_class}, seed={args.seed})",
             "heldout": f"generate(n_per_class={HELDOUT_PER_CLASS}, seed={args.seed}, "
             f"start_index={HELDOUT_START})",

@@ -156,7 +156,7 @@ def job_processes(home: Path, run_id: str = "") -> list[int]:
 
 def small_inputs(folder: Path, per_class: int = 2) -> tuple[Path, Path]:
     """A small suite (clean + noise) and an .npz of demo data for it."""
-    from certify.data.synthetic import generate
+    from certify.demo.synthetic import generate
 
     folder.mkdir(parents=True, exist_ok=True)
     suite = write_small_suite(folder / "small.yaml", "small")

@@ -20,10 +20,10 @@ from certify.attacks import (
     margin,
     project,
 )
+from certify.attacks.binarization import PACKAGED, _readout, binarization_test
 from certify.attacks.hsj import estimate_direction
 from certify.attacks.square import default_p_init
 from certify.checks.attack import one_hot_answers
-from certify.checks.binarization import PACKAGED, _readout, binarization_test
 from certify.models.base import ModelInfo, QueryCounter
 
 import builders
@@ -256,7 +256,7 @@ def demo_model():
 
 @pytest.fixture(scope="module")
 def demo_images():
-    from certify.data.synthetic import generate
+    from certify.demo.synthetic import generate
 
     x, y = generate(1, seed=77, classes=list(range(0, 43, 4)))
     return torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).float() / 255, torch.from_numpy(y)

@@ -13,8 +13,7 @@ import yaml
 
 from certify.api import demo_model_path
 from certify.attacks import SquareLinf, margin
-from certify.checks.attack import PASS_SCORE, RASR_MARGIN, AttackCheck
-from certify.checks.binarization import (
+from certify.attacks.binarization import (
     LADDER,
     NECESSARY_ONLY,
     PACKAGED,
@@ -24,7 +23,8 @@ from certify.checks.binarization import (
     ladder_test,
     passes,
 )
-from certify.data.synthetic import GTSRB_CLASS_NAMES, generate
+from certify.checks.attack import PASS_SCORE, RASR_MARGIN, AttackCheck
+from certify.demo.synthetic import GTSRB_CLASS_NAMES, generate
 from certify.models.base import QueryCounter
 from certify.suite import load_suite
 

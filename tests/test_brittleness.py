@@ -14,7 +14,7 @@ from certify.checks.brittleness import (
     lime_kernel,
     segment,
 )
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.device import choose_device
 from certify.models.base import QueryCounter
 from certify.models.onnx import OnnxModel

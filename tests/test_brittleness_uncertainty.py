@@ -12,7 +12,7 @@ from certify.api import demo_model_path
 from certify.checks.base import CheckContext
 from certify.checks.brittleness import Brittleness, direction_words, grid_segment
 from certify.data.loaders import Dataset
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.device import choose_device
 from certify.engine import decide
 from certify.models.base import QueryCounter

@@ -351,7 +351,7 @@ def demo_runs(tmp_path_factory) -> dict[str, Path]:
     """The demo's standard model on disjoint halves of the demo data (3 seeds), and one run
     interrupted halfway and resumed."""
     from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
-    from certify.data.synthetic import generate
+    from certify.demo.synthetic import generate
 
     tmp = tmp_path_factory.mktemp("demo_compare")
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)

@@ -13,7 +13,7 @@ import yaml
 
 from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
 from certify.checks.attack import AttackCheck, convergence, robustness_curve
-from certify.data.synthetic import generate
+from certify.demo.synthetic import generate
 from certify.errors import CARD_WRITTEN_CODES, SuiteError
 from certify.suite import load_suite, packaged_suites
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from certify.api import DEMO_SEED, demo_model_path
-from certify.data.synthetic import GTSRB_CLASS_NAMES, generate
+from certify.demo.synthetic import GTSRB_CLASS_NAMES, generate
 from certify.perturbations import PROPERTIES
 from certify.suite import load_suite
 

@@ -21,7 +21,8 @@ import pytest
 from PIL import Image
 from pypdf import PdfReader
 
-from certify import figures, glance
+from certify import figures
+from certify.report import glance
 
 pytestmark = pytest.mark.e2e
 

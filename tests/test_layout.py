@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("attacks", ("certify.attacks",)),
     ("checks", ("certify.checks",)),
     ("engine", ("certify.engine", "certify.distributed", "certify.suite", "certify.results")),
-    ("report", ("certify.report", "certify.glance")),
+    ("report", ("certify.report",)),
     ("edges", ("certify.api", "certify.cli", "certify.ci_action", "certify.service")),
 ]
 

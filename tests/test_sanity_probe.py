@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from certify.checks.base import CheckContext
-from certify.checks.confidence import MIN_REPEATS, Sanity, top2_margin
+from certify.checks.sanity import MIN_REPEATS, Sanity, top2_margin
 from certify.data.loaders import from_arrays
 from certify.engine import no_attack_passes_when_randomised
 from certify.errors import SuiteError

@@ -13,10 +13,9 @@ import pytest
 import torch
 from test_attacks import EPS, PlantedLinear
 
-from certify.attacks import SpatialGrid, SquareLinf, project
+from certify.attacks import SpatialGrid, SquareLinf, binarization, project
 from certify.attacks.base import AttackResult, inside
 from certify.attacks.confident import ConfidentSearch, maximise_confidence
-from certify.checks import binarization
 from certify.checks.attack import AttackCheck
 from certify.checks.base import CheckContext
 from certify.errors import AttackProtocolError

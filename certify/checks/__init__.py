@@ -6,8 +6,9 @@ from certify.checks.attack import AttackCheck
 from certify.checks.base import Check, CheckContext, Measurement
 from certify.checks.brittleness import Brittleness
 from certify.checks.clean import CleanAccuracy
-from certify.checks.confidence import Coverage, Sanity
+from certify.checks.confidence import Coverage
 from certify.checks.corruption import Corruption, CorruptionPair
+from certify.checks.sanity import Sanity
 
 CHECKS: dict[str, type[Check]] = {
     c.kind: c

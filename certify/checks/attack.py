@@ -4,7 +4,7 @@ For every sample the check queries the model once (clean), runs the attack on th
 classified ones, projects the attack's output onto the threat model (ε-ball and [0, 1]),
 queries once more and counts a success only from that answer: attacks never grade themselves.
 On a seeded, evenly spread subset of samples it then runs the binarization test
-(:mod:`certify.checks.binarization`) with the same attack configuration. An attack whose test
+(:mod:`certify.attacks.binarization`) with the same attack configuration. An attack whose test
 score is below 0.95, or not clearly above random sampling (R-ASR + 0.1), is reported as too
 weak to support the robust accuracy it measured, and the check's verdict becomes WARN.
 """
@@ -24,6 +24,15 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from certify.attacks import ATTACKS, Attack, SpatialGrid, margin
+from certify.attacks.binarization import (
+    LADDER,
+    NECESSARY_ONLY,
+    PACKAGED,
+    BinarizationSettings,
+    ladder_scores,
+    ladder_test,
+    passes,
+)
 from certify.attacks.confident import maximise_confidence
 from certify.attacks.simple import cut_grid_message
 from certify.checks.base import (
@@ -35,15 +44,6 @@ from certify.checks.base import (
     ResultView,
     interval_text,
     pct,
-)
-from certify.checks.binarization import (
-    LADDER,
-    NECESSARY_ONLY,
-    PACKAGED,
-    BinarizationSettings,
-    ladder_scores,
-    ladder_test,
-    passes,
 )
 from certify.checks.confidence import WORST_CASE_METRICS, confidences, worst_case_coverage
 from certify.data import Dataset

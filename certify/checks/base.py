@@ -132,7 +132,8 @@ class Check:
     kind: ClassVar[str] = ""
     #: The card's family heading this check is shown under (and listed as untested without it).
     family: ClassVar[str] = ""
-    #: The card's at-a-glance figure groups checks by this (see :data:`certify.glance.GROUPS`).
+    #: The card's at-a-glance figure groups checks by this
+    #: (see :data:`certify.report.glance.GROUPS`).
     glance_group: ClassVar[str] = "Brittleness and other"
     #: Every metric ``summarize`` reports; the result schema is generated from these.
     metrics: ClassVar[tuple[Metric, ...]] = ()

@@ -16,9 +16,9 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from certify import glance
 from certify.canonical import script_safe_json
 from certify.checks import CHECKS
+from certify.report import glance
 from certify.results import RunResult
 from certify.suite import DECISION_RULE_TEXT
 
