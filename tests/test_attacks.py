@@ -275,6 +275,7 @@ def _bt_scores(model, x, y, attack, settings=PACKAGED["linf"]):
     return asr, rasr, out
 
 
+@pytest.mark.slow
 def test_binarization_test_passes_a_real_attack_and_fails_a_starved_one(demo_model,
                                                                          demo_images):
     x, y = demo_images

@@ -87,6 +87,7 @@ def test_ladder_starts_hardest_and_packaged_configuration_is_fixed_per_threat_mo
     assert low._bt() == high._bt()
 
 
+@pytest.mark.slow
 def test_packaged_test_passes_adequate_square_and_fails_starved_square(demo_model, signs):
     x, y = signs
     asr, rasr, n, _ = _packaged_outcomes(demo_model, x, y, SquareLinf(EPS, max_queries=1000))
@@ -160,6 +161,7 @@ def test_packaged_suite_tests_20_samples_in_the_packaged_configuration():
         assert "RESULTS.md" in where, attack
 
 
+@pytest.mark.slow
 def test_starved_square_warns_and_card_shows_hardest_passed_and_interval(tmp_path,
                                                                          demo_model):
     x, y, _, _ = _benchmark_signs(demo_model)

@@ -72,6 +72,7 @@ def same(models, data):
     return check, check.summarize(_records(check, models[0], models[2], data), data)
 
 
+@pytest.mark.slow
 def test_intervals_are_bootstraps_containing_the_estimates(pair, data, models):
     check, m = pair
     for name in ("brittle_score", "brittle_score_grid", "reference_brittle_score",

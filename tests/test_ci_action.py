@@ -14,7 +14,7 @@ import yaml
 
 import builders
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 

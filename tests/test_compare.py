@@ -395,6 +395,7 @@ def demo_runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_the_demo_standard_model_after_the_robust_one_is_a_resolved_regression(demo_runs):
     proc = builders.run_cli("compare", demo_runs["robust"], demo_runs["standard"], "--json", "-")
     assert proc.returncode == EXIT_FAIL, proc.stdout + proc.stderr

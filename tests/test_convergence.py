@@ -244,6 +244,7 @@ STARVED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STARVED))
 def test_starved_attacks_never_pass_on_the_demo_model(name, demo_data, tmp_path):
     base, change = STARVED[name]

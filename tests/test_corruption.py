@@ -164,6 +164,7 @@ def test_brightness_invariant_model_scores_one(tmp_path):
     assert r["hue"]["metrics"]["robustness_score"] < 1.0
 
 
+@pytest.mark.slow
 def test_full_gtsrb_suite_on_a_user_model(model_path, official_dir, tmp_path):
     out = tmp_path / "out"
     proc = builders.run_cli("run", model_path, "--suite", "gtsrb", "--data", official_dir,

@@ -54,6 +54,7 @@ def test_contact_sheet_command(tmp_path):
     assert arr.std() > 20  # not blank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["standard", "robust"])
 def test_bundled_model_matches_its_recorded_figures(name):
     path = demo_model_path(name)
@@ -97,6 +98,7 @@ def test_robust_model_is_more_robust_under_attack(tmp_path):
     assert r["pgd"]["robust_accuracy"] > s["pgd"]["robust_accuracy"]
 
 
+@pytest.mark.slow
 def test_training_is_deterministic(tmp_path):
     args = ["--train-per-class", "4", "--epochs", "1", "--robust-epochs", "1",
             "--pgd-eval-n", "43", "--pgd-train-steps", "1", "--pgd-eval-steps", "2"]

@@ -19,7 +19,7 @@ from certify.errors import CARD_WRITTEN_CODES, EXIT_ERROR
 import builders
 from servers import Faults, OnnxHttpServer, mlserver
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 N = 24
 CLASSES = [f"c{i}" for i in range(43)]

@@ -26,7 +26,7 @@ from certify.models.resilience import WARMUP
 import builders
 from servers import Faults, OnnxHttpServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 WARM = 24  # requests answered before the fault under test (past WARMUP and the hedge share)
 

@@ -156,6 +156,7 @@ def test_a_check_with_nothing_finite_is_an_error(nan_bright_model, bright_data, 
     assert (out / "card.html").is_file()
 
 
+@pytest.mark.slow
 def test_ray_workers_record_the_same_errors(nan_run, nan_bright_model, bright_data, tmp_path):
     """The Ray worker isolates NaN samples through the same helper: the same records."""
     pytest.importorskip("ray")

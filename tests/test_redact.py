@@ -168,6 +168,7 @@ def test_model_error_from_the_library_is_redacted():
     _assert_clean("ModelError", f"{exc.value.message} {exc.value.hint}")
 
 
+@pytest.mark.slow
 def test_ray_worker_logs_hold_no_credentials(model_path, suite, data, tmp_path):
     pytest.importorskip("ray")
     # A short private temp dir: Ray's logs land there, apart from other Ray sessions.

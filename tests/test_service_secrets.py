@@ -10,7 +10,7 @@ from service_fixture import Service, small_inputs
 
 from servers import OnnxHttpServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _demo_model() -> Path:

@@ -75,6 +75,7 @@ def test_verdict_rule_leaves_skipped_checks_out():
     assert overall_verdict(["SKIPPED", "SKIPPED"]) == "ERROR"
 
 
+@pytest.mark.slow
 def test_packaged_suite_runs_on_a_labels_only_endpoint(labels_server, data, tmp_path):
     suite = _packaged_suite_small(tmp_path / "gtsrb-small.yaml")
     assert {c["id"] for c in yaml.safe_load(suite.read_text())["checks"]} >= SCORE_BASED
