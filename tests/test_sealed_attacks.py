@@ -14,7 +14,7 @@ import torch
 from test_attacks import EPS, PlantedLinear
 
 from certify.attacks import SpatialGrid, SquareLinf, binarization, project
-from certify.attacks.base import AttackResult, inside
+from certify.attacks.base import AttackResult, CountingProxy, inside
 from certify.attacks.confident import ConfidentSearch, maximise_confidence
 from certify.checks.attack import AttackCheck
 from certify.checks.base import CheckContext
@@ -124,23 +124,12 @@ def test_the_spatial_grid_is_judged_on_its_applied_grid_point():
 
     with pytest.raises(AttackProtocolError, match="not on its grid"):
         Forged(rotation_steps=2, translation_steps=1)(
-            QueryCounter_(Constant()), x, torch.zeros(2, dtype=torch.long),
+            CountingProxy(Constant()), x, torch.zeros(2, dtype=torch.long),
             torch.tensor([1, 2]), "logits")
     grid = SpatialGrid(rotation_steps=2, translation_steps=1)
-    out = grid(QueryCounter_(Constant()), x, torch.zeros(2, dtype=torch.long),
+    out = grid(CountingProxy(Constant()), x, torch.zeros(2, dtype=torch.long),
                torch.tensor([1, 2]), "logits")
     assert torch.equal(out.x_adv, x)  # nothing broke: the clean image, not x_adv's bytes
-
-
-class QueryCounter_:
-    """A counter for models without ModelInfo (the sealed call needs only ``predict``)."""
-
-    def __init__(self, model) -> None:
-        self.model, self.queries = model, 0
-
-    def predict(self, x):  # noqa: D102
-        self.queries += len(x)
-        return self.model.predict(x)
 
 
 # -- path 1: the attack check -------------------------------------------------------------------
@@ -227,11 +216,23 @@ def test_binarization_judges_an_out_of_ball_proposal_projected():
         def run(self, model, x, y, seeds, output):  # noqa: D102
             return AttackResult((x + 0.5).clamp(0, 1), torch.zeros(len(x), dtype=torch.long))
 
-    fields = _bt(Away(epsilon=EPS["linf"], max_queries=10))
+    asked: list[torch.Tensor] = []
+    honest = binarization.BinarizedModel.predict
+
+    def spy(self, x):
+        asked.append(x.clone())
+        return honest(self, x)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(binarization.BinarizedModel, "predict", spy)
+        fields = _bt(Away(epsilon=EPS["linf"], max_queries=10))
     assert fields["bt"] in ("success", "failure")
-    # judged on the projection: a point of the ε-ball's corner, which the readout may or may
-    # not call adversarial; what matters is that the recorded query count is exact
     assert fields["bt_attack_queries"] == 1  # max(0, 1): the attack spent none
+    # The attack asked nothing, so the planted model's first question is the judge's: about the
+    # projected proposal (inside the ε-ball), never the proposal itself (0.5 outside it).
+    x_c = _images(1, 5)
+    assert len(asked[0]) == 1
+    assert bool(inside(asked[0], x_c, "linf", EPS["linf"]).all())
 
 
 def test_binarization_errors_on_under_reported_queries():
