@@ -25,7 +25,7 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 
@@ -33,10 +33,26 @@ from certify.checks import CheckContext
 from certify.data import Dataset
 from certify.device import DeviceChoice, choose_device
 from certify.engine import run_batch_isolating
+from certify.engine.executor import Batch
 from certify.errors import BudgetExceeded, CertifyError, ModelError, UsageError
 from certify.models import HttpOptions, load_model
 from certify.models.base import Model, Preprocessing, QueryCounter, endpoint_of
+from certify.rundir import SampleRecord
 from certify.suite import CheckSpec
+
+
+class WorkerReply(TypedDict, total=False):
+    """What a worker's ``run_batch`` sends back: the batch's records and the queries each model
+    saw, or the error that stopped it (Ray cannot rebuild certify's errors); and, either way,
+    the worker's endpoint traffic so far."""
+
+    rows: list[SampleRecord]
+    spent: int
+    ref_spent: int
+    error: str
+    message: str
+    hint: str | None
+    traffic: dict[str, Any]
 
 log = logging.getLogger("certify")
 
@@ -173,7 +189,7 @@ class _Worker:
                 endpoint.disable_hedging(why)
 
     def run_batch(self, check: Any, x: torch.Tensor, y: torch.Tensor, idx: list[int],
-                  ctx: dict[str, Any], ledger: Any, keys: list[str] | None) -> dict[str, Any]:
+                  ctx: dict[str, Any], ledger: Any, keys: list[str] | None) -> WorkerReply:
         def count(model: Model) -> QueryCounter:
             return QueryCounter(model) if keys is None else _LedgerCounter(model, ledger, keys)
 
@@ -302,7 +318,7 @@ class RayExecutor:
 
     def run_check(self, spec: CheckSpec, data: Dataset, pending: list[int], batch_size: int,
                   ctx: CheckContext, budget: int | None
-                  ) -> Iterator[tuple[list[int], list[dict[str, Any]], int, int]]:
+                  ) -> Iterator[Batch]:
         """Yield finished batches of ``pending`` as the actors return them."""
         ray = self._ray
         if not pending:
@@ -334,7 +350,7 @@ class RayExecutor:
                 done, _ = ray.wait(list(in_flight), num_returns=1)
                 slot, idx = in_flight.pop(done[0])
                 try:
-                    out = ray.get(done[0])
+                    out: WorkerReply = ray.get(done[0])
                 except ray.exceptions.RayActorError:
                     self._replace(slot, idx, queue)
                     for ref, (s, other) in list(in_flight.items()):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import functools
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -80,7 +80,10 @@ class Outcomes(_Strict):
         default_factory=dict, description="per-sample values, in the order of `selected`")
 
 
-class _CheckBase(_Strict):
+class CheckResult(_Strict):
+    """One check's typed result; each check kind's subclass (:func:`check_result_model`) adds
+    ``metrics``, validated against the metrics the kind declares."""
+
     id: str
     kind: str
     params: dict[str, Any]
@@ -96,6 +99,21 @@ class _CheckBase(_Strict):
     queries: CheckQueries
     outcomes: Outcomes | None
 
+    if TYPE_CHECKING:
+        # Declared by each kind's subclass: a model of the metrics that kind declares (or None
+        # when the check measured nothing), so its shape depends on the kind.
+        metrics: Any
+
+    def metric(self, name: str) -> float | None:
+        """The value of one metric (``None`` when the check measured nothing or the metric is
+        optional and absent); a name this check kind does not declare is a KeyError."""
+        metrics = getattr(self, "metrics", None)
+        declared = {m.name for m in CHECKS[self.kind].metrics}
+        if name not in declared:
+            raise KeyError(f"check kind {self.kind!r} has no metric {name!r}")
+        value = None if metrics is None else getattr(metrics, name)
+        return None if value is None else float(value)
+
 
 def _metrics_model(cls: Any) -> type[BaseModel]:
     fields: dict[str, Any] = {}
@@ -107,18 +125,26 @@ def _metrics_model(cls: Any) -> type[BaseModel]:
 
 
 @functools.cache
-def _check_models() -> dict[str, type[BaseModel]]:
-    models: dict[str, type[BaseModel]] = {}
+def _check_models() -> dict[str, type[CheckResult]]:
+    models: dict[str, type[CheckResult]] = {}
     for kind, cls in CHECKS.items():
         fields: dict[str, Any] = {"kind": (Literal[kind], ...),
                                   "metrics": (_metrics_model(cls) | None, ...)}
-        models[kind] = create_model(f"{cls.__name__}Result", __base__=_CheckBase, **fields)
+        models[kind] = create_model(f"{cls.__name__}Result", __base__=CheckResult, **fields)
     return models
 
 
-def check_result_model(kind: str) -> type[BaseModel]:
+def check_result_model(kind: str) -> type[CheckResult]:
     """The typed result class of one check kind."""
     return _check_models()[kind]
+
+
+if TYPE_CHECKING:
+    AnyCheckResult = CheckResult
+else:
+    #: Any check kind's result, told apart by ``kind`` (the union of the registered kinds).
+    AnyCheckResult = Annotated[Union[tuple(_check_models().values())],  # noqa: UP007
+                               Field(discriminator="kind")]
 
 
 class SuiteDoc(_Strict):
@@ -194,7 +220,7 @@ class RunMeasurement(BaseModel):
     device: Literal["cpu", "cuda"]
     seeds: dict[str, Any]
     queries: RunQueries
-    checks: list[Any]
+    checks: list[AnyCheckResult]
     summary: dict[str, int]
     attack_worst_case: list[WorstCase]
     verdict: Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR"]
@@ -231,24 +257,21 @@ class RunResult(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
     @property
-    def checks(self) -> list[Any]:
+    def checks(self) -> list[CheckResult]:
         """The typed check results, in suite order."""
         return list(self.measurement.checks)
 
 
-def _typed_checks(raw: list[Any]) -> list[BaseModel]:
-    out = []
+def _known_kinds(doc: dict[str, Any]) -> None:
+    """Refuse a check of a kind this certify does not know, saying what to do."""
+    measurement = doc.get("measurement")
+    raw = measurement.get("checks") if isinstance(measurement, dict) else None
     models = _check_models()
-    for i, c in enumerate(raw):
-        if isinstance(c, BaseModel):
-            out.append(c)
-            continue
+    for i, c in enumerate(raw if isinstance(raw, list) else []):
         kind = c.get("kind") if isinstance(c, dict) else None
         if kind not in models:
             raise SchemaError(f"checks[{i}]: unknown check kind {kind!r}",
                               hint="made by a newer certify? upgrade certify to read it")
-        out.append(models[kind].model_validate(c))
-    return out
 
 
 def parse_result(doc: Any) -> RunResult:
@@ -262,27 +285,19 @@ def parse_result(doc: Any) -> RunResult:
     if version != SCHEMA:
         raise SchemaError(f"unknown results schema version {version!r} (this certify reads "
                           f"{SCHEMA!r})", hint="use the certify version that wrote it")
+    _known_kinds(doc)
     try:
-        result = RunResult.model_validate(doc)
-        checks = _typed_checks(result.measurement.checks)
+        return RunResult.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise SchemaError(f"results do not follow {SCHEMA}: {where}: {first['msg']}",
                           hint="the file was altered or written by another tool") from None
-    return result.model_copy(update={
-        "measurement": result.measurement.model_copy(update={"checks": checks})})
 
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of ``results.json`` for this certify (``certify schema``)."""
-    check: Any = Annotated[Union[tuple(_check_models().values())],  # noqa: UP007
-                           Field(discriminator="kind")]
-    fields: dict[str, Any] = {"checks": (list[check], ...)}
-    measurement = create_model("RunMeasurement", __base__=RunMeasurement, **fields)
-    doc = create_model("RunResult", __base__=RunResult,
-                       measurement=(measurement, ...))
-    schema = doc.model_json_schema(by_alias=True)
+    schema = RunResult.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://certify.dev/schema/{SCHEMA}.json"
     schema["title"] = f"certify results ({SCHEMA})"

@@ -11,8 +11,9 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from certify.errors import UsageError
 
@@ -29,6 +30,29 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+class SampleRecord(TypedDict, total=False):
+    """One sample's line of ``records.jsonl``: the part every check kind shares.
+
+    The runner owns ``check`` (the round's record key), ``i`` (dataset index) and ``id`` (the
+    sample's id) and sets them; the check reports ``queries`` (and ``ref_queries``) images sent
+    for the sample, which the runner holds against the query counters, and its ``outcome``. A
+    sample whose model answer was not finite has ``outcome: "error"`` and ``error``; the
+    queries of an abandoned batch attempt are charged in ``batch_queries``
+    (:mod:`certify.engine.guards`). Each check kind extends this type with its own fields
+    (``AttackRecord``, ``CorruptionRecord``, ...); the file format is these keys, unchanged.
+    """
+
+    check: str
+    i: int
+    id: str
+    queries: int
+    ref_queries: int
+    outcome: str
+    error: str
+    batch_queries: int
+    batch_ref_queries: int
 
 
 DEMO_DATA = "demo-data"  # what `certify demo` writes before the run starts
@@ -73,7 +97,7 @@ class RunDir:
 
     def __init__(self, path: Path, fingerprint: dict[str, Any], resume: bool) -> None:
         self.path = path
-        self.records: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        self.records: dict[str, dict[int, SampleRecord]] = defaultdict(dict)
         check_out_dir(path, resume)
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -131,13 +155,13 @@ class RunDir:
                     break
                 raise UsageError(f"{rec_file}:{lineno} is corrupt", hint="use another --out") \
                     from None
-            self.records[rec["check"]].setdefault(int(rec["i"]), rec)
+            self.records[str(rec["check"])].setdefault(int(rec["i"]), rec)
             good += len(line) + 1
         if good < len(raw):
             with rec_file.open("r+b") as f:
                 f.truncate(good)
 
-    def append(self, check_id: str, rows: list[dict[str, Any]]) -> None:
+    def append(self, check_id: str, rows: Sequence[SampleRecord]) -> None:
         """Append one batch of records and make it durable."""
         buf = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows)
         self._out.write(buf)

@@ -50,8 +50,9 @@ _THRESHOLD_KEYS = {"metric", "min", "max"}
 # The type of every suite value outside check params (those follow their constructor's hints).
 _TOP_TYPES: dict[str, Any] = {
     "name": str, "description": str, "version": int | float | str, "seed": int,
-    "classes": list[str], "flip_invariant_classes": list[int], "data": dict | None,
-    "preprocessing": dict | None, "checks": list[dict], "decision": DecisionRule,
+    "classes": list[str], "flip_invariant_classes": list[int], "data": dict[Any, Any] | None,
+    "preprocessing": dict[Any, Any] | None, "checks": list[dict[Any, Any]],
+    "decision": DecisionRule,
 }
 _DATA_TYPES: dict[str, Any] = {"path": str | None, "layout": str, "roi_crop": bool,
                                "interpolation": str, "samples": int | None}
@@ -96,7 +97,7 @@ class CheckSpec:
 
     id: str
     kind: str
-    check: Check
+    check: Check[Any]
     threshold: Threshold | None = None
     budget: int | None = None
     samples: int | None = None
@@ -191,13 +192,13 @@ class Suite:
         return out
 
 
-def _attack_norm(check: Check) -> str | None:
+def _attack_norm(check: Check[Any]) -> str | None:
     """The norm of an attack check's threat model (``None`` for other checks)."""
     threat = getattr(check, "threat_model", None)
     return str(threat()[0]) if callable(threat) else None
 
 
-def _threshold_reported(t: Threshold, check: Check, cid: str, reference: bool,
+def _threshold_reported(t: Threshold, check: Check[Any], cid: str, reference: bool,
                         where: str) -> None:
     produced = check.produced_metrics(reference)
     if t.metric in produced:

@@ -4,10 +4,16 @@ Tiers: every test module declares ``pytestmark`` ``unit`` (library code on small
 ``e2e`` (the CLI in-process, a server, a subprocess); ``slow`` marks what costs more than about
 20 s on 2 cores. A test that uses the shared demo run is ``slow`` by that alone (added here).
 ``pytest -m "not slow"`` is the fast tier.
+
+Parallel runs (``-n 2 --dist loadgroup``, as scripts/test.sh runs them): each module's tests run
+on one worker (its module fixtures are built once), except that every test of the shared demo
+run goes to one worker (``demo``: the demo runs once) and every test that starts Ray to another
+group (``ray``: the Ray tests look for Ray's processes on the machine).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -20,14 +26,29 @@ import builders  # noqa: E402
 
 #: Fixtures whose first use costs a full demo run.
 DEMO_FIXTURES = {"demo_run", "demo_card"}
+#: Modules whose tests all start Ray (the wheel's extras test runs the Ray executor).
+RAY_MODULES = {"test_ray.py", "test_wheel.py"}
+
+
+def worker_group(item: pytest.Item) -> str:
+    """The xdist group a test runs in: ``demo``, ``ray``, or its module's file name."""
+    if DEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "demo"
+    name = getattr(item, "originalname", item.name)
+    if item.path.name in RAY_MODULES or re.search(r"(^|_)ray(_|$)", name):
+        return "ray"
+    return item.path.name
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark demo users ``slow``; refuse a test in no tier (``unit`` or ``e2e``)."""
     untiered = []
+    parallel = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if DEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if parallel:
+            item.add_marker(pytest.mark.xdist_group(worker_group(item)))
         if item.get_closest_marker("unit") is None and item.get_closest_marker("e2e") is None:
             untiered.append(item.nodeid)
     if untiered:

@@ -3,13 +3,17 @@
 A check's records do not depend on how samples are batched or how many lanes run them; a run's
 result validates against the JSON Schema and survives a parse; a finished run's records, read
 back by ``--resume``, give the same measurement without a query. (The Ray executor gives the
-same measurement too: tests/test_ray.py; each kind's planted defects are in its own module.)
+same measurement too: tests/test_ray.py.) And a defect planted in every kind at once (records
+that under-report the model's queries; a metric the kind does not declare) makes each check an
+ERROR row that names it, never a result. Each kind's own planted defects (a starved attack, a
+randomised model, ...) are in its own module.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from typing import Any
 
 import pytest
 import yaml
@@ -62,3 +66,40 @@ def test_resuming_a_finished_run_reads_its_records_back(demo_small_suite, demo_s
     assert builders.measurement(out) == builders.measurement(demo_small_run)
     prov = json.loads((out / "results.json").read_text())["provenance"]
     assert prov["timings"]["resumed_records"] > 0
+
+
+def _plant_in_every_kind(monkeypatch, defect: str) -> None:
+    """Wrap every registered check kind so that it has ``defect``."""
+    for cls in set(CHECKS.values()):
+        if defect == "under_reports_queries":
+            def run_batch(self, *args: Any, _run=cls.run_batch, **kw: Any) -> list:
+                rows = _run(self, *args, **kw)
+                rows[0]["queries"] = int(rows[0].get("queries", 0)) - 1  # one query unclaimed
+                return rows
+            monkeypatch.setattr(cls, "run_batch", run_batch)
+        else:
+            def summarize(self, *args: Any, _summarize=cls.summarize, **kw: Any) -> Any:
+                m = _summarize(self, *args, **kw)
+                m.metrics["planted_undeclared"] = 0.5
+                return m
+            monkeypatch.setattr(cls, "summarize", summarize)
+
+
+@pytest.mark.parametrize("defect, says", [
+    ("under_reports_queries", "queries but the models saw"),
+    ("undeclared_metric", "planted_undeclared"),
+])
+def test_a_defect_planted_in_every_check_kind_makes_each_an_error(defect, says,
+                                                                  demo_small_suite, tmp_path,
+                                                                  monkeypatch):
+    from certify import api
+
+    _plant_in_every_kind(monkeypatch, defect)
+    out = tmp_path / defect
+    api.run_demo(out, pdf=False, suite=str(demo_small_suite))
+    checks = json.loads((out / "results.json").read_text())["measurement"]["checks"]
+    assert (out / "card.html").exists()  # a card that says so, not a crash
+    assert {c["kind"] for c in checks} == set(CHECKS)
+    for c in checks:
+        assert c["status"] == "ERROR" and c["metrics"] is None, (c["id"], c["status"])
+        assert says in c["error"], (c["id"], c["error"])

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from certify.checks.base import CheckContext
+from certify.checks.base import CheckContext, Measurement
 from certify.checks.sanity import MIN_REPEATS, Sanity, top2_margin
 from certify.data.loaders import from_arrays
 from certify.engine import no_attack_passes_when_randomised
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, QueryCounter
+from certify.results import check_result_model
 from certify.suite import parse_suite
 
 import builders
@@ -139,13 +140,17 @@ def test_at_least_ten_repeats_by_default_and_fewer_are_refused():
             {"kind": "sanity", "params": {"repeats": 3}}]}, "s.yaml")
 
 
-def _entries(sanity_share: float, attack_status: str, order: str) -> list[dict]:
-    sanity = {"id": "sanity", "kind": "sanity", "status": "WARN" if sanity_share else "INFO",
-              "metrics": {"nondeterministic_share": sanity_share}, "warnings": []}
-    attack = {"id": "square", "kind": "attack", "status": attack_status, "warnings": [],
-              "decision": "robust_accuracy = 0.9 (95% interval 0.8–0.95) lies wholly within "
-                          "robust_accuracy ≥ 0.5 (interval rule)", "metrics": {}}
-    return [sanity, attack] if order == "sanity-first" else [attack, sanity]
+def _results(sanity_share: float, attack_status: str, order: str):
+    """The two checks' typed results (in ``order``) and the sanity check's measurement."""
+    sanity = check_result_model("sanity").model_construct(
+        id="sanity", kind="sanity", status="WARN" if sanity_share else "INFO", warnings=[],
+        decision="no threshold (informational)")
+    attack = check_result_model("attack").model_construct(
+        id="square", kind="attack", status=attack_status, warnings=[],
+        decision="robust_accuracy = 0.9 (95% interval 0.8–0.95) lies wholly within "
+                 "robust_accuracy ≥ 0.5 (interval rule)")
+    measured = {"sanity": Measurement(metrics={"nondeterministic_share": sanity_share})}
+    return ([sanity, attack] if order == "sanity-first" else [attack, sanity]), measured
 
 
 SUITE = parse_suite({"name": "t", "classes": CLASSES, "checks": [
@@ -157,19 +162,18 @@ SUITE = parse_suite({"name": "t", "classes": CLASSES, "checks": [
 
 @pytest.mark.parametrize("order", ["sanity-first", "attack-first"])
 def test_no_attack_passes_on_a_randomised_model_whatever_the_order(order):
-    entries = _entries(0.25, "PASS", order)
-    no_attack_passes_when_randomised(SUITE, entries)
-    attack = next(e for e in entries if e["kind"] == "attack")
-    assert attack["status"] == "WARN"
-    assert "no attack can PASS on a randomised model" in attack["decision"]
-    assert any("check sanity found the model randomised" in w for w in attack["warnings"])
+    results = no_attack_passes_when_randomised(SUITE, *_results(0.25, "PASS", order))
+    attack = next(r for r in results if r.kind == "attack")
+    assert attack.status == "WARN"
+    assert "no attack can PASS on a randomised model" in attack.decision
+    assert any("check sanity found the model randomised" in w for w in attack.warnings)
+    assert [r.id for r in results] == (["sanity", "square"] if order == "sanity-first"
+                                       else ["square", "sanity"])
 
 
 @pytest.mark.parametrize("status", ["FAIL", "INCONCLUSIVE"])
 def test_other_attack_statuses_stay_and_a_deterministic_model_changes_nothing(status):
-    entries = _entries(0.25, status, "sanity-first")
-    no_attack_passes_when_randomised(SUITE, entries)
-    assert entries[1]["status"] == status
-    entries = _entries(0.0, "PASS", "sanity-first")
-    no_attack_passes_when_randomised(SUITE, entries)
-    assert entries[1]["status"] == "PASS" and not entries[1]["warnings"]
+    results = no_attack_passes_when_randomised(SUITE, *_results(0.25, status, "sanity-first"))
+    assert results[1].status == status
+    results = no_attack_passes_when_randomised(SUITE, *_results(0.0, "PASS", "sanity-first"))
+    assert results[1].status == "PASS" and not results[1].warnings

@@ -15,8 +15,9 @@ output vector (log-probabilities for probability outputs), which the card report
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 
@@ -152,6 +153,31 @@ def _readout(f_in: torch.Tensor, f_b: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+class LadderRung(TypedDict):
+    """One rung of the ladder on one sample: the test's result and random sampling's."""
+
+    bt: str
+    rasr: bool | None
+
+
+class BinarizationFields(TypedDict, total=False):
+    """What the binarization test adds to a sample's record (its packaged rung's figures).
+
+    ``bt`` is ``success``, ``failure`` or ``setup_failed`` (then ``bt_reason`` says why);
+    ``bt_rasr`` whether random sampling solved the same planted problem; ``bt_queries`` the
+    images the test sent to the real model (features included); ``bt_ladder`` every rung run.
+    """
+
+    bt: str
+    bt_reason: str
+    bt_features: str
+    bt_attack_queries: int
+    bt_rasr_queries: int
+    bt_queries: int
+    bt_rasr: bool | None
+    bt_ladder: list[LadderRung | None]
+
+
 def binarization_test(
     counter: Any,
     x_c: torch.Tensor,
@@ -164,7 +190,7 @@ def binarization_test(
     original_margin: float,
     one_hot: bool = False,
     rasr_queries: int | None = None,
-) -> dict[str, Any]:
+) -> BinarizationFields:
     """Run the test for one image ``x_c`` ``[C, H, W]``; returns the per-sample record fields.
 
     Every query (features included) goes through ``counter``. The R-ASR baseline samples the
@@ -294,7 +320,7 @@ def ladder_test(
     original_margin: float,
     one_hot: bool = False,
     every_rung: bool = False,
-) -> dict[str, Any]:
+) -> BinarizationFields:
     """The ladder (hardest first) on one image; the record fields.
 
     Rungs down to the packaged one (index ``packaged``) always run, so the packaged rung and
@@ -306,8 +332,8 @@ def ladder_test(
     solved. Each rung is a new planted problem; the attack keeps its initial budget.
     """
     before = counter.queries
-    rungs: list[dict[str, Any] | None] = []
-    top: dict[str, Any] = {}
+    rungs: list[LadderRung | None] = []
+    top: BinarizationFields = {}
     solved = False
     for k, settings in enumerate(ladder):
         if k > packaged and solved and not every_rung:
@@ -319,10 +345,11 @@ def ladder_test(
         solved = solved or fields["bt"] == "success"
         if k == packaged:
             top = fields
-    return top | {"bt_ladder": rungs, "bt_queries": counter.queries - before}
+    return {**top, "bt_ladder": rungs, "bt_queries": counter.queries - before}
 
 
-def ladder_scores(records: list[dict[str, Any]], n_rungs: int) -> list[dict[str, Any]]:
+def ladder_scores(records: Sequence[BinarizationFields], n_rungs: int
+                  ) -> list[dict[str, Any]]:
     """Per rung: tested, successes, random-sampling successes, setup failures, skipped.
 
     A sample that skipped a rung because the attack solved a harder one counts as tested and

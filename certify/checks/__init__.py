@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from certify.checks.attack import AttackCheck
 from certify.checks.base import Check, CheckContext, Measurement
 from certify.checks.brittleness import Brittleness
@@ -10,7 +12,7 @@ from certify.checks.confidence import Coverage
 from certify.checks.corruption import Corruption, CorruptionPair
 from certify.checks.sanity import Sanity
 
-CHECKS: dict[str, type[Check]] = {
+CHECKS: dict[str, type[Check[Any]]] = {
     c.kind: c
     for c in (Sanity, CleanAccuracy, Coverage, Corruption, CorruptionPair, AttackCheck,
               Brittleness)

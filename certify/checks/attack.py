@@ -28,6 +28,7 @@ from certify.attacks.binarization import (
     LADDER,
     NECESSARY_ONLY,
     PACKAGED,
+    BinarizationFields,
     BinarizationSettings,
     ladder_scores,
     ladder_test,
@@ -45,7 +46,12 @@ from certify.checks.base import (
     interval_text,
     pct,
 )
-from certify.checks.confidence import WORST_CASE_METRICS, confidences, worst_case_coverage
+from certify.checks.confidence import (
+    WORST_CASE_METRICS,
+    ConfidenceRecord,
+    confidences,
+    worst_case_coverage,
+)
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.images import ImageSink, decode_png, png_bytes, to_uint8
@@ -94,7 +100,35 @@ NO_COVERAGE_UNDER_ATTACK = (
     "abstained share by construction")
 
 
-class AttackCheck(Check):
+class AttackRecord(ConfidenceRecord, BinarizationFields, total=False):
+    """An attack record: the sample's attempt(s) and, on the tested subset, the binarization
+    test's fields.
+
+    ``outcome`` is ``misclassified`` (never attacked), ``robust`` or ``broken``;
+    ``attack_queries`` are the attack's (over all rounds; ``round_queries`` per round), and a
+    break records the total queries at which it happened (``broken_at``), its ``adv_pred``,
+    the round (``broken_round``) and, for the card's gallery, ``adv_image`` (a PNG, base64)
+    with what its ``confidence`` is (``scores``). An unbroken sample keeps the minimisation
+    attacks' ``gap`` and ``half_gap`` (convergence) or ``start_failed``.
+    """
+
+    label: int
+    attack_queries: int
+    round_queries: list[int]
+    adv_pred: int
+    broken_at: int
+    broken_round: int
+    clean_changed: bool
+    start_failed: bool
+    gap: float
+    half_gap: float
+    confidence_first: float
+    confident_queries: int
+    adv_image: str
+    scores: str
+
+
+class AttackCheck(Check[AttackRecord]):
     """Robust accuracy at ε under one attack and budget (queries per sample).
 
     Parameters: ``attack`` (square_linf, square_l2, hopskipjump, random, spatial_grid,
@@ -227,7 +261,7 @@ class AttackCheck(Check):
         c._round = r
         return c
 
-    def next_round(self, records: dict[int, dict[str, Any]], done: int
+    def next_round(self, records: dict[int, AttackRecord], done: int
                    ) -> tuple[AttackCheck, list[int]] | None:
         """After rounds ``0..done`` (merged ``records``): the next round's check and samples,
         or None when the budget is fixed, converged, or the next budget would pass the cap."""
@@ -238,8 +272,8 @@ class AttackCheck(Check):
         todo = sorted(i for i, r in records.items() if r["outcome"] == "robust")
         return (self.for_round(done + 1), todo) if todo else None
 
-    def merge_round(self, records: dict[int, dict[str, Any]],
-                    new: dict[int, dict[str, Any]], r: int) -> dict[int, dict[str, Any]]:
+    def merge_round(self, records: dict[int, AttackRecord], new: dict[int, AttackRecord],
+                    r: int) -> dict[int, AttackRecord]:
         """Fold round ``r``'s records into the merged ones: queries add up, the new attempt
         replaces the old, and a break records the total queries at which it happened."""
         out = dict(records)
@@ -247,8 +281,10 @@ class AttackCheck(Check):
             old = out[i]
             rounds = [*old.get("round_queries", [int(old["attack_queries"])]),
                       int(rec["attack_queries"])]
-            merged = {k: v for k, v in old.items() if k not in _ATTEMPT}
-            merged.update({k: v for k, v in rec.items() if k not in _TALLY})
+            merged = typing.cast(AttackRecord, {k: v for k, v in old.items()
+                                                if k not in _ATTEMPT})
+            merged.update(typing.cast(AttackRecord, {k: v for k, v in rec.items()
+                                                     if k not in _TALLY}))
             merged.update({
                 "round_queries": rounds,
                 "attack_queries": sum(rounds),
@@ -413,7 +449,7 @@ class AttackCheck(Check):
 
     # -- measurement ----------------------------------------------------------------------
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
-                  ctx: CheckContext) -> list[dict[str, Any]]:
+                  ctx: CheckContext) -> list[AttackRecord]:
         counter: Any = model
         output = counter.info.output
         attack, norm, eps = self.build(), self._norm(), self._epsilon()
@@ -422,7 +458,7 @@ class AttackCheck(Check):
         m0 = margin(scores.cpu(), y.cpu(), output)
         one_hot = one_hot_answers(scores, output)
         clean_conf = confidences(scores.cpu(), output)
-        rec: list[dict[str, Any]] = [
+        rec: list[AttackRecord] = [
             {"outcome": "robust" if bool(c) else "misclassified", "label": int(t),
              "queries": 1, "attack_queries": 0, "confidence": float(cc)}
             for c, t, cc in zip(correct.tolist(), y.tolist(), clean_conf.tolist(), strict=True)
@@ -473,13 +509,13 @@ class AttackCheck(Check):
                 fields = ladder_test(counter, x[j], attack, norm, eps, ctx.seed(int(i), 2),
                                      ladder, packaged, output, float(m0[j]),
                                      bool(one_hot[j]))
-                rec[j].update(fields)
+                rec[j].update(typing.cast(AttackRecord, fields))  # its keys are AttackRecord's
                 rec[j]["queries"] += counter.queries - before
         return rec
 
     def _confident_mistakes(self, counter: Any, x: torch.Tensor, x_adv: torch.Tensor,
                             y: torch.Tensor, adv_scores: torch.Tensor,
-                            recs: list[dict[str, Any]], index: list[int],
+                            recs: list[AttackRecord], index: list[int],
                             ctx: CheckContext) -> torch.Tensor:
         """Score-based attacks: raise each broken sample's wrong-class confidence.
 
@@ -548,7 +584,7 @@ class AttackCheck(Check):
         return {"convergence": queries_curve_svg(conv["curve"],
                                                  [r["total"] for r in conv["rounds"]])}
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[AttackRecord], data: Dataset) -> Measurement:
         n = len(records)
         correct = [r for r in records if r["outcome"] != "misclassified"]
         robust = sum(r["outcome"] == "robust" for r in records)
@@ -673,7 +709,7 @@ class AttackCheck(Check):
                            warnings=warnings, images=sink.images)
 
 
-def convergence(records: list[dict[str, Any]], last_round: int, last_budget: int
+def convergence(records: Sequence[AttackRecord], last_round: int, last_budget: int
                 ) -> dict[str, Any]:
     """Whether the latest run's budget is converged, from the merged records of every round.
 
@@ -697,7 +733,7 @@ def convergence(records: list[dict[str, Any]], last_round: int, last_budget: int
             "last_budget": last_budget, "converged": late + approaching <= allowance}
 
 
-def robustness_curve(records: list[dict[str, Any]], total: int) -> list[dict[str, float]]:
+def robustness_curve(records: Sequence[AttackRecord], total: int) -> list[dict[str, float]]:
     """Robust accuracy had the attack stopped after q queries per sample, for q from 0 to
     ``total`` on a doubling grid (each round's total included)."""
     n = len(records)
@@ -763,7 +799,7 @@ def _histogram(values: list[int], top: int, bins: int = 10) -> list[dict[str, in
     return out
 
 
-def keep_adversarial_images(recs: list[dict[str, Any]], attacked: list[int],
+def keep_adversarial_images(recs: list[AttackRecord], attacked: list[int],
                             index: Sequence[int], x_adv: torch.Tensor, output: str) -> None:
     """Store the adversarial image of the batch's first :data:`GALLERY_EXAMPLES` broken samples
     (in dataset order) in their records, as a lossless 8-bit PNG (base64).
@@ -785,7 +821,7 @@ def _class_name(names: Sequence[str], c: int) -> str:
     return names[c] if 0 <= c < len(names) else str(c)
 
 
-def gallery_examples(records: list[dict[str, Any]], data: Dataset | None, norm: str,
+def gallery_examples(records: Sequence[AttackRecord], data: Dataset | None, norm: str,
                      sink: ImageSink) -> list[dict[str, Any]]:
     """The card's adversarial examples: the first :data:`GALLERY_EXAMPLES` broken samples (in
     sample order) whose records hold their adversarial image.

@@ -13,7 +13,7 @@ import inspect
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed
+from certify.rundir import SampleRecord
 from certify.validation import expect
 
 
@@ -55,14 +56,22 @@ class ExportMetric:
 class ResultView(Protocol):
     """What a check's presentation reads of its own result (a typed check result)."""
 
-    id: str
-    kind: str
-    status: str
-    error: str | None
-    metrics: Any
-    intervals: dict[str, Any]
-    details: dict[str, Any]
-    warnings: list[str]
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def metrics(self) -> Any: ...
+    @property
+    def intervals(self) -> dict[str, Any]: ...
+    @property
+    def details(self) -> dict[str, Any]: ...
+    @property
+    def warnings(self) -> list[str]: ...
 
 
 @dataclass
@@ -119,8 +128,15 @@ def interval_text(iv: Any) -> str:
     return f"{pct(lo)}–{pct(hi)}"
 
 
-class Check:
+#: The record type of one check kind (a :class:`~certify.rundir.SampleRecord` extended).
+R = TypeVar("R", bound=SampleRecord)
+
+
+class Check(Generic[R]):
     """Base class of all checks; subclasses set ``kind`` and write ``run_batch``/``summarize``.
+
+    ``R`` is the kind's record type: a :class:`~certify.rundir.SampleRecord` with the kind's
+    own fields, which ``run_batch`` returns one per sample and ``summarize`` reads back.
 
     A check also owns its presentation, declared here next to its code: ``metrics`` (every
     metric ``summarize`` may report, with its direction), ``family`` (the card's grouping),
@@ -168,15 +184,14 @@ class Check:
         """One line that says what the check measured (card summary and CLI)."""
         return ", ".join(f"{k}={v}" for k, v in dict(result.metrics).items())
 
-    def next_round(self, records: dict[int, dict[str, Any]], done: int
-                   ) -> tuple[Check, list[int]] | None:
+    def next_round(self, records: dict[int, R], done: int
+                   ) -> tuple[Check[R], list[int]] | None:
         """Another round after rounds ``0..done`` (``records``: merged so far): the check that
         runs it and the sample indices it runs on; None when the check is done. Most checks run
         one round; attacks with ``max_queries: auto`` grow their budget in rounds."""
         return None
 
-    def merge_round(self, records: dict[int, dict[str, Any]],
-                    new: dict[int, dict[str, Any]], r: int) -> dict[int, dict[str, Any]]:
+    def merge_round(self, records: dict[int, R], new: dict[int, R], r: int) -> dict[int, R]:
         """Fold round ``r``'s records into the merged records (checks with rounds only)."""
         raise NotImplementedError(f"{type(self).__name__} runs a single round")
 
@@ -190,7 +205,7 @@ class Check:
         """Inline SVG figures over all of this kind's checks, by name (none by default)."""
         return {}
 
-    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+    def outcome_bits(self, records: list[R]) -> dict[str, list[bool]]:
         """Per-sample binary outcomes kept (as packed bitmaps) for later comparisons.
 
         By default one bitmap per value of the records' ``outcome`` field.
@@ -198,7 +213,7 @@ class Check:
         cats = sorted({str(r["outcome"]) for r in records if "outcome" in r})
         return {c: [r.get("outcome") == c for r in records] for c in cats}
 
-    def sample_values(self, records: list[dict[str, Any]]) -> dict[str, list[float]]:
+    def sample_values(self, records: list[R]) -> dict[str, list[float]]:
         """Per-sample continuous values kept for paired comparisons (none by default)."""
         return {}
 
@@ -212,7 +227,7 @@ class Check:
         return f"{type(self).__name__}({args})"
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], where: str) -> Check:
+    def from_params(cls, params: dict[str, Any], where: str) -> Check[Any]:
         """Build from suite params; unknown parameters are errors naming the valid ones.
 
         Every value is checked against the constructor's type annotation (``bool`` is not an
@@ -262,10 +277,10 @@ class Check:
     def run_batch(
         self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
         ctx: CheckContext,
-    ) -> list[dict[str, Any]]:
+    ) -> list[R]:
         """One record per sample of the batch (``index`` are dataset indices)."""
         raise NotImplementedError
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[R], data: Dataset) -> Measurement:
         """Aggregate all records of this check (in dataset order)."""
         raise NotImplementedError

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from certify.errors import SuiteError
 from certify.images import ImageSink
 from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed
+from certify.rundir import SampleRecord
 
 #: Masked images built per hand-off to the models (across samples); each model call is then
 #: split into onnxruntime calls of ``certify.models.onnx.CPU_CHUNK`` images on the CPU, which
@@ -257,7 +258,30 @@ def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int = _CHUNK
     return [[np.concatenate(parts) for parts in per_model] for per_model in out]
 
 
-class Brittleness(Check):
+class BrittlenessRecord(SampleRecord, total=False):
+    """A brittleness record: LIME weights and their L1 norm per superpixel, per segmentation
+    (SLIC, and the grid's ``grid_``), of the model and of the reference (``ref_``)."""
+
+    d: int
+    top: int
+    l1_per_dim: float
+    grid_d: int
+    grid_l1_per_dim: float
+    weights: list[float]
+    check_seed: int
+    ref_top: int
+    ref_l1_per_dim: float
+    ref_grid_l1_per_dim: float
+    ref_weights: list[float]
+
+
+#: The per-sample values a brittleness record keeps for paired comparisons.
+_VALUE_KEYS: tuple[Literal["l1_per_dim", "ref_l1_per_dim", "grid_l1_per_dim",
+                           "ref_grid_l1_per_dim"], ...] = (
+    "l1_per_dim", "ref_l1_per_dim", "grid_l1_per_dim", "ref_grid_l1_per_dim")
+
+
+class Brittleness(Check[BrittlenessRecord]):
     """Brittle score (Eq. 2) of the model, and R.I. (Eq. 3) against a reference model.
 
     Parameters: ``num_masks`` (k, LIME's ``num_samples``), ``n_segments`` and ``compactness``
@@ -364,7 +388,7 @@ class Brittleness(Check):
         return out
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
-                  ctx: CheckContext) -> list[dict[str, Any]]:
+                  ctx: CheckContext) -> list[BrittlenessRecord]:
         models = [model] if ctx.reference is None else [model, ctx.reference]
         jobs: list[_Job] = []
         for j, i in enumerate(index):
@@ -378,7 +402,7 @@ class Brittleness(Check):
             return self._records(jobs, probs, ctx)
 
     def _records(self, jobs: list[_Job], probs: list[list[np.ndarray]], ctx: CheckContext
-                 ) -> list[dict[str, Any]]:
+                 ) -> list[BrittlenessRecord]:
         out = []
         for j in range(len(jobs) // 2):
             s, g = 2 * j, 2 * j + 1
@@ -387,13 +411,13 @@ class Brittleness(Check):
             ws = self.fit(jobs[s].masks, [p[s] for p in probs], tops)
             wg = self.fit(jobs[g].masks, [p[g] for p in probs], tops)
             d, dg = jobs[s].masks.shape[1], jobs[g].masks.shape[1]
-            rec: dict[str, Any] = {"d": d, "top": tops[0],
-                                   "l1_per_dim": float(np.abs(ws[0]).sum() / d),
-                                   "grid_d": dg,
-                                   "grid_l1_per_dim": float(np.abs(wg[0]).sum() / dg),
-                                   "weights": [float(v) for v in ws[0]],
-                                   "check_seed": int(ctx.check_seed),
-                                   "queries": 2 * self.num_masks}
+            rec: BrittlenessRecord = {"d": d, "top": tops[0],
+                                      "l1_per_dim": float(np.abs(ws[0]).sum() / d),
+                                      "grid_d": dg,
+                                      "grid_l1_per_dim": float(np.abs(wg[0]).sum() / dg),
+                                      "weights": [float(v) for v in ws[0]],
+                                      "check_seed": int(ctx.check_seed),
+                                      "queries": 2 * self.num_masks}
             if len(probs) > 1:
                 rec.update({"ref_top": tops[1],
                             "ref_l1_per_dim": float(np.abs(ws[1]).sum() / d),
@@ -419,20 +443,20 @@ class Brittleness(Check):
                      f"R.I. {100 * m.relative_improvement:+.1f}%: {words}")
         return text
 
-    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+    def outcome_bits(self, records: list[BrittlenessRecord]) -> dict[str, list[bool]]:
         """No binary outcome: the brittle score is continuous (see ``sample_values``)."""
         return {}
 
-    def sample_values(self, records: list[dict[str, Any]]) -> dict[str, list[float]]:
+    def sample_values(self, records: list[BrittlenessRecord]) -> dict[str, list[float]]:
         """Per-sample L1 norm per superpixel, of the model and of the reference, per
         segmentation."""
         out: dict[str, list[float]] = {}
-        for key in ("l1_per_dim", "ref_l1_per_dim", "grid_l1_per_dim", "ref_grid_l1_per_dim"):
+        for key in _VALUE_KEYS:
             if records and all(key in r for r in records):
                 out[key] = [float(r[key]) for r in records]
         return out
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[BrittlenessRecord], data: Dataset) -> Measurement:
         n = len(records)
         sink = ImageSink()
         per = np.array([r["l1_per_dim"] for r in records], dtype=np.float64)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -20,10 +20,19 @@ from certify.checks.base import (
 )
 from certify.data import Dataset
 from certify.models.base import Model
+from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
 
 
-class CleanAccuracy(Check):
+class CleanRecord(SampleRecord, total=False):
+    """A clean-accuracy record: the label, the predicted class and its score."""
+
+    label: int
+    pred: int
+    score: float
+
+
+class CleanAccuracy(Check[CleanRecord]):
     """Top-1 accuracy on the evaluation data, with a 95% Wilson interval.
 
     Threat model: none (clean inputs). One query per sample. Also reports per-class accuracy and
@@ -47,7 +56,7 @@ class CleanAccuracy(Check):
     def run_batch(
         self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
         ctx: CheckContext,
-    ) -> list[dict[str, Any]]:
+    ) -> list[CleanRecord]:
         scores = model.predict(x)
         top, pred = scores.max(dim=1)
         return [
@@ -74,11 +83,11 @@ class CleanAccuracy(Check):
 
         return {"per_class": per_class_svg(result.details["per_class"])}
 
-    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+    def outcome_bits(self, records: list[CleanRecord]) -> dict[str, list[bool]]:
         """``correct`` per sample."""
         return {"correct": [r["outcome"] == "correct" for r in records]}
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[CleanRecord], data: Dataset) -> Measurement:
         n = len(records)
         correct = sum(r["outcome"] == "correct" for r in records)
         per_class: dict[int, list[int]] = {}

@@ -12,8 +12,8 @@ The suspect-model ``sanity`` check is in :mod:`certify.checks.sanity`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -29,6 +29,7 @@ from certify.checks.base import (
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
+from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
 
 
@@ -52,7 +53,19 @@ WORST_CASE_METRICS = (
 )
 
 
-def worst_case_coverage(records: list[dict[str, Any]], right: Any,
+class ConfidenceRecord(SampleRecord, total=False):
+    """A record with the model's top probability on the sample's worst case (``confidence``)
+    and whether that answer was the model's explicit abstain class (``abstained``)."""
+
+    confidence: float
+    abstained: bool
+
+
+#: A record type that carries ``confidence`` and ``abstained``.
+C = TypeVar("C", bound=ConfidenceRecord)
+
+
+def worst_case_coverage(records: Sequence[C], right: Callable[[C], bool],
                         coverage: float = COVERAGE) -> dict[str, float]:
     """Accuracy at ``coverage`` over each sample's worst case (Brown et al. 2018).
 
@@ -74,7 +87,14 @@ def worst_case_coverage(records: list[dict[str, Any]], right: Any,
             "worst_case_coverage": coverage}
 
 
-class Coverage(Check):
+class CoverageRecord(ConfidenceRecord, total=False):
+    """A coverage record: the label and the predicted class (``confidence`` is its score)."""
+
+    label: int
+    pred: int
+
+
+class Coverage(Check[CoverageRecord]):
     """Accuracy at a coverage level and the confident-mistake rate on clean data.
 
     Parameters: ``coverage`` (share of inputs answered; 0.8), ``confidence_threshold`` (a
@@ -127,7 +147,7 @@ class Coverage(Check):
         return None
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
-                  ctx: CheckContext) -> list[dict[str, Any]]:
+                  ctx: CheckContext) -> list[CoverageRecord]:
         scores = model.predict(x)
         conf = confidences(scores, model.info.output).cpu()
         pred = scores.argmax(1).cpu()
@@ -144,7 +164,7 @@ class Coverage(Check):
                 f"{pct(m.confident_mistake_rate)} at ≥ "
                 f"{result.details['confidence_threshold']:g}")
 
-    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+    def outcome_bits(self, records: list[CoverageRecord]) -> dict[str, list[bool]]:
         """Per sample: correct, and a confident mistake."""
         correct = [r["pred"] == r["label"] and not r["abstained"] for r in records]
         return {"correct": correct,
@@ -152,7 +172,7 @@ class Coverage(Check):
                                       and r["confidence"] >= self.confidence_threshold
                                       for c, r in zip(correct, records, strict=True)]}
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[CoverageRecord], data: Dataset) -> Measurement:
         n = len(records)
         # explicit abstentions rank below every answer; then the least confident abstain
         conf = [float("-inf") if r["abstained"] else r["confidence"] for r in records]

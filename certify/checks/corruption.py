@@ -13,9 +13,8 @@ Queries per sample: one clean query plus at most the number of candidates.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 
@@ -29,7 +28,12 @@ from certify.checks.base import (
     interval_text,
     pct,
 )
-from certify.checks.confidence import WORST_CASE_METRICS, confidences, worst_case_coverage
+from certify.checks.confidence import (
+    WORST_CASE_METRICS,
+    ConfidenceRecord,
+    confidences,
+    worst_case_coverage,
+)
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.images import ImageSink
@@ -126,7 +130,29 @@ def search(
     return SearchResult(broken_at, broken_pred, queries, conf)
 
 
-class _CorruptionBase(Check):
+class CorruptionRecord(ConfidenceRecord, total=False):
+    """A corruption record: label, clean prediction, and the first break found (its
+    intensity, transform parameters, prediction and seed, which regenerate it)."""
+
+    label: int
+    pred: int
+    break_intensity: float
+    break_params: list[float]
+    break_pred: int
+    break_seed: int
+
+
+class PairRecord(CorruptionRecord, total=False):
+    """A corruption-pair record: the joint outcome, and each property's alone."""
+
+    outcome_first: str
+    outcome_second: str
+
+
+CR = TypeVar("CR", bound=CorruptionRecord)
+
+
+class _CorruptionBase(Check[CR]):
     family: ClassVar[str] = FAMILY
     glance_group: ClassVar[str] = "Corruptions"
 
@@ -153,13 +179,14 @@ class _CorruptionBase(Check):
         return "broken" if broken else "robust"
 
     @staticmethod
-    def _score(records: list[dict[str, Any]], key: str = "outcome") -> tuple[int, int]:
-        robust = sum(r[key] == "robust" for r in records)
-        evaluated = sum(r[key] in ("robust", "broken") for r in records)
+    def _score(outcomes: Sequence[str]) -> tuple[int, int]:
+        """(robust, evaluated) samples among these outcomes."""
+        robust = sum(o == "robust" for o in outcomes)
+        evaluated = sum(o in ("robust", "broken") for o in outcomes)
         return robust, evaluated
 
 
-class Corruption(_CorruptionBase):
+class Corruption(_CorruptionBase[CorruptionRecord]):
     """Robustness score of one corruption property within a bound (Berghoff et al. 2021).
 
     Parameters: ``property`` (see :data:`certify.perturbations.PROPERTIES`), ``bound`` (in the
@@ -205,7 +232,7 @@ class Corruption(_CorruptionBase):
         return prop, rows, inten
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
-                  ctx: CheckContext) -> list[dict[str, Any]]:
+                  ctx: CheckContext) -> list[CorruptionRecord]:
         prop, rows, inten = self._candidates()
         pred, correct, applicable, clean_conf = self._clean(model, x, y, ctx,
                                                             prop.name == "flip")
@@ -215,7 +242,7 @@ class Corruption(_CorruptionBase):
         out = []
         for j, i in enumerate(index):
             t = int(broken_at[j])
-            rec: dict[str, Any] = {
+            rec: CorruptionRecord = {
                 "outcome": self._outcome(bool(correct[j]), bool(applicable[j]), t >= 0),
                 "label": int(y[j]), "pred": int(pred[j]), "queries": 1 + int(queries[j]),
                 "confidence": float(worst[j]),
@@ -250,10 +277,10 @@ class Corruption(_CorruptionBase):
 
         return {"curve": curve_svg(result.details["curve"], result.details["unit"])}
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[CorruptionRecord], data: Dataset) -> Measurement:
         prop, rows, inten = self._candidates()
         sink = ImageSink()
-        robust, evaluated = self._score(records)
+        robust, evaluated = self._score([r["outcome"] for r in records])
         levels = [0.0, *sorted({float(v) for v in inten.tolist()})]
         broken = [r["break_intensity"] for r in records if r["outcome"] == "broken"]
         curve = [
@@ -286,7 +313,7 @@ class Corruption(_CorruptionBase):
             images=sink.images,
         )
 
-    def _examples(self, apply: Apply, records: list[dict[str, Any]], data: Dataset,
+    def _examples(self, apply: Apply, records: list[CorruptionRecord], data: Dataset,
                   sink: ImageSink) -> list[dict[str, Any]]:
         """Regenerate the weakest breaking transforms for the gallery (deterministic).
 
@@ -312,7 +339,7 @@ class Corruption(_CorruptionBase):
         return out
 
 
-class CorruptionPair(_CorruptionBase):
+class CorruptionPair(_CorruptionBase[PairRecord]):
     """Two properties combined over their joint parameter space (Berghoff et al. 2021, §4.3).
 
     ``first`` and ``second`` are ``{property, bound, steps}`` mappings. Reports the joint
@@ -385,7 +412,7 @@ class CorruptionPair(_CorruptionBase):
                 "na": na, "nb": nb}
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
-                  ctx: CheckContext) -> list[dict[str, Any]]:
+                  ctx: CheckContext) -> list[PairRecord]:
         g = self._grids()
         pred, correct, _, clean_conf = self._clean(model, x, y, ctx, False)
         ra = search(model, x, y, correct, g["ra"], g["a"].apply,
@@ -410,7 +437,7 @@ class CorruptionPair(_CorruptionBase):
         for j, i in enumerate(index):
             c = bool(correct[j])
             joint_broken = (ba[j] >= 0) or (bb[j] >= 0) or (bj[j] >= 0)
-            rec: dict[str, Any] = {
+            rec: PairRecord = {
                 "outcome": self._outcome(c, True, bool(joint_broken)),
                 "outcome_first": self._outcome(c, True, bool(ba[j] >= 0)),
                 "outcome_second": self._outcome(c, True, bool(bb[j] >= 0)),
@@ -451,19 +478,19 @@ class CorruptionPair(_CorruptionBase):
                  for r in results if r.status not in ("ERROR", "SKIPPED")]
         return {"matrix": pair_matrix_svg(pairs)} if pairs else {}
 
-    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+    def outcome_bits(self, records: list[PairRecord]) -> dict[str, list[bool]]:
         """Joint outcomes, plus robustness to each property alone."""
         bits = super().outcome_bits(records)
         bits["first_robust"] = [r["outcome_first"] == "robust" for r in records]
         bits["second_robust"] = [r["outcome_second"] == "robust" for r in records]
         return bits
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[PairRecord], data: Dataset) -> Measurement:
         g = self._grids()
         sink = ImageSink()
-        rj, n = self._score(records)
-        ra, _ = self._score(records, "outcome_first")
-        rb, _ = self._score(records, "outcome_second")
+        rj, n = self._score([r["outcome"] for r in records])
+        ra, _ = self._score([r["outcome_first"] for r in records])
+        rb, _ = self._score([r["outcome_second"] for r in records])
         sj, sa, sb = (v / n if n else 0.0 for v in (rj, ra, rb))
         only_joint = [r for r in records if "break_params" in r]
         examples = []
@@ -497,56 +524,3 @@ class CorruptionPair(_CorruptionBase):
 #: Random-noise pixel properties and the threat model of the attacks that search their worst
 #: case: property -> norm of the matching attack checks (ε is the property's bound).
 RANDOM_PIXEL_NORMS = {"random_linf": "linf", "random_l0": "l0"}
-
-
-def worst_case_beside_random(specs: Sequence[Any], entries: list[dict[str, Any]]) -> None:
-    """Put the attack's evidence beside a random-noise pixel property at the same ε.
-
-    ``random_linf`` and ``random_l0`` draw noise at random, so their robustness score (the share
-    of correctly classified samples that stay correct) can far exceed the share that survives
-    an attack in the same ball. For each such property and each attack check of the suite in
-    the same norm at the same ε, the property's result entry gets, in its details (signed and
-    rendered), the attack's share of correctly classified samples that survive
-    (1 - attack success rate, with its 95% interval) and a sentence saying which row is the
-    worst-case evidence. Applied to the finished checks' result entries, in place, after all
-    checks have run; ``specs`` are the suite's check specs (``id`` and ``check``).
-    """
-    from certify.checks.attack import AttackCheck
-
-    by_id = {e["id"]: e for e in entries}
-    attacks = [(s.id, s.check.threat_model()) for s in specs
-               if isinstance(s.check, AttackCheck)]
-    for spec in specs:
-        check = spec.check
-        if not isinstance(check, Corruption) or check.property not in RANDOM_PIXEL_NORMS:
-            continue
-        entry = by_id.get(spec.id)
-        if entry is None or entry.get("status") == "ERROR" or not entry.get("metrics"):
-            continue
-        norm, bound = RANDOM_PIXEL_NORMS[check.property], float(entry["details"]["bound"])
-        score = float(entry["metrics"]["robustness_score"])
-        rows = []
-        for aid, (anorm, eps) in attacks:
-            a = by_id.get(aid)
-            if anorm != norm or not math.isclose(eps, bound, rel_tol=1e-9, abs_tol=1e-12) or \
-                    a is None or a.get("status") == "ERROR" or not a.get("metrics"):
-                continue
-            asr = float(a["metrics"]["attack_success_rate"])
-            lo, hi = a.get("intervals", {}).get("attack_success_rate", (asr, asr))
-            survive = 1.0 - asr
-            unit = "pixels" if norm == "l0" else ""
-            at = f"{bound:g} {unit}".strip()
-            sentence = (
-                f"{check.property} draws noise at random and does not search for the worst "
-                f"case; the attack row {aid} ({a['params'].get('attack', aid)}, {norm} at "
-                f"{at}) is the worst-case evidence: {pct(survive)} of the correctly classified "
-                f"samples it attacked survive it, against this property's {pct(score)}")
-            rows.append({"attack_check": aid, "attack": a["params"].get("attack", aid),
-                         "norm": norm, "epsilon": bound, "surviving_share": survive,
-                         "surviving_interval": [1.0 - float(hi), 1.0 - float(lo)],
-                         "n_attacked": int(a["metrics"]["n_robust"]) +
-                         int(a["metrics"]["n_broken"]),
-                         "attack_status": a["status"], "property_score": score,
-                         "exceeds_attack": score > survive, "note": sentence})
-        if rows:
-            entry["details"] = {**entry["details"], "worst_case_comparison": rows}

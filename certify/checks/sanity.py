@@ -9,7 +9,7 @@ is a warning on the card.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +24,7 @@ from certify.checks.confidence import FAMILY, confidences
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model
+from certify.rundir import SampleRecord
 
 #: Interpolation points on each path from a sample (to its seeded noise image, to its
 #: negative) that look for a label change.
@@ -57,7 +58,21 @@ def _repeat(model: Model, x: torch.Tensor, repeats: int, tolerance: float
     return outs[0], random, flips
 
 
-class Sanity(Check):
+class SanityRecord(SampleRecord, total=False):
+    """A sanity record: what repeating the sample's query showed (and near its boundary)."""
+
+    random: bool
+    label_flips: bool
+    confidence: float
+    output: str
+    saturated: bool
+    one_hot: bool
+    random_near_boundary: bool
+    label_flips_near_boundary: bool
+    boundary_margin: float
+
+
+class Sanity(Check[SanityRecord]):
     """Suspect-model checks before any attack: randomness, saturation, probabilities.
 
     Randomness is probed twice per sample, each with ``repeats`` queries of one input: on the
@@ -167,12 +182,12 @@ class Sanity(Check):
         return blend(alpha, rows, path), queries
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
-                  ctx: CheckContext) -> list[dict[str, Any]]:
+                  ctx: CheckContext) -> list[SanityRecord]:
         first, random, flips = _repeat(model, x, self.repeats, self.tolerance)
         conf = confidences(first, model.info.output)
         p = torch.softmax(first, 1) if model.info.output == "logits" else first
         one_hot = (p.max(dim=1).values >= 1 - 1e-6) & (p.sum(dim=1) - 1).abs().lt(1e-4)
-        rows: list[dict[str, Any]] = [
+        rows: list[SanityRecord] = [
             {"random": bool(r), "label_flips": bool(f), "confidence": float(c),
                  "output": model.info.output,
                  "saturated": bool(c >= self.saturation_threshold), "one_hot": bool(o),
@@ -200,7 +215,7 @@ class Sanity(Check):
                 "found (randomness, saturation, probability outputs)") + \
             f" on {result.metrics.n} samples{probe}, {result.details['repeats']} repeats each"
 
-    def outcome_bits(self, records: list[dict[str, Any]]) -> dict[str, list[bool]]:
+    def outcome_bits(self, records: list[SanityRecord]) -> dict[str, list[bool]]:
         """Per sample: randomised (anywhere), randomised near the boundary, saturated."""
         bits = {"random": [_randomised(r) for r in records],
                 "saturated": [bool(r["saturated"]) for r in records]}
@@ -208,7 +223,7 @@ class Sanity(Check):
             bits["random_near_boundary"] = [bool(r["random_near_boundary"]) for r in records]
         return bits
 
-    def summarize(self, records: list[dict[str, Any]], data: Dataset) -> Measurement:
+    def summarize(self, records: list[SanityRecord], data: Dataset) -> Measurement:
         n = len(records) or 1
         rnd = sum(_randomised(r) for r in records) / n
         probed = bool(records) and "random_near_boundary" in records[0]
@@ -255,6 +270,6 @@ class Sanity(Check):
         )
 
 
-def _randomised(record: dict[str, Any]) -> bool:
+def _randomised(record: SanityRecord) -> bool:
     """Whether a sanity record saw different outputs for the same input, anywhere."""
     return bool(record["random"] or record.get("random_near_boundary"))

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import certify
-from certify.canonical import normalize
+from certify.checks import Check, Measurement
 from certify.data import Dataset
 from certify.device import DeviceChoice
 from certify.engine.crosscheck import attack_worst_case
@@ -23,6 +24,7 @@ from certify.models.base import Model, endpoint_of
 from certify.redact import redact_obj
 from certify.results import (
     SCHEMA,
+    CheckResult,
     DataDoc,
     ModelDoc,
     Outcomes,
@@ -32,25 +34,26 @@ from certify.results import (
     RunResult,
     Status,
     SuiteDoc,
-    WorstCase,
-    check_result_model,
     pack_bits,
 )
-from certify.rundir import RunDir
+from certify.rundir import RunDir, SampleRecord
 from certify.suite import Suite
 
 
 @dataclass
 class RunState:
-    """What a run gathered on the way, for the assembly: entries, timings, seeds, records."""
+    """What a run gathered on the way, for the assembly: results, timings, seeds, records."""
 
     seed: int
     t0: float = field(default_factory=time.perf_counter)
-    entries: list[dict[str, Any]] = field(default_factory=list)
+    results: list[CheckResult] = field(default_factory=list)
     durations: dict[str, float] = field(default_factory=dict)
     seeds: dict[str, int] = field(default_factory=dict)
-    images: dict[str, Any] = field(default_factory=dict)
-    finals: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    images: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Each evaluated check's merged records (every round's), by check id.
+    finals: dict[str, dict[int, SampleRecord]] = field(default_factory=dict)
+    #: Each evaluated check's measurement as its summary made it (before canonical form).
+    measured: dict[str, Measurement] = field(default_factory=dict)
 
 
 def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model: Model,
@@ -58,7 +61,7 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
                     run: RunDir, query_budget: int | None, executor: Executor,
                     model_spec: str, reference_spec: str | None) -> RunResult:
     """The typed result: the deterministic measurement, and the provenance beside it."""
-    checks = [_typed_check(e) for e in state.entries]
+    checks = state.results
     statuses = [c.status for c in checks]
     verdict = overall_verdict(statuses)
     model_q, ref_q = recorded_queries(run)
@@ -66,17 +69,16 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
         certify_version=certify.__version__,
         suite=SuiteDoc(name=suite.name, digest=suite.digest, description=suite.description,
                        decision=typing.cast(Any, suite.decision)),
-        model=ModelDoc(**_model_doc(model)),
-        reference_model=None if reference is None else ModelDoc(**_model_doc(reference)),
-        data=DataDoc(**_data_doc(data)),
+        model=_model_doc(model),
+        reference_model=None if reference is None else _model_doc(reference),
+        data=_data_doc(data),
         device=typing.cast(Any, device.name),
         seeds={"suite": state.seed, "checks": state.seeds},
         queries=RunQueries(total=model_q + ref_q, model=model_q, reference=ref_q,
                            budget=query_budget),
         checks=checks,
         summary={s.lower(): statuses.count(s) for s in typing.get_args(Status)},
-        attack_worst_case=[WorstCase(**w) for w in attack_worst_case(suite, state.finals,
-                                                                      frozenset(skips))],
+        attack_worst_case=attack_worst_case(suite, state.finals, frozenset(skips)),
         verdict=typing.cast(Any, verdict),
         decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any evaluated check has, "
                   f"else PASS: {verdict}"
@@ -114,13 +116,11 @@ def _versions() -> dict[str, str]:
     }
 
 
-def outcomes_doc(check: Any, records: list[dict[str, Any]], n: int) -> dict[str, Any]:
+def outcomes_doc(check: Check[Any], records: list[SampleRecord], n: int) -> Outcomes:
     """A check's per-sample outcomes as packed bitmaps over the dataset (``n`` samples).
 
     Samples whose model output was not finite have an ``error`` bit and no other outcome.
     """
-    import numpy as np
-
     good = [r for r in records if r.get("outcome") != "error"]
     errors = [int(r["i"]) for r in records if r.get("outcome") == "error"]
     selected = np.zeros(n, dtype=bool)
@@ -138,12 +138,13 @@ def outcomes_doc(check: Any, records: list[dict[str, Any]], n: int) -> dict[str,
     values = {k: [float(vs[pos[int(r["i"])]]) if int(r["i"]) in pos else None
                   for r in records]
               for k, vs in check.sample_values(good).items()}
-    return Outcomes(n=n, selected=pack_bits(selected), bits=bits, values=values).model_dump()
+    return Outcomes(n=n, selected=pack_bits(selected), bits=bits, values=values)
 
 
 def _traffic(model: Model, reference: Model | None, executor: Executor
              ) -> dict[str, Any]:
-    """Endpoint traffic of this invocation per model: this process's, plus the workers'."""
+    """Endpoint traffic of this invocation per model: this process's, plus the workers'
+    (provenance: request counts, and the deadlines and breaker record the endpoint chose)."""
     out: dict[str, Any] = {}
     for name, m in (("model", model), ("reference", reference)):
         endpoint = endpoint_of(m)
@@ -156,20 +157,14 @@ def _traffic(model: Model, reference: Model | None, executor: Executor
     return out
 
 
-def _typed_check(entry: dict[str, Any]) -> Any:
-    """The typed result of one check (its kind's model validates the metrics it declares)."""
-    return check_result_model(entry["kind"]).model_validate(normalize(entry))
-
-
-def _model_doc(model: Model) -> dict[str, Any]:
+def _model_doc(model: Model) -> ModelDoc:
     d = model.info.to_dict()
     d.pop("provider", None)  # provenance: the same model gives the same numbers on either
-    doc: dict[str, Any] = redact_obj(d)  # an endpoint's URL is part of its name and identity
-    return doc
+    return ModelDoc(**redact_obj(d))  # an endpoint's URL is part of its name and identity
 
 
-def _data_doc(data: Dataset) -> dict[str, Any]:
+def _data_doc(data: Dataset) -> DataDoc:
     d = data.describe()
     d["name"] = Path(str(d.pop("source"))).name
-    return d
+    return DataDoc(**d)
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from certify.checks import CheckContext
 from certify.data import Dataset
+from certify.rundir import SampleRecord
 from certify.suite import CheckSpec
 
 #: One finished batch: (sample indices, records, queries the model saw, queries the reference
 #: model saw).
-Batch = tuple[list[int], list[dict[str, Any]], int, int]
+Batch = tuple[list[int], list[SampleRecord], int, int]
 
 
 class Executor(Protocol):

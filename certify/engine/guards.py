@@ -9,13 +9,15 @@ import torch
 from certify.checks import Check, CheckContext
 from certify.errors import NonFiniteOutput
 from certify.models.base import QueryCounter
+from certify.rundir import SampleRecord
 
 #: The ``error`` of a sample record whose model answer held NaN or infinite scores.
 NON_FINITE = "non-finite model output"
 
 
-def run_batch_isolating(check: Check, model: QueryCounter, x: torch.Tensor, y: torch.Tensor,
-                        idx: list[int], ctx: CheckContext) -> list[dict[str, Any]]:
+def run_batch_isolating(check: Check[Any], model: QueryCounter, x: torch.Tensor,
+                        y: torch.Tensor, idx: list[int], ctx: CheckContext
+                        ) -> list[SampleRecord]:
     """``check.run_batch``, where a non-finite model answer makes error records, not a crash.
 
     If any query of the batch gets NaN or infinite scores back (:class:`NonFiniteOutput`), the
@@ -36,8 +38,8 @@ def run_batch_isolating(check: Check, model: QueryCounter, x: torch.Tensor, y: t
     except NonFiniteOutput:
         now = spent()
         wasted = (now[0] - before[0], now[1] - before[1])
-    rows: list[dict[str, Any]] = []
-    errors: list[dict[str, Any]] = []
+    rows: list[SampleRecord] = []
+    errors: list[SampleRecord] = []
     if len(idx) == 1:
         rows = errors = [{"outcome": "error", "error": NON_FINITE, "queries": 0}]
     else:
@@ -54,12 +56,19 @@ def run_batch_isolating(check: Check, model: QueryCounter, x: torch.Tensor, y: t
                 errors.append(rows[-1])
     # Alone, every sample may answer finitely (a batch-dependent model): then all share it.
     charged = errors or rows
-    for key, total in zip(("queries", "ref_queries"), wasted, strict=True):
-        if not total:
-            continue
-        for k, r in enumerate(charged):
-            share = total // len(charged) + (1 if k < total % len(charged) else 0)
-            r[key] = int(r.get(key, 0)) + share
-            r[f"batch_{key}"] = share
+    for k, r in enumerate(charged):
+        if wasted[0]:
+            share = _share(wasted[0], k, len(charged))
+            r["queries"] = int(r.get("queries", 0)) + share
+            r["batch_queries"] = share
+        if wasted[1]:
+            share = _share(wasted[1], k, len(charged))
+            r["ref_queries"] = int(r.get("ref_queries", 0)) + share
+            r["batch_ref_queries"] = share
     return rows
+
+
+def _share(total: int, k: int, n: int) -> int:
+    """Record ``k``'s share of ``total`` queries split as evenly as possible over ``n``."""
+    return total // n + (1 if k < total % n else 0)
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from certify.rundir import RunDir
+from certify.rundir import RunDir, SampleRecord
 
 #: Separates a check id from its round in record keys (refused in check ids at suite load).
 ROUND_SEP = "#round"
@@ -14,13 +12,12 @@ ROUND_SEP = "#round"
 SUBSET_KEY = "#samples"
 
 
-
 def round_key(check_id: str, r: int) -> str:
     """Where round ``r`` of a check keeps its records in the run directory."""
     return check_id if r == 0 else f"{check_id}{ROUND_SEP}{r}"
 
 
-def record_queries(r: dict[str, Any]) -> int:
+def record_queries(r: SampleRecord) -> int:
     """Images one record's sample cost, over all models."""
     return int(r.get("queries", 0)) + int(r.get("ref_queries", 0))
 

@@ -19,11 +19,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from certify.checks import CheckContext
+import numpy as np
+
+from certify.canonical import normalize
+from certify.checks import CheckContext, Measurement
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
 from certify.engine.assemble import RunState, assemble_result, outcomes_doc
-from certify.engine.crosscheck import apply_cross_checks
+from certify.engine.crosscheck import apply_cross_checks, randomised_share
 from certify.engine.executor import Executor
 from certify.engine.local import LocalExecutor, cpu_batch_size, local_lanes
 from certify.engine.records import (
@@ -37,8 +40,8 @@ from certify.errors import CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, endpoint_of
 from certify.progress import NullProgress, Progress
 from certify.redact import redact, redact_obj
-from certify.results import RunResult
-from certify.rundir import RunDir
+from certify.results import CheckResult, RunResult, check_result_model
+from certify.rundir import RunDir, SampleRecord
 from certify.suite import CheckSpec, Suite
 
 log = logging.getLogger("certify")
@@ -79,7 +82,7 @@ class _Run:
     executor: Executor
 
 
-def _run_check(spec: CheckSpec, ctx: CheckContext, w: _Run) -> dict[int, dict[str, Any]]:
+def _run_check(spec: CheckSpec, ctx: CheckContext, w: _Run) -> dict[int, SampleRecord]:
     """Run a check, round after round: each round finishes for all samples (and all shards)
     before the check decides on the next one from the merged records, so a resumed or
     distributed run makes the same decisions."""
@@ -99,7 +102,7 @@ def _run_check(spec: CheckSpec, ctx: CheckContext, w: _Run) -> dict[int, dict[st
 
 
 def _run_round(spec: CheckSpec, this: CheckSpec, selected: list[int], ctx: CheckContext,
-               w: _Run, used: int) -> dict[int, dict[str, Any]]:
+               w: _Run, used: int) -> dict[int, SampleRecord]:
     """One round of a check (``this``: its id is the round's record key) on ``selected``;
     ``used`` is what the check's earlier rounds spent of its budget."""
     done = w.run.records[this.id]
@@ -158,7 +161,7 @@ class SuiteOutcome:
     (digest -> ``[H, W, 3]`` uint8 pixels; not part of the signed result)."""
 
     result: RunResult
-    images: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def run_suite(
@@ -206,27 +209,27 @@ def run_suite(
     for spec in suite.checks:
         state.seeds[spec.id] = check_seed(seed, spec.id)
         c0 = time.perf_counter()
-        entry = _entry_head(spec)
         if spec.id in skips:  # not evaluated: no query, no record, never a pass
-            entry.update(_empty_result("SKIPPED", skips[spec.id], None))
+            checked = _empty_result(spec, "SKIPPED", skips[spec.id], None)
         else:
             ctx = CheckContext(check_seed=state.seeds[spec.id], device=device.torch_device,
                                class_names=list(data.class_names),
                                flip_invariant_classes=suite.flip_invariant_classes,
                                abstain_class=suite.abstain_class,
                                n_samples=min(spec.samples or len(data), len(data)))
-            entry.update(_evaluate(spec, ctx, work, state))
+            checked = _evaluate(spec, ctx, work, state)
         state.durations[spec.id] = 0.0 if spec.id in skips else time.perf_counter() - c0
-        state.entries.append(entry)
-    apply_cross_checks(suite, state.entries)
+        state.results.append(checked)
+    state.results = apply_cross_checks(suite, state.results, state.measured)
     result = assemble_result(state, suite, skips, model, reference, data, device, run,
                              query_budget, executor, model_spec, reference_spec)
     return SuiteOutcome(result=result, images=state.images)
 
 
-def _entry_head(spec: CheckSpec) -> dict[str, Any]:
-    """What a check's result entry says whatever happens: its id, kind, params, threshold."""
-    return {
+def _typed(spec: CheckSpec, fields: dict[str, object]) -> CheckResult:
+    """A check's typed result: what it says whatever happens (id, kind, params, threshold,
+    budget) and ``fields``, in canonical form, validated by its kind's result model."""
+    head = {
         "id": spec.id,
         "kind": spec.kind,
         "params": spec.check.get_params(),
@@ -237,30 +240,32 @@ def _entry_head(spec: CheckSpec) -> dict[str, Any]:
         },
         "budget": spec.budget,
     }
+    return check_result_model(spec.kind).model_validate(normalize(head | fields))
 
 
-def _empty_result(status: str, decision: str, error: str | None) -> dict[str, Any]:
-    """The result fields of a check that measured nothing (SKIPPED, or ERROR)."""
-    return {"status": status, "decision": decision, "metrics": None, "intervals": {},
-            "details": {}, "error": error, "warnings": [],
-            "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0}, "outcomes": None}
+def _empty_result(spec: CheckSpec, status: str, decision: str, error: str | None
+                  ) -> CheckResult:
+    """The result of a check that measured nothing (SKIPPED, or ERROR)."""
+    return _typed(spec, {"status": status, "decision": decision, "metrics": None,
+                         "intervals": {}, "details": {}, "error": error, "warnings": [],
+                         "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0},
+                         "outcomes": None})
 
 
-def _evaluate(spec: CheckSpec, ctx: CheckContext, w: _Run, state: RunState
-              ) -> dict[str, Any]:
-    """Run one check and decide it: its result fields (an ERROR entry if it crashed)."""
+def _evaluate(spec: CheckSpec, ctx: CheckContext, w: _Run, state: RunState) -> CheckResult:
+    """Run one check and decide it: its typed result (an ERROR result if it crashed)."""
     try:
         records = _run_check(spec, ctx, w)
         state.finals[spec.id] = records
-        fields, m = _summarize(spec, records, w.data)
+        result, m = _summarize(spec, records, w.data)
         state.images.update(m.images)
-        share = (m.metrics or {}).get("nondeterministic_share") if spec.kind == "sanity" \
-            else None
+        state.measured[spec.id] = m
+        share = randomised_share(spec, m)
         if share:
             _no_hedging(f"check {spec.id} found the model randomised ({share:.0%} of its "
                         "samples gave different outputs for the same input)",
                         w.model, w.reference, w.executor)
-        return fields
+        return result
     except (KeyboardInterrupt, ModelError):
         raise
     except Exception as exc:  # noqa: BLE001 - a check's crash is a result, not a crash
@@ -271,12 +276,12 @@ def _evaluate(spec: CheckSpec, ctx: CheckContext, w: _Run, state: RunState
             message = redact(f"{type(exc).__name__}: {exc}")
         log.debug("check %s failed:\n%s", spec.id, traceback.format_exc())
         log.error("check %s errored: %s", spec.id, message)
-        return _empty_result("ERROR", "the check could not complete", message)
+        return _empty_result(spec, "ERROR", "the check could not complete", message)
 
 
-def _summarize(spec: CheckSpec, records: dict[int, dict[str, Any]], data: Dataset
-               ) -> tuple[dict[str, Any], Any]:
-    """A check's measured result fields from its merged records, and its measurement."""
+def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset
+               ) -> tuple[CheckResult, Measurement]:
+    """A check's typed result from its merged records, and its measurement."""
     ordered = [records[i] for i in sorted(records)]
     errored = [r for r in ordered if r.get("outcome") == "error"]
     if errored and len(errored) == len(ordered):
@@ -289,7 +294,7 @@ def _summarize(spec: CheckSpec, records: dict[int, dict[str, Any]], data: Datase
                           "infinite model outputs and are left out of the metrics")
     queries = [int(r.get("queries", 0)) for r in ordered]
     status, decision = decide(spec, m.metrics, m.warnings, len(errored), m.intervals)
-    return {
+    return _typed(spec, {
         "metrics": m.metrics,
         "intervals": {k: list(v) for k, v in m.intervals.items()},
         "details": m.details,
@@ -300,9 +305,9 @@ def _summarize(spec: CheckSpec, records: dict[int, dict[str, Any]], data: Datase
         "warnings": m.warnings,
         "status": status,
         "decision": decision,
-        "outcomes": outcomes_doc(spec.check, ordered, len(data)),
+        "outcomes": outcomes_doc(spec.check, ordered, len(data)).model_dump(),
         "sample_errors": len(errored),
-    }, m
+    }), m
 
 
 def _no_hedging(why: str, model: Model, reference: Model | None, executor: Executor) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
 
 from certify.suite import CheckSpec
 
@@ -12,14 +12,14 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _samples_needed(spec: CheckSpec, metrics: dict[str, Any], value: float,
+def _samples_needed(spec: CheckSpec, metrics: Mapping[str, float | None], value: float,
                     interval: tuple[float, float], bounds: list[float]) -> str:
     """How many samples would decide an interval that straddles ``bounds``, in words."""
     from certify.stats import samples_to_decide
 
     if any(value == b for b in bounds):
         return "no sample size decides it: the point estimate is on the threshold"
-    metric = next((m for m in getattr(spec.check, "metrics", ())
+    metric = next((m for m in spec.check.metrics
                    if m.name == spec.threshold.metric), None) if spec.threshold else None
     if metric is None or metric.unit == "rate":
         needed = [samples_to_decide(value, b) for b in bounds]
@@ -37,9 +37,10 @@ def _samples_needed(spec: CheckSpec, metrics: dict[str, Any], value: float,
             "would decide it")
 
 
-def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str],
+def decide(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[str],
            sample_errors: int = 0,
-           intervals: dict[str, Any] | None = None) -> tuple[str, str]:
+           intervals: Mapping[str, tuple[float | None, float | None]] | None = None
+           ) -> tuple[str, str]:
     """A check's status and the rule that made it, from its metrics, intervals and warnings.
 
     With the ``interval`` rule (``spec.decision``, the default), a threshold's metric that has a
@@ -64,10 +65,10 @@ def decide(spec: CheckSpec, metrics: dict[str, Any], warnings: list[str],
         return "INCONCLUSIVE", f"{t.metric} is not a number, so {t.describe()} cannot be decided"
     value = float(value)
     iv = (intervals or {}).get(t.metric)
-    usable = iv is not None and len(iv) == 2 and all(
-        b is not None and math.isfinite(float(b)) for b in iv)
+    ends = [float(b) for b in iv if b is not None] if iv is not None else []
+    usable = len(ends) == 2 and len(iv or ()) == 2 and all(math.isfinite(b) for b in ends)
     if spec.decision == "interval" and usable:
-        lo, hi = float(iv[0]), float(iv[1])  # type: ignore[index]
+        lo, hi = ends
         said = f"{t.metric} = {_fmt(value)} (95% interval {_fmt(lo)}–{_fmt(hi)})"
         missed = [b for b, out in ((t.min, t.min is not None and hi < t.min),
                                    (t.max, t.max is not None and lo > t.max)) if out]

@@ -34,6 +34,7 @@ import queue
 import re
 import threading
 import time
+import typing
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -400,7 +401,7 @@ class HttpModel:
             return res.retry_after
         if res.kind == "timeout" or failures <= 1:
             return 0.0
-        return min(30.0, self.options.backoff * 2 ** (failures - 2))
+        return min(30.0, float(self.options.backoff * 2 ** (failures - 2)))
 
     def _note_overload(self, res: _Outcome) -> None:
         """Keep which of the recent answers were 429 or 503 (see :meth:`_overloaded`)."""
@@ -498,8 +499,8 @@ class HttpModel:
         for kind in ("fatal", "overload"):
             for r in results:
                 if r.kind == kind:
-                    return r
-        return attempts[0].outcome
+                    return typing.cast(_Outcome, r)
+        return typing.cast(_Outcome, attempts[0].outcome)
 
     def _attempt(self, att: Attempt, method: str, url: str, body: bytes | None,
                  headers: dict[str, str] | None, parse: Callable[[requests.Response], Any],
@@ -655,7 +656,7 @@ class HttpModel:
         out = self._call("POST", self.endpoint.infer_url, self._parse(len(arr)), body, headers,
                          images=len(arr))
         self._count("images", len(arr))
-        return out
+        return typing.cast(np.ndarray, out)
 
     def _forward(self, arr: np.ndarray) -> np.ndarray:
         if len(arr) == 0:  # nothing to ask the endpoint

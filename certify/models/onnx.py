@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import typing
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -171,7 +172,7 @@ def _make_batch_symbolic(model: onnx.ModelProto) -> bytes:
             new = arr.copy()
             new[0] = -1
             init.CopyFrom(onnx.numpy_helper.from_array(new, init.name))
-    return m.SerializeToString()
+    return typing.cast(bytes, m.SerializeToString())
 
 
 def _penultimate(proto: onnx.ModelProto) -> str | None:
@@ -186,7 +187,7 @@ def _penultimate(proto: onnx.ModelProto) -> str | None:
         if node.op_type in ("Gemm", "MatMul"):
             data = [i for i in node.input[:2] if i not in consts]
             if len(data) == 1 and len(node.input) >= 2:
-                return data[0]
+                return typing.cast("str | None", data[0])
     return None
 
 
@@ -369,7 +370,7 @@ class OnnxModel:
     def _to_model_input(self, x: torch.Tensor) -> np.ndarray:
         arr = to_model_input(x, self.preprocessing, self.input_shape[0], self.layout)
         if self._np_dtype is np.uint8:
-            return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+            return typing.cast(np.ndarray, np.clip(np.rint(arr), 0, 255).astype(np.uint8))
         return arr.astype(self._np_dtype, copy=False)
 
     def _run(self, arr: np.ndarray, session: ort.InferenceSession | None = None,
@@ -385,7 +386,7 @@ class OnnxModel:
                 step = self._cpu_chunk
                 return np.concatenate([session.run(names, {self.input_name: arr[i:i + step]})[0]
                                        for i in range(0, len(arr), step)])
-            return session.run(names, {self.input_name: arr})[0]
+            return typing.cast(np.ndarray, session.run(names, {self.input_name: arr})[0])
         outs = []
         n = len(arr)
         for start in range(0, n, fb):

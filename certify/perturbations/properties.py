@@ -10,6 +10,7 @@ and returns the input unchanged where the intensity is 0.
 from __future__ import annotations
 
 import math
+import typing
 
 import kornia
 import torch
@@ -139,7 +140,7 @@ def _l0(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
 
 def _l0_levels(bound: float, steps: int) -> torch.Tensor:
     ks = torch.unique(torch.linspace(0, bound, steps + 1, dtype=torch.float64).round())
-    return ks[ks > 0].unsqueeze(1)
+    return typing.cast(torch.Tensor, ks[ks > 0].unsqueeze(1))
 
 
 # -- geometric -----------------------------------------------------------------------------
