@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+#: A value a check may put in its measurement's ``details``: JSON, read covariantly (tuples and
+#: other sequences allowed; :func:`normalize` turns them into plain JSON values).
+JSONLike = Union[  # noqa: UP007 - a recursive alias needs the Union form on Python 3.10
+    str, int, float, bool, None, Sequence["JSONLike"], Mapping[str, "JSONLike"]]
 
 
 def normalize(obj: Any) -> Any:

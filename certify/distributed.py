@@ -29,6 +29,7 @@ from typing import Any, ClassVar, TypedDict
 
 import torch
 
+from certify.canonical import JSONLike
 from certify.checks import CheckContext
 from certify.data import Dataset
 from certify.device import DeviceChoice, choose_device
@@ -178,7 +179,7 @@ class _Worker:
             endpoint = endpoint_of(m)
             if endpoint is not None:
                 d = endpoint.traffic()
-                out[name] = {k: int(d[k]) for k in TRAFFIC_COUNTS}
+                out[name] = {k: _count(d[k]) for k in TRAFFIC_COUNTS}
         return out
 
     def disable_hedging(self, why: str) -> None:
@@ -220,6 +221,13 @@ TRAFFIC_COUNTS = ("requests", "retries", "images", "hedges", "hedge_wins", "hedg
 
 _ERRORS: dict[str, type[CertifyError]] = {"BudgetExceeded": BudgetExceeded,
                                           "ModelError": ModelError}
+
+
+def _count(v: JSONLike) -> int:
+    """A traffic count as an int (the endpoint reports counts as ints)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected a traffic count, got {v!r}")
+    return v
 
 
 class RayExecutor:

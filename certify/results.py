@@ -22,7 +22,7 @@ import functools
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
 
 from certify.checks import CHECKS
 from certify.errors import CertifyError
@@ -86,13 +86,13 @@ class CheckResult(_Strict):
 
     id: str
     kind: str
-    params: dict[str, Any]
+    params: dict[str, JsonValue]
     threshold: ThresholdDoc | None
     budget: int | None
     status: Status
     decision: str = Field(description="the rule that made the status")
     intervals: dict[str, Interval]
-    details: dict[str, Any]
+    details: dict[str, JsonValue]
     warnings: list[str]
     error: str | None
     sample_errors: int = Field(0, description="samples whose model output was not finite")
@@ -167,7 +167,7 @@ class ModelDoc(_Strict):
     output: Literal["logits", "probs", "labels"]
     layout: str
     batch: str
-    preprocessing: dict[str, Any]
+    preprocessing: dict[str, JsonValue]
     metadata: dict[str, str]
 
 
@@ -186,6 +186,13 @@ class DataDoc(_Strict):
         "which the samples were drawn from (runs on different subsets of one dataset share it)")
     selection: str | None = Field(default=None,
                                   description="how the samples were chosen from the source")
+
+
+class Seeds(_Strict):
+    """The seeds of a run: the suite's, and each check's derived from it and the check id."""
+
+    suite: int
+    checks: dict[str, int]
 
 
 class RunQueries(_Strict):
@@ -218,7 +225,7 @@ class RunMeasurement(BaseModel):
     reference_model: ModelDoc | None
     data: DataDoc
     device: Literal["cpu", "cuda"]
-    seeds: dict[str, Any]
+    seeds: Seeds
     queries: RunQueries
     checks: list[AnyCheckResult]
     summary: dict[str, int]
@@ -238,8 +245,8 @@ class Provenance(BaseModel):
     suite_source: str
     device: dict[str, str]
     environment: dict[str, str]
-    timings: dict[str, Any]
-    traffic: dict[str, Any] | None
+    timings: dict[str, JsonValue]
+    traffic: dict[str, JsonValue] | None
     renderer: dict[str, str] = Field(default_factory=dict)
 
 

@@ -13,8 +13,9 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
+from certify.canonical import JSONLike
 from certify.errors import UsageError
 
 RUN_FILE = "run.json"
@@ -95,7 +96,7 @@ def check_out_dir(path: Path, resume: bool) -> None:
 class RunDir:
     """A run's output folder; ``records`` maps check id to {sample index: record}."""
 
-    def __init__(self, path: Path, fingerprint: dict[str, Any], resume: bool) -> None:
+    def __init__(self, path: Path, fingerprint: dict[str, JSONLike], resume: bool) -> None:
         self.path = path
         self.records: dict[str, dict[int, SampleRecord]] = defaultdict(dict)
         check_out_dir(path, resume)
@@ -121,7 +122,7 @@ class RunDir:
         appended by this run are not counted)."""
         return self._resumed
 
-    def _check_fingerprint(self, run_file: Path, fingerprint: dict[str, Any]) -> None:
+    def _check_fingerprint(self, run_file: Path, fingerprint: dict[str, JSONLike]) -> None:
         try:
             old = json.loads(run_file.read_text(encoding="utf-8"))["fingerprint"]
         except (OSError, ValueError, KeyError, TypeError):

@@ -40,8 +40,13 @@ def worker_group(item: pytest.Item) -> str:
     return item.path.name
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark demo users ``slow``; refuse a test in no tier (``unit`` or ``e2e``)."""
+    """Mark demo users ``slow``; refuse a test in no tier (``unit`` or ``e2e``).
+
+    Runs first: pytest's ``-m`` selection and xdist's ``loadgroup`` read the markers added here
+    in their own hooks of the same name (run after this one, they would not see them).
+    """
     untiered = []
     parallel = config.pluginmanager.hasplugin("xdist")
     for item in items:
@@ -54,6 +59,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if untiered:
         raise pytest.UsageError("tests in no tier (mark them unit or e2e): "
                                 + ", ".join(untiered[:5]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse a parallel run whose workers would not group the tests.
+
+    pytest 9.2 derives ``item.nodeid``, so the group suffix pytest-xdist 3.8 sets for
+    ``--dist loadgroup`` is lost: every module's fixtures and the demo would then be built on
+    every worker, and the Ray tests would run side by side (pyproject.toml pins pytest below
+    9.2 for this).
+    """
+    if config.getoption("dist", None) == "loadgroup" and pytest.version_tuple >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} does not keep pytest-xdist's test groups "
+            "(--dist loadgroup): install the pytest version pyproject.toml asks for "
+            "(bash scripts/setup.sh does)")
 
 
 @pytest.fixture(scope="session")

@@ -118,7 +118,8 @@ def test_faults_are_retried_to_the_same_metrics(model_path, suite, data, baselin
     traffic = json.loads((tmp_path / "run" / "results.json").read_text())["provenance"][
         "traffic"]["model"]
     faults = sum(server.faults_injected.values())
-    assert faults <= traffic["retries"] <= faults + traffic["timeouts"]
+    assert faults <= traffic["retries"] <= faults + traffic["timeouts"], (
+        server.faults_injected, traffic)
     assert faults > 0 and traffic["hedges"] == 0
     assert traffic["requests"] > traffic["retries"]
 

@@ -83,21 +83,30 @@ def _wait_for_record(out: Path, check: str, proc: subprocess.Popen[str], timeout
     raise AssertionError(f"no {check} record within {timeout} s")
 
 
-def _ray_workers() -> list[psutil.Process]:
+def _ray_processes(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    """The processes of the Ray instance that the certify process ``proc`` started (its
+    descendants: Ray's servers and workers), never another run's on the same machine."""
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _ray_workers(proc: subprocess.Popen[str]) -> list[psutil.Process]:
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
+    for p in _ray_processes(proc):
+        try:
+            cmd = " ".join(p.cmdline())
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
         if cmd.startswith("ray::_Worker"):
             found.append(p)
     return found
 
 
-def _listening_addresses() -> set[str]:
+def _listening_addresses(proc: subprocess.Popen[str]) -> set[str]:
     addrs = set()
-    for p in psutil.process_iter(["cmdline", "name"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if not any(k in cmd for k in ("ray::", "gcs_server", "raylet", "ray/")):
-            continue
+    for p in _ray_processes(proc):
         try:
             conns = p.net_connections(kind="tcp")
         except (psutil.AccessDenied, psutil.NoSuchProcess):
@@ -112,7 +121,7 @@ def test_demo_on_two_workers_matches_the_local_run(demo_small_suite, demo_small_
     proc = _popen("demo", "--suite", str(demo_small_suite), "--out", str(out), "--no-pdf",
                   "--executor", "ray", "--workers", "2")
     _wait_for_record(out, "clean", proc, timeout=300)
-    addrs = _listening_addresses()  # while Ray runs: nothing but loopback
+    addrs = _listening_addresses(proc)  # while Ray runs: nothing but loopback
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     assert addrs and addrs <= {"127.0.0.1", "::ffff:127.0.0.1"}, addrs
@@ -124,7 +133,7 @@ def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
     out = tmp_path / "run"
     proc = _popen(*_args(model_path, suite, data, out, "--executor", "ray", "--workers", "2"))
     _wait_for_record(out, "square", proc)
-    victims = _ray_workers()
+    victims = _ray_workers(proc)
     assert victims, "no Ray worker process found"
     victims[0].send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=600)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
 
+from certify.canonical import JSONLike
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
@@ -65,11 +66,11 @@ class ResultView(Protocol):
     @property
     def error(self) -> str | None: ...
     @property
-    def metrics(self) -> Any: ...
+    def metrics(self) -> Any: ...  # the kind's own metrics model (its fields: its metrics)
     @property
-    def intervals(self) -> dict[str, Any]: ...
+    def intervals(self) -> Mapping[str, Sequence[float | None]]: ...
     @property
-    def details(self) -> dict[str, Any]: ...
+    def details(self) -> Mapping[str, Any]: ...  # JSON, read by the kind that wrote it
     @property
     def warnings(self) -> list[str]: ...
 
@@ -84,7 +85,7 @@ class Measurement:
 
     metrics: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, JSONLike] = field(default_factory=dict)
     #: Reasons not to trust the measured value (the runner turns a PASS into WARN).
     warnings: list[str] = field(default_factory=list)
     images: dict[str, np.ndarray] = field(default_factory=dict)

@@ -38,6 +38,7 @@ import torch
 from skimage.segmentation import slic
 from threadpoolctl import threadpool_limits
 
+from certify.canonical import JSONLike
 from certify.checks.base import (
     Check,
     CheckContext,
@@ -503,15 +504,16 @@ class Brittleness(Check[BrittlenessRecord]):
         if comparison and not comparison["segmentations_agree"]:
             warnings.append("SLIC and the grid segmentation rank the model and the reference "
                             "differently: R.I. is not a finding")
-        heatmaps = []
+        heatmaps: list[dict[str, JSONLike]] = []
         for r in records[: self.max_heatmaps]:
             img = data.x[r["i"]]
             seg = segment(img, self.n_segments, self.compactness)
             vmax = max(max(abs(v) for v in r["weights"]),
                        max((abs(v) for v in r.get("ref_weights", [0.0])), default=0.0))
-            entry = {"id": r["id"], "index": r["i"], "label_name": data.class_names[r["top"]],
-                     "image": sink.add(_heatmap(img, seg, [0.0] * r["d"], 1.0)),
-                     "model": sink.add(_heatmap(img, seg, r["weights"], vmax))}
+            entry: dict[str, JSONLike] = {
+                "id": r["id"], "index": r["i"], "label_name": data.class_names[r["top"]],
+                "image": sink.add(_heatmap(img, seg, [0.0] * r["d"], 1.0)),
+                "model": sink.add(_heatmap(img, seg, r["weights"], vmax))}
             if "ref_weights" in r:
                 entry["reference"] = sink.add(_heatmap(img, seg, r["ref_weights"], vmax))
             heatmaps.append(entry)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 
+from certify.canonical import JSONLike
 from certify.checks.base import (
     Check,
     CheckContext,
@@ -493,7 +494,7 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
         rb, _ = self._score([r["outcome_second"] for r in records])
         sj, sa, sb = (v / n if n else 0.0 for v in (rj, ra, rb))
         only_joint = [r for r in records if "break_params" in r]
-        examples = []
+        examples: list[dict[str, JSONLike]] = []
         for r in sorted(only_joint, key=lambda r: r["i"])[: self.max_examples]:
             x = data.x[r["i"] : r["i"] + 1]
             xt = g["apply"](x, torch.tensor([r["break_params"]]),

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 import certify
+from certify.canonical import JSONLike
 from certify.checks import Check, Measurement
 from certify.data import Dataset
 from certify.device import DeviceChoice
@@ -32,6 +33,7 @@ from certify.results import (
     RunMeasurement,
     RunQueries,
     RunResult,
+    Seeds,
     Status,
     SuiteDoc,
     pack_bits,
@@ -73,7 +75,7 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
         reference_model=None if reference is None else _model_doc(reference),
         data=_data_doc(data),
         device=typing.cast(Any, device.name),
-        seeds={"suite": state.seed, "checks": state.seeds},
+        seeds=Seeds(suite=state.seed, checks=state.seeds),
         queries=RunQueries(total=model_q + ref_q, model=model_q, reference=ref_q,
                            budget=query_budget),
         checks=checks,
@@ -142,18 +144,20 @@ def outcomes_doc(check: Check[Any], records: list[SampleRecord], n: int) -> Outc
 
 
 def _traffic(model: Model, reference: Model | None, executor: Executor
-             ) -> dict[str, Any]:
+             ) -> dict[str, dict[str, JSONLike]]:
     """Endpoint traffic of this invocation per model: this process's, plus the workers'
     (provenance: request counts, and the deadlines and breaker record the endpoint chose)."""
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, JSONLike]] = {}
     for name, m in (("model", model), ("reference", reference)):
         endpoint = endpoint_of(m)
         if endpoint is not None:
             out[name] = endpoint.traffic()
     for name, counts in executor.traffic().items():
         if name in out:
+            mine = out[name]
             for k, v in counts.items():
-                out[name][k] = out[name].get(k, 0) + v
+                here = mine.get(k, 0)  # the counts are ints on both sides
+                mine[k] = (here if isinstance(here, int) else 0) + v
     return out
 
 

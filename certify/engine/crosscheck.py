@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from certify.canonical import normalize
+from certify.canonical import JSONLike, normalize
 from certify.checks import AttackCheck, Corruption, Measurement, Sanity
 from certify.checks.base import pct
 from certify.checks.corruption import RANDOM_PIXEL_NORMS
@@ -112,7 +112,7 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
         entry, m = by_id.get(spec.id), measured.get(spec.id)
         if entry is None or entry.status == "ERROR" or m is None:
             continue
-        norm, bound = RANDOM_PIXEL_NORMS[check.property], float(m.details["bound"])
+        norm, bound = RANDOM_PIXEL_NORMS[check.property], _number(m.details["bound"])
         score = float(m.metrics["robustness_score"])
         rows = []
         for aid, (anorm, eps) in attacks:
@@ -142,3 +142,10 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
             by_id[spec.id] = entry.model_copy(update={"details": {
                 **entry.details, "worst_case_comparison": normalize(rows)}})
     return [by_id[r.id] for r in results]
+
+
+def _number(v: JSONLike) -> float:
+    """A number a check put in its details (a TypeError if it put something else)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TypeError(f"expected a number in the check's details, got {v!r}")
+    return float(v)

@@ -17,11 +17,10 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from certify.canonical import normalize
+from certify.canonical import JSONLike, normalize
 from certify.checks import CheckContext, Measurement
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
@@ -54,9 +53,9 @@ def check_seed(suite_seed: int, check_id: str) -> int:
 
 
 def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
-                    reference: Model | None = None) -> dict[str, Any]:
+                    reference: Model | None = None) -> dict[str, JSONLike]:
     """What must match for ``--resume`` to continue a run (redacted: it is written to run.json)."""
-    fingerprint: dict[str, Any] = redact_obj({
+    fingerprint: dict[str, JSONLike] = redact_obj({
         "model": model.info.identity,
         "reference": None if reference is None else reference.info.identity,
         "suite": suite.digest,

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from certify.canonical import JSONLike
 from certify.errors import BudgetExceeded, ModelError, NonFiniteOutput
 
 OutputKind = Literal["logits", "probs", "labels"]
@@ -87,6 +88,16 @@ class FeatureModel(Model, Protocol):
         ...
 
 
+class RequestShape(Protocol):
+    """How an endpoint is asked: ``batch`` images per request, ``concurrency`` requests in
+    flight at once (what the engine sizes its batches and lanes by)."""
+
+    @property
+    def batch(self) -> int: ...
+    @property
+    def concurrency(self) -> int: ...
+
+
 @runtime_checkable
 class Endpoint(Model, Protocol):
     """A model behind an inference API: what the engine may use beyond ``predict``.
@@ -98,10 +109,13 @@ class Endpoint(Model, Protocol):
     :func:`endpoint_of`.
     """
 
-    options: Any
+    @property
+    def options(self) -> RequestShape:
+        """How the endpoint is asked (images per request, requests in flight)."""
+        ...
 
-    def traffic(self) -> dict[str, Any]:
-        """Traffic counts of this process so far."""
+    def traffic(self) -> dict[str, JSONLike]:
+        """Traffic counts of this process so far (and how the endpoint is driven)."""
         ...
 
     def disable_hedging(self, why: str) -> None:

@@ -45,6 +45,7 @@ import orjson
 import requests
 import torch
 
+from certify.canonical import JSONLike
 from certify.device import DeviceChoice
 from certify.errors import ModelError, UsageError
 from certify.models.base import (
@@ -344,12 +345,13 @@ class HttpModel:
         and probes the endpoint's health: it resumes, or the run ends with exit 3.
         """
         o = self.options
-        failures = timeouts = cycles = 0
+        failures = timeouts = cycles = attempts = 0
         hedge = images > 0
         while True:
             self.breaker.wait()
-            if failures:
+            if attempts:  # every attempt after a failed one, a breaker pause's included
                 self._count("retries")
+            attempts += 1
             deadline = self.latency.deadline(images, timeouts) if images else o.timeout
             # an inference attempt holds one of --concurrency slots; waits between attempts
             # (Retry-After, backoff) hold none, so other sample groups keep the server busy
@@ -687,7 +689,7 @@ class HttpModel:
             scores = torch.from_numpy(out)
         return scores.to(x.device)
 
-    def traffic(self) -> dict[str, Any]:
+    def traffic(self) -> dict[str, JSONLike]:
         """Requests, retries, hedges, failures and images so far (probes included), the
         deadlines chosen and the breaker's record, for the card."""
         with self._lock:

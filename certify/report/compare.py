@@ -514,7 +514,7 @@ def _side(result: RunResult, path: Path) -> dict[str, Any]:
     m = result.measurement
     return {"path": str(path), "model": m.model.name, "identity": m.model.identity,
             "verdict": m.verdict, "suite": m.suite.name, "suite_digest": m.suite.digest,
-            "data_digest": m.data.digest, "seed": m.seeds.get("suite")}
+            "data_digest": m.data.digest, "seed": m.seeds.suite}
 
 
 def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
@@ -531,8 +531,8 @@ def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
         cn = new_checks[co.id]
         # paired only on the very same samples (the per-sample outcomes are by position in
         # the evaluated data) with the same seeds
-        same_seed = (seeds_o.get("checks", {}).get(co.id) == seeds_n.get("checks", {}).get(co.id)
-                     and seeds_o.get("suite") == seeds_n.get("suite")
+        same_seed = (seeds_o.checks.get(co.id) == seeds_n.checks.get(co.id)
+                     and seeds_o.suite == seeds_n.suite
                      and old.measurement.data.digest == new.measurement.data.digest)
         rows.append(_row(co, cn, same_seed, tolerance))
     tested = [r for r in rows if r.p is not None and r._interval is not None]
