@@ -207,6 +207,18 @@ def test_run_usage_and_model_errors(model_path, data, tmp_path):
     assert builders.run_cli("run", model_path).returncode == EXIT_USAGE  # no --suite
 
 
+def test_the_installed_executable_exits_with_the_table_s_codes(data, tmp_path):
+    """The console script itself (a new process, not click's test runner): a missing model and
+    a missing option give their codes, with a one-line message and no traceback."""
+    suite = _suite(tmp_path, PASSING)
+    proc = builders.run_cli_process("run", tmp_path / "missing.onnx", "--suite", suite,
+                                    "--data", data, "--out", tmp_path / "a", "--no-pdf")
+    assert proc.returncode == EXIT_MODEL, proc.stderr
+    assert "missing.onnx" in proc.stderr and "Traceback" not in proc.stderr
+    proc = builders.run_cli_process("run", tmp_path / "missing.onnx")  # no --suite
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+
+
 # --- sign, verify, bundle, verify-bundle, export, keygen, suites, contact-sheet -----------------
 
 @pytest.fixture(scope="module")
