@@ -169,6 +169,9 @@ class ModelDoc(_Strict):
     batch: str
     preprocessing: dict[str, JsonValue]
     metadata: dict[str, str]
+    white_box: str = Field("unavailable: not recorded (a run before white-box attacks)",
+                           description="'available' when white-box attacks can take gradients "
+                           "of a torch copy of the graph, else why not")
 
 
 class DataDoc(_Strict):

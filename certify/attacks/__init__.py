@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from certify.attacks.apgd import APGD, APGDTargeted
 from certify.attacks.base import Attack, AttackOutcome, AttackResult, margin, project
 from certify.attacks.hsj import HopSkipJump
 from certify.attacks.simple import RandomSearch, SpatialGrid
@@ -10,8 +11,9 @@ from certify.attacks.square import SquareL2, SquareLinf
 
 ATTACKS: dict[str, type[Attack]] = {
     a.name: a for a in (SquareLinf, SquareL2, HopSkipJump, RandomSearch, SpatialGrid,
-                        SparseRS)
+                        SparseRS, APGD, APGDTargeted)
 }
 
-__all__ = ["ATTACKS", "Attack", "AttackOutcome", "AttackResult", "HopSkipJump", "RandomSearch",
-           "SparseRS", "SpatialGrid", "SquareL2", "SquareLinf", "margin", "project"]
+__all__ = ["APGD", "ATTACKS", "APGDTargeted", "Attack", "AttackOutcome", "AttackResult",
+           "HopSkipJump", "RandomSearch", "SparseRS", "SpatialGrid", "SquareL2", "SquareLinf",
+           "margin", "project"]

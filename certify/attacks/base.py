@@ -14,7 +14,7 @@ Shapes: ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]``, seeds ``[B]``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -50,6 +50,9 @@ class AttackResult:
     params: torch.Tensor | None = None
     #: Gradient evaluations per sample ``[B]`` (white-box proposers); not model queries.
     gradients: torch.Tensor | None = None
+    #: ``[B]`` bool, from attacks that judge their own convergence by checkpoints and restarts
+    #: (APGD): first broken late in the run, so the robust accuracy was still moving.
+    late: torch.Tensor | None = None
 
 
 @dataclass
@@ -75,6 +78,7 @@ class AttackOutcome:
     gap: torch.Tensor | None = None
     half_gap: torch.Tensor | None = None
     params: torch.Tensor | None = None
+    late: torch.Tensor | None = None
 
 
 class Predictor(Protocol):
@@ -97,6 +101,7 @@ class CountingProxy:
     def __init__(self, model: Predictor, remember: bool = False) -> None:
         self.model = model
         self.queries = 0
+        self.gradients = 0
         self._memory: dict[bytes, torch.Tensor] | None = {} if remember else None
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,6 +111,19 @@ class CountingProxy:
         if self._memory is not None:
             self.learn(x, scores)
         return scores
+
+    def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A white-box proposer's forward and backward pass, counting ``len(x)`` gradient
+        evaluations (not queries): see :class:`~certify.models.torchcopy.TorchCopy`."""
+        f = getattr(self.model, "value_and_grad", None)
+        if f is None:
+            raise AttackProtocolError(
+                "a white-box attack was given a model without gradients",
+                hint="white-box attacks need a torch copy of an ONNX graph; report this as a bug")
+        self.gradients += int(x.shape[0])
+        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = f(x, loss)
+        return out
 
     def learn(self, x: torch.Tensor, scores: torch.Tensor) -> None:
         """Remember the model's answers ``scores`` to the images ``x`` (no query)."""
@@ -217,6 +235,8 @@ class Attack:
     name: ClassVar[str] = ""
     norm: ClassVar[str] = "linf"  # linf | l2 | l0 | spatial
     needs_scores: ClassVar[bool] = True
+    #: White-box: proposes from gradients of a torch copy of the graph (no model queries).
+    needs_gradients: ClassVar[bool] = False
     epsilon: float
     max_queries: int
 
@@ -267,6 +287,13 @@ class Attack:
                 f"attack {self.name or type(self).__name__} reported {int(claimed.sum())} "
                 f"queries but the model was asked about {proxy.queries} images",
                 hint="the attack's evidence is not used; report this as a bug")
+        grads = proposal.gradients
+        if (int(grads.sum()) if grads is not None else 0) != proxy.gradients:
+            raise AttackProtocolError(
+                f"attack {self.name or type(self).__name__} reported "
+                f"{int(grads.sum()) if grads is not None else 0} gradient evaluations but the "
+                f"proposer computed {proxy.gradients}",
+                hint="the attack's evidence is not used; report this as a bug")
         norm, epsilon = threat if threat is not None else (self.norm, float(self.epsilon))
         x_adv = self.project_proposal(proposal, x, norm, epsilon)
         if recall and norm in ("linf", "l2", "l0"):
@@ -276,11 +303,11 @@ class Attack:
             keep = inside(proposal.x_adv, x, norm, epsilon).view(-1, 1, 1, 1)
             x_adv = torch.where(keep.to(x_adv.device), proposal.x_adv.to(x_adv), x_adv)
         scores, asked = _judge(x_adv, judge or model, proxy if recall else None)
-        gradients = proposal.gradients if proposal.gradients is not None else \
+        gradients = grads.clone() if grads is not None else \
             torch.zeros(len(x), dtype=torch.long)
         return AttackOutcome(x_adv, scores, scores.argmax(1) != y.cpu(), claimed.clone(),
                              asked, gradients, proposal.start_failed, proposal.gap,
-                             proposal.half_gap, proposal.params)
+                             proposal.half_gap, proposal.params, proposal.late)
 
 
 def _judge(x_adv: torch.Tensor, judge: Predictor, memory: CountingProxy | None

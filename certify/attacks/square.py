@@ -150,11 +150,12 @@ class SquareLinf(_Square):
             m = _mask(top, left, s, h, w, x.device)
             signs = (u[:, 2:] < 0.5).to(x.dtype).mul_(2).sub_(1).to(x.device)
             delta = xb - xa
-            # make sure the window changes: where it already holds these signs, flip them
-            # (the sign of the window's sum is the sign of its mean)
-            cur = (delta * m).sum(dim=(2, 3))
-            same = (cur.sign() == signs).all(dim=1, keepdim=True)
-            signs = torch.where(same, -signs, signs)
+            # make sure the window changes the image: where the proposal, once clipped to
+            # [0, 1], leaves every pixel of the window as it is (the reference code's check,
+            # saturated pixels included), flip its signs, which always changes it
+            cand = (xa + (eps * signs).view(-1, c, 1, 1)).clamp(0, 1)
+            same = ((cand - xb).abs() < 1e-7).logical_or(~m).flatten(1).all(dim=1)
+            signs = torch.where(same.view(-1, 1), -signs, signs)
             delta = torch.where(m, (eps * signs).view(-1, c, 1, 1), delta)
             return (xa + delta).clamp_(0, 1)
 
@@ -208,14 +209,18 @@ class SquareL2(_Square):
         s0 = max(h // 5, 1)
         off_h, off_w = (h - s0 * 5) // 2 if h >= 5 else 0, (w - s0 * 5) // 2 if w >= 5 else 0
         init = torch.zeros(b, c, h, w)
-        pattern = _meta_pattern(s0, False) if s0 > 1 else torch.ones(1, 1)
+        patterns = torch.stack([_meta_pattern(s0, False), _meta_pattern(s0, True)]) \
+            if s0 > 1 else torch.ones(2, 1, 1)
         for i in range(h // s0):
             for j in range(w // s0):
                 r0, c0 = off_h + i * s0, off_w + j * s0
                 if r0 + s0 > h or c0 + s0 > w:
                     continue
-                signs = (rng.draw(c, range(b)) < 0.5).float().mul(2).sub(1).view(b, c, 1, 1)
-                init[:, :, r0:r0 + s0, c0:c0 + s0] += pattern.view(1, 1, s0, s0) * signs
+                u = rng.draw(c + 1, range(b))
+                signs = (u[:, :c] < 0.5).float().mul(2).sub(1).view(b, c, 1, 1)
+                # the reference transposes the meta pattern at random, per block
+                pattern = patterns[(u[:, c] < 0.5).long()].view(b, 1, s0, s0)
+                init[:, :, r0:r0 + s0, c0:c0 + s0] += pattern * signs
         init = init / init.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1) * eps
         x_best = (x + init.to(x)).clamp(0, 1)
 

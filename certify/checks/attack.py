@@ -53,9 +53,10 @@ from certify.checks.confidence import (
     worst_case_coverage,
 )
 from certify.data import Dataset
-from certify.errors import SuiteError
+from certify.errors import ModelError, SuiteError
 from certify.images import ImageSink, decode_png, png_bytes, to_uint8
-from certify.models.base import Model, ModelInfo
+from certify.models.base import WHITE_BOX, Model, ModelInfo
+from certify.models.torchcopy import WhiteBoxUnavailable, equivalence, white_box_of
 from certify.stats import wilson_interval
 from certify.validation import expect
 
@@ -126,6 +127,9 @@ class AttackRecord(ConfidenceRecord, BinarizationFields, total=False):
     confident_queries: int
     adv_image: str
     scores: str
+    gradients: int
+    late_break: bool
+    white_box_mismatch: str
 
 
 class AttackCheck(Check[AttackRecord]):
@@ -187,6 +191,8 @@ class AttackCheck(Check[AttackRecord]):
                "rounds", unit="queries"),
         Metric("rounds", "attack rounds run (max_queries: auto doubles the total per round)",
                unit="count"),
+        Metric("gradient_evaluations", "white-box attacks: gradient evaluations of the torch "
+               "copy over all samples (not model queries)", unit="count", optional=True),
         Metric("late_breaks", "samples first broken in the last half of the budget",
                unit="count", optional=True),
         Metric("approaching", "unbroken samples still being approached: their gap to success "
@@ -306,6 +312,8 @@ class AttackCheck(Check[AttackRecord]):
     # -- configuration --------------------------------------------------------------------
     def _norm(self) -> str:
         cls = ATTACKS[self.attack]
+        if cls.needs_gradients:
+            return self.norm or "linf"
         if cls.name == "hopskipjump":
             return self.norm or "l2"
         if cls.name == "random":
@@ -319,7 +327,11 @@ class AttackCheck(Check[AttackRecord]):
 
     def score_based(self) -> bool:
         """Whether the attack reads scores (and so can raise a mistake's confidence)."""
-        return bool(ATTACKS[self.attack].needs_scores)
+        return bool(ATTACKS[self.attack].needs_scores) and not self.white_box()
+
+    def white_box(self) -> bool:
+        """Whether the attack proposes from gradients of a torch copy of the graph."""
+        return bool(ATTACKS[self.attack].needs_gradients)
 
     def _confident_queries(self) -> int:
         if not self.score_based():
@@ -337,6 +349,9 @@ class AttackCheck(Check[AttackRecord]):
         if cls.name == "spatial_grid":
             kw["max_queries"] = self.initial_budget()
             return cls(**kw)
+        if cls.needs_gradients:  # iterations and restarts, not queries
+            kw.update(epsilon=self._epsilon(), norm=self._norm())
+            return cls(**kw)
         kw.update(epsilon=self._epsilon(), max_queries=self.round_budget(self._round))
         if cls.name in ("hopskipjump", "random"):
             kw["norm"] = self._norm()
@@ -348,7 +363,7 @@ class AttackCheck(Check[AttackRecord]):
         The packaged configuration of the threat model (binarization.PACKAGED) and its ladder;
         a suite that sets hardness keys runs that one configuration alone (experiments).
         """
-        if self.binarization is False or self._norm() in ("spatial", "l0"):
+        if self.binarization is False or self._norm() in ("spatial", "l0") or self.white_box():
             return None
         raw = {} if self.binarization is True else dict(self.binarization)
         samples = int(raw.pop("samples", BT_SAMPLES))
@@ -375,6 +390,11 @@ class AttackCheck(Check[AttackRecord]):
         if not self.auto and (self.initial_queries, self.query_cap) != (None, None):
             raise SuiteError(f"{where}: initial_queries and query_cap go with max_queries: auto",
                              hint="e.g. max_queries: auto, initial_queries: 1000")
+        if self.auto and self.white_box():
+            raise SuiteError(f"{where}: {self.attack} is a white-box attack: it runs a fixed "
+                             "number of iterations, not a query budget",
+                             hint="drop max_queries; attack_params: {iterations: 100, "
+                                  "restarts: 2} set its effort")
         if self.auto:
             if ATTACKS[self.attack].name == "spatial_grid":
                 raise SuiteError(f"{where}: spatial_grid searches its grid exhaustively: "
@@ -443,6 +463,13 @@ class AttackCheck(Check[AttackRecord]):
 
     def skip_reason(self, info: ModelInfo) -> str | None:
         """A score-based attack cannot run on a labels-only model: skipped, not refused."""
+        if self.white_box():
+            if info.white_box != WHITE_BOX:
+                return f"{self.attack} is a white-box attack; on {info.name} it is {info.white_box}"
+            if ATTACKS[self.attack].name == "apgd_t" and info.num_classes < 4:
+                return (f"{self.attack}'s targeted DLR loss needs at least 4 classes, "
+                        f"{info.name} has {info.num_classes} (apgd_ce applies)")
+            return None
         if ATTACKS[self.attack].needs_scores and info.output == "labels":
             return f"{self.attack} needs scores; {info.name} returns labels only"
         return None
@@ -464,7 +491,9 @@ class AttackCheck(Check[AttackRecord]):
             for c, t, cc in zip(correct.tolist(), y.tolist(), clean_conf.tolist(), strict=True)
         ]
         ci = correct.nonzero().flatten()
-        if len(ci):
+        if len(ci) and self.white_box():
+            self._white_box_batch(counter, attack, x, y, scores, ci, rec, index, ctx)
+        elif len(ci):
             stream = (1,) if self._round == 0 else (1, self._round)  # a new stream per round
             seeds = torch.tensor([ctx.seed(int(index[i]), *stream) for i in ci.tolist()])
             dev = x.device
@@ -513,6 +542,47 @@ class AttackCheck(Check[AttackRecord]):
                 rec[j]["queries"] += counter.queries - before
         return rec
 
+    def _white_box_batch(self, counter: Any, attack: Attack, x: torch.Tensor, y: torch.Tensor,
+                         scores: torch.Tensor, ci: torch.Tensor, rec: list[AttackRecord],
+                         index: Sequence[int], ctx: CheckContext) -> None:
+        """Attack the correctly classified samples ``ci`` with gradients of the model's torch
+        copy; the real model judges every proposal (one query per sample).
+
+        The copy is compared with the model's own clean answers on the batch first
+        (:func:`~certify.models.torchcopy.equivalence`); where it differs, no sample of the
+        batch is attacked and each record says why (the check cannot pass).
+        """
+        found = white_box_of(counter)
+        if found is None:
+            raise ModelError(f"{self.attack} needs the model's graph, which this run does not have",
+                             hint="white-box attacks run on ONNX models; report this as a bug")
+        try:
+            copy = found.torch_copy()
+            eq = equivalence(copy.scores(x), scores, copy.quantised)
+        except WhiteBoxUnavailable as exc:
+            raise ModelError(f"{self.attack}: {exc}",
+                             hint="the black-box attacks of the suite still apply") from None
+        if not eq.ok:
+            for i in ci.tolist():
+                rec[i]["white_box_mismatch"] = eq.why()
+            return
+        norm, eps = self.threat_model()
+        dev = x.device
+        seeds = torch.tensor([ctx.seed(int(index[i]), 1) for i in ci.tolist()])
+        res = attack(copy, x[ci.to(dev)], y[ci.to(dev)], seeds, counter.info.output,
+                     threat=(norm, eps), judge=counter)
+        adv_conf = confidences(res.scores, counter.info.output)
+        pred = res.scores.argmax(1)
+        for k, i in enumerate(ci.tolist()):
+            broken = bool(res.success[k])
+            rec[i].update({"outcome": "broken" if broken else "robust",
+                           "queries": 2, "gradients": int(res.gradients[k]),
+                           "confidence": float(adv_conf[k])})
+            if broken:
+                rec[i].update({"adv_pred": int(pred[k]), "broken_at": 0,
+                               "late_break": bool(res.late is not None and res.late[k])})
+        keep_adversarial_images(rec, ci.tolist(), index, res.x_adv, counter.info.output)
+
     def _confident_mistakes(self, counter: Any, x: torch.Tensor, x_adv: torch.Tensor,
                             y: torch.Tensor, adv_scores: torch.Tensor,
                             recs: list[AttackRecord], index: list[int],
@@ -547,6 +617,25 @@ class AttackCheck(Check[AttackRecord]):
         x_final[sel.to(x_final.device)] = out.x_adv.to(x_final)
         return x_final
 
+    def _white_box_details(self, records: list[AttackRecord], warnings: list[str]
+                           ) -> dict[str, Any]:
+        """What the card says of a white-box attack: its effort, and where the torch copy
+        could not be used (a warning: those samples were not attacked)."""
+        attack = self.build()
+        mismatched = [r for r in records if "white_box_mismatch" in r]
+        if mismatched:
+            warnings.append(f"{len(mismatched)} sample(s) were not attacked: "
+                            f"{mismatched[0]['white_box_mismatch']}; the black-box attacks of "
+                            "this threat model carry the verdict")
+        grads = [int(r.get("gradients", 0)) for r in records if "gradients" in r]
+        return {"iterations": getattr(attack, "iterations", None),
+                "restarts": getattr(attack, "restarts", None),
+                "targets": getattr(attack, "targets", None),
+                "gradients_median": statistics.median(grads) if grads else 0,
+                "not_attacked": len(mismatched),
+                "why_not_attacked": mismatched[0]["white_box_mismatch"] if mismatched else None,
+                "judged_on": "the real model (every proposal re-queried)"}
+
     @classmethod
     def headline(cls, result: ResultView) -> str:
         """Robust accuracy with its interval, the threat model and the binarization test."""
@@ -554,9 +643,13 @@ class AttackCheck(Check[AttackRecord]):
         bound = "spatial grid" if d["norm"] == "spatial" else (
             f"l0 k={d['epsilon']:.0f} pixels" if d["norm"] == "l0" else
             f"{d['norm']} ε={d['epsilon']:.4g}")
+        wb = d.get("white_box")
+        effort = (f"white-box, {wb['iterations']} iterations × {wb['restarts']} restart(s)"
+                  + (f" × {wb['targets']} target(s)" if wb.get("targets") else "")
+                  + ", judged on the model" if wb else f"≤{int(m.query_budget):,} queries")
         text = (f"robust accuracy {pct(m.robust_accuracy)} (95% CI "
                 f"{interval_text(result.intervals['robust_accuracy'])}) under {d['attack']} at "
-                f"{bound}, ≤{int(m.query_budget):,} queries")
+                f"{bound}, {effort}")
         conv = d.get("convergence")
         if conv:
             text += (f" in {int(m.rounds)} round(s), " if conv["auto"] else ", ") + \
@@ -579,7 +672,7 @@ class AttackCheck(Check[AttackRecord]):
         from certify.figures import queries_curve_svg
 
         conv = result.details.get("convergence")
-        if not conv:
+        if not conv or result.details.get("white_box"):
             return {}
         return {"convergence": queries_curve_svg(conv["curve"],
                                                  [r["total"] for r in conv["rounds"]])}
@@ -591,7 +684,7 @@ class AttackCheck(Check[AttackRecord]):
         broken = sum(r["outcome"] == "broken" for r in records)
         aq = [r["attack_queries"] for r in correct]
         rounds = max((len(r.get("round_queries", [0])) for r in correct), default=1)
-        total = self.total_after(rounds - 1)
+        total = 0 if self.white_box() else self.total_after(rounds - 1)
         metrics: dict[str, Any] = {
             "robust_accuracy": robust / n if n else 0.0,
             "attack_success_rate": broken / len(correct) if correct else 0.0,
@@ -622,6 +715,9 @@ class AttackCheck(Check[AttackRecord]):
             "coverage_under_attack": None if self.score_based() else NO_COVERAGE_UNDER_ATTACK,
         }
         warnings: list[str] = []
+        if self.white_box():
+            metrics["gradient_evaluations"] = sum(int(r.get("gradients", 0)) for r in records)
+            details["white_box"] = self._white_box_details(records, warnings)
         if self._norm() != "spatial":  # a grid is searched exhaustively: nothing to converge
             conv = convergence(records, rounds - 1, self.round_budget(rounds - 1))
             metrics.update(late_breaks=conv["late_breaks"], approaching=conv["approaching"])
@@ -636,7 +732,13 @@ class AttackCheck(Check[AttackRecord]):
                            for k in range(rounds)],
                 "curve": robustness_curve(records, total),
             }
-            if not conv["converged"]:
+            if not conv["converged"] and self.white_box():
+                warnings.append(
+                    f"{self.attack} not converged: {conv['late_breaks']} sample(s) first broken "
+                    f"after its second-to-last step-size checkpoint or by a later restart, more "
+                    f"than max(1, 1% of {n}) = {conv['allowance']:g}; a stronger attack can only "
+                    "lower this robust accuracy")
+            elif not conv["converged"]:
                 warnings.append(_unconverged(conv, total, rounds, self.auto, self.cap(), n))
         if ATTACKS[self.attack].name == "hopskipjump":
             no_start = sum(bool(r.get("start_failed")) for r in correct)
@@ -722,9 +824,10 @@ def convergence(records: Sequence[AttackRecord], last_round: int, last_budget: i
     """
     n = len(records)
     allowance = max(1.0, CONVERGENCE_SHARE * n)
-    late = sum(1 for r in records if r["outcome"] == "broken"
-               and int(r.get("broken_round", 0)) == last_round
-               and int(r.get("round_queries", [r["attack_queries"]])[-1]) > last_budget / 2)
+    late = sum(1 for r in records if r["outcome"] == "broken" and (
+        bool(r.get("late_break")) or (  # white-box: after the second-to-last checkpoint
+            int(r.get("broken_round", 0)) == last_round and "gradients" not in r
+            and int(r.get("round_queries", [r["attack_queries"]])[-1]) > last_budget / 2)))
     approaching = sum(
         1 for r in records if r["outcome"] == "robust" and "gap" in r and "half_gap" in r
         and float(r["half_gap"]) > float(r["gap"])

@@ -19,6 +19,10 @@ from certify.canonical import JSONLike
 from certify.errors import BudgetExceeded, ModelError, NonFiniteOutput
 
 OutputKind = Literal["logits", "probs", "labels"]
+#: ``ModelInfo.white_box`` of a model certify can take gradients of (a torch copy of its graph).
+WHITE_BOX = "available"
+#: ``ModelInfo.white_box`` of a model whose graph certify does not have (an endpoint).
+NO_GRAPH = "unavailable: the model's graph is not available (an endpoint), only its answers"
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,9 @@ class ModelInfo:
     provider: str = "CPUExecutionProvider"
     preprocessing: Preprocessing = field(default_factory=Preprocessing)
     metadata: dict[str, str] = field(default_factory=dict)
+    #: :data:`WHITE_BOX` when white-box attacks can run on a torch copy of the graph, else why
+    #: not ("unavailable: ...", said on the card).
+    white_box: str = NO_GRAPH
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form, as it appears in results.json."""
@@ -233,12 +240,20 @@ def require_finite_probe(out: np.ndarray, name: str) -> None:
 
 def to_model_input(x: torch.Tensor, pre: Preprocessing, channels: int, layout: str
                    ) -> np.ndarray:
-    """certify's ``[N, C, H, W]`` RGB batch in ``[0, 1]`` as the model wants it (float32 numpy).
+    """certify's ``[N, C, H, W]`` RGB batch in ``[0, 1]`` as the model wants it (float32
+    numpy): :func:`preprocess` without gradients."""
+    out = preprocess(x.detach(), pre, channels, layout)
+    return np.ascontiguousarray(out.cpu().numpy(), dtype=np.float32)
+
+
+def preprocess(x: torch.Tensor, pre: Preprocessing, channels: int, layout: str
+               ) -> torch.Tensor:
+    """certify's ``[N, C, H, W]`` RGB batch in ``[0, 1]`` as the model wants it, in torch
+    (differentiable: the white-box copy's input takes this path too).
 
     Grayscale models get the ITU-R 601 luma of RGB images; then scale, mean/std, channel order
     and layout are applied, in that order.
     """
-    x = x.detach()
     c = channels
     if c == 1 and x.shape[1] == 3:
         w = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype, device=x.device)
@@ -253,7 +268,7 @@ def to_model_input(x: torch.Tensor, pre: Preprocessing, channels: int, layout: s
         x = x.flip(1)
     if layout == "NHWC":
         x = x.permute(0, 2, 3, 1)
-    return np.ascontiguousarray(x.cpu().numpy(), dtype=np.float32)
+    return x
 
 
 def output_kind(out: np.ndarray) -> OutputKind:

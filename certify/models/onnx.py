@@ -22,7 +22,9 @@ import torch
 
 from certify.device import DeviceChoice
 from certify.errors import ModelError
+from certify.models import torchcopy
 from certify.models.base import (
+    WHITE_BOX,
     ModelInfo,
     OutputKind,
     Preprocessing,
@@ -241,6 +243,9 @@ class OnnxModel:
                 )
             height, width = input_size
         self._proto = proto
+        self._white_box_refusal = torchcopy.refusal(proto)
+        self._torch_copy: torchcopy.TorchCopy | None = None
+        self._torch_device = device.torch_device
         self._feature_session: ort.InferenceSession | None = None
         self.feature_name: str | None = _penultimate(proto)
         self.layout = layout
@@ -303,6 +308,8 @@ class OnnxModel:
             provider=provider,
             preprocessing=self.preprocessing,
             metadata=meta,
+            white_box=WHITE_BOX if self._white_box_refusal is None
+            else f"unavailable: {self._white_box_refusal}",
         )
 
     # -- construction helpers -------------------------------------------------------------
@@ -396,6 +403,17 @@ class OnnxModel:
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], short, axis=0)])
             outs.append(session.run(names, {self.input_name: chunk})[0])
         return np.concatenate(outs)[:n]
+
+    def torch_copy(self) -> torchcopy.TorchCopy:
+        """The graph as a torch module on the run's device, for white-box attacks (built on
+        first use). Raises :class:`~certify.models.torchcopy.WhiteBoxUnavailable`."""
+        if self._torch_copy is None:
+            if self._white_box_refusal is not None:
+                raise torchcopy.WhiteBoxUnavailable(self._white_box_refusal)
+            self._torch_copy = torchcopy.TorchCopy(
+                self._proto, self.preprocessing, self.input_shape[0], self.layout,
+                self.num_classes).to(self._torch_device)
+        return self._torch_copy
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Penultimate features ``[N, D]``: the input of the last Gemm/MatMul before the output.

@@ -1,0 +1,256 @@
+"""APGD (Croce & Hein, ICML 2020): white-box attacks on a torch copy of the model's graph.
+
+Auto-PGD is projected gradient ascent with momentum (α = 0.75) whose step size starts at 2ε and
+halves at checkpoints ``w_j = ⌈p_j N⌉`` (``p_0 = 0``, ``p_1 = 0.22``, ``p_{j+1} = p_j +
+max(p_j − p_{j−1} − 0.03, 0.06)``) when, since the last checkpoint, the loss rose in fewer than
+ρ = 75% of the steps, or when neither the step size nor the best loss changed; a halving
+restarts the sample from its best point. L∞ steps follow the gradient's sign, L2 steps its
+normalised direction; every iterate is projected onto the ε-ball and [0, 1].
+
+``apgd_ce`` maximises the cross-entropy; ``apgd_t`` the targeted DLR loss
+``−(z_y − z_t) / (z_π1 − (z_π3 + z_π4)/2)`` against each of the top ``targets`` other classes
+in turn (models with fewer than 4 classes have no DLR denominator: use ``apgd_ce``).
+Restarts (``restarts``, and each target for APGD-T) run on the samples still unbroken, each
+from a new random point of the ball (per-sample seeded streams).
+
+The proposer is a :class:`~certify.models.torchcopy.TorchCopy` reached through the sealed
+call's counting proxy, which counts gradient evaluations (one per image per iteration, plus
+one at each start); the proposals are judged by the real model. Gradients are taken at the
+copy's cut (the last linear layer's output), decisions on its whole graph, so a rounding or
+saturating head does not starve the attack (BPDA, Athalye et al. 2018).
+
+**Convergence evidence.** ``late`` marks samples first broken after the second-to-last
+checkpoint of their run, or by any restart after the first: the robust accuracy was still
+moving when the budget ended (:func:`certify.checks.attack.convergence` counts them).
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, project
+from certify.errors import AttackProtocolError
+
+#: Momentum of the update (the paper's α).
+ALPHA = 0.75
+#: Share of steps since the last checkpoint that must have raised the loss (the paper's ρ).
+RHO = 0.75
+
+Loss = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Differentiable(Predictor, Protocol):
+    """A proposer with gradients: the sealed call's proxy around a torch copy."""
+
+    def value_and_grad(self, x: torch.Tensor, loss: Loss
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(whole-graph scores ``[N, K]``, cut logits ``[N, K]``, ``loss(cut)`` ``[N]``, its
+        gradient with respect to ``x`` ``[N, C, H, W]``)."""
+        ...
+
+
+def checkpoints(n_iter: int) -> list[int]:
+    """The iterations at which the step size is reviewed: ``⌈p_j N⌉`` for ``j ≥ 1``."""
+    p = [0.0, 0.22]
+    while p[-1] < 1.0:
+        p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
+    # rounded first: 0.22 + 0.19 + 0.16 is 0.5700000000000001 in floats, whose ceiling is 58
+    at = [math.ceil(round(pj * n_iter, 9)) for pj in p[1:]]
+    out = sorted({w for w in at if w <= n_iter})
+    return [w for w in out if w > 0]
+
+
+def ce_loss(y: torch.Tensor) -> Loss:
+    """Per-sample cross-entropy of the cut logits against the true labels."""
+    return lambda z: F.cross_entropy(z, y, reduction="none")
+
+
+def dlr_targeted_loss(y: torch.Tensor, target: torch.Tensor) -> Loss:
+    """Per-sample targeted DLR loss (needs at least 4 classes)."""
+    def loss(z: torch.Tensor) -> torch.Tensor:
+        s = z.sort(dim=1, descending=True).values
+        zy = z.gather(1, y.view(-1, 1)).squeeze(1)
+        zt = z.gather(1, target.view(-1, 1)).squeeze(1)
+        return -(zy - zt) / (s[:, 0] - 0.5 * (s[:, 2] + s[:, 3]) + 1e-12)
+    return loss
+
+
+class APGD(Attack):
+    """APGD with cross-entropy (``apgd_ce``): see the module docstring.
+
+    ``epsilon``: the ball's radius; ``norm``: ``linf`` or ``l2``; ``iterations`` per run
+    (100, as AutoAttack); ``restarts``: runs per sample, the later ones only on the still
+    unbroken samples (2 by default, so convergence can be judged across restarts).
+    """
+
+    name: ClassVar[str] = "apgd_ce"
+    norm: ClassVar[str] = "linf"  # the default; an instance may attack in L2 (``norm``)
+    needs_scores: ClassVar[bool] = True
+    needs_gradients: ClassVar[bool] = True
+
+    def __init__(self, epsilon: float = 8 / 255, norm: str = "linf", iterations: int = 100,
+                 restarts: int = 2, max_queries: int = 0) -> None:
+        if norm not in ("linf", "l2"):
+            raise TypeError(f"APGD attacks in linf or l2, not {norm!r}")
+        if iterations < 1 or restarts < 1:
+            raise TypeError("iterations and restarts must be at least 1")
+        self.epsilon = float(epsilon)
+        self.attack_norm = norm
+        self.iterations = int(iterations)
+        self.restarts = int(restarts)
+        self.max_queries = int(max_queries)  # white-box: no model queries to propose
+
+    def params(self) -> dict[str, Any]:
+        """The constructor parameters (norm under its own name)."""
+        return {"epsilon": self.epsilon, "norm": self.attack_norm,
+                "iterations": self.iterations, "restarts": self.restarts}
+
+    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: str,
+                         epsilon: float) -> torch.Tensor:
+        """Project onto the threat model's ball (the check's norm, which is this one's)."""
+        return project(proposal.x_adv, x, norm, epsilon)
+
+    def runs(self, model: Differentiable, x: torch.Tensor, y: torch.Tensor
+             ) -> tuple[list[tuple[int, torch.Tensor | None]], int]:
+        """(restart, per-sample target or ``None`` for cross-entropy) for each run a sample
+        gets, in order, and the gradient evaluations per sample spent choosing them:
+        ``restarts`` cross-entropy runs, nothing spent."""
+        return [(r, None) for r in range(self.restarts)], 0
+
+    def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
+            output: str) -> AttackResult:
+        grad_model = typing.cast(Differentiable, model)  # the proxy refuses a plain model
+        rng = Uniforms(seeds)
+        b = len(x)
+        best = x.clone()
+        broken = torch.zeros(b, dtype=torch.bool)
+        late = torch.zeros(b, dtype=torch.bool)
+        plan, spent = self.runs(grad_model, x, y)
+        grads = torch.full((b,), spent, dtype=torch.long)
+        for restart, target in plan:
+            todo = (~broken).nonzero().flatten()
+            if not len(todo):
+                break
+            idx = todo.to(x.device)
+            loss = ce_loss(y[idx]) if target is None else dlr_targeted_loss(y[idx], target[idx])
+            x_adv, hit, hit_late, used = self._run_once(
+                grad_model, x[idx], y[idx], loss, rng, todo.tolist())
+            grads[todo] += used
+            best[idx] = x_adv
+            broken[todo] |= hit
+            # the robust accuracy still moved: late in the run, or in a restart after the first
+            late[todo] |= hit & (hit_late | torch.tensor(restart > 0))
+        return AttackResult(best, torch.zeros(b, dtype=torch.long), gradients=grads,
+                            late=late)
+
+    def _run_once(self, model: Differentiable, x: torch.Tensor, y: torch.Tensor, loss: Loss,
+                  rng: Uniforms, ids: list[int]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """One APGD run on a batch: (proposals, broken ``[B]``, broken after the second-to-last
+        checkpoint ``[B]``, gradient evaluations per sample)."""
+        norm, eps, n_iter = self.attack_norm, self.epsilon, self.iterations
+        b = len(x)
+        x_adv = project(x + self._start(x, rng, ids), x, norm, eps)
+        scores, _, cur, grad = model.value_and_grad(x_adv, loss)
+        broken = (scores.argmax(1) != y).cpu()
+        x_best_adv = torch.where(broken.view(-1, 1, 1, 1).to(x.device), x_adv, x)
+        x_best, loss_best, grad_best = x_adv.clone(), cur.clone(), grad.clone()
+        step = torch.full((b,), 2.0 * eps, device=x.device)
+        history = [cur.clone()]
+        marks = checkpoints(n_iter)
+        since = 0
+        reduced = torch.zeros(b, dtype=torch.bool, device=x.device)
+        best_at_mark = loss_best.clone()
+        broken_at = torch.where(broken, 0, -1)
+        x_prev = x_adv.clone()
+        for i in range(n_iter):
+            a = ALPHA if i > 0 else 1.0
+            z = project(x_adv + step.view(-1, 1, 1, 1) * _direction(grad, norm), x, norm, eps)
+            x_new = project(x_adv + a * (z - x_adv) + (1 - a) * (x_adv - x_prev), x, norm, eps)
+            x_prev, x_adv = x_adv, x_new
+            scores, _, cur, grad = model.value_and_grad(x_adv, loss)
+            wrong = (scores.argmax(1) != y).cpu()
+            x_best_adv[wrong.to(x.device)] = x_adv[wrong.to(x.device)]
+            broken_at = torch.where(wrong & ~broken, i + 1, broken_at)
+            broken |= wrong
+            history.append(cur.clone())
+            better = cur > loss_best
+            x_best[better], grad_best[better], loss_best[better] = \
+                x_adv[better], grad[better], cur[better]
+            since += 1
+            if i + 1 in marks:
+                rises = sum((history[-j] > history[-j - 1]).float()
+                            for j in range(1, since + 1))
+                oscillating = rises <= since * RHO
+                stuck = ~reduced & (best_at_mark >= loss_best)
+                halve = oscillating | stuck
+                reduced, best_at_mark = halve, loss_best.clone()
+                step = torch.where(halve, step / 2, step)
+                x_adv = torch.where(halve.view(-1, 1, 1, 1), x_best, x_adv)
+                grad = torch.where(halve.view(-1, 1, 1, 1), grad_best, grad)
+                since = 0
+        out = torch.where(broken.view(-1, 1, 1, 1).to(x.device), x_best_adv, x_best)
+        second_last = marks[-2] if len(marks) >= 2 else 0
+        return out, broken, broken_at > second_last, n_iter + 1
+
+    def _start(self, x: torch.Tensor, rng: Uniforms, ids: list[int]) -> torch.Tensor:
+        """A random point of the ball per sample: uniform in the L∞ cube scaled to its
+        surface, or on the L2 sphere (the reference's starts)."""
+        shape = tuple(x.shape[1:])
+        if self.attack_norm == "linf":
+            t = torch.stack([rng.draw(int(x[0].numel()), [i])[0] for i in ids])
+            t = (2 * t - 1).view(len(ids), *shape)
+            t = t / t.flatten(1).abs().amax(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+        else:
+            t = torch.stack([rng.normal(shape, i) for i in ids])
+            t = t / t.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+        return (self.epsilon * t).to(x)
+
+
+class APGDTargeted(APGD):
+    """APGD-T (``apgd_t``): the targeted DLR loss against the top ``targets`` other classes
+    (by the copy's clean logits), one run per target on the still unbroken samples."""
+
+    name: ClassVar[str] = "apgd_t"
+
+    def __init__(self, epsilon: float = 8 / 255, norm: str = "linf", iterations: int = 100,
+                 restarts: int = 1, targets: int = 9, max_queries: int = 0) -> None:
+        super().__init__(epsilon, norm, iterations, restarts, max_queries)
+        if targets < 1:
+            raise TypeError("targets must be at least 1")
+        self.targets = int(targets)
+
+    def params(self) -> dict[str, Any]:
+        """The constructor parameters, targets included."""
+        return super().params() | {"targets": self.targets}
+
+    def runs(self, model: Differentiable, x: torch.Tensor, y: torch.Tensor
+             ) -> tuple[list[tuple[int, torch.Tensor | None]], int]:
+        """One run per (target rank, restart): targets are the top other classes of the
+        copy's clean logits, most likely first (one gradient evaluation per sample reads
+        them)."""
+        _, logits, _, _ = model.value_and_grad(x, lambda z: z.sum(dim=1) * 0)
+        k = logits.shape[1]
+        if k < 4:
+            raise AttackProtocolError(
+                f"{self.name} needs at least 4 classes (its DLR loss), the model has {k}",
+                hint="use apgd_ce on models with fewer than 4 classes")
+        ranked = logits.clone()
+        ranked.scatter_(1, y.view(-1, 1), float("-inf"))
+        order = ranked.argsort(dim=1, descending=True)
+        return [(r, order[:, t]) for t in range(min(self.targets, k - 1))
+                for r in range(self.restarts)], 1
+
+
+def _direction(grad: torch.Tensor, norm: str) -> torch.Tensor:
+    if norm == "linf":
+        return grad.sign()
+    n = grad.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    out: torch.Tensor = grad / (n + 1e-12)
+    return out

@@ -1,0 +1,346 @@
+"""White-box attacks: certify's torch copy of an ONNX graph and APGD through the sealed call.
+
+The copy is checked against onnxruntime (the demo models and the same models behind heads that
+round, saturate or rescale their outputs); APGD is checked against an independent oracle
+written here: a plain-torch PGD on an ``nn.Sequential`` rebuilt from the ONNX file's weights
+(not certify's converter), 100 steps with step ε/4 decaying linearly (L2: ε/2.5 on the
+normalised gradient), a zero and a random start, margin and cross-entropy losses, every
+candidate judged by onnxruntime on the real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from certify.attacks import APGD, APGDTargeted
+from certify.attacks.apgd import checkpoints
+from certify.attacks.base import AttackResult
+from certify.demo.synthetic import generate
+from certify.errors import AttackProtocolError
+from certify.models.base import Preprocessing
+from certify.models.torchcopy import TorchCopy, WhiteBoxUnavailable, equivalence, refusal
+
+pytestmark = pytest.mark.unit
+
+DEMO = Path(__file__).resolve().parents[1] / "certify" / "demo"
+HEADS = ("none", "round4", "softmax2", "x0.1", "x10")
+
+
+def with_head(src: Path, dst: Path, head: str) -> Path:
+    """The model at ``src`` with ``head`` appended to its logits: ``round4`` rounds them to
+    multiples of 4, ``softmax2`` answers softmax probabilities rounded to 2 decimals,
+    ``x0.1``/``x10`` rescale them, ``argmax`` answers labels. No decision changes (up to ties)."""
+    m = onnx.load(str(src))
+    g = m.graph
+    logits = g.output[0].name
+
+    def const(name: str, v: float) -> str:
+        g.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.float32), name))
+        return name
+
+    chain = {
+        "none": [],
+        "round4": [("Div", [logits, const("four", 4.0)], "q"), ("Round", ["q"], "r"),
+                   ("Mul", ["r", "four"], "scores")],
+        "softmax2": [("Softmax", [logits], "p"), ("Mul", ["p", const("hundred", 100.0)], "q"),
+                     ("Round", ["q"], "r"), ("Div", ["r", "hundred"], "scores")],
+        "x0.1": [("Mul", [logits, const("tenth", 0.1)], "scores")],
+        "x10": [("Mul", [logits, const("ten", 10.0)], "scores")],
+        "argmax": [("ArgMax", [logits], "scores")],
+    }[head]
+    for op, inputs, out in chain:
+        attrs = {"axis": 1} if op in ("Softmax", "ArgMax") else {}
+        if op == "ArgMax":
+            attrs["keepdims"] = 0
+        g.node.append(helper.make_node(op, inputs, [out], **attrs))
+    if chain:
+        del g.output[:]
+        if head == "argmax":
+            g.output.append(helper.make_tensor_value_info("scores", TensorProto.INT64, ["batch"]))
+        else:
+            g.output.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+                                                          ["batch", 43]))
+    onnx.save(m, str(dst))
+    return dst
+
+
+class Judge:
+    """The real model: onnxruntime on the ONNX file (scores ``[N, K]``, one-hot for labels)."""
+
+    def __init__(self, path: Path) -> None:
+        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.session.run(None, {"input": x.detach().numpy().astype(np.float32)})[0]
+        if out.ndim == 1:
+            return torch.nn.functional.one_hot(torch.from_numpy(out).long(), 43).float()
+        return torch.from_numpy(out)
+
+
+def oracle_net(path: Path) -> nn.Sequential:
+    """The demo architecture rebuilt from the ONNX file's weights with torch.nn layers (the
+    oracle's own route to gradients; the demo graph is Conv/Relu/MaxPool/Flatten/Gemm)."""
+    m = onnx.load(str(path))
+    w = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in m.graph.initializer}
+    layers: list[nn.Module] = []
+    for node in m.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Conv":
+            weight = w[node.input[1]]
+            conv = nn.Conv2d(weight.shape[1], weight.shape[0], weight.shape[2],
+                             padding=attrs.get("pads", [0])[0])
+            conv.weight.data, conv.bias.data = weight, w[node.input[2]]
+            layers.append(conv)
+        elif node.op_type == "Relu":
+            layers.append(nn.ReLU())
+        elif node.op_type == "MaxPool":
+            layers.append(nn.MaxPool2d(attrs["kernel_shape"][0], attrs["strides"][0]))
+        elif node.op_type == "Flatten":
+            layers.append(nn.Flatten())
+        elif node.op_type == "Gemm":
+            weight = w[node.input[1]]
+            lin = nn.Linear(weight.shape[1], weight.shape[0])
+            lin.weight.data, lin.bias.data = weight, w[node.input[2]]
+            layers.append(lin)
+        else:
+            raise AssertionError(f"the oracle does not rebuild {node.op_type}")
+    return nn.Sequential(*layers).eval()
+
+
+def oracle_candidates(net: nn.Module, x: torch.Tensor, y: torch.Tensor, norm: str,
+                      eps: float, steps: int = 100) -> list[torch.Tensor]:
+    """The yardstick PGD's final point of each run (a zero and a random start, each with the
+    margin and the cross-entropy loss), for the real model to judge."""
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for start in ("zero", "random"):
+        for loss_name in ("margin", "ce"):
+            if start == "zero":
+                d = torch.zeros_like(x)
+            elif norm == "linf":
+                d = (2 * torch.rand(x.shape, generator=gen) - 1) * eps
+            else:
+                d = torch.randn(x.shape, generator=gen)
+                d = d / d.flatten(1).norm(dim=1).view(-1, 1, 1, 1) * eps / 2
+            best_loss = torch.full((len(x),), -float("inf"))
+            best = x + d
+            for t in range(steps):
+                a = (x + d).clamp(0, 1).requires_grad_(True)
+                z = net(a)
+                if loss_name == "ce":
+                    loss = nn.functional.cross_entropy(z, y, reduction="none")
+                else:
+                    other = z.clone()
+                    other.scatter_(1, y.view(-1, 1), -1e9)
+                    loss = other.max(1).values - z.gather(1, y.view(-1, 1)).squeeze(1)
+                (g,) = torch.autograd.grad(loss.sum(), a)
+                with torch.no_grad():
+                    better = loss > best_loss  # keep each sample's highest-loss point
+                    best[better], best_loss[better] = a[better], loss[better]
+                    decay = 1 - t / steps
+                    if norm == "linf":
+                        d = (d + eps / 4 * decay * g.sign()).clamp(-eps, eps)
+                    else:
+                        g = g / g.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+                        d = d + eps / 2.5 * decay * g
+                        n = d.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+                        d = d * torch.clamp(eps / n, max=1.0)
+                    d = (x + d).clamp(0, 1) - x
+            out += [best.detach(), (x + d).detach()]
+    return out
+
+
+def oracle_broken(candidates: list[torch.Tensor], judge: Judge, y: torch.Tensor
+                  ) -> torch.Tensor:
+    """``[B]`` bool: broken by any of the oracle's candidates, judged on the real model."""
+    broken = torch.zeros(len(y), dtype=torch.bool)
+    for c in candidates:
+        broken |= judge.predict(c).argmax(1) != y
+    return broken
+
+
+@pytest.fixture(scope="module")
+def signs() -> tuple[torch.Tensor, torch.Tensor]:
+    """43 demo signs (one per class, a seed the demo models never saw)."""
+    x, y = generate(1, seed=11)
+    return torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255, torch.from_numpy(y)
+
+
+def _copy(path: Path) -> TorchCopy:
+    return TorchCopy(onnx.load(str(path)), Preprocessing(), 3, "NCHW", 43)
+
+
+@pytest.mark.parametrize("head", [*HEADS, "argmax"])
+def test_the_copy_answers_as_onnxruntime_and_cuts_before_the_head(head, signs, tmp_path):
+    path = with_head(DEMO / "standard.onnx", tmp_path / f"{head}.onnx", head)
+    copy, judge = _copy(path), Judge(path)
+    x = torch.cat([signs[0], torch.rand(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))])
+    eq = equivalence(copy.scores(x), judge.predict(x), copy.quantised)
+    assert eq.ok, eq.why()
+    assert eq.decisions_differ == 0 and eq.n == len(x)
+    gemm = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm"][-1]
+    assert copy.cut == gemm.output[0]  # gradients at the last linear layer's output
+    assert copy.head == {"none": (), "round4": ("Div", "Round", "Mul"),
+                         "softmax2": ("Softmax", "Mul", "Round", "Div"), "x0.1": ("Mul",),
+                         "x10": ("Mul",), "argmax": ("ArgMax",)}[head]
+    assert copy.quantised == (head in ("round4", "softmax2", "argmax"))
+    # the cut's gradient is not starved by the head
+    _, _, _, g = copy.value_and_grad(x[:4], lambda z: z[:, 0])
+    assert float(g.abs().sum()) > 0
+
+
+def test_a_copy_that_differs_is_reported_not_used(signs):
+    copy = _copy(DEMO / "standard.onnx")
+    scores = copy.scores(signs[0])
+    eq = equivalence(scores + 0.01, scores, quantised=False)
+    assert not eq.ok and "differs from onnxruntime" in eq.why()
+    flipped = scores.clone()
+    flipped[0] = -flipped[0]
+    assert equivalence(flipped, scores, quantised=True).decisions_differ == 1
+
+
+def test_unsupported_operations_and_integer_inputs_are_refused_with_the_reason(tmp_path):
+    m = onnx.load(str(DEMO / "standard.onnx"))
+    m.graph.node[0].op_type = "DeformConv"
+    assert "DeformConv" in str(refusal(m))
+    with pytest.raises(WhiteBoxUnavailable, match="DeformConv"):
+        TorchCopy(m, Preprocessing(), 3, "NCHW", 43)
+    m = onnx.load(str(DEMO / "standard.onnx"))
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.UINT8
+    assert "integer input has no gradient" in str(refusal(m))
+    assert refusal(onnx.load(str(DEMO / "standard.onnx"))) is None
+
+
+def test_checkpoints_follow_the_paper():
+    # p = 0, 0.22, 0.41, 0.57, 0.70, 0.80, 0.87, 0.93, 0.99, 1.05 -> w_j = ceil(p_j * 100)
+    assert checkpoints(100) == [22, 41, 57, 70, 80, 87, 93, 99]
+
+
+def test_white_box_attacks_are_skipped_where_there_is_no_graph_and_say_why():
+    from certify.checks.attack import AttackCheck
+    from certify.models.base import NO_GRAPH, WHITE_BOX, ModelInfo
+
+    endpoint = ModelInfo("http://127.0.0.1:1/v2", "id", (3, 32, 32), 43, "logits")
+    assert endpoint.white_box == NO_GRAPH
+    why = AttackCheck("apgd_ce").skip_reason(endpoint)
+    assert why is not None and "white-box attack" in why and "endpoint" in why
+    onnx_model = ModelInfo("m.onnx", "id", (3, 32, 32), 43, "labels", white_box=WHITE_BOX)
+    assert AttackCheck("apgd_ce", norm="l2").skip_reason(onnx_model) is None  # labels: fine
+    three = ModelInfo("m.onnx", "id", (3, 32, 32), 3, "logits", white_box=WHITE_BOX)
+    assert "at least 4 classes" in str(AttackCheck("apgd_t").skip_reason(three))
+
+
+class UnderReports(APGD):
+    """APGD that leaves out one sample's gradient evaluations from its report."""
+
+    def run(self, model, x, y, seeds, output) -> AttackResult:  # noqa: D102
+        res = super().run(model, x, y, seeds, output)
+        assert res.gradients is not None
+        res.gradients[0] -= 1
+        return res
+
+
+def test_the_sealed_call_counts_gradients_and_refuses_under_reporting(signs):
+    path = DEMO / "standard.onnx"
+    copy, judge = _copy(path), Judge(path)
+    x, y = signs[0][:6], signs[1][:6]
+    out = APGD(iterations=10, restarts=1)(copy, x, y, torch.arange(6), "logits",
+                                          judge=judge)
+    assert out.gradients.tolist() == [11] * 6  # a start and 10 iterations each
+    assert int(out.queries.sum()) == 0 and out.judge_queries == 6
+    with pytest.raises(AttackProtocolError, match="gradient evaluations"):
+        UnderReports(iterations=10, restarts=1)(copy, x, y, torch.arange(6), "logits",
+                                                judge=judge)
+    with pytest.raises(AttackProtocolError, match="without gradients"):
+        APGD(iterations=2)(judge, x, y, torch.arange(6), "logits")
+
+
+def test_apgd_does_not_depend_on_the_batch_it_shares(signs):
+    copy, judge = _copy(DEMO / "standard.onnx"), Judge(DEMO / "standard.onnx")
+    x, y = signs[0][:8], signs[1][:8]
+    seeds = torch.arange(100, 108)
+    whole = APGD(iterations=20)(copy, x, y, seeds, "logits", judge=judge)
+    halves = [APGD(iterations=20)(copy, x[k:k + 4], y[k:k + 4], seeds[k:k + 4], "logits",
+                                  judge=judge) for k in (0, 4)]
+    assert whole.success.tolist() == [b for h in halves for b in h.success.tolist()]
+
+
+@pytest.fixture(scope="module")
+def oracle(signs) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]:
+    """Per norm: the samples the standard model classifies correctly and the oracle's
+    candidates on them (its gradients come from the unrounded net; each head judges them)."""
+    judge = Judge(DEMO / "standard.onnx")
+    x, y = signs
+    keep = judge.predict(x).argmax(1) == y
+    x, y = x[keep], y[keep]
+    net = oracle_net(DEMO / "standard.onnx")
+    return {norm: (x, y, oracle_candidates(net, x, y, norm, eps))
+            for norm, eps in (("linf", 8 / 255), ("l2", 0.5))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("norm", "eps", "head"), [
+    ("linf", 8 / 255, "round4"), ("linf", 8 / 255, "softmax2"), ("linf", 8 / 255, "x0.1"),
+    ("linf", 8 / 255, "x10"), ("l2", 0.5, "round4"), ("l2", 0.5, "softmax2")])
+def test_apgd_matches_an_independent_pgd_behind_every_head(norm, eps, head, oracle, tmp_path):
+    """The acceptance's planted defects: heads that starve score-based attacks do not starve
+    APGD; its robust count is at most the oracle's plus one sample on the same samples
+    (benchmarks/ensemble.py runs the whole matrix)."""
+    path = with_head(DEMO / "standard.onnx", tmp_path / f"{head}.onnx", head)
+    copy, judge = _copy(path), Judge(path)
+    x, y, candidates = oracle[norm]
+    keep = judge.predict(x).argmax(1) == y  # a rounded head may tie a correct answer away
+    x, y = x[keep], y[keep]
+    truth = oracle_broken([c[keep] for c in candidates], judge, y)
+    seeds = torch.arange(len(x))
+    ce = APGD(epsilon=eps, norm=norm)(copy, x, y, seeds, "logits", judge=judge,
+                                      threat=(norm, eps))
+    t = APGDTargeted(epsilon=eps, norm=norm)(copy, x, y, seeds, "logits", judge=judge,
+                                             threat=(norm, eps))
+    robust = int((~(ce.success | t.success)).sum())
+    assert robust <= int((~truth).sum()) + 1, (robust, int((~truth).sum()), len(x))
+    assert len(x) >= 30
+
+
+@pytest.mark.e2e
+def test_white_box_rows_fail_on_a_model_with_rounded_logits(tmp_path):
+    """End to end through the CLI (in-process): behind logits rounded to multiples of 4, the
+    APGD rows FAIL where Square with a starved budget cannot tell; the card says white-box."""
+    from builders import run_cli
+
+    path = with_head(DEMO / "standard.onnx", tmp_path / "round4.onnx", "round4")
+    x, y = generate(1, seed=11)
+    np.savez(tmp_path / "signs.npz", x=x, y=y)
+    from certify.demo.synthetic import GTSRB_CLASS_NAMES
+
+    suite = {"name": "white-box", "seed": 0, "classes": list(GTSRB_CLASS_NAMES), "checks": [
+        {"id": f"{a}_{n}", "kind": "attack",
+         "params": {"attack": a, "norm": n, "epsilon": e,
+                    "attack_params": {"iterations": 30, "restarts": 1}
+                    | ({"targets": 3} if a == "apgd_t" else {})},
+         "threshold": {"metric": "robust_accuracy", "min": 0.5}}
+        for a in ("apgd_ce", "apgd_t") for n, e in (("linf", 8 / 255), ("l2", 0.5))]}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    r = run_cli("run", path, "--suite", tmp_path / "suite.yaml", "--data",
+                tmp_path / "signs.npz", "--out", tmp_path / "out")
+    assert r.returncode == 1, r.stdout + r.stderr
+    import json
+
+    res = json.loads((tmp_path / "out" / "results.json").read_text())["measurement"]
+    assert res["model"]["white_box"] == "available"
+    for c in res["checks"]:
+        assert c["status"] == "FAIL", (c["id"], c["decision"])
+        assert c["metrics"]["gradient_evaluations"] > 0
+        assert c["details"]["white_box"]["iterations"] == 30
+        assert c["queries"]["total"] <= 2 * 43  # clean answers and one judgement each
+    html = (tmp_path / "out" / "card.html").read_text()
+    assert "white-box: 30 iterations" in html
