@@ -116,8 +116,12 @@ def test_other_key_fails(demo_card, keys, name):
 
 
 def _change_a_digit(text: str, key: str) -> str:
+    """Change the last digit of the number after ``key`` (the first one could make a leading
+    zero, which is not JSON: a 945 s run's ``total_s`` would become ``045.3``)."""
     i = text.index(key) + len(key)
     while not text[i].isdigit():
+        i += 1
+    while text[i + 1].isdigit() or (text[i + 1] == "." and text[i + 2].isdigit()):
         i += 1
     return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:]
 
