@@ -111,11 +111,6 @@ class APGD(Attack):
         return {"epsilon": self.epsilon, "norm": self.attack_norm,
                 "iterations": self.iterations, "restarts": self.restarts}
 
-    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: str,
-                         epsilon: float) -> torch.Tensor:
-        """Project onto the threat model's ball (the check's norm, which is this one's)."""
-        return project(proposal.x_adv, x, norm, epsilon)
-
     def runs(self, model: Differentiable, x: torch.Tensor, y: torch.Tensor
              ) -> tuple[list[tuple[int, torch.Tensor | None]], int]:
         """(restart, per-sample target or ``None`` for cross-entropy) for each run a sample
@@ -204,8 +199,7 @@ class APGD(Attack):
         surface, or on the L2 sphere (the reference's starts)."""
         shape = tuple(x.shape[1:])
         if self.attack_norm == "linf":
-            t = torch.stack([rng.draw(int(x[0].numel()), [i])[0] for i in ids])
-            t = (2 * t - 1).view(len(ids), *shape)
+            t = (2 * rng.draw(int(x[0].numel()), ids) - 1).view(len(ids), *shape)
             t = t / t.flatten(1).abs().amax(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
         else:
             t = torch.stack([rng.normal(shape, i) for i in ids])

@@ -155,13 +155,16 @@ class TorchCopy(torch.nn.Module):
         self.channels = channels
         self.layout = layout
         self.num_classes = num_classes
-        self.nodes = list(graph.node)
-        self._consts: dict[str, torch.Tensor] = {}
-        for init in graph.initializer:
-            self._consts[init.name] = _tensor(onnx.numpy_helper.to_array(init))
-        for k, name in enumerate(sorted(self._consts)):  # so .to(device) moves them
-            self.register_buffer(f"c{k}", self._consts[name], persistent=False)
-        self._buffer_of = {name: f"c{k}" for k, name in enumerate(sorted(self._consts))}
+        # each node's operation, inputs, outputs and attributes, read once (not per pass)
+        self.nodes = [(n.op_type, _OPS[n.op_type], list(n.input), list(n.output),
+                       {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
+                       n.name or n.op_type) for n in graph.node]
+        self._buffer_of: dict[str, str] = {}
+        for k, init in enumerate(sorted(graph.initializer, key=lambda i: i.name)):
+            # buffers, so .to(device) moves them
+            self.register_buffer(f"c{k}", _tensor(onnx.numpy_helper.to_array(init)),
+                                 persistent=False)
+            self._buffer_of[init.name] = f"c{k}"
         self.cut, self.head = _find_cut(graph, initializers)
         self.quantised = any(op in QUANTISING for op in self.head)
         self.eval()
@@ -174,16 +177,15 @@ class TorchCopy(torch.nn.Module):
     def _run(self, x: torch.Tensor, stop: str | None) -> Env:
         env: Env = {name: getattr(self, buf) for name, buf in self._buffer_of.items()}
         env[self.input_name] = self._input(x)
-        for node in self.nodes:
-            args = [env[i] if i else None for i in node.input]
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        for op_type, op, inputs, outputs, attrs, label in self.nodes:
+            args = [env[i] if i else None for i in inputs]
             try:
-                outs = _OPS[node.op_type](args, attrs)
+                outs = op(args, attrs)
             except Exception as exc:  # noqa: BLE001 - any failure: the copy cannot be used
                 raise WhiteBoxUnavailable(
-                    f"the torch copy failed at node {node.name or node.op_type} "
-                    f"({node.op_type}): {type(exc).__name__}: {str(exc)[:200]}") from exc
-            for name, value in zip(node.output, outs, strict=False):
+                    f"the torch copy failed at node {label} ({op_type}): "
+                    f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+            for name, value in zip(outputs, outs, strict=False):
                 if name:
                     env[name] = value
             if stop is not None and stop in env:
@@ -198,11 +200,13 @@ class TorchCopy(torch.nn.Module):
     @torch.no_grad()
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """The whole graph's answer ``[N, K]`` (one-hot for labels), as ``predict`` gives it."""
-        out = self._run(x, None)[self.output_name]
+        return self._as_scores(self._run(x, None)[self.output_name], len(x))
+
+    def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
+        """The graph's output as ``[N, K]`` scores (labels become one-hot)."""
         if out.dim() == 1 or not out.is_floating_point():
-            labels = out.reshape(len(x)).long()
-            return F.one_hot(labels, self.num_classes).float()
-        return out.reshape(len(x), -1).float()
+            return F.one_hot(out.reshape(n).long(), self.num_classes).float()
+        return out.reshape(n, -1).float()
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`scores` (the predictor interface: a white-box attack's forward pass)."""
@@ -221,11 +225,7 @@ class TorchCopy(torch.nn.Module):
             cut = env[self.cut].reshape(len(x), -1).float()
             value = loss(cut)
             (grad,) = torch.autograd.grad(value.sum(), xg)
-        out = env[self.output_name].detach()
-        if out.dim() == 1 or not out.is_floating_point():
-            scores = F.one_hot(out.reshape(len(x)).long(), self.num_classes).float()
-        else:
-            scores = out.reshape(len(x), -1).float()
+        scores = self._as_scores(env[self.output_name].detach(), len(x))
         return scores, cut.detach(), value.detach(), grad.detach()
 
 
@@ -260,8 +260,6 @@ def _find_cut(graph: onnx.GraphProto, consts: set[str]) -> tuple[str, tuple[str,
 def _tensor(arr: np.ndarray) -> torch.Tensor:
     if arr.dtype in (np.float16, np.float64):
         arr = arr.astype(np.float32)
-    if arr.dtype == np.bool_:
-        return torch.from_numpy(arr.copy())
     return torch.from_numpy(np.array(arr, copy=True))
 
 
