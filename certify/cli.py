@@ -336,10 +336,14 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
 
 def _print_summary(result: Any, paths: dict[str, Path]) -> None:
     from certify.report.card import headline
+    from certify.report.glance import threat_name
 
     out = Console()
     for c in result.checks:
         out.print(f"{c.status:<12} {c.id:<22} {headline(c)}", highlight=False, soft_wrap=True)
+    for w in result.measurement.attack_worst_case:
+        out.print(f"{w.status:<12} {threat_name(w.norm, w.epsilon):<22} threat model: "
+                  f"{w.decision}", highlight=False, soft_wrap=True)
     skipped = sum(c.status == "SKIPPED" for c in result.checks)
     note = f" ({skipped} check(s) skipped: not evaluated)" if skipped else ""
     out.print(f"verdict: {result.measurement.verdict}{note}", highlight=False)

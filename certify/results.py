@@ -208,13 +208,30 @@ class RunQueries(_Strict):
 
 
 class WorstCase(_Strict):
-    """Robust accuracy against all of the suite's attacks at once, per threat model."""
+    """A threat model's headline row: robust accuracy against all of the suite's attacks of
+    that threat model at once (a sample is robust only if every attack failed on it), decided
+    against the strictest ``robust_accuracy`` threshold of those attacks' rows.
+
+    Its ``status`` stands in the run's verdict for the attack rows it summarises (they stay on
+    the card as evidence); ``support`` names the attack rows whose own PASS allows it to PASS.
+    """
 
     norm: str
     epsilon: float
     attacks: list[str]
     n: int
     robust_accuracy: float
+    n_robust: int = 0
+    interval: list[float] = Field(default_factory=list, description="95% Wilson interval")
+    threshold: float | None = Field(default=None, description="robust_accuracy min, the "
+                                    "strictest of the threat model's attack rows")
+    status: Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "INFO", "ERROR"] = "INFO"
+    decision: str = ""
+    support: list[str] = Field(default_factory=list)
+    white_box: list[str] = Field(default_factory=list, description="white-box attacks")
+    broken_by: dict[str, int] = Field(default_factory=dict,
+                                      description="samples each attack broke, on these n")
+    warnings: list[str] = Field(default_factory=list)
 
 
 class RunMeasurement(BaseModel):

@@ -394,6 +394,9 @@ def test_a_run_with_unstartable_hopskipjump_warns_on_the_card(tmp_path):
     proc = builders.run_cli("run", path, "--suite", suite, "--data", tmp_path / "d.npz",
                             "--out", tmp_path / "o", "--no-pdf")
     assert proc.returncode == 7, proc.stderr  # WARN: not silently robust
+    (row,) = json.loads((tmp_path / "o" / "results.json").read_text()
+                        )["measurement"]["attack_worst_case"]
+    assert row["status"] == "WARN"  # the threat model's row carries the attack row's WARN
     (c,) = json.loads((tmp_path / "o" / "results.json").read_text())["measurement"]["checks"]
     assert c["metrics"]["n_start_failed"] == 4 and c["metrics"]["robust_accuracy"] == 1.0
     assert any("no adversarial starting point on 4 of 4" in w for w in c["warnings"])

@@ -104,7 +104,12 @@ def test_auto_budgets_double_up_to_the_cap():
     assert nxt is not None and nxt[1] == [10] and nxt[0].build().max_queries == 200
     assert c.next_round(unconverged, 3) is None  # the next budget (1,600) passes the cap
     converged = {i: _robust(100) for i in range(10)}
-    assert c.next_round(converged, 0) is None
+    # converged but below its floor (5,000 queries in one run): it doubles on, up to the cap
+    after = c.next_round(converged, 0)
+    assert after is not None and after[0].build().max_queries == 200
+    assert c.next_round(converged, 3) is None
+    at_floor = AttackCheck("square_linf", max_queries="auto", initial_queries=5000)
+    assert at_floor.next_round(converged, 0) is None  # converged at its floor: done
     fixed = AttackCheck("square_linf", max_queries=100)
     assert fixed.next_round(unconverged, 0) is None
 

@@ -121,8 +121,10 @@ def _invoke(*args: str):
 
 
 def _result(verdict: str) -> SimpleNamespace:
-    """Stands in for a RunResult: the CLI reads the verdict and the checks."""
-    return SimpleNamespace(measurement=SimpleNamespace(verdict=verdict), checks=[])
+    """Stands in for a RunResult: the CLI reads the verdict, the checks and the threat-model
+    rows."""
+    return SimpleNamespace(measurement=SimpleNamespace(verdict=verdict, attack_worst_case=[]),
+                           checks=[])
 
 
 @pytest.mark.parametrize("verdict, code", [

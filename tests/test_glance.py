@@ -139,12 +139,15 @@ def test_the_figure_states_its_numbers_in_words():
 
 
 def test_worst_case_line_per_threat_model():
-    w = [SimpleNamespace(norm="l2", epsilon=0.5, n=40, robust_accuracy=0.575),
-         SimpleNamespace(norm="linf", epsilon=0.0314, n=100, robust_accuracy=0.1),
-         SimpleNamespace(norm="spatial", epsilon=0.0, n=100, robust_accuracy=0.08),
-         SimpleNamespace(norm="l0", epsilon=8.0, n=100, robust_accuracy=0.07)]
-    assert glance.worst_case_line(w) == ("L∞ 8/255: 10% (n 100) · L2 0.5: 57.5% (n 40) · "
-                                         "L0 8 px: 7% (n 100) · spatial: 8% (n 100)")
+    w = [SimpleNamespace(norm="l2", epsilon=0.5, n=40, robust_accuracy=0.575, status="WARN"),
+         SimpleNamespace(norm="linf", epsilon=0.0314, n=100, robust_accuracy=0.1,
+                         status="FAIL"),
+         SimpleNamespace(norm="spatial", epsilon=0.0, n=100, robust_accuracy=0.08,
+                         status="FAIL"),
+         SimpleNamespace(norm="l0", epsilon=8.0, n=100, robust_accuracy=0.07, status="FAIL")]
+    assert glance.worst_case_line(w) == ("L∞ 8/255: 10% (n 100) FAIL · L2 0.5: 57.5% (n 40) "
+                                         "WARN · L0 8 px: 7% (n 100) FAIL · spatial: 8% "
+                                         "(n 100) FAIL")
     # an ε that is not a whole number of grey levels is written as it is
     assert glance.threat_name("linf", 0.01) == "L∞ 0.01"
 

@@ -21,6 +21,7 @@ which other samples share its batch.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -76,9 +77,12 @@ class SparseRS(Attack):
         active = (loss > 0).nonzero().flatten()
         if k == 0:  # nothing may change: the start point is the image itself
             return AttackResult(best.view(b, c, h, w), queries)
+        half = torch.full((b,), math.inf)  # margins when half the budget was spent
         xa, xb, ya, la, pa = flat[active], best[active], y.cpu()[active], loss[active], \
             perm[active]
         for it in range(1, self.max_queries):
+            if it == self.max_queries // 2:
+                half[active] = la
             if len(active) == 0:
                 break
             m = max(int(alpha_selection(self.alpha_init, it, self.max_queries) * k), 1)
@@ -107,7 +111,9 @@ class SparseRS(Attack):
                 active, xa, xb, ya, la, pa = (active[left], xa[keep], xb[keep], ya[left],
                                               la[left], pa[left])
         best[active] = xb
-        return AttackResult(best.view(b, c, h, w), queries)
+        gap = torch.full((b,), math.inf)
+        gap[active] = la
+        return AttackResult(best.view(b, c, h, w), queries, gap=gap, half_gap=half)
 
     @staticmethod
     def _candidates(xa: torch.Tensor, xb: torch.Tensor, pa: torch.Tensor, active: torch.Tensor,

@@ -80,6 +80,25 @@ AUTO_CAP_FACTOR = 16
 #: A budget is converged when at most max(1, this share of the samples) were still moving: first
 #: broken in the last half of the budget, or (minimisation attacks) still being approached.
 CONVERGENCE_SHARE = 0.01
+#: Queries per unbroken sample a black-box attack must have spent, over at least two doubled
+#: rounds (``max_queries: auto``) and converged, before its row may PASS on its own: Square's is
+#: AutoAttack's (5,000), Sparse-RS's its authors' untargeted L0 setting (10,000); HopSkipJump
+#: needs about 100·sqrt(t) queries per iteration t, and 25,000 buys it about 40 iterations.
+#: Below its floor an attack row is evidence, never a PASS (issue 27).
+QUERY_FLOORS = {"square_linf": 5000, "square_l2": 5000, "random": 5000, "sparse_rs": 10000,
+                "hopskipjump": 25000}
+#: The ε sweep of APGD-CE (Carlini et al. 2019's sanity checks; issue 27): at most this many
+#: of the check's correctly classified samples, attacked at these multiples of ε and at an ε
+#: that reaches any image (L∞ 0.5; L2 the diagonal of the image cube, sqrt(C·H·W)).
+SWEEP_SAMPLES = 20
+SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+#: Robust accuracy may rise with ε by at most max(1 sample, this share) before the attack is
+#: unreliable; the largest ε must break at least SWEEP_DESTROYED of the swept samples.
+SWEEP_SLACK = 0.01
+SWEEP_DESTROYED = 0.99
+#: A run is *stalled* when at least this share of its still-unbroken samples had no accepted
+#: improvement in the last half of their budget: the model's outputs gave it no signal.
+STALLED_SHARE = 0.5
 #: Record fields that describe one attempt on a sample; a later round's attempt replaces them.
 _ATTEMPT = ("outcome", "adv_pred", "confidence", "start_failed", "gap", "half_gap", "abstained",
             "confidence_first", "confident_queries", "adv_image", "scores")
@@ -130,6 +149,8 @@ class AttackRecord(ConfidenceRecord, BinarizationFields, total=False):
     gradients: int
     late_break: bool
     white_box_mismatch: str
+    sweep_broken: list[bool]
+    sweep_epsilons: list[float]
 
 
 class AttackCheck(Check[AttackRecord]):
@@ -198,6 +219,8 @@ class AttackCheck(Check[AttackRecord]):
         Metric("approaching", "unbroken samples still being approached: their gap to success "
                "(margin, or distance beyond ε) fell in the last half by at least what is left",
                unit="count", optional=True),
+        Metric("stalled", "unbroken samples with no accepted improvement in the last half of "
+               "the latest run's budget", unit="count", optional=True),
         *(dataclasses.replace(m, optional=True) for m in WORST_CASE_METRICS),
         Metric("first_break_accuracy_at_coverage", "accuracy at the coverage level with each "
                "broken sample at the confidence of its first break (before the confident-"
@@ -219,8 +242,9 @@ class AttackCheck(Check[AttackRecord]):
                  max_queries: int | Literal["auto"] = 1000, initial_queries: int | None = None,
                  query_cap: int | None = None, attack_params: dict[str, Any] | None = None,
                  binarization: dict[str, Any] | bool = True,
-                 confident_queries: int | None = None) -> None:
+                 confident_queries: int | None = None, eps_sweep: bool = True) -> None:
         self.attack = attack
+        self.eps_sweep = eps_sweep
         self.epsilon = epsilon
         self.norm = norm
         self.max_queries = max_queries
@@ -261,6 +285,16 @@ class AttackCheck(Check[AttackRecord]):
         """Queries per sample a never-broken sample has spent after rounds ``0..r``."""
         return self.initial_budget() * ((1 << (r + 1)) - 1)
 
+    def floor(self) -> int:
+        """The single run's queries per sample this attack needs before its row may PASS on
+        its own (:data:`QUERY_FLOORS`; 0 for white-box attacks and the exhaustive grid).
+        ``max_queries: auto`` keeps doubling a converged run until it reaches this floor, while
+        the cap allows."""
+        name = ATTACKS[self.attack].name
+        if self.white_box() or name == "spatial_grid":
+            return 0
+        return QUERY_FLOORS.get(name, QUERY_FLOORS["square_linf"])
+
     def for_round(self, r: int) -> AttackCheck:
         """A copy that runs round ``r`` (its budget and seed stream; no binarization test)."""
         c = copy.copy(self)
@@ -273,7 +307,8 @@ class AttackCheck(Check[AttackRecord]):
         or None when the budget is fixed, converged, or the next budget would pass the cap."""
         if not self.auto or self.round_budget(done + 1) > self.cap():
             return None
-        if convergence(list(records.values()), done, self.round_budget(done))["converged"]:
+        if convergence(list(records.values()), done, self.round_budget(done))["converged"] \
+                and self.round_budget(done) >= self.floor():
             return None
         todo = sorted(i for i, r in records.items() if r["outcome"] == "robust")
         return (self.for_round(done + 1), todo) if todo else None
@@ -407,6 +442,9 @@ class AttackCheck(Check[AttackRecord]):
                                  f"round after {self.initial_budget()} queries",
                                  hint=f"query_cap >= {2 * self.initial_budget()}, e.g. "
                                       f"{AUTO_CAP_FACTOR * self.initial_budget()}")
+        if not isinstance(self.eps_sweep, bool):
+            raise SuiteError(f"{where}: eps_sweep must be true or false",
+                             hint="APGD-CE's ε sweep (Carlini et al. 2019); true by default")
         if self.confident_queries is not None:
             if not isinstance(self.confident_queries, int) or self.confident_queries < 0:
                 raise SuiteError(f"{where}: confident_queries must be an integer >= 0",
@@ -582,6 +620,44 @@ class AttackCheck(Check[AttackRecord]):
                 rec[i].update({"adv_pred": int(pred[k]), "broken_at": 0,
                                "late_break": bool(res.late is not None and res.late[k])})
         keep_adversarial_images(rec, ci.tolist(), index, res.x_adv, counter.info.output)
+        if ATTACKS[self.attack].name == "apgd_ce" and self.eps_sweep:
+            self._sweep(counter, copy, x, y, ci, rec, index, ctx)
+
+    def sweep_epsilons(self, shape: Sequence[int]) -> list[float]:
+        """The ε sweep's radii for images of ``shape`` (C, H, W), smallest first."""
+        norm, eps = self.threat_model()
+        top = 0.5 if norm == "linf" else math.sqrt(math.prod(shape))
+        return [f * eps for f in SWEEP_FACTORS if f * eps < top] + [top]
+
+    def _sweep(self, counter: Any, copy: Any, x: torch.Tensor, y: torch.Tensor,
+               ci: torch.Tensor, rec: list[AttackRecord], index: Sequence[int],
+               ctx: CheckContext) -> None:
+        """APGD-CE (one restart) at each radius of :meth:`sweep_epsilons` on the batch's swept
+        samples (:func:`bt_positions` with :data:`SWEEP_SAMPLES`, correctly classified only),
+        judged on the real model; each record keeps which radii broke it (``sweep_broken``)."""
+        picked = bt_positions(ctx, SWEEP_SAMPLES)
+        at = [i for i in ci.tolist() if int(index[i]) in picked]
+        if not at:
+            return
+        norm = self._norm()
+        sel = torch.tensor(at, device=x.device)
+        seeds = torch.tensor([ctx.seed(int(index[i]), 4) for i in at])
+        # one restart per radius: the sweep tests the attack's behaviour across ε, not its
+        # strength at ε (the check's own run does that)
+        kw: dict[str, Any] = dict(self.attack_params or {}) | {"restarts": 1}
+        broken: list[list[bool]] = [[] for _ in at]
+        radii = self.sweep_epsilons(tuple(x.shape[1:]))
+        for e in radii:
+            attack = ATTACKS[self.attack](**(kw | {"epsilon": e, "norm": norm}))
+            res = attack(copy, x[sel], y[sel], seeds, counter.info.output, threat=(norm, e),
+                         judge=counter)
+            for k, i in enumerate(at):
+                broken[k].append(bool(res.success[k]))
+                rec[i]["queries"] += 1
+                rec[i]["gradients"] = int(rec[i].get("gradients", 0)) + int(res.gradients[k])
+        for k, i in enumerate(at):
+            rec[i]["sweep_broken"] = broken[k]
+            rec[i]["sweep_epsilons"] = radii
 
     def _confident_mistakes(self, counter: Any, x: torch.Tensor, x_adv: torch.Tensor,
                             y: torch.Tensor, adv_scores: torch.Tensor,
@@ -617,10 +693,84 @@ class AttackCheck(Check[AttackRecord]):
         x_final[sel.to(x_final.device)] = out.x_adv.to(x_final)
         return x_final
 
+    def _black_box_evidence(self, records: list[AttackRecord], rounds: int,
+                            metrics: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+        """What a black-box attack's row can support on its own (issue 27), with a warning
+        for each reason it may not PASS: a stalled last run (no signal from the outputs), a
+        last run below its floor (:data:`QUERY_FLOORS`) or not preceded by a run of half its
+        budget (convergence judged across two doubled rounds), and an attack the binarization
+        test did not check."""
+        floor, last = self.floor(), self.round_budget(rounds - 1)
+        flat, judged = stalled_counts(records)
+        stalled = judged > 0 and flat >= STALLED_SHARE * judged
+        metrics["stalled"] = flat
+        if stalled:
+            warnings.append(
+                f"stalled: {flat} of {judged} unbroken sample(s) had no accepted improvement in "
+                f"the last half of their budget: the model's outputs gave the attack no signal "
+                "(rounded or saturated scores do this); a stronger attack can only lower this "
+                "robust accuracy")
+        short = []
+        if last < floor:
+            short.append(f"its last run had {last:,} queries per sample, below its floor of "
+                         f"{floor:,}" + (f" (the cap is {self.cap():,})" if self.auto else ""))
+        if rounds < 2:
+            short.append("its convergence was not judged across two doubled rounds "
+                         "(max_queries: auto)" if not self.auto else
+                         "it stopped after one round, so its convergence was not judged "
+                         "across two doubled rounds")
+        if self._bt() is None:
+            short.append("the binarization test did not check it" +
+                         (" (not available for L0)" if self._norm() == "l0" else
+                          " (binarization: false)"))
+        unbroken = any(r["outcome"] == "robust" for r in records)
+        if short and unbroken:
+            warnings.append(
+                f"{self.attack} alone is evidence, not a PASS: " + "; ".join(short) +
+                f"; a black-box attack may PASS on its own only after a run of at least "
+                f"{floor:,} queries per sample that followed one of half that budget, "
+                "converged and validated by the binarization test; a stronger attack can only "
+                "lower this robust accuracy")
+        return {"floor": floor, "stalled": stalled, "stalled_samples": flat,
+                "unbroken_judged": judged, "short_of_pass": short,
+                "can_pass": not short and not stalled}
+
+    def _sweep_details(self, records: list[AttackRecord], warnings: list[str]
+                       ) -> dict[str, Any] | None:
+        """The ε sweep's robust counts per radius, and a warning when the attack is unreliable
+        on this model: robust accuracy rising with ε by more than max(1, 1%) of the swept
+        samples, or the largest ε breaking fewer than 99% of them."""
+        done = [r for r in records if "sweep_broken" in r and "sweep_epsilons" in r]
+        if not done:
+            return None
+        epsilons = [float(e) for e in done[0]["sweep_epsilons"]]
+        swept = [r["sweep_broken"] for r in done if len(r["sweep_broken"]) == len(epsilons)]
+        m = len(swept)
+        robust = [sum(not b[k] for b in swept) for k in range(len(epsilons))]
+        slack = max(1.0, SWEEP_SLACK * m)
+        rises = [(epsilons[k], epsilons[k + 1]) for k in range(len(robust) - 1)
+                 if robust[k + 1] > robust[k] + slack]
+        destroyed = (m - robust[-1]) >= SWEEP_DESTROYED * m
+        if rises or not destroyed:
+            why = []
+            if rises:
+                a, b = rises[0]
+                why.append(f"robust accuracy rose from ε={a:.4g} to ε={b:.4g} by more than "
+                           f"max(1, 1% of {m})")
+            if not destroyed:
+                why.append(f"at ε={epsilons[-1]:.4g}, which reaches any image, "
+                           f"{robust[-1]} of {m} swept samples stayed unbroken (at most "
+                           f"{100 * (1 - SWEEP_DESTROYED):.0f}% may)")
+            warnings.append("attack unreliable on this model (ε sweep, Carlini et al. 2019): "
+                            + "; ".join(why) + "; a stronger attack can only lower this "
+                            "robust accuracy")
+        return {"epsilons": epsilons, "robust": robust, "samples": m,
+                "reliable": not rises and destroyed}
+
     def _white_box_details(self, records: list[AttackRecord], warnings: list[str]
                            ) -> dict[str, Any]:
-        """What the card says of a white-box attack: its effort, and where the torch copy
-        could not be used (a warning: those samples were not attacked)."""
+        """What the card says of a white-box attack: its effort, the ε sweep, and where the
+        torch copy could not be used (a warning: those samples were not attacked)."""
         attack = self.build()
         mismatched = [r for r in records if "white_box_mismatch" in r]
         if mismatched:
@@ -634,7 +784,8 @@ class AttackCheck(Check[AttackRecord]):
                 "gradients_median": statistics.median(grads) if grads else 0,
                 "not_attacked": len(mismatched),
                 "why_not_attacked": mismatched[0]["white_box_mismatch"] if mismatched else None,
-                "judged_on": "the real model (every proposal re-queried)"}
+                "judged_on": "the real model (every proposal re-queried)",
+                "eps_sweep": self._sweep_details(records, warnings)}
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
@@ -647,6 +798,10 @@ class AttackCheck(Check[AttackRecord]):
         effort = (f"white-box, {wb['iterations']} iterations × {wb['restarts']} restart(s)"
                   + (f" × {wb['targets']} target(s)" if wb.get("targets") else "")
                   + ", judged on the model" if wb else f"≤{int(m.query_budget):,} queries")
+        runs = [int(r["budget"]) for r in (d.get("convergence") or {}).get("rounds", [])]
+        if not wb and len(runs) > 1:
+            effort = (f"runs of {', '.join(f'{b:,}' for b in runs)} queries per sample (each "
+                      "round from scratch)")
         text = (f"robust accuracy {pct(m.robust_accuracy)} (95% CI "
                 f"{interval_text(result.intervals['robust_accuracy'])}) under {d['attack']} at "
                 f"{bound}, {effort}")
@@ -664,6 +819,11 @@ class AttackCheck(Check[AttackRecord]):
                      f"{hardest['label'] if hardest else 'none'}")
         elif d.get("binarization_note"):
             text += "; binarization test not available for L0 threat models"
+        ev = d.get("evidence")
+        if ev and ev.get("stalled"):
+            text += "; stalled: the model's outputs gave the attack no signal"
+        if ev and ev.get("short_of_pass"):
+            text += "; evidence, not a PASS on its own"
         return text
 
     @classmethod
@@ -740,6 +900,8 @@ class AttackCheck(Check[AttackRecord]):
                     "lower this robust accuracy")
             elif not conv["converged"]:
                 warnings.append(_unconverged(conv, total, rounds, self.auto, self.cap(), n))
+        if not self.white_box() and self._norm() != "spatial":
+            details["evidence"] = self._black_box_evidence(records, rounds, metrics, warnings)
         if ATTACKS[self.attack].name == "hopskipjump":
             no_start = sum(bool(r.get("start_failed")) for r in correct)
             metrics["n_start_failed"] = no_start
@@ -807,8 +969,14 @@ class AttackCheck(Check[AttackRecord]):
                 details["binarization_note"] = BT_NOT_L0
         sink = ImageSink()
         details["examples"] = gallery_examples(records, data, self._norm(), sink)
+        conv_doc, evidence = details.get("convergence"), details.get("evidence")
+        unsettled = None
+        if conv_doc and not conv_doc["converged"]:
+            unsettled = "the attack has not converged: a stronger attack can only lower it"
+        elif evidence and evidence["stalled"]:
+            unsettled = "the attack stalled: a stronger attack can only lower it"
         return Measurement(metrics=metrics, intervals=intervals, details=details,
-                           warnings=warnings, images=sink.images)
+                           warnings=warnings, images=sink.images, unsettled=unsettled)
 
 
 def convergence(records: Sequence[AttackRecord], last_round: int, last_budget: int
@@ -834,6 +1002,16 @@ def convergence(records: Sequence[AttackRecord], last_round: int, last_budget: i
         and float(r["gap"]) <= float(r["half_gap"]) - float(r["gap"]))
     return {"late_breaks": late, "approaching": approaching, "allowance": allowance,
             "last_budget": last_budget, "converged": late + approaching <= allowance}
+
+
+def stalled_counts(records: Sequence[AttackRecord]) -> tuple[int, int]:
+    """(unbroken samples whose gap to success did not move in the last half of the latest
+    run's budget, unbroken samples with a recorded gap). Score-based attacks record the
+    margin loss, HopSkipJump the distance beyond ε; an unchanged gap means no candidate was
+    accepted (no improvement) in that half."""
+    judged = [r for r in records if r["outcome"] == "robust" and "gap" in r and "half_gap" in r]
+    flat = sum(float(r["gap"]) >= float(r["half_gap"]) for r in judged)
+    return flat, len(judged)
 
 
 def robustness_curve(records: Sequence[AttackRecord], total: int) -> list[dict[str, float]]:
@@ -865,10 +1043,10 @@ def _unconverged(conv: dict[str, Any], total: int, rounds: int, auto: bool, cap:
     if auto:
         return (f"budget not converged at the cap: after {rounds} round(s) ({total:,} queries "
                 f"per unbroken sample, the last run at the cap of {cap:,}), {moving}, "
-                f"{allowed}; the robust accuracy is likely an overestimate")
+                f"{allowed}; a stronger attack can only lower this robust accuracy")
     return (f"budget not converged: with {total:,} queries per sample, {moving}, {allowed}; "
-            "the robust accuracy is likely an overestimate (max_queries: auto grows the budget "
-            "until converged)")
+            "a stronger attack can only lower this robust accuracy (max_queries: auto grows "
+            "the budget until converged)")
 
 
 def bt_positions(ctx: CheckContext, samples: int) -> set[int]:

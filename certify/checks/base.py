@@ -89,6 +89,9 @@ class Measurement:
     #: Reasons not to trust the measured value (the runner turns a PASS into WARN).
     warnings: list[str] = field(default_factory=list)
     images: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Why more samples would not settle an interval that straddles the threshold (e.g. an
+    #: attack that has not converged); None when they would.
+    unsettled: str | None = None
 
 
 @dataclass

@@ -32,6 +32,14 @@ BOUNDARY_GRID = 4
 #: Bisection steps that close in on the label change found on that grid (to 1/8192 of the way);
 #: the probe uses the point of smallest top-2 margin they visit.
 BOUNDARY_STEPS = 10
+#: The quantised-score probe (issue 27): this many noise draws around each of at most
+#: ``QUANT_SAMPLES`` samples, uniform in an L∞ ball of ``QUANT_EPSILON`` (8/255 / 8).
+QUANT_DRAWS = 32
+QUANT_SAMPLES = 10
+QUANT_EPSILON = 1 / 255
+#: Outputs are *quantised* when more than this share of the draws answer bit-identically to the
+#: unperturbed input, or when every change seen is a whole multiple of one step.
+QUANT_IDENTICAL_SHARE = 0.5
 #: The fewest repeats a randomness probe may use: with 3, a model that randomises one answer in
 #: five goes unseen half the time (0.8^3); with 10, about one time in ten (0.8^10).
 MIN_REPEATS = 10
@@ -58,8 +66,39 @@ def _repeat(model: Model, x: torch.Tensor, repeats: int, tolerance: float
     return outs[0], random, flips
 
 
+def quantisation_probe(model: Model, x: torch.Tensor, clean: torch.Tensor,
+                       seeds: Sequence[int], draws: int = QUANT_DRAWS,
+                       epsilon: float = QUANT_EPSILON) -> list[tuple[int, float, bool]]:
+    """Per sample of ``x`` (answered ``clean``): ``draws`` seeded noise draws of L∞ size
+    ``epsilon``, each queried once. Returns (draws answered bit-identically to ``clean``,
+    smallest nonzero output change seen or 0, whether every change seen is a whole multiple of
+    that smallest one: the outputs move in steps)."""
+    out = []
+    for k, seed in enumerate(seeds):
+        gen = torch.Generator().manual_seed(int(seed) % (2**63))
+        noise = (2 * torch.rand((draws, *x.shape[1:]), generator=gen) - 1) * epsilon
+        probe = (x[k:k + 1].cpu() + noise).clamp(0, 1).to(x.device, x.dtype)
+        diff = (model.predict(probe).float().cpu() - clean[k:k + 1].float().cpu()).abs()
+        identical = int((diff.amax(dim=1) == 0).sum())
+        moved = diff[diff > 0]
+        if not len(moved):
+            out.append((identical, 0.0, True))
+            continue
+        step = float(moved.min())
+        ratio = moved / step
+        out.append((identical, step, _whole_multiples(ratio)))
+    return out
+
+
+def _whole_multiples(ratio: torch.Tensor) -> bool:
+    """Whether every ratio is within 0.001 of a whole number, at most 10,000 (beyond that any
+    set of continuous changes would pass as steps of its smallest one)."""
+    return bool((ratio <= 1e4).all() and ((ratio - ratio.round()).abs() <= 1e-3).all())
+
+
 class SanityRecord(SampleRecord, total=False):
-    """A sanity record: what repeating the sample's query showed (and near its boundary)."""
+    """A sanity record: what repeating the sample's query showed (and near its boundary), and
+    on the probed samples what small noise did to the outputs (``quant_*``)."""
 
     random: bool
     label_flips: bool
@@ -70,6 +109,9 @@ class SanityRecord(SampleRecord, total=False):
     random_near_boundary: bool
     label_flips_near_boundary: bool
     boundary_margin: float
+    quant_identical: int
+    quant_step: float
+    quant_stepped: bool
 
 
 class Sanity(Check[SanityRecord]):
@@ -89,6 +131,12 @@ class Sanity(Check[SanityRecord]):
     (output change counted as random), ``near_boundary`` (also probe near-boundary inputs;
     true). Queries per sample: ``2 * repeats + 2 * BOUNDARY_GRID`` plus up to
     ``BOUNDARY_STEPS``.
+
+    **Quantised scores** (issue 27): around at most ``QUANT_SAMPLES`` samples,
+    ``QUANT_DRAWS`` draws of small uniform noise (:func:`quantisation_probe`). When most draws
+    answer bit-identically, or every change is a whole multiple of one step, the outputs are
+    quantised (rounded scores, as many inference APIs return): score-based attacks then get
+    little signal, and no score-based attack row may PASS on its own (the runner applies it).
     """
 
     kind: ClassVar[str] = "sanity"
@@ -106,6 +154,10 @@ class Sanity(Check[SanityRecord]):
         Metric("one_hot_share", "share of samples answered one-hot", "lower"),
         Metric("boundary_margin_median", "median top-2 probability margin of the "
                "near-boundary inputs", unit="score", optional=True),
+        Metric("quantised", "1 when small random noise moved the outputs in steps or not at "
+               "all (quantised scores), else 0", unit="count", optional=True),
+        Metric("quantisation_identical_share", "share of the quantisation probe's noise draws "
+               "answered bit-identically", optional=True),
         Metric("n", "samples evaluated", unit="count"),
     )
 
@@ -194,6 +246,15 @@ class Sanity(Check[SanityRecord]):
                  "queries": self.repeats}
                 for r, f, c, o in zip(random.tolist(), flips.tolist(), conf.tolist(),
                                       one_hot.tolist(), strict=True)]
+        probed = self._probe_positions(ctx)
+        at = [j for j, i in enumerate(index) if int(i) in probed]
+        if at and model.info.output != "labels":
+            found = quantisation_probe(model, x[at], first[at],
+                                       [ctx.seed(int(index[j]), 2) for j in at])
+            for j, (identical, step, stepped) in zip(at, found, strict=True):
+                rows[j].update({"quant_identical": identical, "quant_step": step,
+                                "quant_stepped": stepped,
+                                "queries": rows[j]["queries"] + QUANT_DRAWS})
         if not self.near_boundary:
             return rows
         near, queries = self._boundary(model, x, first.argmax(1), index, ctx)
@@ -204,6 +265,16 @@ class Sanity(Check[SanityRecord]):
             r.update({"random_near_boundary": bool(br), "label_flips_near_boundary": bool(bf),
                       "boundary_margin": float(m), "queries": r["queries"] + q + self.repeats})
         return rows
+
+    @staticmethod
+    def _probe_positions(ctx: CheckContext) -> set[int]:
+        """The dataset indices the quantised-score probe uses: at most ``QUANT_SAMPLES`` of
+        the check's own, evenly spread over its ordered selection."""
+        sel = ctx.selected
+        if not sel:
+            return set()
+        n, m = len(sel), min(QUANT_SAMPLES, len(sel))
+        return {int(sel[(k * n) // m]) for k in range(m)}
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
@@ -255,6 +326,22 @@ class Sanity(Check[SanityRecord]):
                 "the model returns probabilities, not logits: score-based attacks work on "
                 "log-probabilities, which lose precision when probabilities saturate "
                 "(AutoAttack's check)")
+        quant = [r for r in records if "quant_identical" in r]
+        identical = sum(int(r["quant_identical"]) for r in quant)
+        draws = QUANT_DRAWS * len(quant)
+        steps = [float(r["quant_step"]) for r in quant if float(r["quant_step"]) > 0]
+        stepped = bool(steps) and all(bool(r["quant_stepped"]) for r in quant) and \
+            _whole_multiples(torch.tensor(steps) / min(steps))
+        quantised = bool(quant) and (identical > QUANT_IDENTICAL_SHARE * draws or stepped)
+        if quantised:
+            how = (f"{identical} of {draws} draws answered bit-identically"
+                   if identical > QUANT_IDENTICAL_SHARE * draws else
+                   f"every change was a whole multiple of {min(steps):.3g}")
+            warnings.append(
+                f"quantised scores: small random noise (L∞ {QUANT_EPSILON:.3g}, {QUANT_DRAWS} "
+                f"draws around each of {len(quant)} samples) moved the outputs in steps or "
+                f"not at all ({how}); score-based attacks get little signal from such outputs, "
+                "so none of them may PASS on its own")
         margins = sorted(float(r["boundary_margin"]) for r in records if "boundary_margin" in r)
         metrics = {"nondeterministic_share": rnd, "label_flip_share": flips,
                    "saturated_share": sat, "one_hot_share": hot, "n": len(records)}
@@ -262,10 +349,17 @@ class Sanity(Check[SanityRecord]):
             metrics["boundary_nondeterministic_share"] = b_rnd
         if margins:
             metrics["boundary_margin_median"] = margins[len(margins) // 2]
+        if quant:
+            metrics["quantised"] = float(quantised)
+            metrics["quantisation_identical_share"] = identical / draws
         return Measurement(
             metrics=metrics,
             details={"repeats": self.repeats, "output": output, "near_boundary": probed,
-                     "boundary_grid": 2 * BOUNDARY_GRID, "boundary_steps": BOUNDARY_STEPS},
+                     "boundary_grid": 2 * BOUNDARY_GRID, "boundary_steps": BOUNDARY_STEPS,
+                     "quantisation": {"samples": len(quant), "draws": QUANT_DRAWS,
+                                      "epsilon": QUANT_EPSILON, "identical": identical,
+                                      "smallest_step": min(steps) if steps else None,
+                                      "quantised": quantised} if quant else None},
             warnings=warnings,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import time
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from certify.results import (
     Seeds,
     Status,
     SuiteDoc,
+    WorstCase,
     pack_bits,
 )
 from certify.rundir import RunDir, SampleRecord
@@ -65,7 +67,8 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
     """The typed result: the deterministic measurement, and the provenance beside it."""
     checks = state.results
     statuses = [c.status for c in checks]
-    verdict = overall_verdict(statuses)
+    worst = attack_worst_case(suite, state.finals, checks, frozenset(skips))
+    verdict = overall_verdict(verdict_statuses(checks, worst))
     model_q, ref_q = recorded_queries(run)
     measurement = RunMeasurement(
         certify_version=certify.__version__,
@@ -80,10 +83,11 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
                            budget=query_budget),
         checks=checks,
         summary={s.lower(): statuses.count(s) for s in typing.get_args(Status)},
-        attack_worst_case=attack_worst_case(suite, state.finals, frozenset(skips)),
+        attack_worst_case=worst,
         verdict=typing.cast(Any, verdict),
         decision=("the first of ERROR, FAIL, INCONCLUSIVE, WARN that any evaluated check has, "
-                  f"else PASS: {verdict}"
+                  "an attack row through its threat model's row (an errored attack row "
+                  f"directly), else PASS: {verdict}"
                   + (f" ({len(skips)} check(s) skipped: not evaluated, not passed)"
                      if skips else "")),
     )
@@ -101,6 +105,15 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
         traffic=traffic or None,
     )))
     return RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)
+
+
+def verdict_statuses(checks: Sequence[CheckResult], worst: Sequence[WorstCase]) -> list[str]:
+    """The statuses the run's verdict is made of: each check's, except that an attack row
+    summarised by a threat model's headline row counts through that row (the attack rows are
+    its evidence); an errored attack row still counts itself."""
+    grouped = {i for w in worst for i in w.attacks}
+    own: list[str] = [c.status for c in checks if c.id not in grouped or c.status == "ERROR"]
+    return own + [w.status for w in worst]
 
 
 def _versions() -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Rules across checks, applied to the finished checks' typed results.
 
-A randomised model caps every attack (no PASS); a random corruption property is put beside the
-attack of the same bound; the worst case over a threat model's attacks.
+A randomised model caps every attack (no PASS); quantised scores cap every score-based attack;
+a random corruption property is put beside the attack of the same bound; one headline row per
+threat model decides over its attacks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from certify.checks.base import pct
 from certify.checks.corruption import RANDOM_PIXEL_NORMS
 from certify.results import CheckResult, WorstCase
 from certify.rundir import SampleRecord
+from certify.stats import samples_to_decide, wilson_interval
 from certify.suite import CheckSpec, Suite
 
 
@@ -25,7 +27,37 @@ def apply_cross_checks(suite: Suite, results: list[CheckResult],
     ``measured`` holds each evaluated check's measurement, as its summary made it, by id.
     """
     results = no_attack_passes_when_randomised(suite, results, measured)
+    results = no_score_based_pass_when_quantised(suite, results, measured)
     return worst_case_beside_random(suite.checks, results, measured)
+
+
+def no_score_based_pass_when_quantised(suite: Suite, results: list[CheckResult],
+                                       measured: dict[str, Measurement]) -> list[CheckResult]:
+    """When a ``sanity`` check found quantised scores, no score-based attack PASSes on its own.
+
+    Rounded scores starve score-based attacks: a flat loss reads as "no progress", which the
+    convergence rule would take for converged. Each score-based attack row (white-box and
+    decision-based attacks are not affected) gets a warning naming the sanity check, and a
+    PASS becomes WARN; a threat model's row then needs other support to PASS.
+    """
+    found = [s.id for s in suite.checks if s.id in measured and isinstance(s.check, Sanity)
+             and measured[s.id].metrics.get("quantised")]
+    if not found:
+        return results
+    scored = {s.id for s in suite.checks
+              if isinstance(s.check, AttackCheck) and s.check.score_based()}
+    why = (f"check {found[0]} found quantised scores (small noise moved the outputs in steps or "
+           "not at all), which give a score-based attack little signal")
+    out = []
+    for r in results:
+        if r.id in scored and r.status not in ("ERROR", "SKIPPED"):
+            update: dict[str, object] = {"warnings": [*r.warnings, why]}
+            if r.status == "PASS":
+                update.update(status="WARN", decision=r.decision + f"; but {why}: a "
+                              "score-based attack cannot PASS on its own")
+            r = r.model_copy(update=update)
+        out.append(r)
+    return out
 
 
 def randomised_share(spec: CheckSpec, m: Measurement) -> float:
@@ -65,27 +97,124 @@ def no_attack_passes_when_randomised(suite: Suite, results: list[CheckResult],
     return out
 
 
+#: Gradient masking is suspected when a black-box attack breaks at least this many samples...
+MASKING_SAMPLES = 2
+#: ...or this share of the threat model's samples, whichever is more, beyond the white-box ones.
+MASKING_SHARE = 0.02
+
+
 def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
+                      results: Sequence[CheckResult] = (),
                       skipped: frozenset[str] = frozenset()) -> list[WorstCase]:
-    """Robust accuracy against all of the suite's evaluated attacks at once, per (norm, ε),
-    from each check's merged records (every round's)."""
-    groups: dict[tuple[str, float], list[str]] = {}
+    """One headline row per threat model (norm, ε): robust accuracy against all of the
+    suite's evaluated attacks of it at once, from each check's merged records (every round's),
+    decided against the strictest ``robust_accuracy`` threshold of its attack rows.
+
+    ``results`` are the attack rows' finished results (after the other cross-check rules):
+    the row may PASS only when its whole interval meets the threshold (the suite's decision
+    rule), at least one of its attack rows PASSed on its own (a converged white-box attack, or
+    a black-box attack at its query floor, converged and validated), no attack errored, and no
+    black-box attack broke max(2, 2%) more samples than the white-box ones (gradient masking,
+    AutoAttack's cross-check).
+    """
+    groups: dict[tuple[str, float], list[CheckSpec]] = {}
     for spec in suite.checks:
         if isinstance(spec.check, AttackCheck) and spec.id not in skipped:
-            groups.setdefault(spec.check.threat_model(), []).append(spec.id)
+            groups.setdefault(spec.check.threat_model(), []).append(spec)
+    by_id = {r.id: r for r in results}
     out = []
-    for (norm, eps), ids in sorted(groups.items()):
-        recs = [finals.get(i, {}) for i in ids]
+    for (norm, eps), group in sorted(groups.items()):
+        # an errored attack (no records) is left out of the worst case and stops a PASS
+        specs = [s for s in group if finals.get(s.id) and
+                 (s.id not in by_id or by_id[s.id].status != "ERROR")]
+        ids = [s.id for s in specs]
+        recs = [finals[i] for i in ids]
         common = set.intersection(*(set(r) for r in recs)) if recs else set()
-        if not common:
-            continue
         common = {s for s in common if all(r[s]["outcome"] != "error" for r in recs)}
         if not common:
             continue
         robust = sum(all(r[s]["outcome"] == "robust" for r in recs) for s in common)
-        out.append(WorstCase(norm=norm, epsilon=eps, attacks=ids, n=len(common),
-                             robust_accuracy=robust / len(common)))
+        broken = {i: sum(r[s]["outcome"] != "robust" and r[s]["outcome"] != "misclassified"
+                         for s in common) for i, r in zip(ids, recs, strict=True)}
+        white = [s.id for s in specs if isinstance(s.check, AttackCheck) and
+                 s.check.white_box()]
+        row = WorstCase(norm=norm, epsilon=eps, attacks=ids, n=len(common),
+                        robust_accuracy=robust / len(common), n_robust=robust,
+                        interval=list(wilson_interval(robust, len(common))),
+                        white_box=white, broken_by=broken)
+        errored = [s.id for s in group if s not in specs]
+        out.append(_decide_threat_model(row, specs, errored, by_id, suite.decision))
     return out
+
+
+def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: list[str],
+                         by_id: dict[str, CheckResult], rule: str) -> WorstCase:
+    """The row with its threshold, status, decision, support and warnings; ``errored`` are
+    the threat model's attacks that produced no result (left out of the worst case)."""
+    mins = [float(s.threshold.min) for s in specs if s.threshold is not None
+            and s.threshold.metric == "robust_accuracy" and s.threshold.min is not None]
+    value, (lo, hi) = row.robust_accuracy, row.interval
+    warnings: list[str] = []
+    white = set(row.white_box)
+    masking = [(i, row.broken_by[i] - max((row.broken_by[w] for w in white), default=0))
+               for i in row.attacks if i not in white]
+    allowance = max(MASKING_SAMPLES, MASKING_SHARE * row.n)
+    for i, more in masking:
+        if white and more >= allowance:
+            warnings.append(f"gradient masking suspected: {i} (black-box) broke {more} more "
+                            f"sample(s) than the white-box attacks "
+                            f"({', '.join(sorted(white))}), at least max({MASKING_SAMPLES}, "
+                            f"{MASKING_SHARE:.0%} of {row.n}) = {allowance:g}")
+    support = [i for i in row.attacks if i in by_id and by_id[i].status == "PASS"]
+    if not mins:
+        warned = [i for i in row.attacks if i in by_id and by_id[i].status == "WARN"]
+        return row.model_copy(update={
+            "status": "WARN" if warnings or warned or errored else "INFO",
+            "warnings": warnings, "support": support,
+            "decision": "no robust_accuracy threshold among this threat model's attack rows "
+                        "(informational)" + (f"; warnings on {', '.join(warned)}"
+                                             if warned else "")})
+    t = max(mins)
+    said = (f"worst case over {len(row.attacks)} attack(s) {pct(value)} "
+            f"(95% interval {pct(lo)}–{pct(hi)}, n {row.n})")
+    if rule == "point":
+        status = "PASS" if value >= t else "FAIL"
+        said += f" {'meets' if status == 'PASS' else 'misses'} robust_accuracy ≥ {t:g} " \
+                "(point rule; the strictest threshold of its attack rows)"
+    elif hi < t:
+        status, said = "FAIL", said + f" lies wholly below robust_accuracy ≥ {t:g} " \
+            "(interval rule; the strictest threshold of its attack rows)"
+    elif lo >= t:
+        status, said = "PASS", said + f" lies wholly within robust_accuracy ≥ {t:g} " \
+            "(interval rule; the strictest threshold of its attack rows)"
+    else:
+        status = "INCONCLUSIVE"
+        said += f" straddles robust_accuracy ≥ {t:g} (interval rule)"
+        needed = samples_to_decide(value, t) if support else None
+        said += (f": about {needed:,} samples at the observed value would decide it"
+                 if needed is not None else
+                 ": a stronger attack can only lower it" if not support else
+                 ": no practical sample size decides it at the observed value")
+    if status == "PASS":
+        blocked = []
+        if errored:
+            blocked.append(f"{', '.join(errored)} produced no result, so the worst case "
+                           "leaves it out")
+        if warnings:
+            blocked.append("gradient masking suspected")
+        if not support:
+            blocked.append("no attack of this threat model PASSed on its own ("
+                           + "; ".join(f"{i}: {by_id[i].status}" for i in row.attacks
+                                       if i in by_id) +
+                           "): a PASS needs a converged white-box attack, or a black-box "
+                           "attack at its query floor, converged and validated; a stronger "
+                           "attack can only lower this robust accuracy")
+        if blocked:
+            status, said = "WARN", said + "; but " + "; ".join(blocked)
+        else:
+            said += f"; supported by {', '.join(support)}"
+    return row.model_copy(update={"threshold": t, "status": status, "decision": said,
+                                  "warnings": warnings, "support": support})
 
 
 def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResult],

@@ -292,7 +292,8 @@ def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset
         m.warnings.append(f"{len(errored)} of {len(ordered)} samples gave NaN or "
                           "infinite model outputs and are left out of the metrics")
     queries = [int(r.get("queries", 0)) for r in ordered]
-    status, decision = decide(spec, m.metrics, m.warnings, len(errored), m.intervals)
+    status, decision = decide(spec, m.metrics, m.warnings, len(errored), m.intervals,
+                              m.unsettled)
     return _typed(spec, {
         "metrics": m.metrics,
         "intervals": {k: list(v) for k, v in m.intervals.items()},

@@ -39,8 +39,8 @@ def _samples_needed(spec: CheckSpec, metrics: Mapping[str, float | None], value:
 
 def decide(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[str],
            sample_errors: int = 0,
-           intervals: Mapping[str, tuple[float | None, float | None]] | None = None
-           ) -> tuple[str, str]:
+           intervals: Mapping[str, tuple[float | None, float | None]] | None = None,
+           unsettled: str | None = None) -> tuple[str, str]:
     """A check's status and the rule that made it, from its metrics, intervals and warnings.
 
     With the ``interval`` rule (``spec.decision``, the default), a threshold's metric that has a
@@ -54,6 +54,8 @@ def decide(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[
     A NaN or infinite thresholded metric is INCONCLUSIVE (it can neither pass nor fail), and so
     is a passing value measured with samples left out for non-finite model outputs: such a
     check can never PASS. A failing value stays FAIL; a warning turns a PASS into WARN.
+    ``unsettled`` says why more samples would not decide a straddling interval (an attack
+    that has not converged); the decision then says that instead of a sample size.
     """
     if spec.threshold is None:
         if warnings:
@@ -78,8 +80,8 @@ def decide(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[
                                   (t.max, t.max is None or hi <= t.max)) if not met]
         if undecided:
             bounds = [float(b) for b in undecided if b is not None]
-            return "INCONCLUSIVE", (f"{said} straddles {t.describe()} (interval rule): "
-                                    f"{_samples_needed(spec, metrics, value, (lo, hi), bounds)}")
+            why = unsettled or _samples_needed(spec, metrics, value, (lo, hi), bounds)
+            return "INCONCLUSIVE", f"{said} straddles {t.describe()} (interval rule): {why}"
         rule = f"{said} lies wholly within {t.describe()} (interval rule)"
     else:
         why = ("point rule" if spec.decision == "point"

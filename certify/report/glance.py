@@ -319,7 +319,14 @@ _NORM_ORDER = {"linf": 0, "l2": 1, "l1": 2, "l0": 3, "spatial": 4}
 
 
 def worst_case_line(worst: Sequence[Any]) -> str:
-    """The worst case per threat model in one line (robust to every attack of the suite)."""
+    """The worst case per threat model in one line (robust to every attack of the suite), each
+    with its row's verdict."""
     worst = sorted(worst, key=lambda w: (_NORM_ORDER.get(w.norm, 9), w.norm, w.epsilon))
     return " · ".join(f"{threat_name(w.norm, w.epsilon)}: {100 * w.robust_accuracy:.3g}% "
-                      f"(n {w.n})" for w in worst)
+                      f"(n {w.n}){_status(w)}" for w in worst)
+
+
+def _status(row: Any) -> str:
+    """`` PASS`` etc. after a threat model's figure (none for rows made before they had one)."""
+    status = getattr(row, "status", None)
+    return f" {status}" if status else ""
