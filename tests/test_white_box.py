@@ -306,3 +306,45 @@ def test_the_robust_demo_model_still_passes_its_l_inf_row(tmp_path):
     (row,) = m["attack_worst_case"]
     assert row["status"] == "PASS" and row["support"], row["decision"]
     assert row["n"] == len(y) and row["interval"][0] >= 0.5
+
+
+@pytest.mark.parametrize("head", ["round4", "softmax2", "argmax", "none"])
+def test_the_head_runs_on_a_planted_readout_of_any_width(head, tmp_path):
+    copy = _copy(with_head(DEMO / "standard.onnx", tmp_path / f"{head}.onnx", head))
+    z = torch.tensor([[0.0, 5.3], [0.0, -9.9]])
+    want = {"round4": torch.round(z / 4) * 4,
+            "softmax2": torch.round(torch.softmax(z, 1) * 100) / 100,
+            "argmax": torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "none": z}[head]
+    assert torch.allclose(copy.apply_head(z), want)
+
+
+@pytest.mark.slow
+def test_the_binarization_test_keeps_the_model_s_head(tmp_path):
+    """Issue 27, point 6: behind logits rounded to multiples of 4, the planted problem is
+    rounded too, so the Square attack that the rounding starves fails it; the same planted
+    problems without the head are solved."""
+    from certify.attacks import SquareLinf, margin
+    from certify.attacks.binarization import PACKAGED, binarization_test
+    from certify.checks.attack import bt_head
+    from certify.device import choose_device
+    from certify.models import load_model
+    from certify.models.base import QueryCounter
+
+    path = with_head(DEMO / "standard.onnx", tmp_path / "round4.onnx", "round4")
+    model = QueryCounter(load_model(str(path), choose_device("cpu")))
+    head = bt_head(model)
+    assert head is not None and head[1] == ["Div", "Round", "Mul"]
+    x, y = generate(1, seed=11)
+    xs = torch.from_numpy(x[:4]).permute(0, 3, 1, 2).float() / 255
+    m0 = margin(model.predict(xs), torch.from_numpy(y[:4]), "logits")
+    attack = SquareLinf(epsilon=8 / 255, max_queries=500)
+    solved = {False: 0, True: 0}
+    for use in solved:
+        for i in range(len(xs)):
+            fields = binarization_test(model, xs[i], attack, "linf", 8 / 255, 100 + i,
+                                       PACKAGED["linf"], "logits", float(m0[i]),
+                                       head=head[0] if use else None)
+            solved[use] += fields["bt"] == "success"
+    assert solved == {False: 4, True: 0}, solved
+    assert bt_head(QueryCounter(load_model(str(DEMO / "standard.onnx"),
+                                           choose_device("cpu")))) is None  # no head

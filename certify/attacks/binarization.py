@@ -15,7 +15,7 @@ output vector (log-probabilities for probability outputs), which the card report
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict
 
@@ -94,11 +94,16 @@ class BinarizedModel:
     """h(x) = g(f*(x)): two classes, 0 = like x_c (inner), 1 = planted adversarial side.
 
     Scores mimic the original model's output kind and logit range (the paper's footnote 3).
+    With ``head`` (the operations after the real model's last linear layer, from its torch
+    copy), the planted readout takes that layer's place and the head follows it, as in the real
+    model: a head that starves an attack of signal starves it on the planted problem too.
     """
 
     def __init__(self, model: Any, feature_fn: Any, w: torch.Tensor, threshold: float,
-                 scale: float, output: str, one_hot: bool = False) -> None:
+                 scale: float, output: str, one_hot: bool = False,
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.model = model
+        self.head = head
         self.feature_fn = feature_fn
         self.w = w
         self.threshold = threshold
@@ -115,6 +120,10 @@ class BinarizedModel:
         """Two-class scores in the original model's convention."""
         z = self.scale * (self.score(x) - self.threshold)
         logits = torch.stack([torch.zeros_like(z), z], dim=1)
+        if self.head is not None and self.output != "labels":
+            # the model's own output head after the planted readout (issue 27): a head that
+            # rounds or saturates the real model's scores does the same to these
+            return self.head(logits).float()
         if self.output == "probs":
             return torch.softmax(logits, dim=1)
         if self.output == "labels" or self.one_hot:
@@ -180,6 +189,7 @@ class BinarizationFields(TypedDict, total=False):
     bt_queries: int
     bt_rasr: bool | None
     bt_ladder: list[LadderRung | None]
+    bt_head: list[str]
 
 
 def binarization_test(
@@ -194,6 +204,7 @@ def binarization_test(
     original_margin: float,
     one_hot: bool = False,
     rasr_queries: int | None = None,
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> BinarizationFields:
     """Run the test for one image ``x_c`` ``[C, H, W]``; returns the per-sample record fields.
 
@@ -240,7 +251,8 @@ def binarization_test(
     threshold = float(s_in.max() + settings.closeness * (s_b.min() - s_in.max()))
     s_c = float(s_in[0])
     scale = max(abs(original_margin), 1e-3) / max(threshold - s_c, 1e-12)
-    h = BinarizedModel(counter, feature_fn, direction, threshold, scale, output, one_hot)
+    h = BinarizedModel(counter, feature_fn, direction, threshold, scale, output, one_hot,
+                       head if source == "penultimate" else None)
     y0 = torch.zeros(1, dtype=torch.long, device=x_c.device)
     res = attack(h, x0, y0, torch.tensor([seed + 1]), output, threat=(norm, epsilon))
     success = bool(res.success[0])
@@ -324,6 +336,7 @@ def ladder_test(
     original_margin: float,
     one_hot: bool = False,
     every_rung: bool = False,
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> BinarizationFields:
     """The ladder (hardest first) on one image; the record fields.
 
@@ -344,7 +357,7 @@ def ladder_test(
             rungs.append(None)
             continue
         fields = binarization_test(counter, x_c, attack, norm, epsilon, seed + 10 * k, settings,
-                                   output, original_margin, one_hot)
+                                   output, original_margin, one_hot, head=head)
         rungs.append({"bt": fields["bt"], "rasr": fields["bt_rasr"]})
         solved = solved or fields["bt"] == "success"
         if k == packaged:

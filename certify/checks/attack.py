@@ -18,7 +18,7 @@ import dataclasses
 import math
 import statistics
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -567,6 +567,7 @@ class AttackCheck(Check[AttackRecord]):
         bt = self._bt() if self._round == 0 else None
         if bt is not None:
             ladder, packaged, samples = bt
+            head = bt_head(counter)
             picked = bt_positions(ctx, samples)
             stride = max(1, math.ceil(ctx.n_samples / max(samples, 1)))
             for j, i in enumerate(index):
@@ -575,7 +576,9 @@ class AttackCheck(Check[AttackRecord]):
                 before = counter.queries
                 fields = ladder_test(counter, x[j], attack, norm, eps, ctx.seed(int(i), 2),
                                      ladder, packaged, output, float(m0[j]),
-                                     bool(one_hot[j]))
+                                     bool(one_hot[j]), head=head[0] if head else None)
+                if head:
+                    fields["bt_head"] = list(head[1])
                 rec[j].update(typing.cast(AttackRecord, fields))  # its keys are AttackRecord's
                 rec[j]["queries"] += counter.queries - before
         return rec
@@ -943,6 +946,8 @@ class AttackCheck(Check[AttackRecord]):
                 "ladder": rungs,
                 "hardest_passed": hardest,
                 "necessary_only": NECESSARY_ONLY.get(ATTACKS[self.attack].name),
+                "head": next((r["bt_head"] for r in tested + failed_setup if "bt_head" in r),
+                             None),
                 "rasr_queries": self.initial_budget(),
                 "features": sources,
                 "separation_rate": len(tested) / (len(tested) + len(failed_setup))
@@ -1047,6 +1052,26 @@ def _unconverged(conv: dict[str, Any], total: int, rounds: int, auto: bool, cap:
     return (f"budget not converged: with {total:,} queries per sample, {moving}, {allowed}; "
             "a stronger attack can only lower this robust accuracy (max_queries: auto grows "
             "the budget until converged)")
+
+
+def bt_head(model: Any) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str]] | None:
+    """The model's output head (the operations after its last linear layer) as a function on
+    logits, and their names, for the binarization test to keep after its planted readout; None
+    without a torch copy, without a head, or with a head that cannot run on its own."""
+    found = white_box_of(model)
+    if found is None:
+        return None
+    try:
+        copy = found.torch_copy()
+    except WhiteBoxUnavailable:
+        return None
+    if not copy.head:
+        return None
+    try:
+        copy.apply_head(torch.zeros(1, 2))
+    except WhiteBoxUnavailable:
+        return None
+    return copy.apply_head, list(copy.head)
 
 
 def bt_positions(ctx: CheckContext, samples: int) -> set[int]:

@@ -212,6 +212,33 @@ class TorchCopy(torch.nn.Module):
         """:meth:`scores` (the predictor interface: a white-box attack's forward pass)."""
         return self.scores(x)
 
+    @torch.no_grad()
+    def apply_head(self, logits: torch.Tensor) -> torch.Tensor:
+        """The graph's operations after the cut applied to ``logits`` ``[N, K']`` in place of
+        the last linear layer's output (any number of classes ``K'``), as the graph's answer
+        (one-hot of ``K'`` for a labels output). Raises :class:`WhiteBoxUnavailable` when the
+        head needs more than the cut (it cannot run on its own)."""
+        env: Env = {name: getattr(self, buf) for name, buf in self._buffer_of.items()}
+        env[self.cut] = logits
+        for op_type, op, inputs, outputs, attrs, label in self.nodes:
+            if any(i and i not in env for i in inputs) or all(o in env for o in outputs if o):
+                continue
+            try:
+                outs = op([env[i] if i else None for i in inputs], attrs)
+            except Exception as exc:  # noqa: BLE001 - any failure: the head cannot be used
+                raise WhiteBoxUnavailable(
+                    f"the output head failed at node {label} ({op_type}) on a planted "
+                    f"readout: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            env.update({o: v for o, v in zip(outputs, outs, strict=False) if o})
+        if self.output_name not in env:
+            raise WhiteBoxUnavailable("the output head needs more than the last linear "
+                                      "layer's output")
+        out = env[self.output_name]
+        n, k = logits.shape
+        if out.dim() == 1 or not out.is_floating_point():
+            return F.one_hot(out.reshape(n).long(), k).float()
+        return out.reshape(n, -1).float()
+
     def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One forward and backward pass: (whole-graph scores ``[N, K]``, cut logits
