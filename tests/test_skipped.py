@@ -24,6 +24,8 @@ pytestmark = pytest.mark.e2e
 
 N = 16
 SCORE_BASED = {"square_linf", "square_l2", "sparse_rs_l0", "coverage", "brittleness"}
+#: The packaged white-box attacks: an endpoint has no graph to take gradients of.
+WHITE_BOX = {"apgd_linf", "apgd_t_linf", "apgd_l2", "apgd_t_l2"}
 
 
 @pytest.fixture(scope="module")
@@ -87,30 +89,38 @@ def test_packaged_suite_runs_on_a_labels_only_endpoint(labels_server, data, tmp_
     assert m["model"]["output"] == "labels"
     rows = {c["id"]: c for c in m["checks"]}
     skipped = {i for i, c in rows.items() if c["status"] == "SKIPPED"}
-    assert skipped == SCORE_BASED
+    assert skipped == SCORE_BASED | WHITE_BOX
     for i in skipped:
         c = rows[i]
-        assert "needs scores" in c["decision"] and "labels only" in c["decision"], c
+        if i in WHITE_BOX:
+            assert "is a white-box attack" in c["decision"], c
+        else:
+            assert "needs scores" in c["decision"] and "labels only" in c["decision"], c
         assert c["metrics"] is None and c["queries"]["total"] == 0
     # the reason names the attack that still covers the norm, or says none does
     assert "hopskipjump_l2 covers l2" in rows["square_l2"]["decision"]
     assert "no attack of this suite covers linf" in rows["square_linf"]["decision"]
     # everything else was evaluated, on the same run
-    evaluated = [c for i, c in rows.items() if i not in SCORE_BASED]
+    evaluated = [c for i, c in rows.items() if i not in SCORE_BASED | WHITE_BOX]
     assert evaluated and all(c["status"] not in ("SKIPPED", "ERROR") for c in evaluated)
     assert all(c["metrics"] for c in evaluated)
-    assert m["summary"]["skipped"] == len(SCORE_BASED)
-    assert m["verdict"] == overall_verdict(c["status"] for c in evaluated)
+    assert m["summary"]["skipped"] == len(SCORE_BASED | WHITE_BOX)
+    # attack rows enter the verdict through their threat model's row
+    grouped = {i for w in m["attack_worst_case"] for i in w["attacks"]}
+    assert m["verdict"] == overall_verdict(
+        [c["status"] for c in evaluated if c["id"] not in grouped] +
+        [w["status"] for w in m["attack_worst_case"]])
     assert "skipped" in m["decision"]
     # the worst case over L2 attacks still comes from the attack that ran
     l2 = [w for w in m["attack_worst_case"] if w["norm"] == "l2"]
     assert l2 and l2[0]["attacks"] == ["hopskipjump_l2"]
     # card and CLI show the rows and the count
     html = (out / "card.html").read_text()
-    assert f"{len(SCORE_BASED)} checks skipped (model returns labels only)" in html
-    assert html.count('class="verdict SKIPPED"') >= 2 * len(SCORE_BASED)  # summary + section
+    skipped = len(SCORE_BASED | WHITE_BOX)
+    assert f"{skipped} checks skipped (model returns labels only)" in html
+    assert html.count('class="verdict SKIPPED"') >= 2 * skipped  # summary + section
     assert "square_l2 needs scores" in html
-    assert "SKIPPED" in proc.stdout and f"{len(SCORE_BASED)} check(s) skipped" in proc.stdout
+    assert "SKIPPED" in proc.stdout and f"{skipped} check(s) skipped" in proc.stdout
     # the written results follow the published schema
     schema = json.loads(builders.run_cli("schema").stdout)
     assert "SKIPPED" in json.dumps(schema)

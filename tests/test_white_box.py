@@ -275,14 +275,21 @@ def test_threat_model_rows_fail_behind_every_head_within_5_points_of_the_oracle(
         keep = judge.predict(ox).argmax(1) == oy
         truth = oracle_broken([c[keep] for c in candidates], judge, oy[keep])
         oracle_ra = int((~truth).sum()) / len(ys)
-        assert abs(row["robust_accuracy"] - oracle_ra) <= 0.05, (norm, row, oracle_ra)
+        # never above the oracle by more than 5 points; below it is a stronger attack (APGD-T
+        # finds breaks the oracle misses), every break verified on the real model
+        assert row["robust_accuracy"] <= oracle_ra + 0.05, (norm, row, oracle_ra)
     for c in m["checks"]:
         assert c["status"] != "PASS", (c["id"], c["decision"])
         if c["id"].startswith("square"):
             assert c["details"]["evidence"]["short_of_pass"], c["details"]["evidence"]
         else:
             assert c["metrics"]["gradient_evaluations"] > 0
-            assert c["queries"]["total"] <= 2 * 43  # clean answers and one judgement each
+            # clean answers and one judgement each; APGD-CE also judges its ε sweep (20
+            # samples at 6 radii)
+            sweep = 6 * 20 if c["id"].startswith("apgd_ce") else 0
+            assert c["queries"]["total"] <= 2 * 43 + sweep, c["queries"]
+            if c["id"].startswith("apgd_ce"):
+                assert c["details"]["white_box"]["eps_sweep"]["reliable"]
     html = (tmp_path / "out" / "card.html").read_text()
     assert "white-box: 100 iterations" in html and "Per threat model" in html
 
@@ -306,6 +313,9 @@ def test_the_robust_demo_model_still_passes_its_l_inf_row(tmp_path):
     (row,) = m["attack_worst_case"]
     assert row["status"] == "PASS" and row["support"], row["decision"]
     assert row["n"] == len(y) and row["interval"][0] >= 0.5
+    ce = next(c for c in m["checks"] if c["id"] == "apgd_ce_linf")
+    sweep = ce["details"]["white_box"]["eps_sweep"]
+    assert sweep["reliable"] and sweep["robust"][-1] == 0, sweep
 
 
 @pytest.mark.parametrize("head", ["round4", "softmax2", "argmax", "none"])
