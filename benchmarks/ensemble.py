@@ -112,8 +112,10 @@ def main() -> None:
                                   "robust_accuracy": per[i]["metrics"]["robust_accuracy"],
                                   "status": per[i]["status"],
                                   "queries": per[i]["queries"]["total"],
-                                  "gradients": per[i]["metrics"].get("gradient_evaluations", 0),
+                                  "gradients": per[i]["metrics"].get("gradient_evaluations")
+                                  or 0,
                                   "seconds": seconds.get(i)} for i in row["attacks"]]})
+    print(json.dumps(rows))
     print(f"{'model':<9} {'threat':<6} {'n':>4} {'certify':>8} {'oracle':>7} {'diff':>6} "
           f"{'status':<12} {'target':<7}")
     for r in rows:
