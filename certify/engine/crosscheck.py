@@ -48,13 +48,19 @@ def no_score_based_pass_when_quantised(suite: Suite, results: list[CheckResult],
               if isinstance(s.check, AttackCheck) and s.check.score_based()}
     why = (f"check {found[0]} found quantised scores (small noise moved the outputs in steps or "
            "not at all), which give a score-based attack little signal")
+    return _no_pass(results, scored, why, "a score-based attack cannot PASS on its own")
+
+
+def _no_pass(results: list[CheckResult], ids: set[str], why: str, rule: str
+             ) -> list[CheckResult]:
+    """The results with each evaluated check of ``ids`` warned ``why``, and a PASS among them
+    turned into WARN whose decision says why and which ``rule`` forbids it."""
     out = []
     for r in results:
-        if r.id in scored and r.status not in ("ERROR", "SKIPPED"):
+        if r.id in ids and r.status not in ("ERROR", "SKIPPED"):
             update: dict[str, object] = {"warnings": [*r.warnings, why]}
             if r.status == "PASS":
-                update.update(status="WARN", decision=r.decision + f"; but {why}: a "
-                              "score-based attack cannot PASS on its own")
+                update.update(status="WARN", decision=r.decision + f"; but {why}: {rule}")
             r = r.model_copy(update=update)
         out.append(r)
     return out
@@ -85,16 +91,7 @@ def no_attack_passes_when_randomised(suite: Suite, results: list[CheckResult],
     attacks = {s.id for s in suite.checks if isinstance(s.check, AttackCheck)}
     why = (f"check {cid} found the model randomised ({share:.0%} of its samples gave different "
            "outputs for the same input), so this robust accuracy may be inflated")
-    out = []
-    for r in results:
-        if r.id in attacks and r.status not in ("ERROR", "SKIPPED"):
-            update: dict[str, object] = {"warnings": [*r.warnings, why]}
-            if r.status == "PASS":
-                update.update(status="WARN", decision=r.decision + f"; but {why}: no attack "
-                              "can PASS on a randomised model")
-            r = r.model_copy(update=update)
-        out.append(r)
-    return out
+    return _no_pass(results, attacks, why, "no attack can PASS on a randomised model")
 
 
 #: Gradient masking is suspected when a black-box attack breaks at least this many samples...
