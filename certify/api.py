@@ -50,6 +50,8 @@ class RunOptions:
     ray_address: str | None = None
     workers: int = 2
     threads: int = 1
+    #: an ONNX file whose graph the white-box attacks use on an endpoint (a transfer attack)
+    surrogate: str | None = None
 
 
 def certify_model(
@@ -84,7 +86,8 @@ def certify_model(
     # their own copies with --threads
     threads = device.onnx_threads if opts.executor == "local" else 0
     model = load_model(opts.model, device, pre, input_size=input_size,
-                       num_classes=len(suite.classes), http=opts.http, threads=threads)
+                       num_classes=len(suite.classes), http=opts.http, threads=threads,
+                       surrogate=opts.surrogate)
     suite.validate_for(model.info)
     reference = None
     if opts.reference is not None:
@@ -141,10 +144,11 @@ def _ray_executor(opts: RunOptions, pre: Any, input_size: tuple[int, int] | None
                   suite: Any) -> Any:
     from certify.distributed import ModelSource, RayExecutor
 
-    def source(spec: str) -> ModelSource:
-        return ModelSource(spec, opts.device, pre, input_size, len(suite.classes), opts.http)
+    def source(spec: str, surrogate: str | None = None) -> ModelSource:
+        return ModelSource(spec, opts.device, pre, input_size, len(suite.classes), opts.http,
+                           surrogate)
 
-    return RayExecutor(source(opts.model),
+    return RayExecutor(source(opts.model, opts.surrogate),
                        None if opts.reference is None else source(opts.reference),
                        address=opts.ray_address, workers=opts.workers, threads=opts.threads)
 

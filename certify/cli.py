@@ -241,6 +241,10 @@ def _common_logging(f: Any) -> Any:
 @click.option("--no-pdf", is_flag=True, help="Skip card.pdf.")
 @click.option("--reference", metavar="MODEL",
               help="A reference model to compare against (brittle score R.I.).")
+@click.option("--surrogate", metavar="MODEL.onnx",
+              help="HTTP: a local ONNX model of the endpoint's task; the white-box attacks "
+                   "take its gradients and the endpoint judges every candidate (a transfer "
+                   "attack: its breaks count, it never supports a PASS).")
 @click.option("--sign-key", type=click.Path(dir_okay=False, path_type=Path),
               help="Sign the results with this private key (from `certify keygen`).")
 @click.option("--passphrase-env", metavar="VAR",
@@ -282,10 +286,10 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         sample_offset: int, seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
-        reference: str | None, sign_key: Path | None, passphrase_env: str | None,
-        query_budget: int | None, input_size: tuple[int, int] | None, executor: str,
-        ray_address: str | None, workers: int, threads: int, debug: bool, quiet: bool,
-        **http: Any) -> int:
+        reference: str | None, surrogate: str | None, sign_key: Path | None,
+        passphrase_env: str | None, query_budget: int | None,
+        input_size: tuple[int, int] | None, executor: str, ray_address: str | None,
+        workers: int, threads: int, debug: bool, quiet: bool, **http: Any) -> int:
     """Certify MODEL with a suite and write results.json, card.html, card.pdf.
 
     MODEL is an .onnx file or an inference endpoint: http://HOST:PORT/v2/models/NAME
@@ -296,6 +300,8 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
       certify run traffic.onnx --suite gtsrb --data GTSRB/Final_Test/Images --out card1
       TOKEN="Bearer abc" certify run https://api.example.com/v2/models/signs \\
           --suite gtsrb --data Test.csv --auth-env TOKEN --model-version 3 --query-budget 2000000
+      certify run http://localhost:8080/v2/models/signs --suite gtsrb --data Test.csv \\
+          --surrogate local-copy.onnx
     """
     _setup_logging(debug, quiet)
     _refuse_idle_ray_flags(executor)
@@ -309,7 +315,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         sign_key=sign_key, passphrase=_passphrase(passphrase_env),
         http=_http_options(model, reference, http), query_budget=query_budget,
         input_size=input_size or None, executor=executor, ray_address=ray_address,
-        workers=workers, threads=threads,
+        workers=workers, threads=threads, surrogate=surrogate,
     )
     with RichProgress(err_console, enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)

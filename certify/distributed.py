@@ -72,12 +72,13 @@ class ModelSource:
     input_size: tuple[int, int] | None = None
     num_classes: int | None = None
     http: HttpOptions | None = None
+    surrogate: str | None = None  # an endpoint's white-box surrogate (``--surrogate``)
 
     def load(self, device: DeviceChoice, threads: int) -> Model:
-        """Load the model on ``device`` with ``threads`` CPU threads."""
+        """Load the model (and its surrogate) on ``device`` with ``threads`` CPU threads."""
         return load_model(self.spec, device, self.preprocessing,
                           input_size=self.input_size, num_classes=self.num_classes,
-                          http=self.http, threads=threads)
+                          http=self.http, threads=threads, surrogate=self.surrogate)
 
 
 def _import_ray() -> Any:

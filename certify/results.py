@@ -229,6 +229,9 @@ class WorstCase(_Strict):
     decision: str = ""
     support: list[str] = Field(default_factory=list)
     white_box: list[str] = Field(default_factory=list, description="white-box attacks")
+    transfer: list[str] = Field(default_factory=list, description="white-box attacks run on "
+                                "an endpoint's surrogate (transfer): their breaks count, "
+                                "they never support a PASS")
     broken_by: dict[str, int] = Field(default_factory=dict,
                                       description="samples each attack broke, on these n")
     warnings: list[str] = Field(default_factory=list)

@@ -2,7 +2,8 @@
 and ``benchmarks/ensemble.py``: a plain-torch PGD on an ``nn.Sequential`` rebuilt from the ONNX
 file's weights (not certify's converter), 100 steps with step ε/4 decaying linearly (L2: ε/2.5
 on the normalised gradient), a zero and a random start, margin and cross-entropy losses, every
-candidate judged by onnxruntime on the real model.
+candidate judged by onnxruntime on the real model; and :func:`with_head`, the acceptance's
+output heads (rounded logits, rounded softmax, rescaled logits, labels) planted on a model.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 
@@ -110,3 +111,41 @@ def oracle_broken(candidates: list[torch.Tensor], judge: Judge, y: torch.Tensor
     for c in candidates:
         broken |= judge.predict(c).argmax(1) != y
     return broken
+
+
+def with_head(src: Path, dst: Path, head: str) -> Path:
+    """The model at ``src`` with ``head`` appended to its logits: ``round4`` rounds them to
+    multiples of 4, ``softmax2`` answers softmax probabilities rounded to 2 decimals,
+    ``x0.1``/``x10`` rescale them, ``argmax`` answers labels. No decision changes (up to ties)."""
+    m = onnx.load(str(src))
+    g = m.graph
+    logits = g.output[0].name
+
+    def const(name: str, v: float) -> str:
+        g.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.float32), name))
+        return name
+
+    chain = {
+        "none": [],
+        "round4": [("Div", [logits, const("four", 4.0)], "q"), ("Round", ["q"], "r"),
+                   ("Mul", ["r", "four"], "scores")],
+        "softmax2": [("Softmax", [logits], "p"), ("Mul", ["p", const("hundred", 100.0)], "q"),
+                     ("Round", ["q"], "r"), ("Div", ["r", "hundred"], "scores")],
+        "x0.1": [("Mul", [logits, const("tenth", 0.1)], "scores")],
+        "x10": [("Mul", [logits, const("ten", 10.0)], "scores")],
+        "argmax": [("ArgMax", [logits], "scores")],
+    }[head]
+    for op, inputs, out in chain:
+        attrs = {"axis": 1} if op in ("Softmax", "ArgMax") else {}
+        if op == "ArgMax":
+            attrs["keepdims"] = 0
+        g.node.append(helper.make_node(op, inputs, [out], **attrs))
+    if chain:
+        del g.output[:]
+        if head == "argmax":
+            g.output.append(helper.make_tensor_value_info("scores", TensorProto.INT64, ["batch"]))
+        else:
+            g.output.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+                                                          ["batch", 43]))
+    onnx.save(m, str(dst))
+    return dst

@@ -37,15 +37,27 @@ def test_endpoint_run_with_a_secret_leaks_neither_secret_nor_token(tmp_path: Pat
             r = svc.post("/runs", token, files={"suite_file": ("s.yaml", s)},
                          data={"dataset": "small", "endpoint": "http://127.0.0.1:1/v2/models/x"})
         assert r.status_code == 422 and "--allow-endpoint" in r.json()["detail"]
+        # A surrogate is for endpoints: with an uploaded model it is refused.
+        with suite.open("rb") as s, _demo_model().open("rb") as m, \
+                _demo_model().open("rb") as g:
+            r = svc.post("/runs", token, files={"suite_file": ("s.yaml", s),
+                                                "model": ("m.onnx", m),
+                                                "surrogate": ("g.onnx", g)},
+                         data={"dataset": "small"})
+        assert r.status_code == 422 and "surrogate is for endpoints" in r.json()["detail"]
         responses = []
-        with suite.open("rb") as s:
-            r = svc.post("/runs", token, files={"suite_file": ("s.yaml", s)},
+        with suite.open("rb") as s, _demo_model().open("rb") as g:
+            r = svc.post("/runs", token, files={"suite_file": ("s.yaml", s),
+                                                "surrogate": ("local.onnx", g)},
                          data={"dataset": "small", "samples": "12", "endpoint": model.v2_url,
                                "endpoint_secret": f"Bearer {endpoint_token}"})
         assert r.status_code == 202, r.text
         responses.append(r.content)
         run = svc.wait_run(r.json()["id"], token)
         assert run["state"] == "done", run.get("error")
+        # the job loaded the uploaded surrogate beside the endpoint (a transfer attack source)
+        doc = svc.get(f"/runs/{run['id']}/results.json", token).json()
+        assert doc["measurement"]["model"]["white_box"].startswith("transfer"), doc
         # The secret reached the endpoint, in its header.
         assert any(h.get("Authorization") == f"Bearer {endpoint_token}"
                    for h in model.headers_seen)

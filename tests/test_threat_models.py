@@ -45,11 +45,12 @@ def _finals(square: str, apgd: str, n: int = 100) -> dict[str, dict[int, dict]]:
 
 def _results(square: str, apgd: str, l2: str = "WARN") -> list:
     make = check_result_model("attack").model_construct
-    return [make(id="square", kind="attack", status=square, warnings=[], decision=""),
-            make(id="apgd", kind="attack", status=apgd, warnings=[], decision=""),
-            make(id="l2", kind="attack", status=l2, warnings=[], decision=""),
+    return [make(id="square", kind="attack", status=square, warnings=[], decision="", details={}),
+            make(id="apgd", kind="attack", status=apgd, warnings=[], decision="", details={}),
+            make(id="l2", kind="attack", status=l2, warnings=[], decision="", details={}),
             check_result_model("clean_accuracy").model_construct(
-                id="clean", kind="clean_accuracy", status="INFO", warnings=[], decision="")]
+                id="clean", kind="clean_accuracy", status="INFO", warnings=[], decision="",
+                details={})]
 
 
 def _linf(rows):

@@ -14,7 +14,7 @@ import onnx
 import pytest
 import torch
 import yaml
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from certify.attacks import APGD, APGDTargeted
 from certify.attacks.apgd import checkpoints
@@ -24,50 +24,12 @@ from certify.errors import AttackProtocolError
 from certify.models.base import Preprocessing
 from certify.models.torchcopy import TorchCopy, WhiteBoxUnavailable, equivalence, refusal
 
-from pgd_oracle import Judge, oracle_broken, oracle_candidates, oracle_net
+from pgd_oracle import Judge, oracle_broken, oracle_candidates, oracle_net, with_head
 
 pytestmark = pytest.mark.unit
 
 DEMO = Path(__file__).resolve().parents[1] / "certify" / "demo"
 HEADS = ("none", "round4", "softmax2", "x0.1", "x10")
-
-
-def with_head(src: Path, dst: Path, head: str) -> Path:
-    """The model at ``src`` with ``head`` appended to its logits: ``round4`` rounds them to
-    multiples of 4, ``softmax2`` answers softmax probabilities rounded to 2 decimals,
-    ``x0.1``/``x10`` rescale them, ``argmax`` answers labels. No decision changes (up to ties)."""
-    m = onnx.load(str(src))
-    g = m.graph
-    logits = g.output[0].name
-
-    def const(name: str, v: float) -> str:
-        g.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.float32), name))
-        return name
-
-    chain = {
-        "none": [],
-        "round4": [("Div", [logits, const("four", 4.0)], "q"), ("Round", ["q"], "r"),
-                   ("Mul", ["r", "four"], "scores")],
-        "softmax2": [("Softmax", [logits], "p"), ("Mul", ["p", const("hundred", 100.0)], "q"),
-                     ("Round", ["q"], "r"), ("Div", ["r", "hundred"], "scores")],
-        "x0.1": [("Mul", [logits, const("tenth", 0.1)], "scores")],
-        "x10": [("Mul", [logits, const("ten", 10.0)], "scores")],
-        "argmax": [("ArgMax", [logits], "scores")],
-    }[head]
-    for op, inputs, out in chain:
-        attrs = {"axis": 1} if op in ("Softmax", "ArgMax") else {}
-        if op == "ArgMax":
-            attrs["keepdims"] = 0
-        g.node.append(helper.make_node(op, inputs, [out], **attrs))
-    if chain:
-        del g.output[:]
-        if head == "argmax":
-            g.output.append(helper.make_tensor_value_info("scores", TensorProto.INT64, ["batch"]))
-        else:
-            g.output.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT,
-                                                          ["batch", 43]))
-    onnx.save(m, str(dst))
-    return dst
 
 
 @pytest.fixture(scope="module")

@@ -55,8 +55,13 @@ from certify.checks.confidence import (
 from certify.data import Dataset
 from certify.errors import ModelError, SuiteError
 from certify.images import ImageSink, decode_png, png_bytes, to_uint8
-from certify.models.base import WHITE_BOX, Model, ModelInfo
-from certify.models.torchcopy import WhiteBoxUnavailable, equivalence, white_box_of
+from certify.models.base import TRANSFER, WHITE_BOX, Model, ModelInfo
+from certify.models.torchcopy import (
+    WhiteBoxUnavailable,
+    equivalence,
+    transfer_source_of,
+    white_box_of,
+)
 from certify.stats import wilson_interval
 from certify.validation import expect
 
@@ -129,7 +134,9 @@ class AttackRecord(ConfidenceRecord, BinarizationFields, total=False):
     break records the total queries at which it happened (``broken_at``), its ``adv_pred``,
     the round (``broken_round``) and, for the card's gallery, ``adv_image`` (a PNG, base64)
     with what its ``confidence`` is (``scores``). An unbroken sample keeps the minimisation
-    attacks' ``gap`` and ``half_gap`` (convergence) or ``start_failed``.
+    attacks' ``gap`` and ``half_gap`` (convergence) or ``start_failed``. A white-box attack's
+    record says when it was a ``transfer`` from an endpoint's surrogate, and whether the
+    surrogate gave the sample's clean image the endpoint's answer (``surrogate_agrees``).
     """
 
     label: int
@@ -151,6 +158,8 @@ class AttackRecord(ConfidenceRecord, BinarizationFields, total=False):
     white_box_mismatch: str
     sweep_broken: list[bool]
     sweep_epsilons: list[float]
+    transfer: bool
+    surrogate_agrees: bool
 
 
 class AttackCheck(Check[AttackRecord]):
@@ -502,8 +511,10 @@ class AttackCheck(Check[AttackRecord]):
     def skip_reason(self, info: ModelInfo) -> str | None:
         """A score-based attack cannot run on a labels-only model: skipped, not refused."""
         if self.white_box():
-            if info.white_box != WHITE_BOX:
-                return f"{self.attack} is a white-box attack; on {info.name} it is {info.white_box}"
+            if info.white_box != WHITE_BOX and not info.white_box.startswith(TRANSFER):
+                return (f"{self.attack} is a white-box attack; on {info.name} it is "
+                        f"{info.white_box}; --surrogate MODEL.onnx runs it as a transfer "
+                        "attack from a local model")
             if ATTACKS[self.attack].name == "apgd_t" and info.num_classes < 4:
                 return (f"{self.attack}'s targeted DLR loss needs at least 4 classes, "
                         f"{info.name} has {info.num_classes} (apgd_ce applies)")
@@ -594,19 +605,29 @@ class AttackCheck(Check[AttackRecord]):
         batch is attacked and each record says why (the check cannot pass).
         """
         found = white_box_of(counter)
-        if found is None:
+        transfer = found is None  # an endpoint's surrogate proposes (--surrogate)
+        source = transfer_source_of(counter) if transfer else found
+        if source is None:
             raise ModelError(f"{self.attack} needs the model's graph, which this run does not have",
                              hint="white-box attacks run on ONNX models; report this as a bug")
         try:
-            copy = found.torch_copy()
-            eq = equivalence(copy.scores(x), scores, copy.quantised)
+            copy = source.torch_copy()
+            copy_scores = copy.scores(x)
         except WhiteBoxUnavailable as exc:
             raise ModelError(f"{self.attack}: {exc}",
                              hint="the black-box attacks of the suite still apply") from None
-        if not eq.ok:
+        if transfer:
+            # a transfer attack: the surrogate is another model by design (no equivalence);
+            # its agreement with the endpoint on the clean images is said on the card
+            agrees = (copy_scores.argmax(1).cpu() == scores.argmax(1).cpu()).tolist()
             for i in ci.tolist():
-                rec[i]["white_box_mismatch"] = eq.why()
-            return
+                rec[i].update({"transfer": True, "surrogate_agrees": bool(agrees[i])})
+        else:
+            eq = equivalence(copy_scores, scores, copy.quantised)
+            if not eq.ok:
+                for i in ci.tolist():
+                    rec[i]["white_box_mismatch"] = eq.why()
+                return
         norm, eps = self.threat_model()
         dev = x.device
         seeds = torch.tensor([ctx.seed(int(index[i]), 1) for i in ci.tolist()])
@@ -623,7 +644,9 @@ class AttackCheck(Check[AttackRecord]):
                 rec[i].update({"adv_pred": int(pred[k]), "broken_at": 0,
                                "late_break": bool(res.late is not None and res.late[k])})
         keep_adversarial_images(rec, ci.tolist(), index, res.x_adv, counter.info.output)
-        if ATTACKS[self.attack].name == "apgd_ce" and self.eps_sweep:
+        # the ε sweep tests a white-box attack on the model it differentiates; a transfer
+        # attack differentiates another model, so its sweep would say nothing of the endpoint
+        if ATTACKS[self.attack].name == "apgd_ce" and self.eps_sweep and not transfer:
             self._sweep(counter, copy, x, y, ci, rec, index, ctx)
 
     def sweep_epsilons(self, shape: Sequence[int]) -> list[float]:
@@ -781,6 +804,18 @@ class AttackCheck(Check[AttackRecord]):
                             f"{mismatched[0]['white_box_mismatch']}; the black-box attacks of "
                             "this threat model carry the verdict")
         grads = [int(r.get("gradients", 0)) for r in records if "gradients" in r]
+        moved = [r for r in records if r.get("transfer")]
+        transfer = None
+        if moved:
+            agree = sum(bool(r.get("surrogate_agrees")) for r in moved)
+            transfer = {"attacked": len(moved), "surrogate_agrees": agree,
+                        "agreement": agree / len(moved)}
+            warnings.append(
+                f"transfer attack: {self.attack} took its gradients from the surrogate (a local "
+                f"model that gave the endpoint's answer on {agree} of {len(moved)} attacked "
+                "clean images) and the endpoint judged every candidate; its breaks are real, "
+                "but a sample it did not break is no evidence of robustness, so this row "
+                "cannot PASS; a stronger attack can only lower this robust accuracy")
         return {"iterations": getattr(attack, "iterations", None),
                 "restarts": getattr(attack, "restarts", None),
                 "targets": getattr(attack, "targets", None),
@@ -788,6 +823,7 @@ class AttackCheck(Check[AttackRecord]):
                 "not_attacked": len(mismatched),
                 "why_not_attacked": mismatched[0]["white_box_mismatch"] if mismatched else None,
                 "judged_on": "the real model (every proposal re-queried)",
+                "transfer": transfer,
                 "eps_sweep": self._sweep_details(records, warnings)}
 
     @classmethod
@@ -798,7 +834,8 @@ class AttackCheck(Check[AttackRecord]):
             f"l0 k={d['epsilon']:.0f} pixels" if d["norm"] == "l0" else
             f"{d['norm']} ε={d['epsilon']:.4g}")
         wb = d.get("white_box")
-        effort = (f"white-box, {wb['iterations']} iterations × {wb['restarts']} restart(s)"
+        effort = (("transfer from the surrogate" if wb.get("transfer") else "white-box")
+                  + f", {wb['iterations']} iterations × {wb['restarts']} restart(s)"
                   + (f" × {wb['targets']} target(s)" if wb.get("targets") else "")
                   + ", judged on the model" if wb else f"≤{int(m.query_budget):,} queries")
         runs = [int(r["budget"]) for r in (d.get("convergence") or {}).get("rounds", [])]
@@ -976,7 +1013,9 @@ class AttackCheck(Check[AttackRecord]):
         details["examples"] = gallery_examples(records, data, self._norm(), sink)
         conv_doc, evidence = details.get("convergence"), details.get("evidence")
         unsettled = None
-        if conv_doc and not conv_doc["converged"]:
+        if (details.get("white_box") or {}).get("transfer"):
+            unsettled = "a transfer attack: a stronger attack can only lower it"
+        elif conv_doc and not conv_doc["converged"]:
             unsettled = "the attack has not converged: a stronger attack can only lower it"
         elif evidence and evidence["stalled"]:
             unsettled = "the attack stalled: a stronger attack can only lower it"

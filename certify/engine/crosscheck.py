@@ -112,7 +112,9 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
     rule), at least one of its attack rows PASSed on its own (a converged white-box attack, or
     a black-box attack at its query floor, converged and validated), no attack errored, and no
     black-box attack broke max(2, 2%) more samples than the white-box ones (gradient masking,
-    AutoAttack's cross-check).
+    AutoAttack's cross-check). A transfer attack (white-box on an endpoint's surrogate) counts
+    its breaks like any attack, never PASSes on its own, and takes no part in the masking
+    cross-check.
     """
     groups: dict[tuple[str, float], list[CheckSpec]] = {}
     for spec in suite.checks:
@@ -133,15 +135,22 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
         robust = sum(all(r[s]["outcome"] == "robust" for r in recs) for s in common)
         broken = {i: sum(r[s]["outcome"] != "robust" and r[s]["outcome"] != "misclassified"
                          for s in common) for i, r in zip(ids, recs, strict=True)}
+        moved = [s.id for s in specs if _transfer(by_id.get(s.id))]
         white = [s.id for s in specs if isinstance(s.check, AttackCheck) and
-                 s.check.white_box()]
+                 s.check.white_box() and s.id not in moved]
         row = WorstCase(norm=norm, epsilon=eps, attacks=ids, n=len(common),
                         robust_accuracy=robust / len(common), n_robust=robust,
                         interval=list(wilson_interval(robust, len(common))),
-                        white_box=white, broken_by=broken)
+                        white_box=white, transfer=moved, broken_by=broken)
         errored = [s.id for s in group if s not in specs]
         out.append(_decide_threat_model(row, specs, errored, by_id, suite.decision))
     return out
+
+
+def _transfer(result: CheckResult | None) -> bool:
+    """Whether an attack row ran as a transfer attack from an endpoint's surrogate."""
+    wb = result.details.get("white_box") if result is not None else None
+    return isinstance(wb, dict) and bool(wb.get("transfer"))
 
 
 def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: list[str],
@@ -153,8 +162,9 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
     value, (lo, hi) = row.robust_accuracy, row.interval
     warnings: list[str] = []
     white = set(row.white_box)
+    # a black-box attack beating a transfer attack is expected, not a sign of masking
     masking = [(i, row.broken_by[i] - max((row.broken_by[w] for w in white), default=0))
-               for i in row.attacks if i not in white]
+               for i in row.attacks if i not in white and i not in row.transfer]
     allowance = max(MASKING_SAMPLES, MASKING_SHARE * row.n)
     for i, more in masking:
         if white and more >= allowance:

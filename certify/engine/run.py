@@ -63,6 +63,8 @@ def run_fingerprint(model: Model, suite: Suite, data: Dataset, seed: int,
         "seed": seed,
         "preprocessing": model.info.preprocessing.to_dict(),
     })
+    if "surrogate" in model.info.metadata:  # a transfer attack's proposals come from it
+        fingerprint["surrogate"] = model.info.metadata["surrogate"]
     return fingerprint
 
 

@@ -23,6 +23,17 @@ OutputKind = Literal["logits", "probs", "labels"]
 WHITE_BOX = "available"
 #: ``ModelInfo.white_box`` of a model whose graph certify does not have (an endpoint).
 NO_GRAPH = "unavailable: the model's graph is not available (an endpoint), only its answers"
+#: ``ModelInfo.white_box`` of an endpoint run with ``--surrogate`` starts with this: the
+#: white-box attacks take gradients of the surrogate's graph, and the endpoint judges every
+#: candidate they propose (a transfer attack, evidence that can break samples but never PASS).
+TRANSFER = "transfer"
+
+
+def transfer_text(surrogate: str) -> str:
+    """``ModelInfo.white_box`` of an endpoint whose white-box attacks run on ``surrogate``."""
+    return (f"{TRANSFER}: white-box attacks take gradients of the surrogate {surrogate} and "
+            "every candidate is judged on this endpoint; their breaks count, their failures "
+            "are not evidence of robustness")
 
 
 @dataclass(frozen=True)
@@ -112,9 +123,13 @@ class Endpoint(Model, Protocol):
     ``options`` says the request size (``batch``) and the requests in flight
     (``concurrency``); ``traffic()`` counts requests, retries, hedges and failures;
     ``disable_hedging(why)`` stops duplicate requests (a randomised model, whose first answer
-    would otherwise decide a record). The one place the engine learns a model is an endpoint:
-    :func:`endpoint_of`.
+    would otherwise decide a record); ``surrogate`` is a local model whose graph the white-box
+    attacks take gradients of (``--surrogate``; ``None`` without one). The one place the engine
+    learns a model is an endpoint: :func:`endpoint_of`.
     """
+
+    #: a local ONNX model whose graph white-box attacks use (a transfer attack), or ``None``
+    surrogate: Model | None
 
     @property
     def options(self) -> RequestShape:

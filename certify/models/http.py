@@ -49,6 +49,7 @@ from certify.canonical import JSONLike
 from certify.device import DeviceChoice
 from certify.errors import ModelError, UsageError
 from certify.models.base import (
+    Model,
     ModelInfo,
     OutputKind,
     Preprocessing,
@@ -220,6 +221,8 @@ class HttpModel:
     """
 
     feature_name: str | None = None  # no penultimate features behind an API
+    #: a local ONNX model whose graph the white-box attacks use (``--surrogate``), or ``None``
+    surrogate: Model | None = None
 
     def __init__(
         self,

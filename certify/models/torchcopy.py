@@ -31,7 +31,7 @@ import onnx.numpy_helper
 import torch
 import torch.nn.functional as F
 
-from certify.models.base import Model, Preprocessing, QueryCounter, preprocess
+from certify.models.base import Model, Preprocessing, QueryCounter, endpoint_of, preprocess
 
 #: Operations allowed between the last linear layer and the output (per-sample, no mixing
 #: across the batch): the gradient is taken before them (BPDA), decisions after them.
@@ -113,6 +113,16 @@ def white_box_of(model: object) -> WhiteBoxModel | None:
     while isinstance(model, QueryCounter):
         model = model.model
     return model if isinstance(model, WhiteBoxModel) else None
+
+
+def transfer_source_of(model: object) -> WhiteBoxModel | None:
+    """The surrogate whose graph white-box attacks use on the endpoint behind ``model``
+    (through query counters; ``--surrogate``), or ``None``."""
+    while isinstance(model, QueryCounter):
+        model = model.model
+    endpoint = endpoint_of(model)
+    found = None if endpoint is None else endpoint.surrogate
+    return found if isinstance(found, WhiteBoxModel) else None
 
 
 def refusal(proto: onnx.ModelProto) -> str | None:

@@ -220,6 +220,9 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         dataset_file: Annotated[UploadFile | None, File(description="An .npz (x, y)")] = None,
         reference: Annotated[UploadFile | None, File(
             description="A reference model (.onnx)")] = None,
+        surrogate: Annotated[UploadFile | None, File(
+            description="An endpoint's surrogate (.onnx): the white-box attacks take its "
+                        "gradients and the endpoint judges every candidate")] = None,
         samples: Annotated[int | None, Form(ge=1)] = None,
         seed: Annotated[int | None, Form(ge=0)] = None,
     ) -> dict[str, Any]:
@@ -230,7 +233,7 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
             svc, who, model=model or [], endpoint=endpoint, endpoint_secret=endpoint_secret,
             endpoint_header=endpoint_header, model_version=model_version, suite=suite,
             suite_file=suite_file, dataset=dataset, dataset_file=dataset_file,
-            reference=reference, samples=samples, seed=seed)
+            reference=reference, surrogate=surrogate, samples=samples, seed=seed)
         log.info("run %s queued by token %d (%s)", run.id, who.token_id, run.model_name)
         return run_json(run)
 

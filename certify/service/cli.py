@@ -223,6 +223,9 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
 @click.option("--seed", type=click.IntRange(min=0))
 @click.option("--reference", type=click.Path(dir_okay=False, path_type=Path),
               help="A reference model (.onnx).")
+@click.option("--surrogate", type=click.Path(dir_okay=False, path_type=Path),
+              help="Endpoint: a local .onnx model the white-box attacks run on; the endpoint "
+                   "judges every candidate (a transfer attack).")
 @click.option("--external-data", "extra", multiple=True,
               type=click.Path(dir_okay=False, path_type=Path),
               help="An external-data file of the model (repeatable).")
@@ -237,7 +240,8 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Where to put the card [default: card-RUNID].")
 def submit(model: str, server: str, suite: str, dataset: str, samples: int | None,
-           seed: int | None, reference: Path | None, extra: tuple[Path, ...], token_env: str,
+           seed: int | None, reference: Path | None, surrogate: Path | None,
+           extra: tuple[Path, ...], token_env: str,
            auth_env: str | None, auth_header: str | None, model_version: str | None,
            wait: bool, out: Path | None) -> int:
     """Submit MODEL (.onnx or endpoint URL) to a certify service; exit codes as `certify run`.
@@ -261,7 +265,8 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
     client = Client(server, tok)
     run = client.submit(model, suite, dataset, samples=samples, seed=seed,
                         reference=reference, extra_files=extra, endpoint_secret=secret,
-                        endpoint_header=auth_header, model_version=model_version)
+                        endpoint_header=auth_header, model_version=model_version,
+                        surrogate=surrogate)
     click.echo(f"run {run['id']} queued ({server.rstrip('/')}/runs/{run['id']})", err=True)
     if not wait:
         click.echo(run["id"])

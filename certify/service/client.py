@@ -66,8 +66,8 @@ class Client:
     def submit(self, model: str, suite: str, dataset: str, samples: int | None = None,
                seed: int | None = None, reference: Path | None = None,
                extra_files: tuple[Path, ...] = (), endpoint_secret: str | None = None,
-               endpoint_header: str | None = None, model_version: str | None = None
-               ) -> dict[str, Any]:
+               endpoint_header: str | None = None, model_version: str | None = None,
+               surrogate: Path | None = None) -> dict[str, Any]:
         """POST /runs; returns the queued run."""
         data: dict[str, Any] = {}
         with ExitStack() as stack:
@@ -100,6 +100,8 @@ class Client:
                 data["dataset"] = dataset
             if reference is not None:
                 add("reference", reference)
+            if surrogate is not None:
+                add("surrogate", surrogate)
             if samples is not None:
                 data["samples"] = str(samples)
             if seed is not None:

@@ -81,7 +81,7 @@ def _options(spec: dict[str, Any], out: Path) -> Any:
     return RunOptions(
         model=spec["model"], suite=spec["suite"], data=spec["data"], out=out,
         samples=spec.get("samples"), seed=spec.get("seed"), resume=resume,
-        reference=spec.get("reference"), pdf=True,
+        reference=spec.get("reference"), surrogate=spec.get("surrogate"), pdf=True,
         sign_key=Path(spec["sign_key"]), passphrase=passphrase, http=http,
         query_budget=spec.get("query_budget"), executor=spec.get("executor", "local"),
         ray_address=spec.get("ray_address"))

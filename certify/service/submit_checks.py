@@ -204,7 +204,8 @@ def _check(svc: Any, who: auth.Principal, model: list[UploadFile], endpoint: str
            endpoint_secret: str | None, endpoint_header: str, model_version: str | None,
            suite: str | None, suite_file: UploadFile | None, dataset: str | None,
            dataset_file: UploadFile | None, reference: UploadFile | None,
-           samples: int | None, seed: int | None) -> dict[str, Any]:
+           samples: int | None, seed: int | None,
+           surrogate: UploadFile | None = None) -> dict[str, Any]:
     from certify.service.endpoints import EndpointRefused, check_endpoint
 
     sub = _Submission(svc, who)
@@ -233,8 +234,13 @@ def _check(svc: Any, who: auth.Principal, model: list[UploadFile], endpoint: str
     else:
         kind = "onnx"
         ref, name = sub.onnx(model)
+    if surrogate is not None and not endpoint:
+        raise HTTPException(422, "a surrogate is for endpoints: an uploaded model is attacked "
+                                 "through its own graph")
     if reference is not None:
         options["reference"], _ = sub.onnx([reference])
+    if surrogate is not None:
+        options["surrogate"], _ = sub.onnx([surrogate])
     options["uploads"] = sorted(sub.uploads)
     sub.record_uploads()
     return {"token_id": who.token_id, "model_kind": kind, "model_ref": ref,

@@ -177,7 +177,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
                 suite_file=file("suite_file"),
                 dataset=None if file("dataset_file") else text("dataset"),
                 dataset_file=file("dataset_file"), reference=file("reference"),
-                samples=number("samples"), seed=number("seed"))
+                surrogate=file("surrogate"), samples=number("samples"), seed=number("seed"))
         except HTTPException as exc:
             return submit_page(request, exc.status_code, str(exc.detail))
         return RedirectResponse(f"/runs/{run.id}", 303)

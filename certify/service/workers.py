@@ -60,11 +60,12 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
             if run.dataset.startswith("store:") else str(cfg.datasets[run.dataset]))
     suite = (str(store_root / run.suite.removeprefix("store:"))
              if run.suite.startswith("store:") else run.suite)
-    reference = opts.get("reference")
+    reference, surrogate = opts.get("reference"), opts.get("surrogate")
     return {
         "run_id": run.id, "model_kind": run.model_kind, "model": model, "suite": suite,
         "data": data, "samples": opts.get("samples"), "seed": opts.get("seed"),
         "reference": None if reference is None else str(store_root / reference),
+        "surrogate": None if surrogate is None else str(store_root / surrogate),
         "http": opts.get("http"), "has_secret": run.secret_enc is not None,
         "query_budget": opts.get("query_budget"),
         "sign_key": str(cfg.sign_key), "passphrase_env": cfg.passphrase_env,
