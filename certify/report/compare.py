@@ -174,7 +174,7 @@ def _raw_document(path: Path) -> dict[str, Any]:
         if suffix == ".json":
             text = path.read_text(encoding="utf-8")
         elif suffix in (".html", ".htm"):
-            parts = dict(sign._SCRIPT.findall(path.read_text(encoding="utf-8")))
+            parts = sign.embedded_parts(path.read_text(encoding="utf-8"))
             if "results" not in parts:
                 raise UsageError(f"{path} carries no certify results", hint="not a card?")
             text = parts["results"]

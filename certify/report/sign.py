@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,8 +142,35 @@ def sign(results: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> Signature:
                      fingerprint(key.public_key()), signed)
 
 
-_SCRIPT = re.compile(r'<script type="application/json" id="certify-(results|signature)">'
-                     r"(.*?)</script>", re.S)
+_OPEN = '<script type="application/json" id="certify-'
+_CLOSE = "</script>"
+_PARTS = ("results", "signature")
+
+
+def embedded_parts(html: str) -> dict[str, str]:
+    """The card's embedded ``results`` and ``signature`` scripts, by part (the last of each).
+
+    Linear in the size of the page, whatever it holds: each opening tag is found once and its
+    closing tag searched from there; a page with an unclosed tag ends the search, since no later
+    tag could close either (a regular expression that retries from every opening tag took
+    quadratic time on a page of unclosed tags).
+    """
+    parts: dict[str, str] = {}
+    at = 0
+    while (start := html.find(_OPEN, at)) >= 0:
+        head = start + len(_OPEN)
+        name_end = html.find('">', head, head + 16)
+        name = html[head:name_end] if name_end >= 0 else ""
+        if name not in _PARTS:
+            at = head
+            continue
+        body = name_end + 2
+        end = html.find(_CLOSE, body)
+        if end < 0:
+            break
+        parts[name] = html[body:end]  # the last of each, as before
+        at = end + len(_CLOSE)
+    return parts
 
 
 def extract(path: Path) -> tuple[dict[str, Any], Signature, bool]:
@@ -167,7 +193,7 @@ def extract(path: Path) -> tuple[dict[str, Any], Signature, bool]:
         return (doc, Signature.from_json(sig_path.read_text(encoding="utf-8"), str(sig_path)),
                 raw == canonical_json(doc))
     if suffix in (".html", ".htm"):
-        parts = dict(_SCRIPT.findall(path.read_text(encoding="utf-8")))
+        parts = embedded_parts(path.read_text(encoding="utf-8", errors="replace"))
         if "results" not in parts:
             raise VerificationError(f"{path} carries no certify results", hint="not a card?")
         if "signature" not in parts or parts["signature"].strip() in ("", "null"):

@@ -27,11 +27,13 @@ from certify.errors import CertifyError
 from certify.service import auth, queue
 from certify.service.config import ServeConfig
 from certify.service.db import FINAL_STATES, Run, Upload
+from certify.service.ratelimit import RateLimiter, client_address, retry_after
 from certify.service.shared import (
     API,
     ARTEFACTS,
     Services,
     find_run,
+    principal_from,
     require,
     run_json,
     runs_query,
@@ -114,7 +116,10 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
     app.state.services = svc
     _docs(app)
     limit = (2 * svc.cfg.max_upload_mb + svc.cfg.max_dataset_mb + 2) * 2**20
-    app.add_middleware(BodyLimit, limit=limit)
+    verify_limit = (svc.cfg.max_verify_mb + 2) * 2**20  # the card, a signature, the form
+    app.add_middleware(VerifyGate, svc=svc, limiter=RateLimiter(svc.cfg.verify_per_minute))
+    app.add_middleware(BodyLimit, limit=limit,
+                       paths={f"{API}/verify": verify_limit, "/verify": verify_limit})
 
     @app.exception_handler(CertifyError)
     async def _certify_error(_req: Request, exc: CertifyError) -> JSONResponse:
@@ -169,23 +174,53 @@ class BodyLimit:
     unstated length (411): uploads are spooled to disk as they arrive, so a limit checked only
     afterwards would let one request fill the disk."""
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: Any, limit: int, paths: dict[str, int] | None = None) -> None:
+        self.app, self.limit, self.paths = app, limit, paths or {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: D102
         if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
             headers = dict(scope.get("headers") or [])
             length = headers.get(b"content-length")
+            limit = self.paths.get(scope.get("path", ""), self.limit)
             status, detail = 0, ""
             if length is None:
                 if b"chunked" in headers.get(b"transfer-encoding", b""):
                     status, detail = 411, "send the request with a Content-Length"
-            elif not length.isdigit() or int(length) > self.limit:
+            elif not length.isdigit() or len(length) > 15 or int(length) > limit:
                 status, detail = 413, (f"the request is larger than this service's limit of "
-                                       f"{self.limit // 2**20} MB")
+                                       f"{limit // 2**20} MB")
             if status:
                 await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
                 return
+        await self.app(scope, receive, send)
+
+
+class VerifyGate:
+    """Rate-limit card verification (API and UI) for callers without a valid token, per
+    client address (:mod:`certify.service.ratelimit`), before the upload is read (429 with
+    ``Retry-After``)."""
+
+    PATHS = frozenset({f"{API}/verify", "/verify"})
+
+    def __init__(self, app: Any, svc: Services, limiter: RateLimiter) -> None:
+        self.app, self.svc, self.limiter = app, svc, limiter
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: D102
+        if scope["type"] == "http" and scope["method"] == "POST" and \
+                scope.get("path") in self.PATHS:
+            request = Request(scope)
+            if await asyncio.to_thread(principal_from, request, self.svc) is None:
+                peer = scope["client"][0] if scope.get("client") else None
+                who = client_address(peer, request.headers.get("x-forwarded-for"),
+                                     self.svc.cfg.trusted_proxies)
+                wait = self.limiter.take(who)
+                if wait:
+                    await JSONResponse(
+                        {"detail": f"too many verifications from {who} without a token: at "
+                                   f"most {self.limiter.per_minute} a minute"},
+                        status_code=429, headers={"Retry-After": retry_after(wait)},
+                    )(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
 
 

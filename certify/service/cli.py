@@ -66,6 +66,13 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
 @click.option("--max-upload-mb", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--max-dataset-mb", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-samples", type=click.IntRange(min=1), default=5000, show_default=True)
+@click.option("--max-verify-mb", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Largest card the public verify page and API accept.")
+@click.option("--verify-per-minute", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Verifications a minute per client address without a token.")
+@click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDRESS",
+              help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
+                   "from any other peer the header is ignored.")
 @click.option("--run-timeout", type=click.FloatRange(min=1), default=4 * 3600.0,
               show_default=True, help="Seconds one run may take.")
 @click.option("--run-memory-mb", type=click.IntRange(min=256), default=16 * 1024,
@@ -128,7 +135,10 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
     log.info("signing key %s", fingerprint(key))  # type: ignore[arg-type]
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s: serve other hosts through a TLS reverse proxy", host)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # proxy headers are read by certify alone, from --trusted-proxy peers (uvicorn's own
+    # default would trust X-Forwarded-For from 127.0.0.1)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                proxy_headers=False)
 
 
 def _service_logging() -> None:

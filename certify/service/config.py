@@ -43,6 +43,12 @@ class ServeConfig:
     ray_address: str | None = None
     #: Samples a submission may ask for at most.
     max_samples: int = 5000
+    #: A card uploaded to be verified (``POST /api/v1/verify``, the UI's verify page).
+    max_verify_mb: int = 16
+    #: Verifications a minute per client address for callers without a token.
+    verify_per_minute: int = 30
+    #: Reverse proxies whose ``X-Forwarded-For`` names the client (rate limits).
+    trusted_proxies: tuple[str, ...] = ()
 
     @property
     def db_url(self) -> str:

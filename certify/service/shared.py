@@ -142,7 +142,7 @@ def verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
     key = serialization.load_pem_public_key(svc.public_pem)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"card{suffix}"
-        copy_limited(file, path, 64 * 2**20)
+        copy_limited(file, path, svc.cfg.max_verify_mb * 2**20)
         if signature is not None:
             copy_limited(signature, Path(tmp) / f"card{suffix}.sig", 2**20)
         try:

@@ -68,6 +68,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
         form = await request.form()
         if not check_csrf(request.cookies.get(SESSION_COOKIE), str(form.get("csrf") or ""),
                           svc.session_key):
+            await form.close()
             raise HTTPException(403, "missing or wrong CSRF token: reload the page and retry")
         return form
 
@@ -101,7 +102,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
 
     @r.post("/logout")
     async def logout(request: Request) -> Response:
-        await form_with_csrf(request)
+        await (await form_with_csrf(request)).close()
         resp = RedirectResponse("/login", 303)
         resp.delete_cookie(SESSION_COOKIE)
         return resp
@@ -140,14 +141,22 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
 
     @r.post("/submit")
     async def submit(request: Request) -> Response:
-        from starlette.datastructures import UploadFile
 
-        from certify.service.submit_checks import accept_submission
 
         who = login_needed(request)
         if who is None:
             return RedirectResponse("/login", 303)
         form = await form_with_csrf(request)
+        try:
+            return await _submit_form(request, who, form)
+        finally:
+            await form.close()  # its spooled files
+
+    async def _submit_form(request: Request, who: auth.Principal, form: Any) -> Response:
+        from starlette.datastructures import UploadFile
+
+        from certify.service.submit_checks import accept_submission
+
         if not who.allows("submit"):
             return submit_page(request, 403, f"this token's role {who.role!r} may not submit")
 
@@ -188,11 +197,14 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
 
     @r.post("/verify")
     async def verify(request: Request) -> HTMLResponse:
+        async with request.form() as form:  # its spooled files are closed on the way out
+            return await _verify_form(request, form)
+
+    async def _verify_form(request: Request, form: Any) -> HTMLResponse:
         import asyncio
 
         from starlette.datastructures import UploadFile
 
-        form = await request.form()
         card = form.get("file")
         if not isinstance(card, UploadFile) or not card.filename:
             return page(request, "verify.html.j2", 422, result=None,

@@ -1,0 +1,164 @@
+"""The service under attack (issue 28): each reproduction of the issue, now refused or answered.
+
+The app runs in this process (uvicorn in a thread, no workers) so that a test can hold one
+verification part-way and watch the server keep answering.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from certify.service.ratelimit import RateLimiter, client_address
+
+pytestmark = pytest.mark.unit
+
+BOMB = '<script type="application/json" id="certify-results">'
+
+
+class InProcess:
+    """``certify serve`` (no workers) on 127.0.0.1 in a thread of this process."""
+
+    def __init__(self, home: Path, **cfg: object) -> None:
+        import uvicorn
+
+        from certify.service.app import create_app
+        from certify.service.config import ServeConfig
+
+        self.app = create_app(ServeConfig(home=home, workers=0, **cfg),  # type: ignore[arg-type]
+                              start_workers=False)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0,
+                                                    log_level="warning", lifespan="on",
+                                                    proxy_headers=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def token(self, role: str = "read") -> str:
+        from certify.service import auth
+
+        svc = self.app.state.services
+        with svc.factory() as s:
+            tok = auth.create_token(s, "t", role, None)
+            s.commit()
+        return tok if isinstance(tok, str) else tok[0]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory) -> Iterator[InProcess]:
+    svc = InProcess(tmp_path_factory.mktemp("svc"), verify_per_minute=1000, max_verify_mb=1)
+    yield svc
+    svc.stop()
+
+
+def test_a_page_of_unclosed_tags_is_read_in_linear_time():
+    from certify.report.sign import embedded_parts
+
+    assert embedded_parts(BOMB * 6000) == {}
+    page = ('<p>x</p><script type="application/json" id="certify-results">{"a": 1}</script>'
+            '<script type="application/json" id="certify-signature">null</script>' + BOMB)
+    assert embedded_parts(page) == {"results": '{"a": 1}', "signature": "null"}
+
+
+def test_the_issue_s_upload_is_answered_at_once_and_health_stays_up(service, tmp_path):
+    """Item 1's reproduction: 300 KB of unclosed script tags (8.7 s before, GIL held)."""
+    bomb = tmp_path / "x.html"
+    bomb.write_text(BOMB * 6000)
+    with bomb.open("rb") as f:
+        r = requests.post(f"{service.url}/api/v1/verify", files={"file": ("x.html", f)},
+                          timeout=30)
+    assert r.status_code == 200 and r.json()["valid"] is False
+    assert "carries no certify results" in r.json()["reason"]
+    assert requests.get(f"{service.url}/api/v1/health", timeout=5).ok
+
+
+def test_a_verification_held_part_way_does_not_hold_the_server(service, tmp_path,
+                                                               monkeypatch):
+    import certify.report.sign as sign
+
+    entered, release = threading.Event(), threading.Event()
+    real = sign.verify_file
+
+    def held(*args, **kw):
+        entered.set()
+        assert release.wait(30)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sign, "verify_file", held)
+    card = tmp_path / "card.html"
+    card.write_text("<html></html>")
+    answers: list[int] = []
+
+    def post() -> None:
+        with card.open("rb") as f:
+            answers.append(requests.post(f"{service.url}/api/v1/verify",
+                                         files={"file": ("card.html", f)}, timeout=60
+                                         ).status_code)
+
+    t = threading.Thread(target=post)
+    t.start()
+    try:
+        assert entered.wait(30)
+        token = service.token()
+        assert requests.get(f"{service.url}/api/v1/health", timeout=5).ok
+        r = requests.get(f"{service.url}/api/v1/runs",
+                         headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        assert r.ok and r.json()["total"] == 0
+    finally:
+        release.set()
+        t.join(60)
+    assert answers == [200]
+
+
+def test_a_card_over_the_verify_limit_is_refused_before_it_is_read(service):
+    r = requests.post(f"{service.url}/api/v1/verify",
+                      files={"file": ("card.html", b"x" * (4 * 2**20))}, timeout=30)
+    assert r.status_code == 413 and "limit of 3 MB" in r.json()["detail"]
+
+
+def test_verifications_without_a_token_are_rate_limited_per_client(tmp_path):
+    svc = InProcess(tmp_path / "home", verify_per_minute=2)
+    try:
+        def verify(headers: dict[str, str] | None = None) -> requests.Response:
+            return requests.post(f"{svc.url}/verify", files={"file": ("c.html", b"<p>")},
+                                 headers=headers or {}, timeout=10)
+
+        assert [verify().status_code for _ in range(2)] == [200, 200]
+        r = verify()
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        # X-Forwarded-For from an untrusted peer changes nothing
+        assert verify({"X-Forwarded-For": "203.0.113.9"}).status_code == 429
+        # a token holder is not limited
+        token = svc.token()
+        assert verify({"Authorization": f"Bearer {token}"}).status_code == 200
+    finally:
+        svc.stop()
+
+
+def test_the_token_bucket_refills_and_the_proxy_header_is_read_only_from_trusted_proxies():
+    now = [0.0]
+    limiter = RateLimiter(2, clock=lambda: now[0])
+    assert [limiter.take("a") for _ in range(2)] == [0.0, 0.0]
+    assert limiter.take("a") == pytest.approx(30.0)
+    assert limiter.take("b") == 0.0  # another client has its own bucket
+    now[0] += 30.0
+    assert limiter.take("a") == 0.0
+    assert client_address("10.0.0.1", "1.2.3.4", ()) == "10.0.0.1"
+    assert client_address("10.0.0.1", "6.6.6.6, 1.2.3.4", ["10.0.0.1"]) == "1.2.3.4"
+    assert client_address("10.0.0.1", "1.2.3.4, 10.0.0.2", ["10.0.0.1", "10.0.0.2"]) \
+        == "1.2.3.4"
+    assert client_address("::ffff:10.0.0.1", None, ["10.0.0.1"]) == "10.0.0.1"
