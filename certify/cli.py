@@ -228,7 +228,7 @@ def _common_logging(f: Any) -> Any:
 @click.option("--sample-offset", type=click.IntRange(min=0), default=0,
               help="Skip this many samples of the seeded order first: --samples N "
                    "--sample-offset N evaluates samples disjoint from --samples N.")
-@click.option("--seed", type=click.IntRange(min=0), help="Override the suite seed.")
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), help="Override the suite seed.")
 @click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out.")
@@ -392,7 +392,7 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, suite: str, executor: str,
 
 @main.command("contact-sheet")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True)
 @click.option("--per-class", type=click.IntRange(min=1, max=64), default=8, show_default=True)
 @click.option("--size", type=click.IntRange(min=8, max=256), default=32, show_default=True)
 @click.option("--scale", type=click.IntRange(min=1, max=8), default=2, show_default=True)

@@ -271,19 +271,100 @@ def resolve_suite_path(name_or_path: str) -> Path:
     return suites[name_or_path]
 
 
+#: A suite file's largest size, and the bounds of its YAML: nesting depth, aliases, and the
+#: number of values once aliases are expanded (a suite is a few hundred values; an alias bomb of
+#: 460 bytes expands to tens of millions, which every later walk of the document would pay for).
+MAX_SUITE_BYTES = 1 << 20
+#: The largest seed (what every random generator certify seeds accepts).
+MAX_SEED = 2**63 - 1
+MAX_DEPTH = 32
+MAX_ALIASES = 200
+MAX_VALUES = 100_000
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with the suite's bounds on depth and aliases, checked while the
+    document is composed (before a deep document exhausts the recursion limit)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+        self.aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise SuiteError(f"more than {MAX_ALIASES} YAML aliases",
+                                 hint="write the values out; a suite needs few aliases")
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise SuiteError(f"nested deeper than {MAX_DEPTH} levels",
+                             hint="a suite's values are a few levels deep")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def read_suite_yaml(text: str, source: str) -> Any:
+    """A suite's YAML text parsed within the bounds above (:class:`SuiteError` otherwise):
+    what ``certify run --suite`` and the service's uploads both read suites with."""
+    if len(text) > MAX_SUITE_BYTES:
+        raise SuiteError(f"{source}: larger than {MAX_SUITE_BYTES // 1024} KB",
+                         hint="a suite is a short YAML file")
+    loader = _BoundedLoader(text)
+    try:
+        raw = loader.get_single_data()
+    except SuiteError as exc:
+        raise SuiteError(f"{source}: {exc.message}", hint=exc.hint) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise SuiteError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})",
+                         hint="check indentation and quoting") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise SuiteError(f"{source}: a value cannot be read ({str(exc)[:120]})",
+                         hint="numbers in a suite are short") from None
+    finally:
+        loader.dispose()
+    if _expanded_size(raw, {}) > MAX_VALUES:
+        raise SuiteError(f"{source}: more than {MAX_VALUES:,} values once its YAML aliases are "
+                         "expanded", hint="write the values out; a suite needs few aliases")
+    return raw
+
+
+def _expanded_size(node: Any, seen: dict[int, int]) -> int:
+    """How many values ``node`` holds with every alias expanded (shared objects counted once
+    per use, computed once each: linear in the document as parsed)."""
+    if id(node) in seen:
+        return seen[id(node)]
+    n = 1
+    if isinstance(node, dict):
+        for k, v in node.items():
+            n += _expanded_size(k, seen) + _expanded_size(v, seen)
+            if n > MAX_VALUES:
+                break
+    elif isinstance(node, list):
+        for v in node:
+            n += _expanded_size(v, seen)
+            if n > MAX_VALUES:
+                break
+    seen[id(node)] = n
+    return n
+
+
 def load_suite(name_or_path: str) -> Suite:
     """Load and validate a suite by packaged name or path."""
     path = resolve_suite_path(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SuiteError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})",
-                         hint="check indentation and quoting") from None
+        if path.stat().st_size > MAX_SUITE_BYTES:
+            raise SuiteError(f"{path}: larger than {MAX_SUITE_BYTES // 1024} KB",
+                             hint="a suite is a short YAML file")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"cannot read suite {path}: {exc}", hint="check the file") from None
-    return parse_suite(raw, str(path))
+    return parse_suite(read_suite_yaml(text, str(path)), str(path))
 
 
 def parse_suite(raw: Any, source: str) -> Suite:
@@ -301,8 +382,9 @@ def parse_suite(raw: Any, source: str) -> Suite:
         raise SuiteError(f"{source}: classes must be a non-empty list of names",
                          hint="list one name per class id, in class-id order")
     seed = raw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise SuiteError(f"{source}: seed must be a non-negative integer", hint="e.g. seed: 0")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise SuiteError(f"{source}: seed must be an integer from 0 to 2^63 - 1",
+                         hint="e.g. seed: 0")
 
     d = _mapping(raw.get("data"), f"{source}: data")
     _unknown(f"{source}: data", d, _DATA_KEYS)

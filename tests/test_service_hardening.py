@@ -162,3 +162,56 @@ def test_the_token_bucket_refills_and_the_proxy_header_is_read_only_from_trusted
     assert client_address("10.0.0.1", "1.2.3.4, 10.0.0.2", ["10.0.0.1", "10.0.0.2"]) \
         == "1.2.3.4"
     assert client_address("::ffff:10.0.0.1", None, ["10.0.0.1"]) == "10.0.0.1"
+
+
+def _alias_bomb(levels: int = 7) -> str:
+    """Item 3's suite: nested YAML aliases (460 bytes at 7 levels, 10^7 values expanded)."""
+    lines = ["a0: &a0 [x]"] + [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]"
+                               for i in range(1, levels + 1)]
+    return "\n".join(lines) + f"\nname: *a{levels}\nclasses: *a{levels}\nchecks: *a{levels}\n"
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (_alias_bomb(), "more than 100,000 values once its YAML aliases are expanded"),
+    (_alias_bomb(5), "more than 100,000 values once its YAML aliases are expanded"),
+    ("a: &a x\nb: [" + ",".join(["*a"] * 250) + "]\n", "more than 200 YAML aliases"),
+    ("a: " + "[" * 600 + "]" * 600, "nested deeper than 32 levels"),
+    ("x: " + "{a: " * 600 + "1" + "}" * 600, "nested deeper than 32 levels"),
+    ("name: s\nseed: " + "9" * 4301 + "\nclasses: [a]\nchecks: []\n", "cannot be read"),
+    ("name: s\nseed: 9223372036854775808\nclasses: [a]\nchecks: []\n", "seed must be"),
+], ids=["bomb7", "bomb5", "aliases", "deep-list", "deep-map", "long-int", "big-seed"])
+def test_the_suite_loader_is_bounded_for_the_cli_and_the_service(text, words, tmp_path):
+    from certify.errors import SuiteError
+    from certify.service.uploads import Limits, UploadError, check_suite_yaml
+    from certify.suite import load_suite
+
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(SuiteError) as exc:
+        load_suite(str(path))
+    assert words in exc.value.message, exc.value.message
+    with pytest.raises(UploadError) as up:
+        check_suite_yaml(text.encode(), Limits())
+    assert words in up.value.message
+
+
+def test_an_alias_bomb_submitted_to_the_service_is_refused_at_once(service, tmp_path):
+    token = service.token("submit")
+    r = requests.post(f"{service.url}/api/v1/runs", headers={"Authorization": f"Bearer {token}"},
+                      files={"suite_file": ("b.yaml", _alias_bomb().encode())},
+                      data={"endpoint": "http://198.51.100.7/v2/models/m"}, timeout=30)
+    assert r.status_code == 422 and "aliases are expanded" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize("path", [
+    "/api/v1/log/entries/9223372036854775808",
+    "/api/v1/log/proof/inclusion?index=0&tree_size=99999999999999999999",
+    "/api/v1/log/proof/consistency?first=1&second=9223372036854775808",
+    "/api/v1/runs?offset=9223372036854775808",
+    "/api/v1/runs?limit=-99999999999999999999",
+])
+def test_integers_beyond_a_database_integer_are_refused_not_a_500(service, path):
+    token = service.token()
+    r = requests.get(service.url + path, headers={"Authorization": f"Bearer {token}"},
+                     timeout=10)
+    assert r.status_code == 422, (r.status_code, r.text)

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, File, Form, HTTPException, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy import func, select
 
@@ -224,6 +224,9 @@ class VerifyGate:
         await self.app(scope, receive, send)
 
 
+#: The largest integer a request may carry (a database integer); larger ones are refused (422).
+MAX_INT = 2**63 - 1
+
 #: Route parameters: the caller, with at least this role.
 Reader = Annotated[auth.Principal, Depends(require("read"))]
 Submitter = Annotated[auth.Principal, Depends(require("submit"))]
@@ -258,8 +261,8 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         surrogate: Annotated[UploadFile | None, File(
             description="An endpoint's surrogate (.onnx): the white-box attacks take its "
                         "gradients and the endpoint judges every candidate")] = None,
-        samples: Annotated[int | None, Form(ge=1)] = None,
-        seed: Annotated[int | None, Form(ge=0)] = None,
+        samples: Annotated[int | None, Form(ge=1, le=MAX_INT)] = None,
+        seed: Annotated[int | None, Form(ge=0, le=MAX_INT)] = None,
     ) -> dict[str, Any]:
         """Submit a run: 202 with its id once the static checks pass."""
         from certify.service.submit_checks import accept_submission
@@ -275,7 +278,9 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
     @app.get(f"{API}/runs", tags=["runs"])
     def list_runs(_who: Reader, model: str | None = None,
                   suite: str | None = None, verdict: str | None = None,
-                  state: str | None = None, limit: int = 50, offset: int = 0
+                  state: str | None = None,
+                  limit: Annotated[int, Query(ge=-MAX_INT, le=MAX_INT)] = 50,
+                  offset: Annotated[int, Query(ge=-MAX_INT, le=MAX_INT)] = 0
                   ) -> dict[str, Any]:
         """Runs, newest first, filtered by model name, suite, verdict or state."""
         q = runs_query(model, suite, verdict, state)

@@ -230,7 +230,7 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
 @click.option("--dataset", required=True, metavar="NAME|FILE.npz",
               help="A dataset the service registered, or an .npz (x, y) to upload.")
 @click.option("--samples", type=click.IntRange(min=1))
-@click.option("--seed", type=click.IntRange(min=0))
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1))
 @click.option("--reference", type=click.Path(dir_okay=False, path_type=Path),
               help="A reference model (.onnx).")
 @click.option("--surrogate", type=click.Path(dir_okay=False, path_type=Path),

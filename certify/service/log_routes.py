@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import PlainTextResponse
 
 from certify.service.merkle import LogError
 from certify.service.tlog import TransparencyLog
+
+#: Log indices and sizes: what a database integer holds (a larger number is refused with 422).
+Index = Annotated[int, Path(ge=0, le=2**63 - 1)]
+Size = Annotated[int, Query(ge=0, le=2**63 - 1)]
 
 
 def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes) -> APIRouter:
@@ -28,17 +32,17 @@ def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes) -> API
         return get_log().tree_head()
 
     @r.get("/log/entries/{n}")
-    def entry(n: int) -> dict[str, Any]:
+    def entry(n: Index) -> dict[str, Any]:
         """One entry: its leaf hash and the statement it logs."""
         return guard(lambda: get_log().entry(n))
 
     @r.get("/log/proof/inclusion")
-    def inclusion(index: int, tree_size: int) -> dict[str, Any]:
+    def inclusion(index: Size, tree_size: Size) -> dict[str, Any]:
         """The audit path of an entry in a tree of the given size."""
         return guard(lambda: get_log().inclusion(index, tree_size), 400)
 
     @r.get("/log/proof/consistency")
-    def consistency(first: int, second: int) -> dict[str, Any]:
+    def consistency(first: Size, second: Size) -> dict[str, Any]:
         """Proof that the tree of size ``first`` is a prefix of the tree of size ``second``."""
         return guard(lambda: get_log().consistency(first, second), 400)
 
