@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -39,24 +43,61 @@ def _comparable(m: dict) -> dict:
     return {k: v for k, v in m.items() if k not in ("certify_version",)}
 
 
-def test_sigkill_mid_run_then_restart_completes_every_run_once(tmp_path: Path) -> None:
+def _await_records(svc: Service, ids: list[str], n: int) -> None:
+    """Wait until ``n`` of the runs have records on disk."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        recs = [svc.home / "store" / "runs" / i / "out" / "records.jsonl" for i in ids]
+        if sum(p.exists() and p.stat().st_size > 0 for p in recs) >= n:
+            return
+        time.sleep(0.1)
+    pytest.fail("no run started\n" + svc.log())
+
+
+def _follow(svc: Service, token: str, run_id: str, events: list[str]) -> None:
+    """An event-stream client that stays connected until the server ends the stream."""
+    with requests.get(f"{svc.url}/api/v1/runs/{run_id}/events", stream=True, timeout=60,
+                      headers={"Authorization": f"Bearer {token}"}) as r:
+        with contextlib.suppress(requests.RequestException):
+            for line in r.iter_lines():
+                if line.startswith(b"event: "):
+                    events.append(line[7:].decode())
+
+
+def test_sigterm_then_sigkill_mid_run_then_restart_completes_every_run_once(
+        tmp_path: Path) -> None:
+    """Issue 28 item 2: SIGTERM with runs running, queued and followed puts the running runs
+    back on the queue (none ends ``error``), ends the event stream and shuts down within
+    --lease seconds; then a crash (SIGKILL) mid-run; after each restart every run finishes
+    once, with the measurement of an uninterrupted run."""
     suite, data = small_inputs(tmp_path / "in", per_class=4)
     home = tmp_path / "home"
-    args = ("--workers", "2", "--lease", "3", "--heartbeat", "0.5",
+    lease = 3.0
+    args = ("--workers", "2", "--lease", str(lease), "--heartbeat", "0.5",
             "--dataset", f"small={data}")
     svc = Service(home, *args).start()
     token = svc.token("submit", "--max-concurrent", "10")
     seeds = [1, 2, 3, 4]
     ids = [_submit(svc, token, suite, samples=172, seed=s) for s in seeds]
-    # Kill once both workers have records on disk.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        recs = [home / "store" / "runs" / i / "out" / "records.jsonl" for i in ids]
-        if sum(p.exists() and p.stat().st_size > 0 for p in recs) >= 2:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("no run started\n" + svc.log())
+    _await_records(svc, ids, 2)
+    events: list[str] = []
+    follower = threading.Thread(target=_follow, args=(svc, token, ids[0], events))
+    follower.start()
+    time.sleep(0.5)
+    assert svc.proc is not None
+    began = time.monotonic()
+    svc.proc.send_signal(signal.SIGTERM)
+    svc.proc.wait(30)
+    took = time.monotonic() - began
+    follower.join(10)
+    assert took <= lease, f"shutdown took {took:.1f} s\n{svc.log()}"
+    assert "shutdown" in events and not follower.is_alive(), events
+    assert "SIGKILL" not in svc.log()
+    svc = Service(home, *args)  # the same home and runs, a new port
+    svc.start()
+    states = [svc.get(f"/runs/{i}", token).json() for i in ids]
+    assert all(d["state"] in ("queued", "running") and not d["error"] for d in states), states
+    _await_records(svc, ids, 3)
     svc.kill()
     # The job processes die with the server (parent-death signal): no orphan keeps writing.
     deadline = time.monotonic() + 10

@@ -313,6 +313,9 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
                 if run.state in FINAL_STATES:
                     yield b"event: end\ndata: {}\n\n"
                     return
+                if svc.stopping.is_set():  # the run goes on after the restart: follow again
+                    yield b"event: shutdown\ndata: {}\n\n"
+                    return
                 if await request.is_disconnected():
                     return
                 await asyncio.sleep(0.5)

@@ -135,10 +135,21 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
     log.info("signing key %s", fingerprint(key))  # type: ignore[arg-type]
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s: serve other hosts through a TLS reverse proxy", host)
+    from certify.service.shared import begin_shutdown
+
+    class Server(uvicorn.Server):
+        """uvicorn, with certify's first shutdown step before its own (see begin_shutdown)."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            begin_shutdown(svc)
+            super().handle_exit(sig, frame)
+
     # proxy headers are read by certify alone, from --trusted-proxy peers (uvicorn's own
-    # default would trust X-Forwarded-For from 127.0.0.1)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                proxy_headers=False)
+    # default would trust X-Forwarded-For from 127.0.0.1); connections still open after
+    # --lease seconds of shutdown are closed
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          proxy_headers=False,
+                          timeout_graceful_shutdown=max(1, int(cfg.lease_s)))).run()
 
 
 def _service_logging() -> None:

@@ -7,8 +7,9 @@ Both edges import this module; neither imports the other's internals.
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,17 @@ class Services:
     session_key: bytes
     limits: Any  # certify.service.uploads.Limits
     workers: Any = None  # certify.service.workers.WorkerPool
+    #: set when the service begins to shut down (see :func:`begin_shutdown`)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+
+def begin_shutdown(svc: Services) -> None:
+    """The first step of a shutdown (SIGTERM, SIGINT): claim no more runs and end every event
+    stream, so that no follower holds the server open; the running runs go back on the queue
+    when the workers stop (the app's lifespan)."""
+    svc.stopping.set()
+    if svc.workers is not None:
+        svc.workers.stop_claiming()
 
 
 # --- authentication -----------------------------------------------------------------------

@@ -94,8 +94,14 @@ class WorkerPool:
             t.start()
             self._threads.append(t)
 
+    def stop_claiming(self) -> None:
+        """Claim no more runs (the first step of a shutdown; running runs go on until
+        :meth:`stop`)."""
+        self._stop.set()
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop claiming; kill running jobs and put their runs back on the queue (they resume)."""
+        """Stop claiming; kill running jobs and put their runs back on the queue with their
+        records (they resume where they were after a restart, on any worker)."""
         self._stop.set()
         with self._lock:
             procs = dict(self._procs)
@@ -104,13 +110,17 @@ class WorkerPool:
                 os.killpg(p.pid, signal.SIGKILL)
         for t in self._threads:
             t.join(timeout)
-        for rid in procs:
-            with self.factory() as s:
-                s.execute(update(Run).where(Run.id == rid, Run.lease_owner == self.owner,
-                                            Run.state == RUNNING)
-                          .values(state=QUEUED, lease_owner=None, lease_expires=None,
-                                  updated=utcnow()))
-                s.commit()
+        for rid in procs:  # a worker thread requeues its own run; this covers a stuck one
+            self._requeue(rid)
+
+    def _requeue(self, run_id: str) -> None:
+        """Put this worker's running run back on the queue (idempotent)."""
+        with self.factory() as s:
+            s.execute(update(Run).where(Run.id == run_id, Run.lease_owner == self.owner,
+                                        Run.state == RUNNING)
+                      .values(state=QUEUED, lease_owner=None, lease_expires=None,
+                              updated=utcnow()))
+            s.commit()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -165,6 +175,10 @@ class WorkerPool:
         if ended is not None:
             queue.finish(self.factory, run.id, self.owner, **ended)
             return
+        if self._stop.is_set() and proc.returncode < 0:
+            # killed by the shutdown, not by its model: back on the queue, never an error
+            self._requeue(run.id)
+            raise _Abandoned
         self._record_outcome(run, proc.returncode, folder)
 
     def _watch(self, run: Run, proc: subprocess.Popen[bytes], folder: Path
@@ -197,6 +211,8 @@ class WorkerPool:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 if not reason:  # stopping or lease lost: the run is someone else's now
+                    if self._stop.is_set():
+                        self._requeue(run.id)
                     raise _Abandoned
                 return reason
 
