@@ -215,3 +215,49 @@ def test_integers_beyond_a_database_integer_are_refused_not_a_500(service, path)
     r = requests.get(service.url + path, headers={"Authorization": f"Bearer {token}"},
                      timeout=10)
     assert r.status_code == 422, (r.status_code, r.text)
+
+
+def _stored(root: Path) -> list[str]:
+    """Files in the service's store (its temporary folder aside)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.is_file() and "tmp" not in p.relative_to(root).parts)
+
+
+def test_a_refused_submission_leaves_no_file_and_tokens_have_upload_quotas(tmp_path):
+    """Item 4: uploads are recorded when stored and deleted when their submission is refused;
+    a token may send at most --token-uploads-per-hour uploads an hour (refused ones count) and
+    keep at most --token-storage-mb stored."""
+    from certify.api import demo_model_path
+    from certify.service.db import Upload
+
+    svc = InProcess(tmp_path / "home", token_uploads_per_hour=3, token_storage_mb=1,
+                    datasets={"d": tmp_path})
+    try:
+        root = svc.app.state.services.store.root
+        token = svc.token("submit")
+        auth = {"Authorization": f"Bearer {token}"}
+        model = demo_model_path("standard").read_bytes()  # 0.8 MB
+
+        def submit(*files: tuple[str, tuple[str, bytes]]) -> requests.Response:
+            named = [f for f, _ in files]
+            data = {"dataset": "d"} | ({} if "suite_file" in named else {"suite": "gtsrb"})
+            return requests.post(f"{svc.url}/api/v1/runs", headers=auth, files=list(files),
+                                 data=data, timeout=60)
+
+        before = _stored(root)
+        r = submit(("model", ("m.onnx", model)), ("suite_file", ("s.yaml", b"name: [unc")))
+        assert r.status_code == 422 and "not valid YAML" in r.json()["detail"], r.text
+        assert _stored(root) == before  # the suite's blob went with the refusal
+        with svc.app.state.services.factory() as s:
+            assert s.query(Upload).count() == 0
+        # the storage quota: 0.8 MB of model and 0.3 MB of its external data are over 1 MB
+        r = submit(("model", ("m.onnx", model)), ("model", ("w.bin", b"\0" * 300_000)))
+        assert r.status_code == 413 and "per token" in r.json()["detail"], r.text
+        assert _stored(root) == before
+        # three uploads this hour (all refused and swept); the fourth is refused
+        r = submit(("model", ("m.onnx", model)))
+        assert r.status_code == 429 and "in the last hour" in r.json()["detail"], r.text
+        assert int(r.headers["Retry-After"]) > 60
+        assert _stored(root) == before
+    finally:
+        svc.stop()

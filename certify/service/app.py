@@ -114,6 +114,8 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
                   description="Robustness certification: submit a model, get a signed card.",
                   docs_url=None, redoc_url=None)
     app.state.services = svc
+    if svc.upload_limiter is None:
+        svc.upload_limiter = RateLimiter(svc.cfg.token_uploads_per_hour, period=3600.0)
     _docs(app)
     limit = (2 * svc.cfg.max_upload_mb + svc.cfg.max_dataset_mb + 2) * 2**20
     verify_limit = (svc.cfg.max_verify_mb + 2) * 2**20  # the card, a signature, the form

@@ -70,6 +70,10 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
               help="Largest card the public verify page and API accept.")
 @click.option("--verify-per-minute", type=click.IntRange(min=1), default=30, show_default=True,
               help="Verifications a minute per client address without a token.")
+@click.option("--token-storage-mb", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Most a token's stored uploads may take.")
+@click.option("--token-uploads-per-hour", type=click.IntRange(min=1), default=60,
+              show_default=True, help="Uploads a token may store an hour.")
 @click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDRESS",
               help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
                    "from any other peer the header is ignored.")

@@ -49,6 +49,9 @@ class ServeConfig:
     verify_per_minute: int = 30
     #: Reverse proxies whose ``X-Forwarded-For`` names the client (rate limits).
     trusted_proxies: tuple[str, ...] = ()
+    #: Per token: the most its stored uploads may take, and uploads an hour.
+    token_storage_mb: int = 2048
+    token_uploads_per_hour: int = 60
 
     @property
     def db_url(self) -> str:

@@ -23,12 +23,15 @@ MAX_CLIENTS = 65_536
 
 
 class RateLimiter:
-    """A token bucket per key: ``per_minute`` requests a minute, bursts up to ``per_minute``."""
+    """A token bucket per key: ``per_minute`` requests a ``period`` (60 s unless given),
+    bursts up to ``per_minute``."""
 
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic,
+                 period: float = 60.0) -> None:
         if per_minute < 1:
             raise ValueError("per_minute must be at least 1")
         self.per_minute = per_minute
+        self.period = period
         self._clock = clock
         self._lock = threading.Lock()
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
@@ -36,7 +39,7 @@ class RateLimiter:
     def take(self, key: str) -> float:
         """Spend one request of ``key``'s bucket: 0 when allowed, else the seconds until the
         next request would be (for ``Retry-After``)."""
-        rate = self.per_minute / 60.0
+        rate = self.per_minute / self.period
         now = self._clock()
         with self._lock:
             tokens, seen = self._buckets.pop(key, (float(self.per_minute), now))

@@ -43,6 +43,8 @@ class Services:
     workers: Any = None  # certify.service.workers.WorkerPool
     #: set when the service begins to shut down (see :func:`begin_shutdown`)
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: uploads an hour per token (``--token-uploads-per-hour``; refused ones count too)
+    upload_limiter: Any = None  # certify.service.ratelimit.RateLimiter
 
 
 def begin_shutdown(svc: Services) -> None:

@@ -56,18 +56,84 @@ def _folder_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+#: An upload is recorded as soon as it is stored, to expire after this long unless its
+#: submission is accepted (then it is kept for the retention period): a refused submission's
+#: files are deleted at once, and those of a submission the service crashed while checking
+#: are swept by the janitor.
+PENDING = dt.timedelta(hours=1)
+
+
 class _Submission:
-    """Collects what a submission stored, to record the uploads once it is accepted."""
+    """Collects what a submission stored: each upload is recorded when it is stored, kept for
+    the retention period once the submission is accepted, and deleted if it is refused."""
 
     def __init__(self, svc: Any, who: auth.Principal) -> None:
         self.svc, self.who = svc, who
         #: digest -> (kind, size, store paths made from it)
         self.uploads: dict[str, tuple[str, int, list[str]]] = {}
+        #: uploads this submission recorded first (swept if it is refused)
+        self.new: set[str] = set()
 
     def put(self, upload: UploadFile, limit: int, kind: str) -> Any:
+        self._quota_before()
         stored = self.svc.store.put_stream(upload.file, limit, kind)
         self.uploads.setdefault(stored.digest, (kind, stored.size, []))
+        self._record_pending(stored.digest, kind, stored.size)
+        self._quota_after()
         return stored
+
+    def _quota_before(self) -> None:
+        """At most ``token_uploads_per_hour`` uploads an hour per token, refused ones
+        included (429)."""
+        from certify.service.ratelimit import retry_after
+
+        limiter = self.svc.upload_limiter
+        wait = limiter.take(f"token:{self.who.token_id}") if limiter is not None else 0.0
+        if wait:
+            raise HTTPException(429, f"this token sent more uploads in the last hour than the "
+                                     f"service's limit of {limiter.per_minute}; retry later",
+                                headers={"Retry-After": retry_after(wait)})
+
+    def _quota_after(self) -> None:
+        """At most ``token_storage_mb`` stored per token (its uploads not yet deleted)."""
+        cap = self.svc.cfg.token_storage_mb * 2**20
+        with self.svc.factory() as s:
+            used = sum(s.scalars(select(Upload.size).where(
+                Upload.token_id == self.who.token_id)))
+        if used > cap:
+            raise HTTPException(413, f"this token's uploads take {used / 2**20:.0f} MB, over "
+                                     f"the service's limit of {cap // 2**20} MB per token",
+                                )
+
+    def _record_pending(self, digest: str, kind: str, size: int) -> None:
+        from sqlalchemy.exc import IntegrityError
+
+        with self.svc.factory() as s:
+            if s.get(Upload, digest) is not None:
+                return
+            s.add(Upload(digest=digest, kind=kind, size=size, created=utcnow(),
+                         token_id=self.who.token_id, expires=utcnow() + PENDING, paths=[]))
+            try:
+                s.commit()
+            except IntegrityError:  # recorded by a concurrent submission of the same file
+                s.rollback()
+                return
+        self.new.add(digest)
+
+    def sweep(self) -> None:
+        """Delete what a refused submission stored and recorded first (with the paths made
+        from it), unless a live run uses it."""
+        from certify.service.retention import delete_upload
+
+        for digest in sorted(self.new):
+            with self.svc.factory() as s:
+                row = s.get(Upload, digest)
+                if row is None:
+                    continue
+                row.paths = sorted(set(row.paths or []) | set(self.uploads[digest][2]))
+                s.commit()
+            with contextlib.suppress(Exception):  # a sweep must not hide the refusal
+                delete_upload(self.svc.factory, self.svc.store, digest)
 
     def made(self, digest: str, rel: str) -> None:
         """Record that ``rel`` (store-relative) was made from upload ``digest``."""
@@ -200,15 +266,24 @@ class _Submission:
         raise HTTPException(503, "the upload could not be recorded; retry")
 
 
-def _check(svc: Any, who: auth.Principal, model: list[UploadFile], endpoint: str | None,
-           endpoint_secret: str | None, endpoint_header: str, model_version: str | None,
-           suite: str | None, suite_file: UploadFile | None, dataset: str | None,
-           dataset_file: UploadFile | None, reference: UploadFile | None,
-           samples: int | None, seed: int | None,
-           surrogate: UploadFile | None = None) -> dict[str, Any]:
+def _check(svc: Any, who: auth.Principal, **kw: Any) -> dict[str, Any]:
+    """The submission's static checks; a refused submission's uploads are deleted."""
+    sub = _Submission(svc, who)
+    try:
+        return _check_with(sub, svc, who, **kw)
+    except BaseException:
+        sub.sweep()
+        raise
+
+
+def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[UploadFile],
+                endpoint: str | None, endpoint_secret: str | None, endpoint_header: str,
+                model_version: str | None, suite: str | None, suite_file: UploadFile | None,
+                dataset: str | None, dataset_file: UploadFile | None,
+                reference: UploadFile | None, samples: int | None, seed: int | None,
+                surrogate: UploadFile | None = None) -> dict[str, Any]:
     from certify.service.endpoints import EndpointRefused, check_endpoint
 
-    sub = _Submission(svc, who)
     budget = sub.limits_for_token()
     if samples is not None and samples > svc.cfg.max_samples:
         raise HTTPException(422, f"samples {samples} is over this service's limit of "
