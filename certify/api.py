@@ -52,6 +52,9 @@ class RunOptions:
     threads: int = 1
     #: an ONNX file whose graph the white-box attacks use on an endpoint (a transfer attack)
     surrogate: str | None = None
+    #: the service run this is (``{"run_id": …}``), signed into the provenance so that a card
+    #: cannot pass for another run's (``None`` outside ``certify serve``)
+    service: dict[str, str] | None = None
 
 
 def certify_model(
@@ -129,8 +132,11 @@ def certify_model(
             if close is not None:
                 close()
     result = outcome.result
+    extra: dict[str, Any] = {"renderer": renderer_info()}
+    if opts.service is not None:
+        extra["service"] = dict(opts.service)
     result = result.model_copy(update={"provenance": result.provenance.model_copy(
-        update={"renderer": renderer_info()})})
+        update=extra)})
     signature = None
     if key is not None:
         from certify.report.sign import sign

@@ -497,8 +497,10 @@ def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
     if client is not None:
         from certify.service.logclient import check_in_log, default_state_path
 
+        service = (v.result.provenance.model_extra or {}).get("service") or {}
         for line in check_in_log(v.signature.signed, client, key,
-                                 log_state or default_state_path()):
+                                 log_state or default_state_path(),
+                                 run_id=service.get("run_id")):
             click.echo(line)
     click.echo(f"model: {m.model.name} {m.model.identity}")
     click.echo(f"verdict: {m.verdict}")

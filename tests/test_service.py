@@ -78,6 +78,40 @@ def test_submit_wait_download_and_verify_against_the_log(
     with (out / "card.html").open("rb") as f:
         doc = service.post("/verify", files={"file": ("card.html", f)}).json()
     assert doc["valid"] is True and doc["in_log"] is True and doc["verdict"] == "PASS"
+    # issue 28 item 6: the card names its run (signed provenance), and submit checked it
+    run_id = results["provenance"]["service"]["run_id"]
+    assert doc["run_id"] == doc["log_run_id"] == run_id
+    assert f"the card is run {run_id}'s and measured standard.onnx (sha256:" in r.stderr
+    assert f", run {run_id}" in v.stdout
+
+
+def test_a_card_moved_into_another_run_s_folder_is_caught(
+        service: Service, inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 28 item 6: run X's files copied into run Y's folder are served as Y's, but the
+    client's check names X, and X's own card still verifies as X's."""
+    import shutil
+
+    from certify.errors import VerificationError
+    from certify.service.client import FILES, Client, check_downloaded
+    from certify.service.job import OUT_DIR
+
+    suite, _ = inputs
+    token = service.token("submit")
+    ids = [_submit(service, token, suite, samples=8, seed=str(s)).json()["id"] for s in (1, 2)]
+    assert [service.wait_run(i, token)["state"] for i in ids] == ["done", "done"]
+    src, dst = (service.home / "store" / "runs" / i / OUT_DIR for i in ids)
+    client = Client(service.url, token)
+    client.download(ids[0], tmp_path / "x")
+    assert "measured standard.onnx" in check_downloaded(tmp_path / "x", ids[0], _demo_model())
+    for name in FILES:
+        shutil.copyfile(src / name, dst / name)
+    client.download(ids[1], tmp_path / "y")
+    with pytest.raises(VerificationError, match=f"names run {ids[0]}"):
+        check_downloaded(tmp_path / "y", ids[1], _demo_model())
+    from certify.api import demo_model_path
+
+    with pytest.raises(VerificationError, match="not the file uploaded"):
+        check_downloaded(tmp_path / "x", ids[0], demo_model_path("robust"))
 
 
 def test_bad_inputs_are_refused_with_4xx_and_nothing_is_written_outside_the_store(

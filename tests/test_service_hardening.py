@@ -261,3 +261,29 @@ def test_a_refused_submission_leaves_no_file_and_tokens_have_upload_quotas(tmp_p
         assert _stored(root) == before
     finally:
         svc.stop()
+
+
+def test_verify_log_refuses_an_entry_of_another_run(tmp_path):
+    """Item 6: the log entry that logs a card's statement must be the run the card names."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from certify.service.logclient import check_in_log
+    from certify.service.merkle import LogError
+    from certify.service.tlog import statement_digest
+
+    statement = {"type": "t", "schema": "1", "measurement": "sha256:aa", "provenance": "b"}
+    digest = statement_digest(statement)
+
+    class Log:
+        url = "http://log.example"
+
+        def get(self, path: str, **params: object) -> object:
+            if path == "/log/lookup":
+                return {"index": 7}
+            assert path == "/log/entries/7", path
+            return {"statement_digest": digest, "run_id": "x" * 32}
+
+    key = ec.generate_private_key(ec.SECP256R1()).public_key()
+    with pytest.raises(LogError, match="is run x+'s"):
+        check_in_log(statement, Log(), key, tmp_path / "state.json",  # type: ignore[arg-type]
+                     run_id="y" * 32)

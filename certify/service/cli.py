@@ -306,9 +306,15 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
 
     final = client.wait(run["id"], update)
     if final["state"] == "done":
+        from certify.service.client import check_downloaded
+
         folder = out or Path(f"card-{run['id']}")
         for p in client.download(run["id"], folder):
             click.echo(str(p))
+        # the model file's identity, where it is computed from that file alone (external
+        # data elsewhere on this machine may be laid out differently from the upload)
+        local = None if model.startswith(("http://", "https://")) or extra else Path(model)
+        click.echo(check_downloaded(folder, run["id"], local), err=True)
         click.echo(f"verdict: {final['verdict']} (transparency log entry "
                    f"{final['log_index']})", err=True)
     elif final["state"] == "error":

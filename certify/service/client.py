@@ -135,6 +135,38 @@ class Client:
         return written
 
 
+def check_downloaded(folder: Path, run_id: str, model: Path | None) -> str:
+    """Check that the card downloaded into ``folder`` is run ``run_id``'s (its signed
+    provenance names the service run) and, given the ``model`` file that was uploaded, that it
+    measured that file (its identity); returns what was checked, in words. Raises
+    :class:`~certify.errors.VerificationError` otherwise."""
+    import json
+
+    from certify.errors import VerificationError
+
+    try:
+        doc = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+        named = ((doc.get("provenance") or {}).get("service") or {}).get("run_id")
+        identity = doc["measurement"]["model"]["identity"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise VerificationError(f"{folder / 'results.json'} is not a certify result",
+                                hint="download it again") from None
+    if named != run_id:
+        raise VerificationError(f"the card downloaded for run {run_id} names run {named}",
+                                hint="the service served another run's card; report it")
+    said = f"the card is run {run_id}'s"
+    if model is not None:
+        from certify.models.onnx import model_identity
+
+        mine = model_identity(model)
+        if identity != mine:
+            raise VerificationError(
+                f"the card of run {run_id} measured model {identity}, not the file uploaded "
+                f"({model.name}, {mine})", hint="the service served another model's card")
+        said += f" and measured {model.name} ({mine})"
+    return said
+
+
 def exit_code_of(run: dict[str, Any]) -> int:
     """The exit code ``certify run`` would have given."""
     if run["state"] == "cancelled":

@@ -84,7 +84,7 @@ def _options(spec: dict[str, Any], out: Path) -> Any:
         reference=spec.get("reference"), surrogate=spec.get("surrogate"), pdf=True,
         sign_key=Path(spec["sign_key"]), passphrase=passphrase, http=http,
         query_budget=spec.get("query_budget"), executor=spec.get("executor", "local"),
-        ray_address=spec.get("ray_address"))
+        ray_address=spec.get("ray_address"), service={"run_id": spec["run_id"]})
 
 
 def run_job(folder: Path, secret: str | None) -> dict[str, Any]:

@@ -123,9 +123,13 @@ def log_key(client: LogClient, pubkey: Path | None) -> ec.EllipticCurvePublicKey
 
 
 def check_in_log(statement: dict[str, Any], client: LogClient,
-                 key: ec.EllipticCurvePublicKey, state_path: Path) -> list[str]:
+                 key: ec.EllipticCurvePublicKey, state_path: Path,
+                 run_id: str | None = None) -> list[str]:
     """Inclusion of a verified card's statement and consistency with the last head seen;
-    returns what was established, one line each (LogError otherwise)."""
+    returns what was established, one line each (LogError otherwise).
+
+    ``run_id`` is the service run the card's signed provenance names: the log entry must be
+    that run's (a card copied into another run's folder still names its own run)."""
     state = _load_state(state_path)
     logs = state.setdefault("logs", {})
     seen = logs.get(client.url)
@@ -140,6 +144,13 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
         raise LogError(f"the card is not in the log at {client.url} (statement {digest})",
                        hint="a card this service issued is always logged")
     index = int(found["index"])
+    entry = client.get(f"/log/entries/{index}")
+    if not isinstance(entry, dict) or entry.get("statement_digest") != digest:
+        raise LogError(f"the log's entry {index} does not log this card's statement",
+                       hint="do not trust this log")
+    if run_id is not None and entry.get("run_id") != run_id:
+        raise LogError(f"the card names service run {run_id}, but the log's entry {index} is "
+                       f"run {entry.get('run_id')}'s", hint="the card is not the run it claims")
     head = client.get("/log")
     check_tree_head(head, key)
     size, root = int(head["tree_size"]), _b64(head["root_hash"], "root hash")
@@ -147,7 +158,8 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
     leaf = merkle.leaf_hash(bytes.fromhex(digest.split(":", 1)[1]))
     merkle.verify_inclusion(leaf, index, size, [_b64(p, "audit path") for p in
                                                 proof.get("audit_path", [])], root)
-    lines = [f"log: entry {index} of {size} at {client.url}",
+    lines = [f"log: entry {index} of {size} at {client.url}"
+             + (f", run {entry.get('run_id')}" if entry.get("run_id") else ""),
              f"inclusion: proven under the signed tree head of size {size}"]
     if seen is None:
         lines.append("consistency: first time this log is seen here; its head is now pinned")

@@ -167,9 +167,14 @@ def verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
     digest = statement_digest(v.signature.signed)
     index = svc.tlog.lookup(digest)
     m = v.result.measurement
+    service = (v.result.provenance.model_extra or {}).get("service") or {}
+    run_id = service.get("run_id") if isinstance(service, dict) else None
+    logged_run = svc.tlog.entry(index)["run_id"] if index is not None else None
     return {
         "valid": True, "key_fingerprint": v.signature.key_fingerprint,
-        "statement_digest": digest, "log_index": index, "in_log": index is not None,
+        "statement_digest": digest, "log_index": index,
+        "in_log": index is not None and (run_id is None or run_id == logged_run),
+        "run_id": run_id, "log_run_id": logged_run,
         "visible": v.visible, "model": m.model.name, "suite": m.suite.name,
         "verdict": m.verdict, "checks": {c.id: c.status for c in m.checks},
     }
