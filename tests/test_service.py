@@ -230,9 +230,11 @@ def test_cancel_a_running_run(service: Service, slow_suite: Path) -> None:
     assert not job_processes(service.home, run["id"])
 
 
-def _verify_log(card: Path, svc: Service, state: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CERTIFY, "verify", str(card), "--log", svc.url, "--log-state",
-                           str(state)], capture_output=True, text=True, timeout=120)
+def _verify_log(card: Path, svc: Service, state: Path, url: str | None = None
+                ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CERTIFY, "verify", str(card), "--log", url or svc.url,
+                           "--log-state", str(state)], capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
@@ -262,6 +264,10 @@ def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
         db.commit()
         r = _verify_log(card, service, state)
         assert r.returncode == 1 and "rewrote its history" in r.stderr, r.stdout + r.stderr
+        # issue 28 item 7: the head is pinned by the log's key, not by the URL's spelling
+        for url in (f"http://localhost:{service.port}", f"http://127.1:{service.port}"):
+            r = _verify_log(card, service, state, url)
+            assert r.returncode == 1 and "rewrote its history" in r.stderr, (url, r.stderr)
         db.execute("UPDATE log_entries SET leaf_hash = ? WHERE idx = ?",
                    (old, docs[0]["log_index"]))
         # A card whose entry is gone is not in the log.
@@ -274,7 +280,7 @@ def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
         db.close()
     # A log that presents another key than the one pinned is refused.
     doc = json.loads(state.read_text())
-    doc["logs"][service.url]["key_fingerprint"] = "sha256:" + "0" * 64
+    doc["urls"][service.url] = "sha256:" + "0" * 64
     state.write_text(json.dumps(doc))
     r = _verify_log(card, service, state)
     assert r.returncode == 1 and "pinned" in r.stderr

@@ -287,3 +287,23 @@ def test_verify_log_refuses_an_entry_of_another_run(tmp_path):
     with pytest.raises(LogError, match="is run x+'s"):
         check_in_log(statement, Log(), key, tmp_path / "state.json",  # type: ignore[arg-type]
                      run_id="y" * 32)
+
+
+def test_a_url_keyed_log_state_is_migrated_to_heads_pinned_by_key():
+    """Item 7: a version 1 state (heads by URL) becomes heads by key, the largest head kept."""
+    from certify.service.logclient import STATE_VERSION, migrate_state
+
+    old = {"logs": {
+        "http://127.0.0.1:1": {"key_fingerprint": "sha256:k", "tree_size": 5, "root_hash": "a",
+                               "seen_at": "t1"},
+        "http://localhost:1": {"key_fingerprint": "sha256:k", "tree_size": 9, "root_hash": "b",
+                               "seen_at": "t2"},
+        "http://other:2": {"key_fingerprint": "sha256:j", "tree_size": 1, "root_hash": "c",
+                           "seen_at": "t3"}}}
+    new = migrate_state(old)
+    assert new["version"] == STATE_VERSION
+    assert new["logs"]["sha256:k"] == {"tree_size": 9, "root_hash": "b", "seen_at": "t2",
+                                       "urls": ["http://127.0.0.1:1", "http://localhost:1"]}
+    assert new["urls"] == {"http://127.0.0.1:1": "sha256:k", "http://localhost:1": "sha256:k",
+                           "http://other:2": "sha256:j"}
+    assert migrate_state(new) == new

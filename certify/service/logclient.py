@@ -87,15 +87,44 @@ def check_tree_head(head: dict[str, Any], key: ec.EllipticCurvePublicKey) -> Non
                        hint="do not trust this log") from None
 
 
+#: The state file's layout: heads pinned by the log's key fingerprint (``logs``), and the key
+#: each URL was seen with (``urls``). Version 1 pinned heads by URL string, so that the same
+#: log under another spelling of its address started afresh.
+STATE_VERSION = 2
+
+
 def _load_state(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-        return doc if isinstance(doc, dict) else {}
     except FileNotFoundError:
-        return {}
+        doc = {}
     except (OSError, ValueError):
         raise LogError(f"the log state file {path} is unreadable",
                        hint="fix or remove it (you lose the history it pins)") from None
+    return migrate_state(doc if isinstance(doc, dict) else {})
+
+
+def migrate_state(doc: dict[str, Any]) -> dict[str, Any]:
+    """A state document in the current layout; a version 1 document (heads by URL) becomes
+    heads by key, keeping for each key the largest head seen under any of its URLs."""
+    if doc.get("version") == STATE_VERSION:
+        doc.setdefault("logs", {})
+        doc.setdefault("urls", {})
+        return doc
+    logs: dict[str, Any] = {}
+    urls: dict[str, str] = {}
+    for url, seen in (doc.get("logs") or {}).items():
+        if not isinstance(seen, dict) or not seen.get("key_fingerprint"):
+            continue
+        fp = str(seen["key_fingerprint"])
+        urls[str(url)] = fp
+        kept = logs.get(fp)
+        if kept is None or int(seen.get("tree_size", 0)) > int(kept.get("tree_size", 0)):
+            logs[fp] = {k: v for k, v in seen.items() if k != "key_fingerprint"} | {
+                "urls": sorted({*(kept or {}).get("urls", []), str(url)})}
+        else:
+            kept["urls"] = sorted({*kept.get("urls", []), str(url)})
+    return {"version": STATE_VERSION, "logs": logs, "urls": urls}
 
 
 def _save_state(path: Path, doc: dict[str, Any]) -> None:
@@ -131,13 +160,14 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
     ``run_id`` is the service run the card's signed provenance names: the log entry must be
     that run's (a card copied into another run's folder still names its own run)."""
     state = _load_state(state_path)
-    logs = state.setdefault("logs", {})
-    seen = logs.get(client.url)
+    logs, urls = state["logs"], state["urls"]
     fp = fingerprint(key)
-    if seen is not None and seen.get("key_fingerprint") != fp:
+    if urls.get(client.url, fp) != fp:
         raise LogError(f"the log at {client.url} now signs with key {fp}, not the "
-                       f"{seen.get('key_fingerprint')} pinned when it was first seen",
+                       f"{urls[client.url]} pinned when it was first seen",
                        hint="do not trust it until its operator explains the key change")
+    # pinned by its key: the same log under another spelling of its address is the same log
+    seen = logs.get(fp)
     digest = statement_digest(statement)
     found = client.get("/log/lookup", statement_digest=digest)
     if found is None:
@@ -173,8 +203,9 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
                                   [_b64(p, "consistency proof") for p in cons.get("proof", [])])
         lines.append(f"consistency: the log extends the tree of size {old_size} seen at "
                      f"{seen.get('seen_at')}")
-    logs[client.url] = {"key_fingerprint": fp, "tree_size": size,
-                        "root_hash": head["root_hash"],
-                        "seen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    logs[fp] = {"tree_size": size, "root_hash": head["root_hash"],
+                "seen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "urls": sorted({*(seen or {}).get("urls", []), client.url})}
+    urls[client.url] = fp
     _save_state(state_path, state)
     return lines
