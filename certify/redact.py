@@ -69,6 +69,11 @@ def register_url_secrets(url: str) -> None:
         register_secret(p["value"])
 
 
+def has_credentials(url: str) -> bool:
+    """Whether ``url`` holds user info or a credential-like query value."""
+    return bool(_USERINFO.search(url) or _PARAM.search(url))
+
+
 def redact(text: str) -> str:
     """``text`` without URL credentials, credential-like query values or registered secrets."""
     if not text:

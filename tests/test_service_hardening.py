@@ -307,3 +307,40 @@ def test_a_url_keyed_log_state_is_migrated_to_heads_pinned_by_key():
     assert new["urls"] == {"http://127.0.0.1:1": "sha256:k", "http://localhost:1": "sha256:k",
                            "http://other:2": "sha256:j"}
     assert migrate_state(new) == new
+
+
+def test_credentials_stored_in_clear_by_an_older_service_are_migrated(tmp_path):
+    """Item 8: a run stored with ``?api_key=…`` in clear (database and job.json) keeps it
+    encrypted with its header secret after the service starts; the clear copies are gone."""
+    import json
+    import os
+
+    from certify.service.app import open_services
+    from certify.service.config import ServeConfig
+    from certify.service.db import Run
+    from certify.service.queue import enqueue
+    from certify.service.secrets import unpack
+
+    key = tmp_path / "secrets.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    cfg = ServeConfig(home=tmp_path / "home", secrets_key=key, workers=0)
+    svc = open_services(cfg)
+    url = "http://198.51.100.7/v2/models/m?api_key=s3cr3t-value"
+    with svc.factory() as s:
+        run = enqueue(s, token_id=None, model_kind="http", model_ref=url, model_name="m",
+                      suite="gtsrb", suite_name="gtsrb", dataset="d", options={})
+        run.secret_enc = svc.secrets.encrypt("Bearer head3r-secret", run.id)
+        s.commit()
+        rid = run.id
+    folder = svc.store.run_dir(rid)
+    folder.mkdir(parents=True)
+    (folder / "job.json").write_text(json.dumps({"model": url}))
+    svc = open_services(cfg)  # a restart with the new code
+    with svc.factory() as s:
+        row = s.get(Run, rid)
+        assert "s3cr3t-value" not in row.model_ref and row.model_ref.endswith("api_key=***")
+        assert unpack(svc.secrets.decrypt(row.secret_enc, rid)) == \
+            ("Bearer head3r-secret", url)
+    assert "s3cr3t-value" not in (folder / "job.json").read_text()
+    assert b"s3cr3t-value" not in (cfg.home / "state.db").read_bytes()

@@ -22,13 +22,17 @@ def _demo_model() -> Path:
 def test_endpoint_run_with_a_secret_leaks_neither_secret_nor_token(tmp_path: Path) -> None:
     suite, data = small_inputs(tmp_path / "in")
     endpoint_token = "ep-" + os.urandom(12).hex()
+    query_token = "qs-" + os.urandom(12).hex()
     model = OnnxHttpServer(_demo_model(), token=endpoint_token)
+    # issue 28 item 8: an endpoint whose credential is in its URL's query string
+    keyed = OnnxHttpServer(_demo_model(), query_token=query_token)
     key = tmp_path / "secrets.key"
     key.write_bytes(os.urandom(32))
     key.chmod(0o600)
     home = tmp_path / "home"
     svc = Service(home, "--workers", "1", "--dataset", f"small={data}",
                   "--allow-endpoint", f"127.0.0.1:{model.port}",
+                  "--allow-endpoint", f"127.0.0.1:{keyed.port}",
                   "--secrets-key", str(key)).start()
     try:
         token = svc.token("submit")
@@ -58,6 +62,16 @@ def test_endpoint_run_with_a_secret_leaks_neither_secret_nor_token(tmp_path: Pat
         # the job loaded the uploaded surrogate beside the endpoint (a transfer attack source)
         doc = svc.get(f"/runs/{run['id']}/results.json", token).json()
         assert doc["measurement"]["model"]["white_box"].startswith("transfer"), doc
+        with suite.open("rb") as s:
+            r = svc.post("/runs", token, files={"suite_file": ("s.yaml", s)},
+                         data={"dataset": "small", "samples": "12",
+                               "endpoint": f"{keyed.v2_url}?api_key={query_token}"})
+        assert r.status_code == 202, r.text
+        responses.append(r.content)
+        keyed_run = svc.wait_run(r.json()["id"], token)
+        assert keyed_run["state"] == "done", keyed_run.get("error")
+        assert keyed.infer_requests > 0  # the credential reached the endpoint
+        responses.append(svc.get(f"/runs/{keyed_run['id']}", token).content)
         # The secret reached the endpoint, in its header.
         assert any(h.get("Authorization") == f"Bearer {endpoint_token}"
                    for h in model.headers_seen)
@@ -69,7 +83,9 @@ def test_endpoint_run_with_a_secret_leaks_neither_secret_nor_token(tmp_path: Pat
     finally:
         svc.stop()
         model.stop()
-    needles = [endpoint_token.encode(), token.encode(), token.removeprefix("cfy_").encode()]
+        keyed.stop()
+    needles = [endpoint_token.encode(), token.encode(), token.removeprefix("cfy_").encode(),
+               query_token.encode()]
     blobs = [(f"response {i}", b) for i, b in enumerate(responses)]
     blobs.append(("server log", svc.log().encode()))
     for p in home.rglob("*"):

@@ -86,7 +86,11 @@ def open_services(cfg: ServeConfig) -> Services:
                     max_dataset_bytes=cfg.max_dataset_mb * 2**20,
                     allowed_domains=Limits().allowed_domains + tuple(cfg.allow_domains))
     cfg2 = dataclasses.replace(cfg, sign_key=key_path)
-    return Services(cfg2, factory, Store(cfg.store_root), TransparencyLog(factory, private),
+    store = Store(cfg.store_root)
+    from certify.service.secrets import migrate_url_credentials
+
+    migrate_url_credentials(factory, box, store)
+    return Services(cfg2, factory, store, TransparencyLog(factory, private),
                     box, public_pem, keys.session_secret(cfg.home), limits)
 
 

@@ -90,11 +90,19 @@ def _options(spec: dict[str, Any], out: Path) -> Any:
 def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
     """Run the job described in ``folder/job.json``; returns the outcome (also written)."""
     from certify.api import certify_model
+    from certify.service.secrets import unpack
 
     spec = json.loads((folder / JOB_FILE).read_text(encoding="utf-8"))
     out = folder / OUT_DIR
-    if secret is not None:
-        os.environ[SECRET_ENV] = secret
+    header, url = unpack(secret) if secret is not None else (None, None)
+    spec["has_secret"] = bool(header)
+    if header:
+        os.environ[SECRET_ENV] = header
+    if url:  # job.json holds the URL redacted; the run needs its credential
+        from certify.redact import register_url_secrets
+
+        register_url_secrets(url)
+        spec["model"] = url
     try:
         if spec["model_kind"] == "http":  # again: the name may resolve elsewhere by now
             from certify.service.endpoints import EndpointRefused, check_endpoint

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -46,6 +47,29 @@ class SecretBox:
                 from None
 
 
+def pack(header: str | None, url: str | None) -> str:
+    """What a run keeps encrypted: the endpoint's header secret and, when the endpoint URL
+    itself holds a credential (``?api_key=…``, ``user:pass@``), the whole URL (the database
+    and ``job.json`` then keep only its redacted form)."""
+    import json
+
+    return json.dumps({"v": 2, "header": header, "url": url})
+
+
+def unpack(plaintext: str) -> tuple[str | None, str | None]:
+    """(header secret, URL with its credentials) as :func:`pack` made them; a secret stored
+    before version 2 is the header secret alone."""
+    import json
+
+    try:
+        doc = json.loads(plaintext)
+    except ValueError:
+        return plaintext, None
+    if isinstance(doc, dict) and doc.get("v") == 2:
+        return doc.get("header"), doc.get("url")
+    return plaintext, None
+
+
 def load_secret_box(path: Path | None, home: Path) -> SecretBox:
     """The box for ``path`` (checked: 0600, ours, outside ``home``) or ``$CERTIFY_SECRETS_KEY``."""
     from certify.service.keys import check_private
@@ -62,3 +86,49 @@ def load_secret_box(path: Path | None, home: Path) -> SecretBox:
                          hint="keep it apart from the database it protects")
     check_private(path, "secrets key")
     return SecretBox(path.read_bytes())
+
+
+def migrate_url_credentials(factory: Any, box: SecretBox | None, store: Any) -> int:
+    """Runs stored before credentials in endpoint URLs were kept encrypted: each run whose
+    stored URL holds one gets it encrypted with its header secret (:func:`pack`) and keeps the
+    URL redacted; its ``job.json`` is redacted too. Without a secrets key a finished run's URL
+    is redacted (it is not needed again) and a live one is left for the operator, with a
+    warning. Returns how many runs changed."""
+    import json
+    import logging
+
+    from sqlalchemy import select
+
+    from certify.redact import has_credentials, redact
+    from certify.service.db import FINAL_STATES, Run
+
+    log = logging.getLogger("certify.service")
+    changed = 0
+    with factory() as s:
+        for run in s.scalars(select(Run).where(Run.model_kind == "http")):
+            url = run.model_ref
+            if not has_credentials(url):
+                continue
+            if box is not None:
+                header = None
+                if run.secret_enc is not None:
+                    header, _ = unpack(box.decrypt(run.secret_enc, run.id))
+                run.secret_enc = box.encrypt(pack(header, url), run.id)
+            elif run.state not in FINAL_STATES:
+                log.warning("run %s: its endpoint URL holds a credential in clear and this "
+                            "service has no secrets key (--secrets-key) to keep it", run.id)
+                continue
+            run.model_ref = redact(url)
+            changed += 1
+            job = store.run_dir(run.id) / "job.json"
+            try:
+                spec = json.loads(job.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(spec, dict) and has_credentials(str(spec.get("model", ""))):
+                spec["model"] = redact(str(spec["model"]))
+                job.write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        s.commit()
+    if changed:
+        log.info("kept the credentials of %d endpoint URL(s) encrypted", changed)
+    return changed

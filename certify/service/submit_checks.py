@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import HTTPException, UploadFile
 from sqlalchemy import select
 
-from certify.redact import redact
+from certify.redact import has_credentials, redact
 from certify.service import auth
 from certify.service.db import QUEUED, RUNNING, Run, Token, Upload, utcnow
 
@@ -299,13 +299,15 @@ def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[Upl
             check_endpoint(endpoint, tuple(svc.cfg.allow_endpoints))
         except EndpointRefused as exc:
             raise HTTPException(422, f"endpoint refused: {exc}") from None
-        if endpoint_secret and svc.secrets is None:
-            raise HTTPException(422, "this service stores no endpoint secrets: its operator "
-                                     "has not given it a secrets key (--secrets-key)")
+        if (endpoint_secret or has_credentials(endpoint)) and svc.secrets is None:
+            raise HTTPException(422, "this service stores no endpoint secrets (a header "
+                                     "secret, or a credential in the URL): its operator has "
+                                     "not given it a secrets key (--secrets-key)")
         if not endpoint_header or any(c in endpoint_header for c in "\r\n:"):
             raise HTTPException(422, "endpoint_header must be a plain header name")
         options["http"] = {"auth_header": endpoint_header, "version": model_version}
-        kind, ref, name = "http", endpoint, redact(endpoint)
+        # a credential in the URL is kept encrypted with the run, like a header secret
+        kind, ref, name = "http", redact(endpoint), redact(endpoint)
     else:
         kind = "onnx"
         ref, name = sub.onnx(model)
@@ -338,15 +340,17 @@ async def validate_submission(svc: Any, who: auth.Principal, **kw: Any) -> dict[
 async def accept_submission(svc: Any, who: auth.Principal, **kw: Any) -> Any:
     """Check a submission and queue it (its endpoint secret encrypted); returns the Run."""
     from certify.service import queue
+    from certify.service.secrets import pack
 
     fields = await validate_submission(svc, who, **kw)
-    secret = kw.get("endpoint_secret")
+    header, url = kw.get("endpoint_secret"), kw.get("endpoint")
+    url = url if url and has_credentials(url) else None
 
     def enqueue() -> Any:
         with svc.factory() as s:
             run = queue.enqueue(s, **fields)
-            if secret:
-                run.secret_enc = svc.secrets.encrypt(secret, run.id)
+            if header or url:
+                run.secret_enc = svc.secrets.encrypt(pack(header, url), run.id)
                 s.merge(run)
                 s.commit()
             return run
