@@ -344,3 +344,30 @@ def test_credentials_stored_in_clear_by_an_older_service_are_migrated(tmp_path):
             ("Bearer head3r-secret", url)
     assert "s3cr3t-value" not in (folder / "job.json").read_text()
     assert b"s3cr3t-value" not in (cfg.home / "state.db").read_bytes()
+
+
+@pytest.mark.parametrize("url", [
+    "http://224.0.0.1/v2/models/m",                 # multicast (its docstring refused it)
+    "http://[::127.0.0.1]/v2/models/m",             # IPv4-compatible loopback
+    "http://[64:ff9b::127.0.0.1]/v2/models/m",      # NAT64 of loopback
+    "http://[::ffff:169.254.169.254]/v2/models/m",  # IPv4-mapped metadata address
+    "http://[2002:7f00:1::]/v2/models/m",           # 6to4 of loopback
+    "http://198.51.100.7/v2/models/m\r\nX-Injected: 1",
+    "http://198.51.100.7/v2/models/m\tx",
+    "http://10.0.0.1/v2/models/m",
+    "http://127.0.0.1:8080/v2/models/m",
+])
+def test_the_address_filter_refuses_every_non_global_form(url):
+    """Item 9: every address that is not global unicast, in any spelling, and control
+    characters anywhere in the URL."""
+    from certify.service.endpoints import EndpointRefused, check_endpoint
+
+    with pytest.raises(EndpointRefused):
+        check_endpoint(url, ())
+
+
+def test_a_global_address_passes_the_filter():
+    from certify.service.endpoints import check_endpoint
+
+    for url in ("http://8.8.8.8/v2/models/m", "http://[2001:4860:4860::8888]/v2/models/m"):
+        assert check_endpoint(url, ()) == url

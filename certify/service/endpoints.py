@@ -3,7 +3,10 @@
 The service must not become a way to reach hosts on its own network. A URL is accepted when its
 ``HOST`` or ``HOST:PORT`` is on the operator's allow-list (``--allow-endpoint``); otherwise only
 when every address its host resolves to is a global one: private, loopback, link-local,
-multicast, reserved and unspecified addresses are refused unless allowed.
+multicast, reserved and unspecified addresses are refused unless allowed, and so is an IPv6
+address that embeds one of them (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d``,
+NAT64 ``64:ff9b::a.b.c.d``, 6to4, Teredo). A URL with a control character or whitespace (a CR or
+LF smuggles headers into a request) is refused whatever its host.
 """
 
 from __future__ import annotations
@@ -33,9 +36,36 @@ def _allowed(host: str, port: int, allow: tuple[str, ...]) -> bool:
     return False
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+_COMPAT = ipaddress.ip_network("::/96")
+
+
+def why_not_global(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why a run may not reach ``addr`` (its kind), or ``None`` for a global unicast address."""
+    for flag in ("is_loopback", "is_private", "is_link_local", "is_multicast", "is_reserved",
+                 "is_unspecified", "is_site_local"):
+        if getattr(addr, flag, False):
+            return flag.removeprefix("is_").replace("_", "-")
+    if isinstance(addr, ipaddress.IPv6Address):
+        embedded = [addr.ipv4_mapped, addr.sixtofour, addr.teredo[1] if addr.teredo else None]
+        if addr in _NAT64 or addr in _COMPAT:
+            embedded.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+        if addr in _NAT64_LOCAL:
+            return "local NAT64"
+        for v4 in embedded:
+            if v4 is not None and (inner := why_not_global(v4)) is not None:
+                return f"{inner} (embedded in {addr})"
+    if not addr.is_global:
+        return "not global"
+    return None
+
+
 def check_endpoint(url: str, allow: tuple[str, ...],
                    resolve: bool = True) -> str:
     """Return ``url`` if a run may reach it; raise :class:`EndpointRefused` otherwise."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise EndpointRefused("the URL holds a control character or whitespace")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -57,8 +87,10 @@ def check_endpoint(url: str, allow: tuple[str, ...],
         raise EndpointRefused(f"cannot resolve {host}: {exc}") from None
     for info in infos:
         addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if not addr.is_global:
+        kind = why_not_global(addr)
+        if kind is not None:
             raise EndpointRefused(
-                f"{host} resolves to {addr}, a private, loopback or link-local address; the "
-                f"operator must allow it with --allow-endpoint {host}:{port}")
+                f"{host} resolves to {addr}, a {kind} address (not a global one); the "
+                f"operator must allow it with --allow-endpoint "
+                f"{f'[{host}]' if ':' in host else host}:{port}")
     return url
