@@ -133,8 +133,10 @@ def certify_model(
                 close()
     result = outcome.result
     extra: dict[str, Any] = {"renderer": renderer_info()}
-    if opts.service is not None:
-        extra["service"] = dict(opts.service)
+    if opts.service is not None:  # a service run: its id, and names instead of its paths
+        extra["service"] = {"run_id": opts.service["run_id"]}
+        extra.update({k: v for k, v in opts.service.items()
+                      if k in ("data_source", "suite_source")})
     result = result.model_copy(update={"provenance": result.provenance.model_copy(
         update=extra)})
     signature = None

@@ -80,6 +80,10 @@ def test_submit_wait_download_and_verify_against_the_log(
     assert doc["valid"] is True and doc["in_log"] is True and doc["verdict"] == "PASS"
     # issue 28 item 6: the card names its run (signed provenance), and submit checked it
     run_id = results["provenance"]["service"]["run_id"]
+    # item 10: names, never the server's paths, in the signed card
+    assert results["provenance"]["data_source"] == "registered dataset 'small'"
+    assert results["provenance"]["suite_source"].startswith("uploaded suite ")
+    assert str(service.home) not in (out / "results.json").read_text()
     assert doc["run_id"] == doc["log_run_id"] == run_id
     assert f"the card is run {run_id}'s and measured standard.onnx (sha256:" in r.stderr
     assert f", run {run_id}" in v.stdout
@@ -334,7 +338,9 @@ def test_events_compare_uploads_and_query_budget(service: Service, inputs: tuple
     assert service.wait_run(run["id"], owner)["state"] == "done"
     digest = "sha256:" + sha256_file(mine)
     admin_less = service.token("submit")
-    assert service.session_delete(f"/uploads/{digest}", admin_less).status_code in (403,)
+    # another token learns nothing: the same 404 as for a digest that does not exist
+    assert service.session_delete(f"/uploads/{digest}", admin_less).status_code == 404
+    assert service.session_delete("/uploads/sha256:" + "0" * 64, admin_less).status_code == 404
     gone = service.session_delete(f"/uploads/{digest}", owner)
     assert gone.status_code == 200, gone.text
     blob = service.home / "store" / "blobs" / "sha256" / digest[7:9] / digest[7:]

@@ -371,3 +371,59 @@ def test_a_global_address_passes_the_filter():
 
     for url in ("http://8.8.8.8/v2/models/m", "http://[2001:4860:4860::8888]/v2/models/m"):
         assert check_endpoint(url, ()) == url
+
+
+def test_external_data_named_by_a_constant_node_is_checked_like_a_weight(tmp_path):
+    """Item 10: a Constant's value pointing at /etc/passwd was accepted (refused only when the
+    run loaded it)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from certify.service.uploads import Limits, UploadError, check_onnx
+
+    value = helper.make_tensor("c", TensorProto.FLOAT, [4], [0.0] * 4)
+    value.data_location = TensorProto.EXTERNAL
+    del value.float_data[:]
+    for k, v in (("location", "/etc/passwd"), ("offset", "0"), ("length", "16")):
+        e = value.external_data.add()
+        e.key, e.value = k, v
+    g = helper.make_graph([helper.make_node("Constant", [], ["c"], value=value),
+                           helper.make_node("Add", ["x", "c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.raises(UploadError, match="/etc/passwd"):
+        check_onnx(path, Limits())
+
+
+def test_the_api_takes_the_ui_session_cookie_for_reading_only(service):
+    """Item 10: a POST with the UI's cookie and no CSRF token was accepted by the API."""
+    from certify.service.sessions import make_session
+
+    svc = service.app.state.services
+    token = service.token("submit")
+    from certify.service import auth
+
+    with svc.factory() as s:
+        who = auth.authenticate(s, token)
+    cookie = {"certify_session": make_session(who.token_id, svc.session_key)}
+    assert requests.get(f"{service.url}/api/v1/runs", cookies=cookie, timeout=10).ok
+    r = requests.post(f"{service.url}/api/v1/runs", cookies=cookie, timeout=10,
+                      files={"suite_file": ("s.yaml", b"name: x")}, data={"dataset": "d"})
+    assert r.status_code == 401, r.text
+    r = requests.delete(f"{service.url}/api/v1/uploads/sha256:{'0' * 64}", cookies=cookie,
+                        timeout=10)
+    assert r.status_code == 401
+
+
+def test_a_job_s_error_message_has_no_server_path(tmp_path):
+    from certify.service.job import _no_server_paths
+
+    folder = tmp_path / "store" / "runs" / ("a" * 32)
+    folder.mkdir(parents=True)
+    spec = {"data": "/srv/data/gtsrb/Test.npz"}
+    text = (f"{tmp_path}/store/models/abc/m.onnx is not a readable ONNX model; "
+            "/srv/data/gtsrb/Test.npz has no y")
+    assert _no_server_paths(text, folder, spec) == \
+        "models/abc/m.onnx is not a readable ONNX model; Test.npz has no y"

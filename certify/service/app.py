@@ -392,10 +392,9 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
 
         with svc.factory() as s:
             up = s.get(Upload, digest)
-            if up is None:
-                raise HTTPException(404, f"no upload {digest!r}")
-            if up.token_id != who.token_id and not who.allows("admin"):
-                raise HTTPException(403, "only the upload's owner or an admin may delete it")
+            # another token's upload answers as a missing one: no existence oracle
+            if up is None or (up.token_id != who.token_id and not who.allows("admin")):
+                raise HTTPException(404, f"no upload {digest[:80]!r} of this token")
         if not retention.delete_upload(svc.factory, svc.store, digest):
             raise HTTPException(409, "a queued or running run uses this upload")
         return {"deleted": digest}

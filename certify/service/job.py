@@ -84,7 +84,8 @@ def _options(spec: dict[str, Any], out: Path) -> Any:
         reference=spec.get("reference"), surrogate=spec.get("surrogate"), pdf=True,
         sign_key=Path(spec["sign_key"]), passphrase=passphrase, http=http,
         query_budget=spec.get("query_budget"), executor=spec.get("executor", "local"),
-        ray_address=spec.get("ray_address"), service={"run_id": spec["run_id"]})
+        ray_address=spec.get("ray_address"),
+        service={"run_id": spec["run_id"], **(spec.get("public") or {})})
 
 
 def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
@@ -122,15 +123,30 @@ def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
     except CertifyError as exc:
         hint = f" (hint: {exc.hint})" if exc.hint else ""
         outcome = {"state": "error", "exit_code": exc.exit_code,
-                   "error": f"{exc.message}{hint}"}
+                   "error": _no_server_paths(f"{exc.message}{hint}", folder, spec)}
     except Exception as exc:  # noqa: BLE001 - the run fails, the service does not
         from certify.redact import redact
 
         logging.getLogger("certify").exception("internal error")
         outcome = {"state": "error", "exit_code": EXIT_INTERNAL,
-                   "error": f"internal error: {type(exc).__name__}: {redact(str(exc))}"}
+                   "error": _no_server_paths(
+                       f"internal error: {type(exc).__name__}: {redact(str(exc))}", folder,
+                       spec)}
     atomic_write(folder / OUTCOME_FILE, json.dumps(outcome).encode())
     return outcome
+
+
+def _no_server_paths(text: str, folder: Path, spec: dict[str, Any]) -> str:
+    """An error message without the service's own paths (its store, a registered dataset's
+    folder): a submitter sees the file's name, not where the server keeps it."""
+    store = folder.resolve().parent.parent  # <store>/runs/<run id>
+    swaps = [(str(store) + "/", "")]
+    data = spec.get("data")
+    if data and not str(data).startswith(str(store)):
+        swaps.append((str(Path(data).parent) + "/", ""))
+    for path, by in swaps:
+        text = text.replace(path, by)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

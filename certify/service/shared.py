@@ -58,13 +58,14 @@ def begin_shutdown(svc: Services) -> None:
 
 # --- authentication -----------------------------------------------------------------------
 
-def principal_from(request: Request, svc: Services) -> auth.Principal | None:
-    """The caller: a bearer token, or the web UI's session cookie."""
+def principal_from(request: Request, svc: Services, cookie_ok: bool = True
+                   ) -> auth.Principal | None:
+    """The caller: a bearer token, or (where ``cookie_ok``) the web UI's session cookie."""
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         with svc.factory() as s:
             return auth.authenticate(s, header[7:].strip())
-    cookie = request.cookies.get(SESSION_COOKIE)
+    cookie = request.cookies.get(SESSION_COOKIE) if cookie_ok else None
     if cookie:
         from certify.service.sessions import read_session
 
@@ -79,10 +80,15 @@ def principal_from(request: Request, svc: Services) -> auth.Principal | None:
 
 
 def require(role: str) -> Callable[[Request], auth.Principal]:
-    """A dependency: the caller, who must hold ``role`` (401 without a token, 403 below it)."""
+    """A dependency: the caller, who must hold ``role`` (401 without a token, 403 below it).
+
+    The API takes the web UI's session cookie for reading only: a change (POST, DELETE) needs
+    a bearer token, since the cookie alone would let another site's page make it (CSRF; the
+    UI's own forms carry a CSRF token)."""
 
     def dep(request: Request) -> auth.Principal:
-        who = principal_from(request, request.app.state.services)
+        safe = request.method in ("GET", "HEAD", "OPTIONS")
+        who = principal_from(request, request.app.state.services, cookie_ok=safe)
         if who is None:
             raise HTTPException(401, "a valid API token is required (Authorization: Bearer "
                                      "<token>); it is missing, unknown, revoked or expired",

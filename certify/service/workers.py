@@ -61,7 +61,15 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
     suite = (str(store_root / run.suite.removeprefix("store:"))
              if run.suite.startswith("store:") else run.suite)
     reference, surrogate = opts.get("reference"), opts.get("surrogate")
+    # what the signed card says of the data and suite: names, never the server's paths
+    public = {
+        "data_source": (f"uploaded dataset {run.dataset.rsplit('/', 1)[-1][:16]}"
+                        if run.dataset.startswith("store:") else
+                        f"registered dataset {run.dataset!r}"),
+        "suite_source": (f"uploaded suite {run.suite_name!r}" if run.suite.startswith("store:")
+                         else f"packaged suite {run.suite!r}")}
     return {
+        "public": public,
         "run_id": run.id, "model_kind": run.model_kind, "model": model, "suite": suite,
         "data": data, "samples": opts.get("samples"), "seed": opts.get("seed"),
         "reference": None if reference is None else str(store_root / reference),
