@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel
 from sqlalchemy import func, select
 
 import certify
@@ -116,7 +118,8 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
 
     app = FastAPI(title="certify service", version=certify.__version__, lifespan=lifespan,
                   description="Robustness certification: submit a model, get a signed card.",
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None, responses=ERROR_RESPONSES,
+                  redirect_slashes=False)  # a path that is not an operation is a 404
     app.state.services = svc
     if svc.upload_limiter is None:
         svc.upload_limiter = RateLimiter(svc.cfg.token_uploads_per_hour, period=3600.0)
@@ -126,6 +129,13 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
     app.add_middleware(VerifyGate, svc=svc, limiter=RateLimiter(svc.cfg.verify_per_minute))
     app.add_middleware(BodyLimit, limit=limit,
                        paths={f"{API}/verify": verify_limit, "/verify": verify_limit})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        # one error shape for every refusal: {"detail": "..."} (as the document says)
+        said = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+                         for e in exc.errors()[:5])
+        return JSONResponse({"detail": said[:2000] or "invalid request"}, status_code=422)
 
     @app.exception_handler(CertifyError)
     async def _certify_error(_req: Request, exc: CertifyError) -> JSONResponse:
@@ -228,6 +238,21 @@ class VerifyGate:
                     )(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+
+class ErrorBody(BaseModel):
+    """Every refusal's body."""
+
+    detail: str
+
+
+#: What any operation may answer besides its success (each with :class:`ErrorBody`).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text} for code, text in (
+        (400, "Malformed request"), (401, "No valid token"), (403, "The token may not"),
+        (404, "Not found"), (409, "Conflicts with the run's state"),
+        (411, "No Content-Length"), (413, "Too large"), (422, "Refused input"),
+        (429, "Over a limit or quota; see Retry-After"))}
 
 
 #: The largest integer a request may carry (a database integer); larger ones are refused (422).
