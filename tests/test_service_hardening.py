@@ -427,3 +427,43 @@ def test_a_job_s_error_message_has_no_server_path(tmp_path):
             "/srv/data/gtsrb/Test.npz has no y")
     assert _no_server_paths(text, folder, spec) == \
         "models/abc/m.onnx is not a readable ONNX model; Test.npz has no y"
+
+
+def test_metrics_in_the_prometheus_format_for_this_host_or_an_admin(tmp_path):
+    svc = InProcess(tmp_path / "home", trusted_proxies=("127.0.0.1",))
+    try:
+        requests.post(f"{svc.url}/api/v1/verify", files={"file": ("c.html", b"<p>")},
+                      timeout=10)
+        r = requests.get(f"{svc.url}/metrics", timeout=10)
+        assert r.ok and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+        text = r.text
+        for line in ('certify_runs{state="queued"} 0', "certify_queue_depth 0",
+                     'certify_run_duration_seconds_bucket{le="+Inf"} 0',
+                     'certify_verifications_total{outcome="invalid"} 1',
+                     "# TYPE certify_http_responses_total counter"):
+            assert line in text, (line, text)
+        assert 'certify_http_responses_total{class="2xx"}' in text
+        # through the trusted proxy the client is the forwarded one: not this host
+        far = {"X-Forwarded-For": "203.0.113.5"}
+        assert requests.get(f"{svc.url}/metrics", headers=far, timeout=10).status_code == 401
+        reader = {"Authorization": f"Bearer {svc.token('read')}"}
+        assert requests.get(f"{svc.url}/metrics", headers=far | reader,
+                            timeout=10).status_code == 403
+        admin = {"Authorization": f"Bearer {svc.token('admin')}"}
+        assert requests.get(f"{svc.url}/metrics", headers=far | admin, timeout=10).ok
+    finally:
+        svc.stop()
+
+
+def test_readiness_is_distinct_from_liveness(tmp_path):
+    from certify.service.shared import begin_shutdown
+
+    svc = InProcess(tmp_path / "home")
+    try:
+        assert requests.get(f"{svc.url}/api/v1/ready", timeout=10).json()["status"] == "ready"
+        begin_shutdown(svc.app.state.services)
+        r = requests.get(f"{svc.url}/api/v1/ready", timeout=10)
+        assert r.status_code == 503 and "shutting down" in r.json()["detail"]
+        assert requests.get(f"{svc.url}/api/v1/health", timeout=10).ok  # still alive
+    finally:
+        svc.stop()

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
@@ -123,12 +123,17 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
     app.state.services = svc
     if svc.upload_limiter is None:
         svc.upload_limiter = RateLimiter(svc.cfg.token_uploads_per_hour, period=3600.0)
+    from certify.service.metrics import Counters, CountResponses
+
+    if svc.counters is None:
+        svc.counters = Counters()
     _docs(app)
     limit = (2 * svc.cfg.max_upload_mb + svc.cfg.max_dataset_mb + 2) * 2**20
     verify_limit = (svc.cfg.max_verify_mb + 2) * 2**20  # the card, a signature, the form
     app.add_middleware(VerifyGate, svc=svc, limiter=RateLimiter(svc.cfg.verify_per_minute))
     app.add_middleware(BodyLimit, limit=limit,
                        paths={f"{API}/verify": verify_limit, "/verify": verify_limit})
+    app.add_middleware(CountResponses, counters=svc.counters)  # outermost: counts them all
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -146,7 +151,7 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
     from certify.service.log_routes import log_router
 
     app.include_router(log_router(lambda: svc.tlog, svc.public_pem), prefix=API)
-    _api_routes(app, svc)
+    _api_routes(app, svc, start_workers)
     from certify.service.ui import ui_router
 
     app.include_router(ui_router(svc))
@@ -263,7 +268,8 @@ Reader = Annotated[auth.Principal, Depends(require("read"))]
 Submitter = Annotated[auth.Principal, Depends(require("submit"))]
 
 
-def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place for the routes
+def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the routes
+                start_workers: bool = True) -> None:
 
     @app.get(f"{API}/health", tags=["service"])
     def health() -> dict[str, Any]:
@@ -271,6 +277,48 @@ def _api_routes(app: FastAPI, svc: Services) -> None:  # noqa: C901 - one place 
         with svc.factory() as s:
             s.execute(select(1))
         return {"status": "ok", "version": certify.__version__}
+
+    @app.get(f"{API}/ready", tags=["service"],
+             responses={503: {"model": ErrorBody, "description": "Not ready"}})
+    def ready() -> JSONResponse:
+        """Readiness (distinct from liveness): the database answers, the service is not
+        shutting down, and its workers run (when it has any). 503 otherwise."""
+        why = None
+        try:
+            with svc.factory() as s:
+                s.execute(select(1))
+        except Exception:  # noqa: BLE001 - any database failure means not ready
+            why = "the database does not answer"
+        if svc.stopping.is_set():
+            why = "the service is shutting down"
+        elif svc.cfg.workers > 0 and start_workers and svc.workers is None:
+            why = "the workers have not started"
+        if why is not None:
+            return JSONResponse({"detail": why}, status_code=503)
+        return JSONResponse({"status": "ready", "workers": svc.cfg.workers})
+
+    @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
+    def metrics(request: Request) -> PlainTextResponse:
+        """The service's metrics (Prometheus text format): runs by state, queue depth, run
+        durations, HTTP responses by status class, verifications. Needs an admin token, or a
+        request from the loopback address (not through a --trusted-proxy)."""
+        import ipaddress
+
+        from certify.service.metrics import exposition
+
+        who = principal_from(request, svc)
+        peer = request.client.host if request.client else None
+        client = client_address(peer, request.headers.get("x-forwarded-for"),
+                                svc.cfg.trusted_proxies)
+        try:
+            local = ipaddress.ip_address(client).is_loopback
+        except ValueError:
+            local = False
+        if not local and (who is None or not who.allows("admin")):
+            raise HTTPException(401 if who is None else 403,
+                                "metrics need an admin token, or a request from this host")
+        return PlainTextResponse(exposition(svc.factory, svc.counters),
+                                 media_type="text/plain; version=0.0.4")
 
     @app.post(f"{API}/runs", status_code=202, tags=["runs"])
     async def submit(

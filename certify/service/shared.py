@@ -45,6 +45,8 @@ class Services:
     stopping: threading.Event = field(default_factory=threading.Event)
     #: uploads an hour per token (``--token-uploads-per-hour``; refused ones count too)
     upload_limiter: Any = None  # certify.service.ratelimit.RateLimiter
+    #: what ``GET /metrics`` counts in this process
+    counters: Any = None  # certify.service.metrics.Counters
 
 
 def begin_shutdown(svc: Services) -> None:
@@ -149,6 +151,19 @@ def find_run(svc: Services, run_id: str) -> Run:
 def verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
                   ) -> dict[str, Any]:
     """Verify an uploaded card (and detached signature) against the service's key."""
+    try:
+        out = _verify_upload(svc, file, signature)
+    except HTTPException:
+        if svc.counters is not None:
+            svc.counters.verification("refused")
+        raise
+    if svc.counters is not None:
+        svc.counters.verification("valid" if out["valid"] else "invalid")
+    return out
+
+
+def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
+                   ) -> dict[str, Any]:
     from cryptography.hazmat.primitives import serialization
 
     from certify.errors import VerificationError

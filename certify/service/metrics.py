@@ -1,0 +1,106 @@
+"""``GET /metrics``: the service's state in the Prometheus text exposition format (0.0.4).
+
+Runs by state and the queue's depth are read from the database at each scrape, with a
+histogram of finished runs' durations (submission to end); HTTP responses by status class and
+card verifications are counted by this process since it started. Readable with an admin token,
+or from the loopback address (a Prometheus on the same host); from anywhere else it is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import func, select
+
+from certify.service.db import DONE, ERROR, FINAL_STATES, QUEUED, RUNNING, Run
+
+#: Upper bounds (seconds) of the run-duration histogram's buckets.
+DURATION_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
+STATES = (QUEUED, RUNNING, *FINAL_STATES)
+
+
+class Counters:
+    """What this process counts: HTTP responses by status class, verifications by outcome."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.responses: Counter[str] = Counter()
+        self.verifications: Counter[str] = Counter()
+
+    def response(self, status: int) -> None:
+        """Count one HTTP response."""
+        with self._lock:
+            self.responses[f"{status // 100}xx"] += 1
+
+    def verification(self, outcome: str) -> None:
+        """Count one card verification (``valid``, ``invalid`` or ``refused``)."""
+        with self._lock:
+            self.verifications[outcome] += 1
+
+
+class CountResponses:
+    """ASGI middleware: every HTTP response's status class into :class:`Counters`."""
+
+    def __init__(self, app: Any, counters: Counters) -> None:
+        self.app, self.counters = app, counters
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: D102
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                self.counters.response(int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def exposition(factory: Any, counters: Counters) -> str:
+    """The metrics document."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, text: str,
+               samples: list[tuple[dict[str, str], float]]) -> None:
+        lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
+        for labels, value in samples:
+            tag = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{tag}}} {value:g}" if tag else f"{name} {value:g}")
+
+    with factory() as s:
+        by_state = dict(s.execute(select(Run.state, func.count()).group_by(Run.state)).all())
+        ended = list(s.execute(select(Run.created, Run.updated).where(
+            Run.state.in_((DONE, ERROR)))).all())
+    metric("certify_runs", "gauge", "Runs by state.",
+           [({"state": st}, float(by_state.get(st, 0))) for st in STATES])
+    metric("certify_queue_depth", "gauge", "Runs waiting to be claimed.",
+           [({}, float(by_state.get(QUEUED, 0)))])
+    durations = [max(0.0, (u - c).total_seconds()) for c, u in ended]
+    buckets = [({"le": f"{b:g}"}, float(sum(d <= b for d in durations)))
+               for b in DURATION_BUCKETS] + [({"le": "+Inf"}, float(len(durations)))]
+    lines.extend(["# HELP certify_run_duration_seconds Finished runs (done or error), "
+                  "from submission to end.",
+                  "# TYPE certify_run_duration_seconds histogram"])
+    for labels, value in buckets:
+        lines.append(f'certify_run_duration_seconds_bucket{{le="{labels["le"]}"}} {value:g}')
+    lines.append(f"certify_run_duration_seconds_sum {sum(durations):g}")
+    lines.append(f"certify_run_duration_seconds_count {len(durations)}")
+    with counters._lock:
+        responses = dict(counters.responses)
+        verifications = dict(counters.verifications)
+    metric("certify_http_responses_total", "counter",
+           "HTTP responses by status class since the service started.",
+           [({"class": c}, float(responses.get(c, 0)))
+            for c in ("2xx", "3xx", "4xx", "5xx")])
+    metric("certify_verifications_total", "counter",
+           "Card verifications by outcome since the service started.",
+           [({"outcome": o}, float(verifications.get(o, 0)))
+            for o in ("valid", "invalid", "refused")])
+    return "\n".join(lines) + "\n"
