@@ -19,13 +19,14 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import requests
 from hypothesis import HealthCheck, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from api_fuzz import check, operations, requests_for  # noqa: E402
+from api_fuzz import Operation, check, operations, requests_for  # noqa: E402
 from test_api_fuzz import fuzz_service  # noqa: E402
 
 
@@ -42,20 +43,23 @@ def main() -> None:
     try:
         ops = operations(requests.get(f"{svc.url}/openapi.json", timeout=30).json())
         per = math.ceil(args.requests / len(ops))
-        for op in ops:
+        def fuzz(op: Operation) -> None:
             name = f"{op.method} {op.path}"
 
             @seed(args.seed)
             @settings(max_examples=per, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
             @given(req=requests_for(op, tokens, ids))
-            def run(req: dict, op=op, name=name) -> None:  # type: ignore[no-untyped-def]
+            def run(req: dict[str, Any]) -> None:
                 seen[(name, check(op, svc.url, req))] += 1
 
             try:
                 run()
             except AssertionError as exc:
                 failures.append(f"{name}: {str(exc).splitlines()[0][:300]}")
+
+        for op in ops:
+            fuzz(op)
     finally:
         svc.stop()
     took = time.perf_counter() - t0
