@@ -14,10 +14,12 @@ saying so, when those are unset:
 - ``GH_TOKEN`` with ``CERTIFY_RELEASE_TAG``: ``gh release upload`` of the cards (``gh`` from
   ``PATH``; ``GITHUB_REPOSITORY`` names the repository).
 
-Exit code: 0 when there is no resolved regression (and, with ``CERTIFY_FAIL_ON=verdict``, the
-card's verdict is PASS); 1 a resolved regression on a check with a threshold; 4 the previous
-card is not comparable (the summary says why); otherwise the failing command's own code (e.g.
-2 or 3 when ``certify run`` wrote no card, 1 when a card's signature does not verify).
+Exit code: 0 when every check with a threshold is unchanged or non-inferior within the
+tolerance (and, with ``CERTIFY_FAIL_ON=verdict``, the card's verdict is PASS); 1 a resolved
+regression on a check with a threshold; 6 neither shown for such a check (more samples or a
+stated tolerance would decide it); 4 the previous card is not comparable (the summary says
+why); otherwise the failing command's own code (e.g. 2 or 3 when ``certify run`` wrote no
+card, 1 when a card's signature does not verify).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from certify.errors import (
     CARD_WRITTEN_CODES,
     EXIT_CODES,
     EXIT_FAIL,
+    EXIT_INCONCLUSIVE,
     EXIT_NOT_COMPARABLE,
     EXIT_OK,
     EXIT_USAGE,
@@ -151,13 +154,16 @@ def _value(v: Any, interval: Any = None) -> str:
 
 def comparison_lines(doc: dict[str, Any]) -> list[str]:
     """A Markdown table of ``certify compare --json``'s rows."""
-    lines = ["| check | OLD [95%] | NEW [95%] | change [corrected] | result |",
-             "|---|---|---|---|---|"]
+    lines = ["| check | compared | OLD | NEW | change [corrected] | result |",
+             "|---|---|---|---|---|---|"]
     for r in doc["checks"]:
-        lines.append(f"| {_md(r['id'])} | {_md(_value(r['old'], r['old_interval']))} | "
-                     f"{_md(_value(r['new'], r['new_interval']))} | "
-                     f"{_md(_value(r['change'], r['change_interval']))} | "
-                     f"{_md(r['outcome'])} |")
+        # one quantity per row: the one the change is on (OLD and NEW of it)
+        old = r["old_value"] if r.get("old_value") is not None else r["old"]
+        new = r["new_value"] if r.get("new_value") is not None else r["new"]
+        result = r["outcome"] + (f" ({r['reason']})" if r.get("reason") else "")
+        lines.append(f"| {_md(r['id'])} | {_md(r.get('compared') or r.get('metric') or '–')} "
+                     f"| {_md(_value(old))} | {_md(_value(new))} | "
+                     f"{_md(_value(r['change'], r['change_interval']))} | {_md(result)} |")
     return lines
 
 
@@ -306,7 +312,7 @@ def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, tol
               "same suite, data and threat model (or start a new baseline with "
               "`previous-card: none`).")
         return
-    if proc.returncode not in (EXIT_OK, EXIT_FAIL) or not js.is_file():
+    if proc.returncode not in (EXIT_OK, EXIT_FAIL, EXIT_INCONCLUSIVE) or not js.is_file():
         # a refusal before any comparison (e.g. a signature that does not verify)
         o.outputs["comparison"] = "error"
         o.exit_code = proc.returncode or EXIT_USAGE
@@ -322,12 +328,20 @@ def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, tol
         o.say(f"**Resolved regression** against the previous card ({where}) on: "
               + ", ".join(f"**{_md(r)}**" for r in gated)
               + f" (tolerance {tolerance:g}). The job fails.")
+    elif proc.returncode == EXIT_INCONCLUSIVE:
+        o.outputs["comparison"] = "inconclusive"
+        o.exit_code = EXIT_INCONCLUSIVE
+        o.say(f"**Inconclusive** against the previous card ({where}, tolerance "
+              f"{tolerance:g}): neither a regression nor non-inferiority is shown on "
+              + ", ".join(f"**{_md(r)}**" for r in doc.get("inconclusive", []))
+              + ". More samples, or a stated `tolerance`, decide it. The job fails (exit 6).")
     else:
         o.outputs["comparison"] = "ok"
         extra = (f" (resolved regression only on checks without a threshold: "
                  f"{_md(', '.join(regs))})" if regs else "")
         o.say(f"No resolved regression against the previous card ({where}, tolerance "
-              f"{tolerance:g}){extra}.")
+              f"{tolerance:g}): every check with a threshold is unchanged or non-inferior"
+              f"{extra}.")
     o.say("", *comparison_lines(doc))
 
 

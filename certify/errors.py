@@ -51,16 +51,17 @@ EXIT_INTERRUPTED = 130
 
 #: Every exit code of every command, with its meaning (the README's table says the same).
 EXIT_CODES: dict[int, str] = {
-    EXIT_OK: "OK: run: every check PASS/INFO; demo: card written; verify: valid; compare: no "
-             "resolved regression; others: done",
+    EXIT_OK: "OK: run: every check PASS/INFO; demo: card written; verify: valid; compare: "
+             "every check with a threshold unchanged or non-inferior; others: done",
     EXIT_FAIL: "FAIL: run: a check failed (card written); verify, verify-bundle: invalid; "
                "compare: a resolved regression on a check with a threshold",
     EXIT_USAGE: "usage, suite or data error",
     EXIT_MODEL: "the model could not be loaded, reached or used",
-    EXIT_NOT_COMPARABLE: "compare: the runs are not comparable (suite, data, threat model, "
-                         "reference model or schema differ)",
+    EXIT_NOT_COMPARABLE: "compare: the runs are not comparable (source data or reference "
+                         "model differ, or no check in common)",
     EXIT_ERROR: "run: a check ERRORed (card written)",
-    EXIT_INCONCLUSIVE: "run: a check is INCONCLUSIVE (card written)",
+    EXIT_INCONCLUSIVE: "run: a check is INCONCLUSIVE (card written); compare: neither a "
+                       "regression nor non-inferiority shown for a check with a threshold",
     EXIT_WARN: "run: a check passed with a WARNing (card written)",
     EXIT_INTERNAL: "internal error (a bug: rerun with --debug and report it)",
     EXIT_INTERRUPTED: "interrupted: records kept, rerun with --resume",

@@ -14,16 +14,30 @@ compared on one metric (its threshold's metric, else its exported headline metri
   bootstrap of the mean difference, paired over the common samples when the pairing holds;
 - anything else by the normal approximation of the two runs' own 95% intervals.
 
-Holm's step-down correction at family-wise level 0.05 runs across the compared checks: a
-change is *resolved* only when Holm rejects "no change" for it, and its interval is reported at
-the level Holm used for it (``1 - 0.05 / (m - rank)``). A *regression* is resolved when, in
-addition, that corrected interval lies wholly beyond the tolerance on the worse side
-(``--tolerance``: percentage points for rates, percent of the old value for scores).
+**A gate, per check** (``--tolerance``: percentage points for rates, percent of the old value
+for scores):
+
+- *no change*: the same samples with identical per-sample outcomes (exit 0);
+- *regression*: Holm's step-down correction at family-wise level 0.05 across the compared
+  checks rejects "no change", and the interval at the level Holm used for it
+  (``1 - 0.05 / (m - rank)``) lies wholly beyond the tolerance on the worse side (exit 1);
+- *non-inferior*: the change's 95% interval lies within the tolerance on the worse side
+  (showing every check non-inferior needs no multiplicity correction: an intersection-union
+  test) and NEW's attack converged (exit 0); an *improvement* is non-inferior and resolved
+  beyond the tolerance on the better side by Holm, with both runs' attacks converged;
+- *inconclusive*: neither shown (exit 6): a regression too small to resolve, or a sample too
+  small to show non-inferiority at this tolerance.
+
+A row whose OLD or NEW attack did not converge (or stalled) says so: its robust accuracy is an
+overestimate, so it is never a resolved improvement, and NEW's must have converged for a
+non-inferior row. The exit code follows the checks with a threshold: 1 for a regression, else 6
+for an inconclusive or uncompared row, else 0.
 
 Runs on different subsets of one dataset (``--samples``, ``--sample-offset``, other seeds) are
-comparable, unpaired. Two runs that differ in results schema, suite, source data, threat
-model (a check's parameters) or reference model are not comparable: :class:`NotComparable`
-(exit 4) says which.
+comparable, unpaired. Runs of different suite versions (a card from an older certify) are
+compared on the checks both have with the same parameters; the others are listed as not
+comparable. Two runs on different source data or with different reference models, or with
+no check in common, are not comparable: :class:`NotComparable` (exit 4) says which.
 """
 
 from __future__ import annotations
@@ -37,7 +51,14 @@ from typing import Any
 import numpy as np
 
 from certify.checks import CHECKS
-from certify.errors import EXIT_FAIL, EXIT_NOT_COMPARABLE, EXIT_OK, CertifyError, UsageError
+from certify.errors import (
+    EXIT_FAIL,
+    EXIT_INCONCLUSIVE,
+    EXIT_NOT_COMPARABLE,
+    EXIT_OK,
+    CertifyError,
+    UsageError,
+)
 from certify.results import SCHEMA, RunResult, parse_result, unpack_bits
 from certify.stats import wilson_interval
 
@@ -226,13 +247,10 @@ def _source(data: Any) -> str:
 
 
 def check_comparable(old: RunResult, new: RunResult) -> None:
-    """Raise :class:`NotComparable` naming the first difference that rules a comparison out."""
+    """Raise :class:`NotComparable` naming the first difference that rules a comparison out:
+    the source data, the reference model, or no check in common (same id, kind and
+    parameters). Other differences of the suite leave the checks both have comparable."""
     mo, mn = old.measurement, new.measurement
-    if mo.suite.digest != mn.suite.digest or mo.suite.name != mn.suite.name:
-        raise NotComparable(
-            f"the suite differs: OLD ran {mo.suite.name} ({_short(mo.suite.digest)}), NEW ran "
-            f"{mn.suite.name} ({_short(mn.suite.digest)})",
-            hint="compare runs of the same suite version")
     src_o, src_n = _source(mo.data), _source(mn.data)
     if src_o != src_n:
         raise NotComparable(
@@ -240,23 +258,47 @@ def check_comparable(old: RunResult, new: RunResult) -> None:
             f"{mo.data.n} samples), NEW {_short(src_n)} ({mn.data.name}, "
             f"{mn.data.n} samples)", hint="evaluate both releases on the same dataset "
             "(subsets of one dataset, e.g. --samples/--sample-offset, are comparable)")
-    ids_o = {c.id: c for c in old.checks}
-    ids_n = {c.id: c for c in new.checks}
-    if set(ids_o) != set(ids_n):
-        only = sorted(set(ids_o) ^ set(ids_n))
-        raise NotComparable(f"the checks differ: {', '.join(only)} in one run only",
-                            hint="compare runs of the same suite version")
-    for cid, co in ids_o.items():
-        cn = ids_n[cid]
-        if co.kind != cn.kind or co.params != cn.params:
-            raise NotComparable(
-                f"the threat model differs: check {cid} ran {co.kind} {co.params} in OLD and "
-                f"{cn.kind} {cn.params} in NEW", hint="compare runs of the same suite version")
+    if not any(why_not_comparable(c, n) is None for c, n in paired_checks(old, new)):
+        raise NotComparable(
+            f"no check in common: OLD ran {mo.suite.name} ({_short(mo.suite.digest)}), NEW "
+            f"ran {mn.suite.name} ({_short(mn.suite.digest)}), and no check has the same id, "
+            "kind and parameters in both", hint="compare runs of the same suite")
     ro, rn = mo.reference_model, mn.reference_model
     if (ro and ro.identity) != (rn and rn.identity):
         raise NotComparable(
             f"the reference model differs: OLD {ro.identity if ro else 'none'}, NEW "
             f"{rn.identity if rn else 'none'}", hint="use the same --reference for both")
+
+
+def paired_checks(old: RunResult, new: RunResult) -> list[tuple[Any, Any]]:
+    """OLD's checks with NEW's of the same id (``None`` where a run lacks it), OLD's order
+    first, then NEW's checks that OLD lacks."""
+    ids_n = {c.id: c for c in new.checks}
+    ids_o = {c.id for c in old.checks}
+    return ([(c, ids_n.get(c.id)) for c in old.checks]
+            + [(None, c) for c in new.checks if c.id not in ids_o])
+
+
+def why_not_comparable(co: Any, cn: Any) -> str | None:
+    """Why one check of two runs cannot be compared (``None`` when it can)."""
+    if co is None or cn is None:
+        return f"only in {'NEW' if co is None else 'OLD'} (another suite version)"
+    if co.kind != cn.kind or co.params != cn.params:
+        return (f"another threat model: {co.kind} {co.params} in OLD, {cn.kind} {cn.params} "
+                "in NEW")
+    return None
+
+
+def converged(c: Any) -> bool | None:
+    """Whether a check's search converged: ``False`` for an attack whose last run did not
+    converge or stalled, ``None`` for a check that is not a search."""
+    details = c.details if isinstance(c.details, dict) else {}
+    conv, evidence = details.get("convergence"), details.get("evidence")
+    if not isinstance(conv, dict):
+        return None
+    if not conv.get("converged", True):
+        return False
+    return not (isinstance(evidence, dict) and evidence.get("stalled"))
 
 
 # --- one check ----------------------------------------------------------------------------
@@ -291,6 +333,8 @@ class Row:
     tolerance: float = 0.0
     outcome: str = "not compared"
     reason: str = ""
+    converged_old: bool | None = None
+    converged_new: bool | None = None
     _interval: Any = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -495,9 +539,18 @@ class Comparison:
         return [r for r in self.rows if r.outcome == "regression"]
 
     @property
+    def inconclusive(self) -> list[Row]:
+        """Checks with a threshold for which neither a regression nor non-inferiority (nor no
+        change) was shown, or that could not be compared."""
+        return [r for r in self.rows if r.has_threshold and r.outcome in GATE_OPEN]
+
+    @property
     def exit_code(self) -> int:
-        """1 when a check with a threshold has a resolved regression, else 0."""
-        return EXIT_FAIL if any(r.has_threshold for r in self.regressions) else EXIT_OK
+        """1 for a regression of a check with a threshold; else 6 for an inconclusive one
+        (:attr:`inconclusive`); else 0."""
+        if any(r.has_threshold for r in self.regressions):
+            return EXIT_FAIL
+        return EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
         """The comparison as plain JSON values (``--json``)."""
@@ -507,6 +560,7 @@ class Comparison:
                 "old": self.old, "new": self.new,
                 "checks": [r.to_json() for r in self.rows],
                 "regressions": [r.id for r in self.regressions],
+                "inconclusive": [r.id for r in self.inconclusive],
                 "exit_code": self.exit_code}
 
 
@@ -525,16 +579,23 @@ def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
                          hint="percentage points for rates, percent for scores")
     check_comparable(old, new)
     seeds_o, seeds_n = old.measurement.seeds, new.measurement.seeds
-    new_checks = {c.id: c for c in new.checks}
     rows = []
-    for co in old.checks:
-        cn = new_checks[co.id]
+    for co, cn in paired_checks(old, new):
+        why = why_not_comparable(co, cn)
+        if why is not None:
+            c = co if co is not None else cn
+            rows.append(Row(id=c.id, kind=c.kind, metric="", unit="", direction="none",
+                            has_threshold=c.threshold is not None, old=None, old_interval=[],
+                            new=None, new_interval=[], outcome=NOT_COMPARABLE, reason=why))
+            continue
         # paired only on the very same samples (the per-sample outcomes are by position in
         # the evaluated data) with the same seeds
         same_seed = (seeds_o.checks.get(co.id) == seeds_n.checks.get(co.id)
                      and seeds_o.suite == seeds_n.suite
                      and old.measurement.data.digest == new.measurement.data.digest)
-        rows.append(_row(co, cn, same_seed, tolerance))
+        row = _row(co, cn, same_seed, tolerance)
+        row.converged_old, row.converged_new = converged(co), converged(cn)
+        rows.append(row)
     tested = [r for r in rows if r.p is not None and r._interval is not None]
     adjusted, reject, levels = holm([r.p or 1.0 for r in tested])
     for r, p_adj, rej, level in zip(tested, adjusted, reject, levels, strict=True):
@@ -542,17 +603,52 @@ def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
         r.confidence = 1 - level
         lo, hi = r._interval(1 - level)
         r.change_interval = [lo, hi]
-        worse = hi < -r.tolerance if r.direction == "higher" else lo > r.tolerance
-        better = lo > r.tolerance if r.direction == "higher" else hi < -r.tolerance
-        if rej and worse:
-            r.outcome = "regression"
-        elif rej and better:
-            r.outcome = "improvement"
-        elif rej:
-            r.outcome = "resolved change, not beyond tolerance"
-        else:
-            r.outcome = "no resolved change"
+        r.outcome = _gate(r, rej, (lo, hi), r._interval(1 - ALPHA))
+    for r in rows:  # compared without a test: identical outcomes are no change
+        if r.p is None and r.change == 0 and r.discordant == {"worse": 0, "better": 0}:
+            r.outcome = NO_CHANGE
     return Comparison(_side(old, old_path), _side(new, new_path), tolerance, rows)
+
+
+#: A row's outcomes (``Row.outcome``).
+NO_CHANGE = "no change"
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+NON_INFERIOR = "non-inferior"
+INCONCLUSIVE = "inconclusive"
+NOT_COMPARABLE = "not comparable"
+#: Outcomes that keep the gate open (exit 6) on a check with a threshold.
+GATE_OPEN = frozenset({INCONCLUSIVE, "not compared"})
+
+
+def _gate(r: Row, resolved: bool, corrected: tuple[float, float],
+          plain: tuple[float, float]) -> str:
+    """A tested row's outcome (see the module's docstring), with why in ``r.reason``."""
+    tol = r.tolerance
+    higher = r.direction == "higher"
+    lo, hi = corrected
+    if r.paired and r.change == 0 and (r.discordant == {"worse": 0, "better": 0}
+                                       or lo == hi == 0):
+        return NO_CHANGE  # the same samples, the same per-sample outcomes
+    worse = hi < -tol if higher else lo > tol
+    better = lo > tol if higher else hi < -tol
+    plo, phi = plain
+    within = plo >= -tol if higher else phi <= tol
+    unconverged = [w for w, ok in (("OLD", r.converged_old), ("NEW", r.converged_new))
+                   if ok is False]
+    if unconverged:
+        r.reason = (f"{' and '.join(unconverged)}'s attack did not converge: its robust "
+                    "accuracy is an overestimate")
+    if resolved and worse:
+        return REGRESSION
+    if within and r.converged_new is not False:
+        if resolved and better and not unconverged:
+            return IMPROVEMENT
+        return NON_INFERIOR
+    if not r.reason:
+        r.reason = ("neither a regression nor non-inferiority within the tolerance is shown: "
+                    "more samples or a stated --tolerance would decide it")
+    return INCONCLUSIVE
 
 
 def compare_paths(old: Path, new: Path, tolerance: float = 0.0,

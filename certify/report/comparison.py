@@ -11,7 +11,7 @@ from rich.table import Table
 
 from certify.report.compare import ALPHA, Comparison, Row
 
-_STYLE = {"regression": "bold red", "improvement": "green"}
+_STYLE = {"regression": "bold red", "improvement": "green", "inconclusive": "yellow"}
 
 
 def fmt_value(v: float | None, unit: str) -> str:
@@ -85,14 +85,22 @@ def summary_line(c: Comparison) -> str:
     regs = c.regressions
     gated = [r.id for r in regs if r.has_threshold]
     skipped = [r.id for r in c.rows if r.outcome == "not compared"]
+    apart = [r.id for r in c.rows if r.outcome == "not comparable"]
     note = (f"; not compared: {', '.join(skipped)} (see why in the table)" if skipped else "")
+    if apart:
+        note += f"; not comparable (only in one run, or changed): {', '.join(apart)}"
     if gated:
         return (f"RESOLVED REGRESSION on {', '.join(gated)} (a check with a threshold): "
                 f"exit 1{note}")
-    if regs:
-        return (f"resolved regression only on checks without a threshold "
-                f"({', '.join(r.id for r in regs)}): exit 0{note}")
-    return f"no resolved regression: exit 0{note}"
+    open_ = [r.id for r in c.inconclusive]
+    if open_:
+        return (f"INCONCLUSIVE on {', '.join(open_)}: neither a regression nor "
+                f"non-inferiority within the tolerance ({c.tolerance:g}) is shown: exit 6"
+                f"{note}")
+    extra = (f" (resolved regression only on checks without a threshold: "
+             f"{', '.join(r.id for r in regs)})" if regs else "")
+    return (f"no resolved regression; every check with a threshold is unchanged or "
+            f"non-inferior within the tolerance ({c.tolerance:g}){extra}: exit 0{note}")
 
 
 def print_table(c: Comparison, console: Console) -> None:
