@@ -168,6 +168,16 @@ def run_cli(*args: str | Path, timeout: float = 300, env: dict[str, str] | None 
                                        result.stderr)
 
 
+def interruptible() -> None:
+    """``preexec_fn`` of a child a test stops with SIGINT: its default disposition back. A test
+    run started in the background (``cmd &`` in a non-interactive shell) ignores SIGINT, the
+    children inherit that, and Python then installs no KeyboardInterrupt handler: the run would
+    finish instead of stopping."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli_process(*args: str | Path, timeout: float = 300, env: dict[str, str] | None = None
                     ) -> subprocess.CompletedProcess[str]:
     """Run the installed ``certify`` console script in a subprocess and capture its output."""

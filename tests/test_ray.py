@@ -68,7 +68,7 @@ def local(model_path, suite, data, tmp_path_factory) -> bytes:
 def _popen(*args: str) -> subprocess.Popen[str]:
     exe = Path(sys.executable).parent / "certify"
     return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=builders.interruptible)
 
 
 def _wait_for_record(out: Path, check: str, proc: subprocess.Popen[str], timeout: float = 120

@@ -61,7 +61,8 @@ def test_interrupted_run_resumes_to_same_metrics(sig, model_path, big_npz, unint
     out = tmp_path / "cut"
     exe = Path(sys.executable).parent / "certify"
     proc = subprocess.Popen([str(exe), *_args(model_path, big_npz, out, clean_suite)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=builders.interruptible)
     deadline = time.monotonic() + 120
     while _lines(out / "records.jsonl") < 100 and time.monotonic() < deadline:
         time.sleep(0.005)
