@@ -73,6 +73,8 @@ def test_packaged_suite_has_random_pixel_rows_and_a_sparse_rs_check_after_square
     ids = [c.id for c in suite.checks]
     assert "linf" not in ids and "l0" not in ids
     assert {"random_linf", "random_l0"} <= set(ids)
+    # issue 29: random draws are INFO rows beside the attack of the same bound
+    assert all(c.threshold is None for c in suite.checks if c.id.startswith("random_"))
     assert ids.index("sparse_rs_l0") == ids.index("square_linf") + 1
     spec = suite.checks[ids.index("sparse_rs_l0")]
     assert isinstance(spec.check, AttackCheck)
@@ -210,7 +212,8 @@ def test_card_puts_the_attack_beside_the_random_pixel_property_at_the_same_bound
     suite.write_text(yaml.safe_dump({"name": "a", "classes": [f"c{i}" for i in range(43)],
                                      "checks": [
         {"id": "rl0", "kind": "corruption",
-         "params": {"property": "random_l0", "bound": 6, "steps": 2, "tries": 2}},
+         "params": {"property": "random_l0", "bound": 6, "steps": 2, "tries": 2},
+         "threshold": {"metric": "robustness_score", "min": 0.0}},
         {"id": "rlinf", "kind": "corruption",
          "params": {"property": "random_linf", "bound": 0.05, "steps": 1, "tries": 2}},
         {"id": "srs", "kind": "attack",
@@ -236,6 +239,11 @@ def test_card_puts_the_attack_beside_the_random_pixel_property_at_the_same_bound
         assert lo <= row["surviving_share"] <= hi
         assert "does not search for the worst case" in row["note"]
     assert "worst_case_comparison" not in checks["srs"]["details"]
+    # issue 29: beside an attack of the same bound a random draw is INFO, whatever its own
+    # threshold said, and the decision names the attack row that decides
+    for cid, attack in (("rl0", "srs"), ("rlinf", "sq")):
+        assert checks[cid]["status"] == "INFO", checks[cid]["decision"]
+        assert f"the attack row {attack} at the same bound decides" in checks[cid]["decision"]
     # L0 attacks have no binarization test, and the card says so instead of a score
     srs = checks["srs"]
     assert srs["details"]["binarization"] is None

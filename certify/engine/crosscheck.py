@@ -234,9 +234,11 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
     the same norm at the same ε, the property's result gets, in its details (signed and
     rendered), the attack's share of correctly classified samples that survive
     (1 - attack success rate, with its 95% interval) and a sentence saying which row is the
-    worst-case evidence. Applied to the finished checks' typed results after all checks have
-    run; ``specs`` are the suite's check specs (``id`` and ``check``), ``measured`` each
-    evaluated check's measurement as its summary made it, by id. Returns the results.
+    worst-case evidence; the property's own status becomes INFO (issue 29): random draws never
+    PASS or FAIL beside an attack of the same bound, which decides. Applied to the finished
+    checks' typed results after all checks have run; ``specs`` are the suite's check specs
+    (``id`` and ``check``), ``measured`` each evaluated check's measurement as its summary
+    made it, by id. Returns the results.
     """
     by_id = {r.id: r for r in results}
     attacks = [(s.id, s.check.threat_model()) for s in specs
@@ -275,8 +277,17 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
                          "attack_status": a.status, "property_score": score,
                          "exceeds_attack": score > survive, "note": sentence})
         if rows:
-            by_id[spec.id] = entry.model_copy(update={"details": {
-                **entry.details, "worst_case_comparison": normalize(rows)}})
+            update: dict[str, object] = {"details": {
+                **entry.details, "worst_case_comparison": normalize(rows)}}
+            # random draws are not a worst case: the attack row of the same bound decides
+            # (issue 29); the row stays on the card as information beside it
+            said = (f"informational: {check.property} draws at random and does not search "
+                    f"for the worst case; the attack row {rows[0]['attack_check']} at the "
+                    "same bound decides")
+            if spec.threshold is not None:
+                said += f" (by its own threshold this row was {entry.status}: {entry.decision})"
+            update.update(status="INFO", decision=said)
+            by_id[spec.id] = entry.model_copy(update=update)
     return [by_id[r.id] for r in results]
 
 
