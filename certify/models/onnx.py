@@ -68,8 +68,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor stored in a graph: initializers, constants and those of subgraphs."""
+def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in a graph: initializers (sparse ones too), the tensors of its
+    nodes' attributes (a ``Constant``'s value) and those of subgraphs."""
     yield from graph.initializer
     for sparse in graph.sparse_initializer:
         yield sparse.values
@@ -79,10 +80,14 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
             if attr.HasField("t"):
                 yield attr.t
             yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
+            for sparse in attr.sparse_tensors:
+                yield from (sparse.values, sparse.indices)
             if attr.HasField("g"):
-                yield from _tensors(attr.g)
+                yield from graph_tensors(attr.g)
             for g in attr.graphs:
-                yield from _tensors(g)
+                yield from graph_tensors(g)
 
 
 def external_data_files(path: str | Path) -> list[str]:
@@ -100,7 +105,7 @@ def external_data_files(path: str | Path) -> list[str]:
             hint="re-export the model, and check the file was not truncated",
         ) from exc
     locations: set[str] = set()
-    for tensor in _tensors(proto.graph):
+    for tensor in graph_tensors(proto.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         loc = next((e.value for e in tensor.external_data if e.key == "location"), "")

@@ -183,27 +183,12 @@ def _graphs(graph: Any) -> Iterator[Any]:
                 yield from _graphs(g)
 
 
-def _tensors(graph: Any) -> Iterator[Any]:
-    """Every tensor a graph holds: initializers, sparse initializers and the tensors of its
-    nodes' attributes (a ``Constant``'s value may point at external data too)."""
-    yield from graph.initializer
-    for sp in graph.sparse_initializer:
-        yield from (sp.values, sp.indices)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("sparse_tensor"):
-                yield from (attr.sparse_tensor.values, attr.sparse_tensor.indices)
-            for sp in attr.sparse_tensors:
-                yield from (sp.values, sp.indices)
-
-
 def check_onnx(path: Path, limits: Limits) -> OnnxSummary:
     """Check an uploaded ONNX model statically (UploadError 422 with the reason)."""
     import onnx
     from onnx import TensorProto
+
+    from certify.models.onnx import graph_tensors
 
     folder = path.parent.resolve()
     try:
@@ -224,14 +209,16 @@ def check_onnx(path: Path, limits: Limits) -> OnnxSummary:
                                   f"{node.domain!r} (operator {node.op_type})",
                                   hint="the service's operator must allow it with "
                                        "--allow-domain")
-        for t in _tensors(g):
-            if t.data_location == TensorProto.EXTERNAL:
-                info = {e.key: e.value for e in t.external_data}
-                init_bytes += _check_external(info, t.name, folder, path.name)
-                external.add(info["location"])
-            else:
-                init_bytes += len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) \
-                    + 8 * (len(t.int64_data) + len(t.double_data))
+    # every tensor, subgraphs' and node attributes' too (a Constant's value may point at
+    # external data like a weight)
+    for t in graph_tensors(model.graph):
+        if t.data_location == TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            init_bytes += _check_external(info, t.name, folder, path.name)
+            external.add(info["location"])
+        else:
+            init_bytes += len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) \
+                + 8 * (len(t.int64_data) + len(t.double_data))
     for domain in opsets:
         if domain not in limits.allowed_domains:
             raise UploadError(f"{path.name} imports the custom operator domain {domain!r}",
