@@ -49,9 +49,8 @@ class InProcess:
 
         svc = self.app.state.services
         with svc.factory() as s:
-            tok = auth.create_token(s, "t", role, None)
-            s.commit()
-        return tok if isinstance(tok, str) else tok[0]
+            plain, _ = auth.create_token(s, "t", role, None)
+        return plain
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -39,6 +39,11 @@ class Counters:
         with self._lock:
             self.verifications[outcome] += 1
 
+    def snapshot(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(responses by status class, verifications by outcome) as of now."""
+        with self._lock:
+            return dict(self.responses), dict(self.verifications)
+
 
 class CountResponses:
     """ASGI middleware: every HTTP response's status class into :class:`Counters`."""
@@ -92,9 +97,7 @@ def exposition(factory: Any, counters: Counters) -> str:
         lines.append(f'certify_run_duration_seconds_bucket{{le="{labels["le"]}"}} {value:g}')
     lines.append(f"certify_run_duration_seconds_sum {sum(durations):g}")
     lines.append(f"certify_run_duration_seconds_count {len(durations)}")
-    with counters._lock:
-        responses = dict(counters.responses)
-        verifications = dict(counters.verifications)
+    responses, verifications = counters.snapshot()
     metric("certify_http_responses_total", "counter",
            "HTTP responses by status class since the service started.",
            [({"class": c}, float(responses.get(c, 0)))
