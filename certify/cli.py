@@ -530,8 +530,10 @@ def compare_cmd(old: Path, new: Path, tolerance: float, pubkey: Path | None,
     used the same samples and seeds, unpaired otherwise; Holm's correction across checks.
 
     \b
-    Exit codes: 0 no resolved regression; 1 a resolved regression on a check with a
-    threshold; 2 usage; 4 not comparable (the message says what differs).
+    Exit codes: 0 no change or non-inferior within --tolerance on every comparable check; 1 a
+    resolved regression beyond the tolerance on a check with a threshold; 6 inconclusive
+    (neither a regression nor non-inferiority shown); 2 usage; 4 not comparable at all (the
+    message says what differs).
 
     \b
     Example:

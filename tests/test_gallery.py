@@ -184,7 +184,8 @@ def test_an_example_broken_in_a_later_round_comes_from_that_round():
     check = AttackCheck("square_linf", max_queries="auto", binarization=False)
     adv = data.x[1:2].clone()
     adv[0, :, 0, 0] = 1 - adv[0, :, 0, 0]
-    r1 = [{"outcome": "broken", "label": 0, "adv_pred": 2, "confidence": 0.75, "queries": 9,
+    r1 = [{"outcome": "broken", "label": 0, "adv_pred": 2, "confidence": 3.5,
+           "probability": 0.75, "queries": 9,
            "attack_queries": 7}]
     keep_adversarial_images(r1, [0], [1], adv, "logits")
     base = {"label": 0, "queries": 5, "attack_queries": 4, "check": "a"}

@@ -205,6 +205,27 @@ def margin(scores: torch.Tensor, y: torch.Tensor, output: str) -> torch.Tensor:
     return true - other.max(dim=1).values
 
 
+#: Probabilities below this count as this in a log-probability margin (a rounded or one-hot
+#: probability output answers exact zeros).
+PROB_FLOOR = 1e-30
+
+
+def top_two_margin(scores: torch.Tensor, output: str) -> torch.Tensor:
+    """Scale-free confidence ``[N]``: top-1 minus top-2 logit (log-probability for probability
+    outputs, floored at :data:`PROB_FLOOR`); 0 for a labels-only output, which has none.
+
+    A positive scaling of the logits scales every margin by the same factor, so rankings and
+    quantiles of it keep their order; adding a constant to every logit leaves it unchanged.
+    """
+    s = scores.float()
+    if output == "labels" or s.ndim != 2 or s.shape[1] < 2:
+        return torch.zeros(s.shape[0])
+    if output != "logits":
+        s = torch.log(s.clamp(min=PROB_FLOOR))
+    top = s.topk(2, dim=1).values
+    return (top[:, 0] - top[:, 1]).nan_to_num(nan=0.0, posinf=float(torch.finfo().max))
+
+
 class Uniforms:
     """Per-sample random streams: ``draw(k, idx)`` gives ``[len(idx), k]`` uniforms.
 

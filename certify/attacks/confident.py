@@ -6,8 +6,10 @@ construction, so that figure under attack would be inflated. Brown et al. (2018)
 *confident* adversarial mistakes instead. :func:`maximise_confidence` continues from each
 broken sample's adversarial point with a bounded random search in the attack's own threat
 model: a step is accepted only when the point stays adversarial (still not the true class),
-stays in the ε-ball and ``[0, 1]`` (candidates are projected), and the top probability of the
-current wrong answer rises. Every candidate costs one query, charged to the sample.
+stays in the ε-ball and ``[0, 1]`` (candidates are projected), and the confidence of the
+current wrong answer rises (its top-two margin: what the coverage figures rank on, which a
+positive scaling of the logits keeps in order). Every candidate costs one query, charged to
+the sample.
 
 Steps: L∞ sets a random square window to ±ε per channel (the Square attack's move), the
 window shrinking from 10% to 1% of the pixels over the budget; L2 adds a Gaussian direction of
@@ -24,19 +26,14 @@ from typing import ClassVar
 import torch
 
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, project
-
-
-def _top_probability(scores: torch.Tensor, output: str) -> torch.Tensor:
-    """Top-class probability (softmax of logits), as the coverage figures read it."""
-    p = torch.softmax(scores.float(), dim=1) if output == "logits" else scores.float()
-    return p.max(dim=1).values
+from certify.attacks.base import top_two_margin as _confidence
 
 
 @dataclass
 class ConfidentResult:
     """Per broken sample: the final point, its prediction and confidence, and the queries.
 
-    ``confidence_first`` is the top probability at the point the attack broke the sample
+    ``confidence_first`` is the top-two margin at the point the attack broke the sample
     with; ``confidence`` the one after the search (never lower: only rises are accepted).
     """
 
@@ -45,11 +42,12 @@ class ConfidentResult:
     confidence_first: torch.Tensor
     confidence: torch.Tensor
     queries: torch.Tensor
+    scores: torch.Tensor  # the model's answers at x_adv
 
 
 class ConfidentSearch(Attack):
     """The search as a proposal: from ``x_start`` (judged adversarial, with the judge's answers
-    ``start_scores``), raise the wrong class's top probability within ``budget`` queries.
+    ``start_scores``), raise the wrong answer's confidence (margin) within ``budget`` queries.
 
     Threat model: the breaking attack's (L∞ or L2, ``epsilon``); scores needed. Run it through
     the sealed call (:func:`maximise_confidence` does), which judges the final points.
@@ -67,10 +65,10 @@ class ConfidentSearch(Attack):
 
     def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
-        """Accept a step only when it stays adversarial and its top probability rises."""
+        """Accept a step only when it stays adversarial and its margin rises."""
         b, budget, epsilon = len(x), self.max_queries, self.epsilon
         best_x = self.x_start.clone()
-        best_conf = _top_probability(self.start_scores.cpu(), output)
+        best_conf = _confidence(self.start_scores.cpu(), output)
         queries = torch.zeros(b, dtype=torch.long)
         if b == 0 or budget <= 0 or self.norm not in ("linf", "l2"):
             return AttackResult(best_x, queries)
@@ -103,7 +101,7 @@ class ConfidentSearch(Attack):
             scores = model.predict(cand).float().cpu()
             queries += 1
             pred = scores.argmax(1)
-            conf = _top_probability(scores, output)
+            conf = _confidence(scores, output)
             better = (pred != yc) & (conf > best_conf)
             if bool(better.any()):
                 best_x[better.to(best_x.device)] = cand[better.to(cand.device)]
@@ -123,15 +121,17 @@ def maximise_confidence(model: Predictor, x: torch.Tensor, x_adv: torch.Tensor, 
     answers to them during the search, so judging costs no query), and a point the judge
     finds no longer adversarial falls back to ``x_adv``.
     """
-    first = _top_probability(adv_scores.cpu(), output)
+    first = _confidence(adv_scores.cpu(), output)
     if len(x) == 0 or budget <= 0 or norm not in ("linf", "l2"):
         return ConfidentResult(x_adv.clone(), adv_scores.argmax(1).cpu(), first, first.clone(),
-                               torch.zeros(len(x), dtype=torch.long))
+                               torch.zeros(len(x), dtype=torch.long), adv_scores.cpu())
     search = ConfidentSearch(norm, epsilon, budget, x_adv, adv_scores)
     out = search(model, x, y, seeds, output, threat=(norm, epsilon), known=(x_adv, adv_scores),
                  recall=True)
-    conf = _top_probability(out.scores.float(), output)
+    conf = _confidence(out.scores.float(), output)
     keep = out.success & (conf >= first)
     best_x = torch.where(keep.view(-1, 1, 1, 1).to(x_adv.device), out.x_adv, x_adv)
     pred = torch.where(keep, out.scores.argmax(1), adv_scores.argmax(1).cpu())
-    return ConfidentResult(best_x, pred, first, torch.where(keep, conf, first), out.queries)
+    scores = torch.where(keep.view(-1, 1), out.scores.float().cpu(), adv_scores.float().cpu())
+    return ConfidentResult(best_x, pred, first, torch.where(keep, conf, first), out.queries,
+                           scores)

@@ -2,8 +2,8 @@
 
 Random search is also what the binarization test's R-ASR uses: how often blind sampling with
 the same number of queries finds an adversarial point (Zimmermann et al. 2022, §3.1).
-The spatial attack tries every rotation × translation on a grid and keeps the first that
-fools the model (Engstrom et al. 2019, used by Brown et al. 2018).
+The spatial attack tries every rotation × translation on a grid and keeps the model's most
+confident mistake among them (Engstrom et al. 2019, used by Brown et al. 2018).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import kornia
 import torch
 
-from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms
+from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, top_two_margin
 from certify.errors import AttackProtocolError, SuiteError
 
 
@@ -98,13 +98,16 @@ class RandomSearch(Attack):
 
 
 class SpatialGrid(Attack):
-    """Every rotation × translation on a grid; the first that fools the model wins.
+    """Every rotation × translation on a grid; the most confident mistake of the grid wins.
 
     ``max_rotation`` degrees and ``max_translation`` pixels, ``rotation_steps`` and
     ``translation_steps`` grid points per side (Brown et al. 2018 use ±30°, ±3 px).
-    Threat model: spatial (no pixel-norm bound); labels suffice. The search is exhaustive: one
-    query per grid point (``grid_size()`` of them), so ``max_queries`` must cover the whole
-    grid; a smaller budget is refused, never a silently cut grid.
+    Threat model: spatial (no pixel-norm bound); labels suffice. The search is exhaustive: every
+    sample is tried at every grid point (``grid_size()`` queries), so ``max_queries`` must cover
+    the whole grid; a smaller budget is refused, never a silently cut grid. Of the grid points
+    the model gets wrong, the one with the largest top-two margin (its most confident mistake,
+    as Brown et al.'s ``SpatialGridAttack`` keeps the highest-loss misclassified transform) is
+    the proposal; a labels-only model has no margin, and the weakest wrong point is kept.
     """
 
     name: ClassVar[str] = "spatial_grid"
@@ -150,13 +153,21 @@ class SpatialGrid(Attack):
         if self.max_queries is not None and len(g) > self.max_queries:
             raise SuiteError(cut_grid_message(len(g), self.max_queries),
                              hint=f"raise max_queries to {len(g)} or use fewer grid steps")
-        proposal, hit_step = first_success(model, x, y, len(g), lambda q, active:
-                                           self.transform(x[active],
-                                                          g[q].expand(len(active), -1)))
-        rows = torch.zeros(len(x), g.shape[1])
-        found = hit_step >= 0
-        rows[found] = g[hit_step[found]]
-        return AttackResult(proposal.x_adv, proposal.queries, params=rows)
+        b = len(x)
+        best = torch.full((b,), float("-inf"))
+        rows = torch.zeros(b, g.shape[1])
+        x_adv = x.clone()
+        yc = y.cpu()
+        for q in range(len(g)):
+            cand = self.transform(x, g[q].expand(b, -1))
+            scores = model.predict(cand).float().cpu()
+            conf = top_two_margin(scores, output)
+            better = (scores.argmax(1) != yc) & (conf > best)
+            if bool(better.any()):
+                best[better] = conf[better]
+                rows[better] = g[q]
+                x_adv[better.to(x_adv.device)] = cand[better.to(cand.device)]
+        return AttackResult(x_adv, torch.full((b,), len(g), dtype=torch.long), params=rows)
 
     def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: str,
                          epsilon: float) -> torch.Tensor:

@@ -50,6 +50,7 @@ from certify.checks.confidence import (
     WORST_CASE_METRICS,
     ConfidenceRecord,
     confidences,
+    top_probability,
     worst_case_coverage,
 )
 from certify.data import Dataset
@@ -123,6 +124,10 @@ NO_COVERAGE_UNDER_ATTACK = (
     "not reported for a decision-based attack: it stops at the decision boundary and sees no "
     "scores to raise the wrong class's confidence with, so its mistakes would fall in the "
     "abstained share by construction")
+
+#: Why a labels-only model gets no coverage-under-attack figures.
+NO_COVERAGE_LABELS = ("not reported: the model answers labels only, so there is no confidence "
+                      "to abstain on")
 
 
 class AttackRecord(ConfidenceRecord, BinarizationFields, total=False):
@@ -373,6 +378,13 @@ class AttackCheck(Check[AttackRecord]):
         """Whether the attack reads scores (and so can raise a mistake's confidence)."""
         return bool(ATTACKS[self.attack].needs_scores) and not self.white_box()
 
+    def reports_coverage(self) -> bool:
+        """Whether the worst cases carry a confidence worth ranking (accuracy at coverage under
+        attack): score-based attacks (which then raise a break's confidence), white-box attacks
+        (their highest-loss point) and the spatial grid (its most confident mistake of the
+        whole grid); not a decision-based attack, which stops at the boundary."""
+        return self.score_based() or self.white_box() or self._norm() == "spatial"
+
     def white_box(self) -> bool:
         """Whether the attack proposes from gradients of a torch copy of the graph."""
         return bool(ATTACKS[self.attack].needs_gradients)
@@ -534,10 +546,13 @@ class AttackCheck(Check[AttackRecord]):
         m0 = margin(scores.cpu(), y.cpu(), output)
         one_hot = one_hot_answers(scores, output)
         clean_conf = confidences(scores.cpu(), output)
+        clean_prob = top_probability(scores.cpu(), output)
         rec: list[AttackRecord] = [
             {"outcome": "robust" if bool(c) else "misclassified", "label": int(t),
-             "queries": 1, "attack_queries": 0, "confidence": float(cc)}
-            for c, t, cc in zip(correct.tolist(), y.tolist(), clean_conf.tolist(), strict=True)
+             "queries": 1, "attack_queries": 0, "confidence": float(cc),
+             "probability": float(pp)}
+            for c, t, cc, pp in zip(correct.tolist(), y.tolist(), clean_conf.tolist(),
+                                    clean_prob.tolist(), strict=True)
         ]
         ci = correct.nonzero().flatten()
         if len(ci) and self.white_box():
@@ -551,12 +566,14 @@ class AttackCheck(Check[AttackRecord]):
             x_adv, adv_scores = res.x_adv, res.scores
             pred = adv_scores.argmax(1)
             adv_conf = confidences(adv_scores, output)
+            adv_prob = top_probability(adv_scores, output)
             for k, i in enumerate(ci.tolist()):
                 broken = bool(res.success[k])
                 rec[i].update({"outcome": "broken" if broken else "robust",
                                "attack_queries": int(res.queries[k]),
                                "queries": 2 + int(res.queries[k]),
-                               "confidence": float(adv_conf[k])})
+                               "confidence": float(adv_conf[k]),
+                               "probability": float(adv_prob[k])})
                 if broken:
                     rec[i]["adv_pred"] = int(pred[k])
                     rec[i]["broken_at"] = int(res.queries[k])
@@ -634,12 +651,14 @@ class AttackCheck(Check[AttackRecord]):
         res = attack(copy, x[ci.to(dev)], y[ci.to(dev)], seeds, counter.info.output,
                      threat=(norm, eps), judge=counter)
         adv_conf = confidences(res.scores, counter.info.output)
+        adv_prob = top_probability(res.scores, counter.info.output)
         pred = res.scores.argmax(1)
         for k, i in enumerate(ci.tolist()):
             broken = bool(res.success[k])
             rec[i].update({"outcome": "broken" if broken else "robust",
                            "queries": 2, "gradients": int(res.gradients[k]),
-                           "confidence": float(adv_conf[k])})
+                           "confidence": float(adv_conf[k]),
+                           "probability": float(adv_prob[k])})
             if broken:
                 rec[i].update({"adv_pred": int(pred[k]), "broken_at": 0,
                                "late_break": bool(res.late is not None and res.late[k])})
@@ -708,10 +727,12 @@ class AttackCheck(Check[AttackRecord]):
         out = maximise_confidence(counter, x[sel.to(dev)], x_adv[sel.to(dev)],
                                   y[sel.to(dev)], adv_scores[sel], norm, eps, budget, seeds,
                                   counter.info.output)
+        prob = top_probability(out.scores, counter.info.output)
         for j, k in enumerate(broken):
             q = int(out.queries[j])
             recs[k].update({"confidence_first": float(out.confidence_first[j]),
                             "confidence": float(out.confidence[j]),
+                            "probability": float(prob[j]),
                             "adv_pred": int(out.pred[j]),
                             "confident_queries": q,
                             "queries": recs[k]["queries"] + q})
@@ -895,7 +916,8 @@ class AttackCheck(Check[AttackRecord]):
             "queries_max": max(aq) if aq else 0,
             "query_budget": total, "rounds": rounds,
         }
-        if self.score_based():
+        labels_only = any(r.get("scores") == "labels" for r in records)
+        if self.reports_coverage() and not labels_only:
             metrics.update(worst_case_coverage(records, lambda r: r["outcome"] == "robust"))
             first = [r | {"confidence": r["confidence_first"]} if "confidence_first" in r
                      else r for r in records]
@@ -912,7 +934,8 @@ class AttackCheck(Check[AttackRecord]):
             "queries_histogram": _histogram(aq, total),
             "convergence": None,
             "confident_queries": self._confident_queries(),
-            "coverage_under_attack": None if self.score_based() else NO_COVERAGE_UNDER_ATTACK,
+            "coverage_under_attack": None if self.reports_coverage() and not labels_only else
+            NO_COVERAGE_UNDER_ATTACK if not labels_only else NO_COVERAGE_LABELS,
         }
         warnings: list[str] = []
         if self.white_box():
@@ -1200,7 +1223,8 @@ def gallery_examples(records: Sequence[AttackRecord], data: Dataset | None, norm
             "label_name": _class_name(data.class_names, int(r["label"])),
             "pred": int(r["adv_pred"]),
             "pred_name": _class_name(data.class_names, int(r["adv_pred"])),
-            "confidence": None if r.get("scores") == "labels" else float(r["confidence"]),
+            "confidence": None if r.get("scores") == "labels" or "probability" not in r
+            else float(r["probability"]),
             "confidence_of": CONFIDENCE_OF.get(str(r.get("scores")), "unknown"),
             "round": int(r.get("broken_round", 0)),
         }

@@ -172,6 +172,11 @@ class Check(Generic[R]):
     #: ``certify compare``: metric -> the per-sample ``values`` whose mean it is (paired
     #: bootstrap when both runs kept them for the same samples).
     compare_values: ClassVar[dict[str, str]] = {}
+    #: How this kind measures its compared figures, when a certify release changed it (empty:
+    #: as first released). Written to the result's ``details["method"]``; ``certify compare``
+    #: lists a check measured by another method as not comparable rather than calling the
+    #: difference a change of the model.
+    method: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -1,10 +1,17 @@
 """No confident mistakes (Brown et al. 2018).
 
 ``coverage``: accuracy at a coverage level, as on the unrestricted-adversarial-examples
-leaderboard: abstain on the (1 − coverage) share of inputs with the lowest top score, and
-report accuracy on the rest; plus the confident-mistake rate (wrong with top score at or above
-a threshold). A model with an explicit abstain output declares its class id; predicting it
+leaderboard: abstain on the (1 − coverage) share of inputs with the lowest confidence, and
+report accuracy on the rest; plus the confident-mistake rate (wrong with a confidence at or
+above a cut-off). A model with an explicit abstain output declares its class id; predicting it
 counts as abstaining.
+
+Confidence is scale-free: the margin between the top two logits (between the top two
+log-probabilities for a probability output), which a positive scaling of the logits leaves in
+the same order, so every ranking by it (coverage, worst-case coverage) and the default cut-off
+(the clean inputs' margin at the coverage level, a quantile) move with the scale and give the
+same figures. The top-class probability moves with the logits' temperature: it is kept for
+display and for a fixed ``confidence_threshold`` a suite asks for, and the card says so.
 
 The suspect-model ``sanity`` check is in :mod:`certify.checks.sanity`.
 """
@@ -17,6 +24,7 @@ from typing import ClassVar, TypeVar
 
 import torch
 
+from certify.attacks.base import top_two_margin
 from certify.checks.base import (
     Check,
     CheckContext,
@@ -32,11 +40,23 @@ from certify.models.base import Model, ModelInfo
 from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
 
+#: The confidence every coverage figure ranks on (the top-two margin; see the module text).
+confidences = top_two_margin
 
-def confidences(scores: torch.Tensor, output: str) -> torch.Tensor:
-    """Top-class probability ``[N]`` (softmax of logits; one-hot labels give 1.0)."""
+
+def top_probability(scores: torch.Tensor, output: str) -> torch.Tensor:
+    """Top-class probability ``[N]`` (softmax of logits; one-hot labels give 1.0): moves with
+    the logits' temperature, so it is shown, not ranked on."""
     p = torch.softmax(scores.float(), dim=1) if output == "logits" else scores.float()
     return p.max(dim=1).values
+
+
+def margin_cutoff(margins: Sequence[float], coverage: float = 0.8) -> float | None:
+    """The clean ``coverage`` quantile of the margins: the smallest margin still answered when
+    the least confident ``1 - coverage`` share abstains (``None`` for no margins)."""
+    ranked = sorted(margins, reverse=True)
+    keep = math.ceil(coverage * len(ranked) - 1e-9)
+    return ranked[keep - 1] if keep else None
 
 
 FAMILY = "Coverage, confident mistakes and suspect-model checks"
@@ -54,10 +74,13 @@ WORST_CASE_METRICS = (
 
 
 class ConfidenceRecord(SampleRecord, total=False):
-    """A record with the model's top probability on the sample's worst case (``confidence``)
-    and whether that answer was the model's explicit abstain class (``abstained``)."""
+    """A record with the model's confidence on the sample's worst case (``confidence``: the
+    top-two margin of :func:`confidences`), its top probability there (``probability``, shown,
+    never ranked on) and whether that answer was the model's explicit abstain class
+    (``abstained``)."""
 
     confidence: float
+    probability: float
     abstained: bool
 
 
@@ -69,11 +92,12 @@ def worst_case_coverage(records: Sequence[C], right: Callable[[C], bool],
                         coverage: float = COVERAGE) -> dict[str, float]:
     """Accuracy at ``coverage`` over each sample's worst case (Brown et al. 2018).
 
-    Each record carries ``confidence`` (the model's top probability on the sample's worst case:
-    the breaking input, or the least confident correct one); ``right(record)`` says whether the
-    model was right there. The least confident ``1 - coverage`` share abstains. A record marked
-    ``abstained`` (its worst case is the model's explicit abstain class) ranks below every
-    answer and is never counted as answered, as in the clean :class:`Coverage` check.
+    Each record carries ``confidence`` (the model's top-two margin on the sample's worst case:
+    the most confident mistake found, or the least confident correct answer);
+    ``right(record)`` says whether the model was right there. The least confident
+    ``1 - coverage`` share abstains. A record marked ``abstained`` (its worst case is the
+    model's explicit abstain class) ranks below every answer and is never counted as answered,
+    as in the clean :class:`Coverage` check.
     """
     rows = [(float("-inf") if r.get("abstained") else r["confidence"],
              bool(right(r)) and not r.get("abstained"), bool(r.get("abstained")))
@@ -88,7 +112,8 @@ def worst_case_coverage(records: Sequence[C], right: Callable[[C], bool],
 
 
 class CoverageRecord(ConfidenceRecord, total=False):
-    """A coverage record: the label and the predicted class (``confidence`` is its score)."""
+    """A coverage record: the label and the predicted class (``confidence`` is its margin,
+    ``probability`` its top probability)."""
 
     label: int
     pred: int
@@ -97,9 +122,12 @@ class CoverageRecord(ConfidenceRecord, total=False):
 class Coverage(Check[CoverageRecord]):
     """Accuracy at a coverage level and the confident-mistake rate on clean data.
 
-    Parameters: ``coverage`` (share of inputs answered; 0.8), ``confidence_threshold`` (a
-    mistake at or above it is a confident mistake; 0.9), ``abstain_class`` (class id of an
-    explicit abstain output, if the model has one). One query per sample.
+    Parameters: ``coverage`` (share of inputs answered; 0.8), ``confidence_threshold`` (unset:
+    a confident mistake is a mistake the model answers at the coverage level, i.e. with a
+    top-two margin at or above the clean ``coverage`` quantile of the margins, which does not
+    move with the logits' scale; a number in (0, 1]: a fixed cut-off on the top-class
+    probability, which does, and the card says so), ``abstain_class`` (class id of an explicit
+    abstain output, if the model has one). One query per sample.
     """
 
     kind: ClassVar[str] = "coverage"
@@ -108,8 +136,8 @@ class Coverage(Check[CoverageRecord]):
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("accuracy_at_coverage", "accuracy on the answered inputs", "higher",
                threshold=True),
-        Metric("confident_mistake_rate", "share of inputs that are wrong with a top probability "
-               "at or above the confidence threshold", "lower", threshold=True),
+        Metric("confident_mistake_rate", "share of inputs that are wrong with a confidence at "
+               "or above the cut-off", "lower", threshold=True),
         Metric("coverage", "share of inputs answered", unit="score"),
         Metric("answered", "inputs answered", unit="count"),
         Metric("n", "samples evaluated", unit="count"),
@@ -118,11 +146,13 @@ class Coverage(Check[CoverageRecord]):
         Metric("accuracy_full_coverage", "accuracy without abstaining", "higher"),
     )
     compare_outcomes = {"confident_mistake_rate": ("confident_mistake", "lower")}
+    method: ClassVar[str] = ("2: confidence is the top-two margin; a confident mistake is at or "
+                             "above the clean coverage quantile unless a fixed threshold is set")
     # typed as what it is: accuracy on the answered share is not the model's accuracy
     export: ClassVar[ExportMetric | None] = ExportMetric(
         "accuracy_at_coverage", "accuracy_at_coverage", "Accuracy at coverage")
 
-    def __init__(self, coverage: float = 0.8, confidence_threshold: float = 0.9,
+    def __init__(self, coverage: float = COVERAGE, confidence_threshold: float | None = None,
                  abstain_class: int | None = None) -> None:
         self.coverage = coverage
         self.confidence_threshold = confidence_threshold
@@ -130,11 +160,16 @@ class Coverage(Check[CoverageRecord]):
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
-        if not isinstance(self.coverage, int | float) or not 0 < self.coverage <= 1:
+        if isinstance(self.coverage, bool) or not isinstance(self.coverage, int | float) or \
+                not 0 < self.coverage <= 1:
             raise SuiteError(f"{where}: coverage must be in (0, 1]", hint="e.g. 0.8")
-        if not isinstance(self.confidence_threshold, int | float) or not \
-                0 < self.confidence_threshold <= 1:
-            raise SuiteError(f"{where}: confidence_threshold must be in (0, 1]", hint="e.g. 0.9")
+        t = self.confidence_threshold
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
+                              or not 0 < t <= 1):
+            raise SuiteError(f"{where}: confidence_threshold must be in (0, 1] or left out",
+                             hint="leave it out for the scale-free cut-off (the clean margin "
+                                  "at the coverage level); a number is a fixed top-class "
+                                  "probability, which moves with the logits' scale")
         if self.abstain_class is not None and (not isinstance(self.abstain_class, int)
                                                or self.abstain_class < 0):
             raise SuiteError(f"{where}: abstain_class must be a class id", hint="e.g. 43")
@@ -148,29 +183,42 @@ class Coverage(Check[CoverageRecord]):
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[CoverageRecord]:
-        scores = model.predict(x)
-        conf = confidences(scores, model.info.output).cpu()
-        pred = scores.argmax(1).cpu()
-        return [{"pred": int(p), "label": int(t), "confidence": float(c), "queries": 1,
+        scores = model.predict(x).cpu()
+        conf = confidences(scores, model.info.output)
+        prob = top_probability(scores, model.info.output)
+        pred = scores.argmax(1)
+        return [{"pred": int(p), "label": int(t), "confidence": float(c),
+                 "probability": float(q), "queries": 1,
                  "abstained": self.abstain_class is not None and int(p) == self.abstain_class}
-                for p, t, c in zip(pred.tolist(), y.cpu().tolist(), conf.tolist(), strict=True)]
+                for p, t, c, q in zip(pred.tolist(), y.cpu().tolist(), conf.tolist(),
+                                      prob.tolist(), strict=True)]
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
         """Accuracy at coverage and the confident-mistake rate."""
-        m = result.metrics
+        m, d = result.metrics, result.details
         return (f"accuracy {pct(m.accuracy_at_coverage)} at {pct(m.coverage)} coverage "
                 f"(full coverage {pct(m.accuracy_full_coverage)}); confident mistakes "
-                f"{pct(m.confident_mistake_rate)} at ≥ "
-                f"{result.details['confidence_threshold']:g}")
+                f"{pct(m.confident_mistake_rate)} ({d.get('cutoff_rule') or 'at ≥ '}"
+                f"{'' if d.get('cutoff_rule') else format(d['confidence_threshold'], 'g')})")
+
+    def _confident(self, records: Sequence[CoverageRecord]) -> tuple[list[bool], float | None]:
+        """Per record: a confident mistake; and the margin cut-off (``None`` for a fixed
+        probability threshold or no answered input)."""
+        correct = [r["pred"] == r["label"] and not r["abstained"] for r in records]
+        t = self.confidence_threshold
+        if t is not None:  # a fixed top-class probability (older records: the confidence)
+            return [not c and not r["abstained"] and r.get("probability", r["confidence"]) >= t
+                    for c, r in zip(correct, records, strict=True)], None
+        cut = margin_cutoff([r["confidence"] for r in records if not r["abstained"]],
+                            self.coverage)
+        return [cut is not None and not c and not r["abstained"] and r["confidence"] >= cut
+                for c, r in zip(correct, records, strict=True)], cut
 
     def outcome_bits(self, records: list[CoverageRecord]) -> dict[str, list[bool]]:
         """Per sample: correct, and a confident mistake."""
         correct = [r["pred"] == r["label"] and not r["abstained"] for r in records]
-        return {"correct": correct,
-                "confident_mistake": [not c and not r["abstained"]
-                                      and r["confidence"] >= self.confidence_threshold
-                                      for c, r in zip(correct, records, strict=True)]}
+        return {"correct": correct, "confident_mistake": self._confident(records)[0]}
 
     def summarize(self, records: list[CoverageRecord], data: Dataset) -> Measurement:
         n = len(records)
@@ -181,8 +229,9 @@ class Coverage(Check[CoverageRecord]):
         kept = [i for i in sorted(range(n), key=lambda i: (-conf[i], i))[:keep]
                 if not records[i]["abstained"]]
         hits = sum(correct[i] for i in kept)
-        wrong_confident = sum(not correct[i] and not records[i]["abstained"]
-                              and conf[i] >= self.confidence_threshold for i in range(n))
+        confident, cut = self._confident(records)
+        wrong_confident = sum(confident)
+        fixed = self.confidence_threshold is not None
         return Measurement(
             metrics={"accuracy_at_coverage": hits / len(kept) if kept else 0.0,
                      "coverage": self.coverage, "answered": len(kept), "n": n,
@@ -193,6 +242,19 @@ class Coverage(Check[CoverageRecord]):
             intervals={"accuracy_at_coverage": wilson_interval(hits, len(kept)),
                        "confident_mistake_rate": wilson_interval(wrong_confident, n)},
             details={"confidence_threshold": self.confidence_threshold,
+                     "margin_cutoff": cut,
+                     "cutoff_rule": None if fixed else
+                     f"margin ≥ the clean {pct(self.coverage)}-coverage quantile",
+                     "fixed_threshold": fixed,
                      "abstain_class": self.abstain_class,
-                     "confidence": "top-class probability (softmax of logits)"},
+                     "confidence": CONFIDENCE_TEXT,
+                     "scale": ("a fixed top-class probability: moves with the logits' scale "
+                               "(temperature)" if fixed else
+                               "scale-free: a positive scaling of the logits changes no "
+                               "figure")},
         )
+
+
+#: What "confidence" means on the card.
+CONFIDENCE_TEXT = ("the margin between the top two logits (log-probabilities for a probability "
+                   "output); a positive scaling of the logits keeps its order")

@@ -1,24 +1,44 @@
 """Corruption properties (Berghoff et al. 2021, §3.3–§4.3) and their robustness score.
 
-A sample is *robust* to a property when the model's prediction stays correct for every tried
+A sample is *robust* to a property when the model's prediction stays correct for every
 transform within the bound; the **robustness score** is the share of robust samples among the
-correctly classified ones (§3.4). Candidates are tried from the weakest intensity up and a
-sample's search stops at its first failure, so each record keeps the smallest intensity that
-broke it, which gives the score as a function of the bound (the card's curve) for free.
+correctly classified ones (§3.4). "Every transform" is a search, not a sample: the check
+escalates its search in rounds under the attacks' convergence rule until the robust share stops
+falling, within a stated query budget per sample:
 
-Threat model: natural corruptions, not adversarial ones: a grid over each deterministic
-property's parameters, and ``tries`` seeded random draws per intensity level for random ones.
-Queries per sample: one clean query plus at most the number of candidates.
+- a grid property (rotation, translation, blur, ...) refines its grid: round ``r`` tries the
+  points of the grid of ``steps * 2**r`` steps that earlier rounds did not (sub-pixel
+  translations from round 1); a grid that cannot get finer (whole bits, a flip) is exhaustive
+  after round 0;
+- a random property doubles its draws per intensity level each round: seeded noise draws, or
+  for stickers (position, angle, colour) and the adaptive-brightness field (its 16 control
+  points) the next points of a fixed search design that covers their space ever more finely.
+
+Round 0 and round 1 always run (convergence is judged across a doubling); a later round runs on
+the samples still robust while the last round broke more than max(1, 1% of the evaluated
+samples) and the next round fits in ``max_queries`` per sample (default: 8 times round 0's
+candidates, or rounds 0-2 if more: a 2-D grid's refinements grow fourfold). A search that stops
+on its budget has not converged: the check cannot PASS, and the card says so. ``random_linf``
+and ``random_l0`` stay single rounds of random draws: INFO rows beside the attacks of the same
+bound, which search their worst case. Within a round every candidate is tried on every searched
+sample, so each record keeps the weakest break (the card's intensity curve) and the most
+confident mistake found (the worst case the coverage figures read, Brown et al. 2018).
+
+Threat model: natural corruptions, not adversarial ones. Queries per sample: one clean query
+per round plus that round's candidates.
 """
 
 from __future__ import annotations
 
+import copy
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 
 from certify.canonical import JSONLike
+from certify.checks.attack import CONVERGENCE_SHARE
 from certify.checks.base import (
     Check,
     CheckContext,
@@ -33,6 +53,7 @@ from certify.checks.confidence import (
     WORST_CASE_METRICS,
     ConfidenceRecord,
     confidences,
+    top_probability,
     worst_case_coverage,
 )
 from certify.data import Dataset
@@ -40,6 +61,7 @@ from certify.errors import SuiteError
 from certify.images import ImageSink
 from certify.models.base import Model
 from certify.perturbations import PROPERTIES, Property
+from certify.perturbations.base import RoundCandidates
 from certify.stats import wilson_interval
 from certify.validation import expect_keys
 
@@ -80,60 +102,10 @@ def _bound_steps(prop: Property, bound: Any, steps: Any, where: str) -> tuple[fl
 
 FAMILY = "Corruption properties (noise, geometric, colour, stickers)"
 
-class SearchResult(NamedTuple):
-    """Per sample: breaking candidate (-1 if none), label predicted there, queries, and the
-    confidence of the worst case found (at the break, or the lowest over the tries; NaN when
-    the sample was not searched)."""
-
-    broken_at: torch.Tensor
-    broken_pred: torch.Tensor
-    queries: torch.Tensor
-    confidence: torch.Tensor
-
-
-def search(
-    model: Model,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    alive: torch.Tensor,
-    candidates: torch.Tensor,
-    apply: Apply,
-    seed_of: Callable[[int, int], int],
-    index: Sequence[int],
-) -> SearchResult:
-    """Try candidates in order on the ``alive`` samples, stopping each at its first failure."""
-    b = len(y)
-    broken_at = torch.full((b,), -1, dtype=torch.long)
-    broken_pred = torch.full((b,), -1, dtype=torch.long)
-    queries = torch.zeros(b, dtype=torch.long)
-    conf = torch.full((b,), float("nan"))
-    alive = alive.clone().cpu()
-    output = model.info.output
-    for t in range(len(candidates)):
-        ai = alive.nonzero().flatten()
-        if len(ai) == 0:
-            break
-        params = candidates[t].expand(len(ai), -1).to(x.device)
-        seeds = torch.tensor([seed_of(int(index[i]), t) for i in ai.tolist()], dtype=torch.long)
-        xt = apply(x[ai.to(x.device)], params, seeds)
-        scores = model.predict(xt).cpu()
-        pred = scores.argmax(1)
-        c = confidences(scores, output)
-        queries[ai] += 1
-        bad = pred != y[ai.to(y.device)].cpu()
-        hit = ai[bad]
-        broken_at[hit] = t
-        broken_pred[hit] = pred[bad]
-        conf[hit] = c[bad]
-        ok = ai[~bad]
-        conf[ok] = torch.fmin(conf[ok], c[~bad])
-        alive[hit] = False
-    return SearchResult(broken_at, broken_pred, queries, conf)
-
-
 class CorruptionRecord(ConfidenceRecord, total=False):
-    """A corruption record: label, clean prediction, and the first break found (its
-    intensity, transform parameters, prediction and seed, which regenerate it)."""
+    """A corruption record: label, clean prediction, the weakest break found (its intensity,
+    transform parameters, prediction and seed, which regenerate it), the most confident
+    mistake found (``worst_*``), and the search's rounds (queries per round, breaking round)."""
 
     label: int
     pred: int
@@ -141,6 +113,12 @@ class CorruptionRecord(ConfidenceRecord, total=False):
     break_params: list[float]
     break_pred: int
     break_seed: int
+    worst_params: list[float]
+    worst_pred: int
+    worst_seed: int
+    round_queries: list[int]
+    broken_round: int
+    clean_changed: bool
 
 
 class PairRecord(CorruptionRecord, total=False):
@@ -152,24 +130,25 @@ class PairRecord(CorruptionRecord, total=False):
 
 CR = TypeVar("CR", bound=CorruptionRecord)
 
-
 class _CorruptionBase(Check[CR]):
     family: ClassVar[str] = FAMILY
     glance_group: ClassVar[str] = "Corruptions"
 
     def _clean(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
                flip_only: bool
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Clean predictions, correctness, applicability and confidence ``[B]`` each."""
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Clean predictions, correctness, applicability, confidence (margin) and top
+        probability ``[B]`` each."""
         scores = model.predict(x)
         pred = scores.argmax(1)
         conf = confidences(scores.cpu(), model.info.output)
+        prob = top_probability(scores.cpu(), model.info.output)
         correct = (pred == y).cpu()
         applicable = torch.ones_like(correct)
         if flip_only:
             allowed = torch.tensor(sorted(ctx.flip_invariant_classes), dtype=torch.long)
             applicable = torch.isin(y.cpu(), allowed)
-        return pred.cpu(), correct, applicable, conf
+        return pred.cpu(), correct, applicable, conf, prob
 
     @staticmethod
     def _outcome(correct: bool, applicable: bool, broken: bool) -> str:
@@ -187,85 +166,330 @@ class _CorruptionBase(Check[CR]):
         return robust, evaluated
 
 
+class FullSearch(NamedTuple):
+    """Per sample, over every candidate tried: the first (weakest) break (-1 if none) and its
+    prediction, the most confident mistake (-1 if none), its prediction, margin and top
+    probability, and the least confident correct answer's margin and probability (NaN when
+    the sample was not searched)."""
+
+    first: torch.Tensor
+    first_pred: torch.Tensor
+    worst: torch.Tensor
+    worst_pred: torch.Tensor
+    worst_conf: torch.Tensor
+    worst_prob: torch.Tensor
+    least_conf: torch.Tensor
+    least_prob: torch.Tensor
+
+
+def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.Tensor,
+               candidates: torch.Tensor, apply: Apply, seed_of: Callable[[int, int], int],
+               index: Sequence[int]) -> FullSearch:
+    """Try every candidate (weakest first) on the ``searched`` samples, keeping the first
+    break and the most confident mistake (largest top-two margin of a wrong answer)."""
+    b = len(y)
+    first = torch.full((b,), -1, dtype=torch.long)
+    first_pred = torch.full((b,), -1, dtype=torch.long)
+    worst = torch.full((b,), -1, dtype=torch.long)
+    worst_pred = torch.full((b,), -1, dtype=torch.long)
+    worst_conf = torch.full((b,), float("-inf"))
+    worst_prob = torch.full((b,), float("nan"))
+    least_conf = torch.full((b,), float("inf"))
+    least_prob = torch.full((b,), float("nan"))
+    ai = searched.cpu().nonzero().flatten()
+    output = model.info.output
+    if len(ai) == 0:
+        return FullSearch(first, first_pred, worst, worst_pred, worst_conf.fill_(float("nan")),
+                          worst_prob, least_conf.fill_(float("nan")), least_prob)
+    xs, ys = x[ai.to(x.device)], y[ai.to(y.device)].cpu()
+    for t in range(len(candidates)):
+        params = candidates[t].expand(len(ai), -1).to(x.device)
+        seeds = torch.tensor([seed_of(int(index[i]), t) for i in ai.tolist()], dtype=torch.long)
+        scores = model.predict(apply(xs, params, seeds)).cpu()
+        pred = scores.argmax(1)
+        c = confidences(scores, output)
+        prob = top_probability(scores, output)
+        bad = pred != ys
+        new_first = bad & (first[ai] < 0)
+        first[ai[new_first]] = t
+        first_pred[ai[new_first]] = pred[new_first]
+        more = bad & (c > worst_conf[ai])
+        worst[ai[more]] = t
+        worst_pred[ai[more]] = pred[more]
+        worst_conf[ai[more]] = c[more]
+        worst_prob[ai[more]] = prob[more]
+        less = ~bad & (c < least_conf[ai])
+        least_conf[ai[less]] = c[less]
+        least_prob[ai[less]] = prob[less]
+    worst_conf[worst < 0] = float("nan")
+    least_conf[least_conf.isinf()] = float("nan")
+    return FullSearch(first, first_pred, worst, worst_pred, worst_conf, worst_prob, least_conf,
+                      least_prob)
+
+
+#: The default query budget per sample, in round 0's candidates.
+BUDGET_FACTOR = 8
+
+
 class Corruption(_CorruptionBase[CorruptionRecord]):
     """Robustness score of one corruption property within a bound (Berghoff et al. 2021).
 
     Parameters: ``property`` (see :data:`certify.perturbations.PROPERTIES`), ``bound`` (in the
-    property's unit; default per property), ``steps`` (grid resolution or number of intensity
-    levels), ``tries`` (seeded draws per level for random properties), ``max_examples`` (failure
-    examples kept for the card's gallery).
+    property's unit; default per property), ``steps`` (round 0's grid resolution or number of
+    intensity levels), ``tries`` (round 0's draws per level for random properties),
+    ``max_queries`` (the search's budget per sample, clean queries excluded; default 8 times
+    round 0's candidates, or rounds 0-2 if more), ``max_examples`` (failure examples kept for
+    the card's gallery).
     """
 
     kind: ClassVar[str] = "corruption"
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("robustness_score", "share of correctly classified samples that stay correct "
-               "for every tried transform within the bound", "higher", threshold=True),
+               "for every transform the search tried within the bound", "higher",
+               threshold=True),
         *WORST_CASE_METRICS,
         Metric("n_evaluated", "correctly classified samples searched", unit="count"),
         Metric("n_robust", "samples robust within the bound", unit="count"),
         Metric("n_misclassified", "samples wrong before any transform", unit="count"),
         Metric("n_not_applicable", "samples the property does not apply to", unit="count"),
-        Metric("candidates", "transforms tried per sample at most", unit="count"),
+        Metric("candidates", "transforms tried per sample at most (every round)",
+               unit="count"),
+        # optional: results written before the search had rounds (issue 29) lack them
+        Metric("rounds", "search rounds run", unit="count", optional=True),
+        Metric("late_breaks", "samples first broken by the last round", unit="count",
+               optional=True),
     )
     compare_outcomes = {"robustness_score": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
                                                          "Robustness score")
+    method: ClassVar[str] = ("2: searched in rounds under the convergence rule; worst case the "
+                             "most confident mistake")
 
     def __init__(self, property: str, bound: float | None = None, steps: int | None = None,
-                 tries: int = 4, max_examples: int = 4) -> None:
+                 tries: int = 4, max_queries: int | None = None, max_examples: int = 4) -> None:
         self.property = property
         self.bound = bound
         self.steps = steps
         self.tries = tries
+        self.max_queries = max_queries
         self.max_examples = max_examples
+        self._round = 0
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
         prop = _property(self.property, where)
         _bound_steps(prop, self.bound, self.steps, where)
-        if not isinstance(self.tries, int) or self.tries < 1:
-            raise SuiteError(f"{where}: tries must be a positive integer", hint="e.g. tries: 4")
+        if not isinstance(self.tries, int) or isinstance(self.tries, bool) or self.tries < 1 \
+                or self.tries > 1 << 16:
+            raise SuiteError(f"{where}: tries must be an integer from 1 to 65536",
+                             hint="e.g. tries: 4")
+        if self.max_queries is not None:
+            first = len(self._round_candidates(0).rows)
+            if isinstance(self.max_queries, bool) or not isinstance(self.max_queries, int) or \
+                    self.max_queries < first:
+                raise SuiteError(f"{where}: max_queries must be an integer of at least {first} "
+                                 "(round 0's candidates per sample)",
+                                 hint=f"e.g. max_queries: {BUDGET_FACTOR * first}, or leave it "
+                                      f"out for {BUDGET_FACTOR} times round 0")
 
-    def _candidates(self) -> tuple[Property, torch.Tensor, torch.Tensor]:
+    # -- the search's rounds --------------------------------------------------------------
+    def _prop(self) -> tuple[Property, float, int]:
         prop = PROPERTIES[self.property]
         bound, steps = _bound_steps(prop, self.bound, self.steps, self.kind)
-        rows, inten, _ = prop.candidates(bound, steps, self.tries)
-        return prop, rows, inten
+        return prop, bound, steps
+
+    def _round_candidates(self, r: int) -> RoundCandidates:
+        prop, bound, steps = self._prop()
+        return prop.round_candidates(bound, steps, self.tries, r)
+
+    def searched(self) -> bool:
+        """Whether the check searches in rounds: random_linf and random_l0 stay one round of
+        random draws (the attack of the same bound searches their worst case)."""
+        return self.property not in RANDOM_PIXEL_NORMS
+
+    def budget(self) -> int:
+        """The search's queries per sample at most (clean queries excluded)."""
+        if not self.searched():
+            return len(self._round_candidates(0).rows)
+        if self.max_queries is not None:
+            return int(self.max_queries)
+        first_three = sum(len(self._round_candidates(r).rows) for r in range(3))
+        return max(BUDGET_FACTOR * len(self._round_candidates(0).rows), first_three)
+
+    def planned(self) -> list[int]:
+        """Each round's candidates per sample, as far as the budget allows (the rounds that
+        may run; later rounds run only while the last one broke more than the allowance)."""
+        sizes, total, r = [], 0, 0
+        while r < 64:
+            n = len(self._round_candidates(r).rows)
+            if n == 0 or total + n > self.budget():
+                break
+            sizes.append(n)
+            total += n
+            r += 1
+        return sizes
+
+    def for_round(self, r: int) -> Corruption:
+        """A copy that runs round ``r`` of the search."""
+        c = copy.copy(self)
+        c._round = r
+        return c
+
+    def search_state(self, records: Sequence[CorruptionRecord]) -> dict[str, Any]:
+        """Where the search stands after the merged ``records``' rounds: how many rounds ran,
+        what each broke, and whether it converged, is exhaustive or stopped on its budget."""
+        evaluated = [r for r in records if r["outcome"] in ("robust", "broken")]
+        n = len(evaluated)
+        allowance = max(1.0, CONVERGENCE_SHARE * n)
+        done = max((len(r.get("round_queries", [0])) for r in evaluated), default=1)
+        planned = self.planned()
+        rounds = []
+        for k in range(done):
+            rounds.append({"round": k,
+                           "candidates": planned[k] if k < len(planned) else
+                           len(self._round_candidates(k).rows),
+                           "searched": sum(len(r.get("round_queries", [0])) > k
+                                           for r in evaluated),
+                           "broken": sum(int(r.get("broken_round", 0)) == k
+                                         for r in evaluated if r["outcome"] == "broken")})
+        late = rounds[-1]["broken"] if done > 1 else None
+        robust_left = any(r["outcome"] == "robust" for r in evaluated)
+        nxt = len(self._round_candidates(done).rows)
+        spent = sum(x["candidates"] for x in rounds)
+        if not self.searched():
+            why, ok = ("a random draw, not searched: the attack at the same bound searches the "
+                       "worst case"), False
+        elif not robust_left:
+            why, ok = "every evaluated sample broke: no search can lower the score", True
+        elif done > 1 and late is not None and late <= allowance:
+            why, ok = (f"converged: round {done - 1} broke {late} more sample(s), at most "
+                       f"max(1, 1% of {n}) = {allowance:g}"), True
+        elif nxt == 0:
+            why, ok = "exhaustive: the grid cannot get finer, every point of it was tried", True
+        else:
+            ok = False
+            why = (f"not converged: round {done - 1} broke {late} more sample(s), more than "
+                   f"max(1, 1% of {n}) = {allowance:g}, and the next round's {nxt:,} "
+                   f"candidates would pass the budget of {self.budget():,} queries per sample"
+                   if late is not None else
+                   f"not converged: round 1's {nxt:,} candidates would pass the budget of "
+                   f"{self.budget():,} queries per sample, so convergence was not judged "
+                   "across a doubling")
+        return {"rounds": rounds, "converged": ok, "searched": self.searched(), "why": why,
+                "late_breaks": late or 0, "allowance": allowance, "budget": self.budget(),
+                "spent": spent, "evaluated": n}
+
+    def next_round(self, records: dict[int, CorruptionRecord], done: int
+                   ) -> tuple[Corruption, list[int]] | None:
+        """Round ``done + 1`` on the samples still robust, unless the search converged, is
+        exhaustive, or the round would pass the budget (see :meth:`search_state`)."""
+        rows = list(records.values())
+        todo = sorted(i for i, r in records.items() if r["outcome"] == "robust")
+        if not todo:
+            return None
+        evaluated = sum(r["outcome"] in ("robust", "broken") for r in rows)
+        late = sum(int(r.get("broken_round", 0)) == done for r in rows
+                   if r["outcome"] == "broken")
+        if done >= 1 and late <= max(1.0, CONVERGENCE_SHARE * evaluated):
+            return None
+        planned = self.planned()
+        if done + 1 >= len(planned):
+            return None  # exhaustive, or past the budget (search_state says which)
+        return self.for_round(done + 1), todo
+
+    def merge_round(self, records: dict[int, CorruptionRecord], new: dict[int, CorruptionRecord],
+                    r: int) -> dict[int, CorruptionRecord]:
+        """Fold round ``r``'s records in: queries add up; a break found now replaces the
+        robust record's worst case; a clean answer that changed between rounds (a randomised
+        model) is a break."""
+        out = dict(records)
+        for i, rec in new.items():
+            old = out[i]
+            merged = typing.cast(CorruptionRecord, dict(old))
+            merged["round_queries"] = [*old.get("round_queries", [int(old["queries"])]),
+                                       int(rec["queries"])]
+            merged["queries"] = int(old["queries"]) + int(rec["queries"])
+            if rec["outcome"] == "broken":
+                for k in ("outcome", "confidence", "probability", "abstained", "break_intensity",
+                          "break_params", "break_pred", "break_seed", "worst_params",
+                          "worst_pred", "worst_seed"):
+                    if k in rec:
+                        merged[k] = rec[k]
+                merged["broken_round"] = r
+            elif rec["outcome"] == "misclassified":
+                merged.update({"outcome": "broken", "clean_changed": True, "broken_round": r,
+                               "confidence": rec["confidence"], "break_pred": rec["pred"],
+                               "break_intensity": 0.0, "break_params": [],
+                               "break_seed": 0})
+            elif rec["outcome"] == "robust" and rec["confidence"] < old["confidence"]:
+                merged["confidence"] = rec["confidence"]  # the least confident correct answer
+                if "probability" in rec:
+                    merged["probability"] = rec["probability"]
+            out[i] = merged
+        return out
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[CorruptionRecord]:
-        prop, rows, inten = self._candidates()
-        pred, correct, applicable, clean_conf = self._clean(model, x, y, ctx,
-                                                            prop.name == "flip")
-        found = search(model, x, y, correct & applicable, rows, prop.apply, ctx.seed, index)
-        broken_at, broken_pred, queries = found.broken_at, found.broken_pred, found.queries
-        worst = torch.where(found.confidence.isnan(), clean_conf, found.confidence)
+        prop = self._prop()[0]
+        cands = self._round_candidates(self._round)
+        pred, correct, applicable, clean_conf, clean_prob = self._clean(model, x, y, ctx,
+                                                                        prop.name == "flip")
+        keys = cands.keys.tolist()
+
+        def seed_of(i: int, t: int) -> int:
+            return ctx.seed(i, keys[t])
+
+        found = search_all(model, x, y, correct & applicable, cands.rows, prop.apply, seed_of,
+                           index)
+        n_cand = len(cands.rows)
         out = []
         for j, i in enumerate(index):
-            t = int(broken_at[j])
+            searched = bool(correct[j]) and bool(applicable[j])
+            t, w = int(found.first[j]), int(found.worst[j])
             rec: CorruptionRecord = {
                 "outcome": self._outcome(bool(correct[j]), bool(applicable[j]), t >= 0),
-                "label": int(y[j]), "pred": int(pred[j]), "queries": 1 + int(queries[j]),
-                "confidence": float(worst[j]),
+                "label": int(y[j]), "pred": int(pred[j]),
+                "queries": 1 + (n_cand if searched else 0),
             }
-            if ctx.abstain_class is not None and ctx.abstain_class == (
-                    int(broken_pred[j]) if t >= 0 else int(pred[j])):
+            if w >= 0:
+                rec.update({"confidence": float(found.worst_conf[j]),
+                            "probability": float(found.worst_prob[j])})
+            elif searched and not bool(found.least_conf[j].isnan()):
+                rec.update({"confidence": min(float(found.least_conf[j]), float(clean_conf[j])),
+                            "probability": float(found.least_prob[j])
+                            if float(found.least_conf[j]) < float(clean_conf[j])
+                            else float(clean_prob[j])})
+            else:
+                rec.update({"confidence": float(clean_conf[j]),
+                            "probability": float(clean_prob[j])})
+            worst_pred = int(found.worst_pred[j]) if w >= 0 else int(pred[j])
+            if ctx.abstain_class is not None and ctx.abstain_class == worst_pred:
                 rec["abstained"] = True  # worst case: an explicit abstention
             if t >= 0:
-                rec.update({"break_intensity": float(inten[t]),
-                            "break_params": [float(v) for v in rows[t]],
-                            "break_pred": int(broken_pred[j]),
-                            "break_seed": ctx.seed(int(i), t)})
+                rec.update({"break_intensity": float(cands.intensity[t]),
+                            "break_params": [float(v) for v in cands.rows[t]],
+                            "break_pred": int(found.first_pred[j]),
+                            "break_seed": seed_of(int(i), t),
+                            "worst_params": [float(v) for v in cands.rows[w]],
+                            "worst_pred": int(found.worst_pred[j]),
+                            "worst_seed": seed_of(int(i), w)})
+                if self._round:
+                    rec["broken_round"] = self._round
             out.append(rec)
         return out
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
-        """Score with its interval, the bound and the sample count."""
+        """Score with its interval, the bound, the sample count and the search."""
         m, d = result.metrics, result.details
         text = (f"robustness {pct(m.robustness_score)} (95% CI "
                 f"{interval_text(result.intervals['robustness_score'])}) within "
                 f"{d['bound']:g} {d['unit']}, n={m.n_evaluated}")
+        st = d.get("search_rounds")
+        if st:
+            text += (f"; searched in {len(st['rounds'])} round(s), "
+                     f"{st['spent']:,} of ≤{st['budget']:,} queries per sample: "
+                     + st["why"].split(":")[0])
         for c in d.get("worst_case_comparison") or ():
             text += (f"; a random draw: {pct(c['surviving_share'])} survive the worst-case "
                      f"search {c['attack_check']} at the same bound")
@@ -273,22 +497,45 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
 
     @classmethod
     def figures(cls, result: ResultView) -> dict[str, str]:
-        """The robustness curve over the bound."""
-        from certify.figures import curve_svg
+        """The robustness curve over the bound, and over the search's queries."""
+        from certify.figures import curve_svg, queries_curve_svg
 
-        return {"curve": curve_svg(result.details["curve"], result.details["unit"])}
+        out = {"curve": curve_svg(result.details["curve"], result.details["unit"])}
+        st = result.details.get("search_rounds")
+        if st and len(st["rounds"]) > 1 and st.get("evaluated"):
+            n, left, spent = st["evaluated"], st["evaluated"], 0
+            curve = [{"queries": 0, "robust_accuracy": 1.0}]
+            for r in st["rounds"]:  # the robust share after each round's total queries
+                left, spent = left - r["broken"], spent + r["candidates"]
+                curve.append({"queries": spent, "robust_accuracy": left / n})
+            out["search"] = queries_curve_svg(curve, [p["queries"] for p in curve[1:]])
+        return out
 
     def summarize(self, records: list[CorruptionRecord], data: Dataset) -> Measurement:
-        prop, rows, inten = self._candidates()
+        prop, bound, _ = self._prop()
         sink = ImageSink()
         robust, evaluated = self._score([r["outcome"] for r in records])
-        levels = [0.0, *sorted({float(v) for v in inten.tolist()})]
-        broken = [r["break_intensity"] for r in records if r["outcome"] == "broken"]
+        state = self.search_state(records)
+        levels = sorted({0.0, *(float(r["break_intensity"]) for r in records
+                                if r["outcome"] == "broken" and "break_intensity" in r),
+                         *(float(v) for v in self._round_candidates(0).intensity.tolist())})
+        broken = [float(r.get("break_intensity", 0.0)) for r in records
+                  if r["outcome"] == "broken"]
         curve = [
             {"intensity": lv, "score": (evaluated - sum(b <= lv + 1e-12 for b in broken))
              / evaluated if evaluated else None}
             for lv in levels
         ]
+        warnings: list[str] = []
+        unsettled = None
+        if not state["converged"] and self.searched():
+            warnings.append(f"{prop.name}: the search {state['why']}; a stronger search can only "
+                            "lower this robustness score, so it cannot PASS")
+            unsettled = "the search has not converged: a stronger search can only lower it"
+        changed = sum(bool(r.get("clean_changed")) for r in records)
+        if changed:
+            warnings.append(f"{changed} sample(s) changed their clean answer between search "
+                            "rounds (a randomised model?): counted as broken")
         return Measurement(
             metrics={
                 "robustness_score": robust / evaluated if evaluated else 0.0,
@@ -297,7 +544,9 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                 "n_robust": robust,
                 "n_misclassified": sum(r["outcome"] == "misclassified" for r in records),
                 "n_not_applicable": sum(r["outcome"] == "not_applicable" for r in records),
-                "candidates": len(rows),
+                "candidates": state["spent"],
+                "rounds": len(state["rounds"]),
+                "late_breaks": state["late_breaks"],
             },
             intervals={"robustness_score": wilson_interval(robust, evaluated)},
             details={
@@ -305,13 +554,17 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                 "family": prop.family,
                 "description": prop.description,
                 "unit": prop.unit,
-                "param_names": list(prop.params),
-                "bound": _bound_steps(prop, self.bound, self.steps, self.kind)[0],
-                "search": "random" if prop.random else "grid",
+                "param_names": [*prop.params, *prop.design_params],
+                "bound": bound,
+                "search": ("design" if prop.design is not None else "random") if prop.random
+                else "grid",
+                "search_rounds": state,
                 "curve": curve,
                 "examples": self._examples(prop.apply, records, data, sink),
             },
+            warnings=warnings,
             images=sink.images,
+            unsettled=unsettled,
         )
 
     def _examples(self, apply: Apply, records: list[CorruptionRecord], data: Dataset,
@@ -321,7 +574,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         Each example keeps what regenerates it (sample, parameters, seed) and the digests of
         its two images; the pixels go to ``sink``.
         """
-        broken = sorted((r for r in records if r["outcome"] == "broken"),
+        broken = sorted((r for r in records if r["outcome"] == "broken"
+                         and r.get("break_params")),
                         key=lambda r: (r["break_intensity"], r["i"]))[: self.max_examples]
         names = data.class_names
         out = []
@@ -415,25 +669,17 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[PairRecord]:
         g = self._grids()
-        pred, correct, _, clean_conf = self._clean(model, x, y, ctx, False)
-        ra = search(model, x, y, correct, g["ra"], g["a"].apply,
-                    lambda i, t: ctx.seed(i, 1, t), index)
-        rb = search(model, x, y, correct, g["rb"], g["b"].apply,
-                    lambda i, t: ctx.seed(i, 2, t), index)
-        ba, qa, bb, qb = ra.broken_at, ra.queries, rb.broken_at, rb.queries
-        # a failure of either property alone is already a failure of the combination
-        alive = correct & (ba < 0) & (bb < 0)
-        rj = search(model, x, y, alive, g["joint"], g["apply"],
-                    lambda i, t: ctx.seed(i, 3, t), index)
-        bj, pj, qj = rj.broken_at, rj.broken_pred, rj.queries
-        # worst case: the confidence at the first break found, else the lowest seen
-        worst = clean_conf.clone()
-        for part in (rj, rb, ra):
-            seen = ~part.confidence.isnan()
-            worst[seen] = torch.fmin(worst[seen], part.confidence[seen])
-        for part in (ra, rb, rj):
-            hit = part.broken_at >= 0
-            worst[hit] = part.confidence[hit]
+        pred, correct, _, clean_conf, _ = self._clean(model, x, y, ctx, False)
+        # every part is searched whole on every correct sample, so that the worst case is the
+        # most confident mistake of all three grids
+        ra = search_all(model, x, y, correct, g["ra"], g["a"].apply,
+                        lambda i, t: ctx.seed(i, 1, t), index)
+        rb = search_all(model, x, y, correct, g["rb"], g["b"].apply,
+                        lambda i, t: ctx.seed(i, 2, t), index)
+        rj = search_all(model, x, y, correct, g["joint"], g["apply"],
+                        lambda i, t: ctx.seed(i, 3, t), index)
+        ba, bb, bj = ra.first, rb.first, rj.first
+        n_all = len(g["ra"]) + len(g["rb"]) + len(g["joint"])
         out = []
         for j, i in enumerate(index):
             c = bool(correct[j])
@@ -443,21 +689,25 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
                 "outcome_first": self._outcome(c, True, bool(ba[j] >= 0)),
                 "outcome_second": self._outcome(c, True, bool(bb[j] >= 0)),
                 "label": int(y[j]), "pred": int(pred[j]),
-                "queries": 1 + int(qa[j] + qb[j] + qj[j]),
-                "confidence": float(worst[j]),
+                "queries": 1 + (n_all if c else 0),
+                "confidence": float(clean_conf[j]),
             }
-            if ctx.abstain_class is not None:
-                # the worst case's prediction: the same part whose confidence was kept
-                worst_pred = int(pred[j])
-                for part in (ra, rb, rj):
-                    if int(part.broken_at[j]) >= 0:
-                        worst_pred = int(part.broken_pred[j])
-                if worst_pred == ctx.abstain_class:
-                    rec["abstained"] = True
+            parts = [p for p in (ra, rb, rj) if int(p.worst[j]) >= 0]
+            worst_pred = int(pred[j])
+            if parts:  # the most confident mistake of the three grids
+                top = max(parts, key=lambda p: float(p.worst_conf[j]))
+                rec["confidence"] = float(top.worst_conf[j])
+                worst_pred = int(top.worst_pred[j])
+            elif c:  # the least confident correct answer
+                seen = [float(p.least_conf[j]) for p in (ra, rb, rj)
+                        if not bool(p.least_conf[j].isnan())]
+                rec["confidence"] = min([float(clean_conf[j]), *seen])
+            if ctx.abstain_class is not None and worst_pred == ctx.abstain_class:
+                rec["abstained"] = True
             t = int(bj[j])
-            if t >= 0:
+            if t >= 0 and ba[j] < 0 and bb[j] < 0:  # only the combination breaks it
                 rec.update({"break_params": [float(v) for v in g["joint"][t]],
-                            "break_pred": int(pj[j]),
+                            "break_pred": int(rj.first_pred[j]),
                             "break_seed": ctx.seed(int(i), 3, t)})
             out.append(rec)
         return out

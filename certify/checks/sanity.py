@@ -20,7 +20,7 @@ from certify.checks.base import (
     Metric,
     ResultView,
 )
-from certify.checks.confidence import FAMILY, confidences
+from certify.checks.confidence import FAMILY, top_probability
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model
@@ -236,7 +236,7 @@ class Sanity(Check[SanityRecord]):
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[SanityRecord]:
         first, random, flips = _repeat(model, x, self.repeats, self.tolerance)
-        conf = confidences(first, model.info.output)
+        conf = top_probability(first, model.info.output)
         p = torch.softmax(first, 1) if model.info.output == "logits" else first
         one_hot = (p.max(dim=1).values >= 1 - 1e-6) & (p.sum(dim=1) - 1).abs().lt(1e-4)
         rows: list[SanityRecord] = [

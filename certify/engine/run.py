@@ -296,10 +296,11 @@ def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset
     queries = [int(r.get("queries", 0)) for r in ordered]
     status, decision = decide(spec, m.metrics, m.warnings, len(errored), m.intervals,
                               m.unsettled)
+    details = {**m.details, "method": spec.check.method} if spec.check.method else m.details
     return _typed(spec, {
         "metrics": m.metrics,
         "intervals": {k: list(v) for k, v in m.intervals.items()},
-        "details": m.details,
+        "details": details,
         "queries": {"total": sum(queries),
                     "mean_per_sample": sum(queries) / len(queries) if queries else 0.0,
                     "reference": sum(int(r.get("ref_queries", 0)) for r in ordered)},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,22 @@ def per_image(seeds: torch.Tensor, shape: tuple[int, ...], draw: str, device: to
 
 
 ApplyFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: A search design: ``design(start, stop)`` gives rows ``start:stop`` ``[stop - start, E]`` of a
+#: fixed, endless sequence of points in a property's continuous parameters (its position,
+#: colour, field...), the same for every sample; doubling ``stop`` refines the search.
+DesignFn = Callable[[int, int], torch.Tensor]
+#: Bits of a candidate's seed key that hold its try (the rest: its intensity level).
+_TRY_BITS = 24
+
+
+class RoundCandidates(typing.NamedTuple):
+    """One search round's new candidates, weakest first: parameter rows ``[T, P]`` (level
+    parameters, then design parameters), intensities ``[T]`` and seed keys ``[T]`` (level and
+    try: a random draw's seed is the sample's seed with this key, whatever the round)."""
+
+    rows: torch.Tensor
+    intensity: torch.Tensor
+    keys: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,51 @@ class Property:
     default_bound: float = 1.0
     default_steps: int = 5
     max_bound: float | None = None
+    #: Continuous parameters searched by a design (:data:`DesignFn`) rather than drawn from
+    #: each sample's seed; ``apply`` reads them after the level parameters when present.
+    design_params: tuple[str, ...] = ()
+    design: DesignFn | None = None
+
+    def round_candidates(self, bound: float, steps: int, tries: int, r: int
+                         ) -> RoundCandidates:
+        """Round ``r``'s new candidates of an escalating search inside ``bound``.
+
+        A grid property refines its grid: round ``r`` tries the points of the grid of
+        ``steps * 2**r`` steps that coarser rounds did not (none once the grid cannot get
+        finer, e.g. whole bits or a flip: the search is then exhaustive). A random property
+        doubles its tries per level: ``tries`` in round 0, then as many again as all earlier
+        rounds together; a property with a design takes those tries from its design's
+        sequence instead of the sample's seed. The identity (intensity 0) is left out.
+        """
+        if not self.random:
+            rows = self._grid_rows(bound, steps << r)
+            if r:
+                seen = {tuple(v) for v in self._grid_rows(bound, steps << (r - 1)).tolist()}
+                fresh = [k for k, v in enumerate(rows.tolist()) if tuple(v) not in seen]
+                rows = rows[torch.tensor(fresh, dtype=torch.long)]
+            inten = self.intensity(rows)
+            order = torch.argsort(inten, stable=True)
+            return RoundCandidates(rows[order].float(), inten[order],
+                                   torch.zeros(len(rows), dtype=torch.long))
+        levels = self._grid_rows(bound, steps)
+        lo, hi = (0, tries) if r == 0 else (tries << (r - 1), tries << r)
+        n_lv, n_try = len(levels), hi - lo
+        lv = torch.arange(n_lv).repeat_interleave(n_try)
+        tri = torch.arange(lo, hi).repeat(n_lv)
+        rows = levels[lv]
+        if self.design is not None:
+            rows = torch.cat([rows, self.design(lo, hi).to(torch.float64).repeat(n_lv, 1)],
+                             dim=1)
+        inten = self.intensity(levels)[lv]
+        order = torch.argsort(inten, stable=True)
+        keys = (lv << _TRY_BITS) | tri
+        return RoundCandidates(rows[order].float(), inten[order], keys[order])
+
+    def _grid_rows(self, bound: float, steps: int) -> torch.Tensor:
+        """The level grid's rows with intensity above 0, rounded to 1e-9 (so that a finer
+        grid's copy of a coarser grid's point compares equal)."""
+        rows = (self.levels(bound, steps).to(torch.float64) * 1e9).round() / 1e9
+        return rows[self.intensity(rows) > 0]
 
     def candidates(self, bound: float, steps: int, tries: int) -> tuple[torch.Tensor, torch.Tensor,
                                                                           torch.Tensor]:

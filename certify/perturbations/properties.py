@@ -265,19 +265,68 @@ def _depth_levels(bound: float, steps: int) -> torch.Tensor:
 
 def _adaptive_brightness(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # a smooth field: a 4x4 grid of offsets in [-d, d] upsampled bicubically over the image,
-    # so some parts of the sign get brighter and others darker (Berghoff et al., Fig. 4)
+    # so some parts of the sign get brighter and others darker (Berghoff et al., Fig. 4). The
+    # 16 coarse values come from the search design (p[:, 1:17], in [-1, 1]) or, without one
+    # (a corruption pair), from each image's seed
     n, _, h, w = x.shape
-    coarse = per_image(seeds, (1, 4, 4), "rand", x.device) * 2 - 1
-    field = F.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=True).clamp(-1, 1)
+    if p.shape[1] >= 17:
+        coarse = p[:, 1:17].to(x).view(n, 1, 4, 4)
+    else:
+        coarse = per_image(seeds, (1, 4, 4), "rand", x.device) * 2 - 1
+    field = F.interpolate(coarse.to(x), size=(h, w), mode="bicubic",
+                          align_corners=True).clamp(-1, 1)
     out = x + p[:, 0].to(x).view(-1, 1, 1, 1) * field.to(x)
     return _identity_where_zero(x, out, p[:, 0])
 
 
+def _quadrant_fields() -> torch.Tensor:
+    """The 4x4 coarse fields that are +1 or -1 on each 2x2 quadrant, ``[16, 16]``: one corner
+    against the other three first (each sign), then halves, diagonals and uniform."""
+    patterns = []
+    for bits in range(16):
+        signs = [1.0 if bits >> q & 1 else -1.0 for q in range(4)]  # TL, TR, BL, BR
+        field = torch.tensor(signs).view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1)
+        patterns.append((abs(sum(signs)) != 2, abs(sum(signs)) == 4, bits, field.flatten()))
+    patterns.sort(key=lambda t: t[:3])  # one odd corner (|sum| 2), then halves, then uniform
+    return torch.stack([t[3] for t in patterns])
+
+
+_QUADRANTS = _quadrant_fields()
+
+
+def _sobol(dim: int, seed: int, start: int, stop: int) -> torch.Tensor:
+    """Points ``start:stop`` of a scrambled Sobol sequence in ``[0, 1)^dim`` (fixed seed):
+    every doubling of ``stop`` fills the gaps of the points before it."""
+    if stop <= start:
+        return torch.zeros(0, dim, dtype=torch.float64)
+    eng = torch.quasirandom.SobolEngine(dim, scramble=True, seed=seed)
+    if start:
+        eng.fast_forward(start)
+    return eng.draw(stop - start, dtype=torch.float64)
+
+
+def _field_design(start: int, stop: int) -> torch.Tensor:
+    """Coarse fields ``[stop - start, 16]`` in [-1, 1]: the 16 quadrant patterns first (a
+    corner, a half, a diagonal brighter and the rest darker), then the corners of the whole
+    4x4 grid (signs of a Sobol sequence) alternating with points inside it."""
+    q = len(_QUADRANTS)
+    head = _QUADRANTS[start:min(stop, q)].to(torch.float64)
+    a, b = max(start, q), max(stop, q)
+    u = _sobol(16, 0xF1E1D, a - q, b - q) * 2 - 1
+    corner = (torch.arange(a, b) % 2 == 0).view(-1, 1)
+    tail = torch.where(corner, torch.sign(u) + (u == 0).to(u.dtype), u)
+    return torch.cat([head, tail])
+
+
 def _sticker(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # one square sticker of side p * image side, centred on the sign's central region, with a
-    # random colour and orientation (Berghoff et al., Fig. 5)
+    # colour and orientation (Berghoff et al., Fig. 5): position, angle and colour from the
+    # search design (p[:, 1:7], in [0, 1]) or, without one (a corruption pair), the image's seed
     n, c, h, w = x.shape
-    r = per_image(seeds, (7,), "rand", x.device).to(x)
+    if p.shape[1] >= 7:
+        r = p[:, 1:7].to(x)
+    else:
+        r = per_image(seeds, (7,), "rand", x.device).to(x)
     cx = (0.3 + 0.4 * r[:, 0]) * (w - 1)
     cy = (0.3 + 0.4 * r[:, 1]) * (h - 1)
     angle = r[:, 2] * (math.pi / 2)
@@ -293,6 +342,13 @@ def _sticker(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Ten
     m = edge.unsqueeze(1)
     out = x * (1 - m) + colour[:, :c].view(n, c, 1, 1) * m
     return _identity_where_zero(x, out, p[:, 0])
+
+
+def _sticker_design(start: int, stop: int) -> torch.Tensor:
+    """Sticker placements ``[stop - start, 6]`` in [0, 1): x, y, angle and colour from a
+    scrambled Sobol sequence, whose first 4^k points put one position in every cell of a
+    2^k x 2^k grid over the sign's central region."""
+    return _sobol(6, 0x571C, start, stop)
 
 
 PROPERTIES: dict[str, Property] = {
@@ -354,11 +410,15 @@ PROPERTIES: dict[str, Property] = {
                  "(8 - k bits)", ("k",), _depth_levels, _abs0, _colour_depth,
                  default_bound=5, default_steps=5, max_bound=7),
         Property("adaptive_brightness", "task", "offset", "smooth, spatially varying "
-                 "brightness field in [-d, d]", ("delta",), positive_grid, _abs0,
-                 _adaptive_brightness, random=True, default_bound=0.3, default_steps=3),
-        Property("sticker", "task", "side (fraction)", "one square sticker of random "
-                 "position, colour and orientation on the sign", ("size",), positive_grid,
-                 _abs0, _sticker, random=True, default_bound=0.25, default_steps=5,
-                 max_bound=1.0),
+                 "brightness field in [-d, d] (4x4 control points, searched: each quadrant "
+                 "brighter or darker first, then the grid's corners and points inside)",
+                 ("delta",), positive_grid, _abs0, _adaptive_brightness, random=True,
+                 default_bound=0.3, default_steps=3,
+                 design_params=tuple(f"c{k}" for k in range(16)), design=_field_design),
+        Property("sticker", "task", "side (fraction)", "one square sticker on the sign, its "
+                 "position, orientation and colour searched (a Sobol design that covers the "
+                 "central region ever more finely)", ("size",), positive_grid, _abs0,
+                 _sticker, random=True, default_bound=0.25, default_steps=5, max_bound=1.0,
+                 design_params=("x", "y", "angle", "r", "g", "b"), design=_sticker_design),
     )
 }

@@ -283,16 +283,27 @@ def why_not_comparable(co: Any, cn: Any) -> str | None:
     """Why one check of two runs cannot be compared (``None`` when it can)."""
     if co is None or cn is None:
         return f"only in {'NEW' if co is None else 'OLD'} (another suite version)"
-    if co.kind != cn.kind or co.params != cn.params:
+    # a parameter a later release added, left at its default (None), is the same threat model
+    keys = set(co.params) | set(cn.params)
+    if co.kind != cn.kind or any(co.params.get(k) != cn.params.get(k) for k in keys):
         return (f"another threat model: {co.kind} {co.params} in OLD, {cn.kind} {cn.params} "
                 "in NEW")
+    mo, mn = (c.details.get("method", "") if isinstance(c.details, dict) else ""
+              for c in (co, cn))
+    if mo != mn:
+        return (f"measured by another certify method: {mo or 'as first released'} in OLD, "
+                f"{mn or 'as first released'} in NEW (a difference would not be the model's)")
     return None
 
 
 def converged(c: Any) -> bool | None:
     """Whether a check's search converged: ``False`` for an attack whose last run did not
-    converge or stalled, ``None`` for a check that is not a search."""
+    converge or stalled, or a corruption property whose search stopped on its budget; ``None``
+    for a check that is not a search."""
     details = c.details if isinstance(c.details, dict) else {}
+    search = details.get("search_rounds")
+    if isinstance(search, dict) and search.get("searched", True):
+        return bool(search.get("converged"))  # a corruption property's escalated search
     conv, evidence = details.get("convergence"), details.get("evidence")
     if not isinstance(conv, dict):
         return None
