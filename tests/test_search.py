@@ -145,3 +145,45 @@ def test_a_search_stopped_by_its_budget_cannot_pass(tmp_path):
     assert not st["converged"] and "not converged" in st["why"]
     assert r["status"] == "WARN"
     assert any("cannot PASS" in w for w in r["warnings"])
+
+
+class _ByAngle:
+    """A predictor whose answer depends on the rotation the image went through: it reads the
+    angle back from a marker pixel's position. Wrong (class 1) at both ±30° grid points, far
+    more confidently at -30° (the grid tries +30° first)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        # the marker's column after rotating about the centre tells the sign of the angle
+        col = (x[:, 0].sum(dim=1) > 0.5).float().argmax(dim=1).float()
+        logits = torch.zeros(len(x), 43)
+        logits[:, 0] = 5.0
+        right = col > 17  # the marker moved right: one sign of rotation
+        left = col < 12
+        logits[left, 1] = 6.0  # wrong by a margin of 1
+        logits[right, 1] = 25.0  # wrong by a margin of 20
+        return logits
+
+
+def test_the_spatial_grid_searches_its_whole_grid_and_keeps_the_most_confident_mistake():
+    from certify.attacks.simple import SpatialGrid
+
+    x = torch.zeros(1, 3, 32, 32)
+    x[0, 0, 2:6, 14:18] = 1.0  # a marker above the centre
+    model = _ByAngle()
+    attack = SpatialGrid(max_rotation=30, max_translation=0, rotation_steps=1,
+                         translation_steps=1)
+    grid = attack.grid()
+    res = attack.run(model, x, torch.tensor([0]), torch.tensor([0]), "logits")
+    assert int(res.queries[0]) == len(grid) == model.calls  # every point, no early stop
+    picked = res.params[0]
+    out = model.predict(attack.transform(x, picked.view(1, -1)))
+    assert int(out.argmax(1)) == 1 and float(out[0, 1] - out[0, 0]) == 20.0
+    # the grid's first wrong point is the less confident one: a first-success search would
+    # have stopped there
+    first = next(g for g in grid
+                 if int(model.predict(attack.transform(x, g.view(1, -1))).argmax(1)) == 1)
+    assert not torch.equal(first, picked)
