@@ -60,6 +60,9 @@ class CornerModel(torch.nn.Module):
         return _logits((tl > 0.72) & (br < 0.28))
 
 
+LOG: list[str] = []  # the last run's log (stderr)
+
+
 def _run(tmp_path: Path, module: torch.nn.Module, x: np.ndarray, check: dict) -> dict:
     np.savez(tmp_path / "d.npz", x=x, y=np.zeros(len(x), dtype=np.int64))
     model = builders.export(module, tmp_path / "m.onnx")
@@ -70,6 +73,7 @@ def _run(tmp_path: Path, module: torch.nn.Module, x: np.ndarray, check: dict) ->
     proc = builders.run_cli("run", model, "--suite", suite, "--data", tmp_path / "d.npz",
                             "--out", out, "--no-pdf")
     assert proc.returncode in CARD_WRITTEN_CODES, proc.stderr
+    LOG[:] = [proc.stderr]
     doc = json.loads((out / "results.json").read_text())
     return {c["id"]: c for c in doc["measurement"]["checks"]}[check["id"]]
 
@@ -145,6 +149,8 @@ def test_a_search_stopped_by_its_budget_cannot_pass(tmp_path):
     assert not st["converged"] and "not converged" in st["why"]
     assert r["status"] == "WARN"
     assert any("cannot PASS" in w for w in r["warnings"])
+    # the cost was logged before any query: round 0's 24 candidates and its clean query
+    assert "query plan: t at most 25 queries per sample x 10 samples" in LOG[0]
 
 
 class _ByAngle:

@@ -200,6 +200,12 @@ class Check(Generic[R]):
         one round; attacks with ``max_queries: auto`` grow their budget in rounds."""
         return None
 
+    def max_queries_per_sample(self) -> int | None:
+        """The most queries one sample can cost this check, every round included, when the
+        check can say before it runs (``None``: it cannot). The runner logs the plan up front,
+        so that a paid endpoint's owner sees the cost before any query."""
+        return None
+
     def merge_round(self, records: dict[int, R], new: dict[int, R], r: int) -> dict[int, R]:
         """Fold round ``r``'s records into the merged records (checks with rounds only)."""
         raise NotImplementedError(f"{type(self).__name__} runs a single round")

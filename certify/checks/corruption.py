@@ -329,6 +329,11 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
             r += 1
         return sizes
 
+    def max_queries_per_sample(self) -> int:
+        """Every round that fits the budget, each with its clean query."""
+        planned = self.planned()
+        return sum(planned) + max(1, len(planned))
+
     def for_round(self, r: int) -> Corruption:
         """A copy that runs round ``r`` of the search."""
         c = copy.copy(self)
@@ -504,11 +509,11 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         st = result.details.get("search_rounds")
         if st and len(st["rounds"]) > 1 and st.get("evaluated"):
             n, left, spent = st["evaluated"], st["evaluated"], 0
-            curve = [{"queries": 0, "robust_accuracy": 1.0}]
+            curve: list[dict[str, Any]] = [{"queries": 0, "robust_accuracy": 1.0}]
             for r in st["rounds"]:  # the robust share after each round's total queries
                 left, spent = left - r["broken"], spent + r["candidates"]
                 curve.append({"queries": spent, "robust_accuracy": left / n})
-            out["search"] = queries_curve_svg(curve, [p["queries"] for p in curve[1:]])
+            out["search"] = queries_curve_svg(curve, [int(p["queries"]) for p in curve[1:]])
         return out
 
     def summarize(self, records: list[CorruptionRecord], data: Dataset) -> Measurement:

@@ -16,6 +16,7 @@ import hashlib
 import logging
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -207,6 +208,7 @@ def run_suite(
     work = _Run(model, reference, run_budget, data, run, check_seed(seed, SUBSET_KEY),
                 batch_size, progress, executor)
     state = RunState(seed=seed)
+    _log_plan(suite, data, skips)
     for spec in suite.checks:
         state.seeds[spec.id] = check_seed(seed, spec.id)
         c0 = time.perf_counter()
@@ -225,6 +227,23 @@ def run_suite(
     result = assemble_result(state, suite, skips, model, reference, data, device, run,
                              query_budget, executor, model_spec, reference_spec)
     return SuiteOutcome(result=result, images=state.images)
+
+
+def _log_plan(suite: Suite, data: Dataset, skips: Mapping[str, str]) -> None:
+    """Log, before any query, the most each check that can say will cost: queries per sample
+    (every round of an escalating search) times its samples."""
+    total = 0
+    for spec in suite.checks:
+        most = None if spec.id in skips else spec.check.max_queries_per_sample()
+        if most is None:
+            continue
+        n = min(spec.samples or len(data), len(data))
+        total += most * n
+        log.info("query plan: %s at most %s queries per sample x %s samples", spec.id,
+                 f"{most:,}", f"{n:,}")
+    if total:
+        log.info("query plan: at most %s queries for the checks above (the others bound "
+                 "theirs by their own budgets)", f"{total:,}")
 
 
 def _typed(spec: CheckSpec, fields: dict[str, object]) -> CheckResult:
