@@ -364,6 +364,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         if not self.searched():
             why, ok = ("a random draw, not searched: the attack at the same bound searches the "
                        "worst case"), False
+        elif n == 0:
+            why, ok = "nothing to search: no sample was classified correctly", True
         elif not robust_left:
             why, ok = "every evaluated sample broke: no search can lower the score", True
         elif done > 1 and late is not None and late <= allowance:
