@@ -7,11 +7,20 @@ LIME does; the exponential kernel ``sqrt(exp(-d^2 / width^2))`` on the cosine di
 mask to the all-on mask; and a weighted ridge regression (alpha 1, with intercept, as LIME's
 default regressor) of the model's probability for its own top class on the masks. Its weights
 ``w`` (one per superpixel, dimension ``d``) give **brittle score = (1/n) Σ ‖w‖₁ / d** (Eq. 2).
-Needs no labels and no gradients: only ``predict``. With a reference model the check also
-reports the relative improvement R.I. = (ref − model) / ref (Eq. 3), computed on the same
-superpixels and masks: positive when this model's score is lower than the reference's.
+Needs no labels and no gradients: only ``predict``.
 
-Uncertainty: a percentile bootstrap over samples gives the score's 95% interval, and a paired
+That regression target moves when only the scale of the logits moves (the softmax of ``c * z``
+is flatter for ``c < 1`` and sharper for ``c > 1``; the decisions are the same), so the score
+is also reported on a **decision-target variant** (not the paper's): the same LIME fit on
+``1`` when the masked image's top class is still the model's top class on the unmasked image,
+else ``0``. An argmax is unchanged by a positive scaling of the logits (and by any increasing
+map of the scores), so that variant is too. With a reference model the check reports the
+relative improvement R.I. = (ref − model) / ref (Eq. 3), computed on the same superpixels and
+masks, **on the decision-target variant** (``relative_improvement``; positive when this model's
+score is lower); Vora et al.'s R.I. on their probability target is kept beside it
+(``relative_improvement_probability``) and moves with the logit scale.
+
+Uncertainty: a percentile bootstrap over samples gives each score's 95% interval, and a paired
 bootstrap (the same resampled samples for model and reference, whose masks are shared) gives
 R.I.'s. Stability: every sample is also scored on a regular grid of square cells (about
 ``n_segments`` of them, the same number of masks); when SLIC and the grid rank model and
@@ -19,11 +28,15 @@ reference differently, or R.I.'s interval contains 0, no difference is resolved.
 
 The score is only comparable between models on the same data and the same segmentation.
 
-Speed: the masked images of several samples (both segmentations) are built with one ``where``
-over a mask matrix and sent to the model in chunks of ``_CHUNK`` images across samples, the
-next chunk being built while the model runs on the current one; one ridge solve per sample and
-segmentation serves model and reference (the design matrix and kernel are shared). A sample's
-masks come from its own seed, so its result does not depend on the batching.
+Speed: the masked images of several samples (both segmentations) are built into one reused
+buffer per hand-off to the models (``_CHUNK`` images across samples) by bit operations on the
+float32 images (exactly the original pixel or the cell's mean colour, as a ``where`` would
+give, at half its cost); for a model that does not compute on this CPU (an endpoint, a GPU) the
+next hand-off is built while the models run on the current one. One ridge solve per sample and
+segmentation serves every target of model and reference (the design matrix and kernel are
+shared). A sample's masks come from its own seed, so its result does not depend on the
+batching. On a GTSRB-size CNN certify's work around the model is about a quarter of the
+forward passes' time (benchmarks/RESULTS.md, issue 29).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 from skimage.segmentation import slic
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from certify.canonical import JSONLike
 from certify.checks.base import (
@@ -65,6 +78,11 @@ BOOTSTRAP = 2000
 #: Stream of the grid segmentation's masks (``ctx.seed(i, _GRID_STREAM)``) and the bootstrap's.
 _GRID_STREAM = 1
 _BOOT_STREAM = 0xB007
+#: The card's words for the basis of ``relative_improvement``.
+DECISION_BASIS = ("R.I. on the decision-target variant, which a positive scaling of the logits "
+                  "leaves unchanged")
+PROBABILITY_BASIS = ("Vora et al.'s R.I. on the probability of the top class, which moves with "
+                     "the scale of the logits")
 
 
 def segment(img: torch.Tensor, n_segments: int, compactness: float) -> np.ndarray:
@@ -118,10 +136,16 @@ def weighted_ridge(x: np.ndarray, y: np.ndarray, w: np.ndarray, alpha: float = 1
     return coef, ym - xm @ coef
 
 
+_BLAS: list[ThreadpoolController] = []
+
+
 def _one_blas_thread() -> Any:
     """BLAS on one thread for the small ridge solves: a ``[1000, 64]`` fit takes under 1 ms on
-    one thread, and 5-20 ms when a multi-threaded BLAS wakes threads on a busy machine."""
-    return threadpool_limits(limits=1, user_api="blas")
+    one thread, and 5-20 ms when a multi-threaded BLAS wakes threads on a busy machine. The
+    controller is made once (inspecting the loaded libraries costs about 1 ms)."""
+    if not _BLAS:
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 def _probabilities(scores: torch.Tensor, output: str) -> torch.Tensor:
@@ -185,31 +209,48 @@ def _heatmap(img: torch.Tensor, seg: np.ndarray, weights: list[float], vmax: flo
     return picked
 
 
+_ALL_ON = np.uint32(0xFFFFFFFF)
+
+
 @dataclass
 class _Job:
-    """One sample under one segmentation: its masks, and the fill of its hidden cells."""
+    """One sample under one segmentation: its masks, and the fill of its hidden cells.
 
-    img: torch.Tensor  # [C, H, W]
+    The masked images are made on the CPU from the float32 bit patterns:
+    ``fill ^ (on & (pixel ^ fill))`` with ``on`` all ones where the pixel's cell is kept, which
+    is exactly the pixel or exactly its cell's mean colour (two passes of numpy bit operations,
+    about half the time of a ``where``).
+    """
+
+    img: torch.Tensor  # [C, H, W] float32
     seg: np.ndarray  # [H, W] labels 0..d-1
     masks: np.ndarray  # [k, d] float 0/1, row 0 all ones
 
     def __post_init__(self) -> None:
-        segt = torch.from_numpy(self.seg).long().to(self.img.device).flatten()
+        img = self.img.detach().cpu().float()
+        segt = torch.from_numpy(np.ascontiguousarray(self.seg)).long().flatten()
         d = self.masks.shape[1]
-        flat = self.img.flatten(1)  # [C, HW]
-        sums = torch.zeros(flat.shape[0], d, device=flat.device,
-                           dtype=flat.dtype).index_add_(1, segt, flat)
+        flat = img.flatten(1)  # [C, HW]
+        sums = torch.zeros(flat.shape[0], d, dtype=flat.dtype).index_add_(1, segt, flat)
         counts = torch.bincount(segt, minlength=d).clamp(min=1)
-        self._flat = flat
-        self._fill = (sums / counts)[:, segt]  # [C, HW] mean colour of each pixel's cell
-        self._segt = segt
-        self._keep = torch.from_numpy(self.masks > 0.5).to(flat.device)  # [k, d] bool
+        fill = (sums / counts)[:, segt].contiguous()  # [C, HW] mean colour of each pixel's cell
+        self._fill = fill.numpy().view(np.uint32)
+        self._diff = flat.contiguous().numpy().view(np.uint32) ^ self._fill
+        self._cell = segt.numpy()  # [HW] each pixel's cell
+        self._on = np.where(self.masks > 0.5, _ALL_ON, np.uint32(0))  # [k, d]
+
+    def images_into(self, out: np.ndarray, start: int, stop: int) -> None:
+        """Write masked images ``start:stop`` into ``out`` (uint32 ``[n, C, HW]``, the float32
+        images' bits)."""
+        on = np.take(self._on[start:stop], self._cell, axis=1)  # [n, HW]
+        np.bitwise_and(on[:, None, :], self._diff[None], out=out)
+        out ^= self._fill
 
     def images(self, start: int, stop: int) -> torch.Tensor:
-        """Masked images ``start:stop`` as ``[n, C, H, W]``: one gather and one ``where``."""
-        keep = self._keep[start:stop][:, self._segt].unsqueeze(1)  # [n, 1, HW]
-        out = torch.where(keep, self._flat.unsqueeze(0), self._fill.unsqueeze(0))
-        return out.view(-1, *self.img.shape)
+        """Masked images ``start:stop`` as ``[n, C, H, W]`` float32 on the CPU."""
+        out = np.empty((stop - start, *self._fill.shape), dtype=np.uint32)
+        self.images_into(out, start, stop)
+        return torch.from_numpy(out.view(np.float32)).view(-1, *self.img.shape)
 
 
 def _chunks(jobs: list[_Job], chunk: int) -> Iterator[list[tuple[int, int, int]]]:
@@ -230,56 +271,154 @@ def _chunks(jobs: list[_Job], chunk: int) -> Iterator[list[tuple[int, int, int]]
         yield piece
 
 
-def _build(jobs: list[_Job], piece: list[tuple[int, int, int]]) -> torch.Tensor:
-    return torch.cat([jobs[j].images(a, b) for j, a, b in piece])
+def _build(jobs: list[_Job], piece: list[tuple[int, int, int]],
+           buffer: np.ndarray | None = None) -> torch.Tensor:
+    """One hand-off's masked images, written into one buffer (no concatenation): ``buffer``
+    (uint32 ``[>= n, C, HW]``) when given, so that hand-offs reuse memory already mapped
+    (allocating 25 MB afresh per hand-off cost as much as building into it)."""
+    total = sum(b - a for _, a, b in piece)
+    first = jobs[piece[0][0]]
+    shape = first._fill.shape  # noqa: SLF001 - same module
+    out = (np.empty((total, *shape), dtype=np.uint32) if buffer is None
+           else buffer[:total])
+    at = 0
+    for j, a, b in piece:
+        jobs[j].images_into(out[at:at + b - a], a, b)
+        at += b - a
+    imgs = torch.from_numpy(out.view(np.float32)).view(total, *first.img.shape)
+    return imgs if first.img.device.type == "cpu" else imgs.to(first.img.device)
 
 
-def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int = _CHUNK
-                 ) -> list[list[np.ndarray]]:
-    """Each model's class probabilities ``[k, classes]`` (float64) on each job's masked images.
+@dataclass
+class Predictions:
+    """One model's outputs on one job's masked images: class probabilities ``[k, classes]``
+    (float32) and the top class of each image's scores ``[k]`` (an argmax of the model's own
+    scores, which a positive scaling of logits leaves unchanged)."""
 
-    Masked images go to the models in calls of at most ``chunk`` images that span jobs; the
-    next call's images are built in a worker thread while the models run.
+    probs: np.ndarray
+    labels: np.ndarray
+
+    def targets(self, top: int) -> tuple[np.ndarray, np.ndarray]:
+        """The two regression targets for class ``top`` (float64 ``[k]``): its probability
+        (Vora et al.) and whether it is still the top class (the decision-target variant)."""
+        return (self.probs[:, top].astype(np.float64),
+                (self.labels == top).astype(np.float64))
+
+
+def _local_cpu(model: Model) -> bool:
+    """Whether the model computes on this machine's CPU (onnxruntime's CPU provider)."""
+    return model.info.provider == "CPUExecutionProvider"
+
+
+def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int | None = None,
+                 overlap: bool | None = None) -> list[list[Predictions]]:
+    """Each model's :class:`Predictions` on each job's masked images.
+
+    Masked images go to the models in calls of at most ``chunk`` (default ``_CHUNK``) images
+    that span jobs.
+    ``overlap``: build the next call's images in a worker thread while the models run; by
+    default only when a model does not compute on this machine's CPU (an endpoint, a GPU).
+    On the CPU, onnxruntime already keeps every core busy, and building in line was faster
+    (benchmarks/RESULTS.md, issue 29).
     """
-    out: list[list[list[np.ndarray]]] = [[[] for _ in jobs] for _ in models]
+    chunk = _CHUNK if chunk is None else chunk
+    if overlap is None:
+        overlap = not all(_local_cpu(m) for m in models)
+    probs: list[list[list[np.ndarray]]] = [[[] for _ in jobs] for _ in models]
+    labels: list[list[list[np.ndarray]]] = [[[] for _ in jobs] for _ in models]
     pieces = list(_chunks(jobs, chunk))
+    # two buffers, taken in turn: the one being built is never the one the models are on
+    # (a hand-off's buffer is reused two hand-offs later, after its model calls returned)
+    size = max((sum(b - a for _, a, b in piece) for piece in pieces), default=0)
+    shape = jobs[0]._fill.shape if jobs else (0,)  # noqa: SLF001 - same module
+    buffers = [np.empty((size, *shape), dtype=np.uint32)
+               for _ in range(min(2 if overlap else 1, len(pieces)))]
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(_build, jobs, pieces[0]) if pieces else None
+        pending = (pool.submit(_build, jobs, pieces[0], buffers[0])
+                   if pieces and overlap else None)
         for n, piece in enumerate(pieces):
-            assert pending is not None
-            imgs = pending.result()
-            pending = pool.submit(_build, jobs, pieces[n + 1]) if n + 1 < len(pieces) else None
+            if pending is None:
+                imgs = _build(jobs, piece, buffers[0])
+            else:
+                imgs = pending.result()
+                pending = (pool.submit(_build, jobs, pieces[n + 1], buffers[(n + 1) % 2])
+                           if n + 1 < len(pieces) else None)
             for mi, model in enumerate(models):
-                probs = _probabilities(model.predict(imgs), model.info.output)
-                probs_np = probs.cpu().numpy().astype(np.float64)
+                scores = model.predict(imgs)
+                # copies: nothing kept may point into a buffer that is about to be rewritten
+                p = np.array(_probabilities(scores, model.info.output).cpu().numpy())
+                top = scores.argmax(dim=1).cpu().numpy()
                 at = 0
                 for j, a, b in piece:
-                    out[mi][j].append(probs_np[at:at + b - a])
+                    probs[mi][j].append(p[at:at + b - a])
+                    labels[mi][j].append(top[at:at + b - a])
                     at += b - a
-    return [[np.concatenate(parts) for parts in per_model] for per_model in out]
+    return [[Predictions(np.concatenate(p), np.concatenate(t)) for p, t in zip(pm, tm,
+                                                                                strict=True)]
+            for pm, tm in zip(probs, labels, strict=True)]
 
 
 class BrittlenessRecord(SampleRecord, total=False):
     """A brittleness record: LIME weights and their L1 norm per superpixel, per segmentation
-    (SLIC, and the grid's ``grid_``), of the model and of the reference (``ref_``)."""
+    (SLIC, and the grid's ``grid_``), per target (the probability of the top class, and the
+    decision-target variant's ``decision_``), of the model and of the reference (``ref_``)."""
 
     d: int
     top: int
     l1_per_dim: float
     grid_d: int
     grid_l1_per_dim: float
+    decision_l1_per_dim: float
+    grid_decision_l1_per_dim: float
     weights: list[float]
     check_seed: int
     ref_top: int
     ref_l1_per_dim: float
     ref_grid_l1_per_dim: float
+    ref_decision_l1_per_dim: float
+    ref_grid_decision_l1_per_dim: float
     ref_weights: list[float]
 
 
+_ValueKey = Literal["l1_per_dim", "ref_l1_per_dim", "grid_l1_per_dim", "ref_grid_l1_per_dim",
+                    "decision_l1_per_dim", "ref_decision_l1_per_dim",
+                    "grid_decision_l1_per_dim", "ref_grid_decision_l1_per_dim"]
 #: The per-sample values a brittleness record keeps for paired comparisons.
-_VALUE_KEYS: tuple[Literal["l1_per_dim", "ref_l1_per_dim", "grid_l1_per_dim",
-                           "ref_grid_l1_per_dim"], ...] = (
-    "l1_per_dim", "ref_l1_per_dim", "grid_l1_per_dim", "ref_grid_l1_per_dim")
+_VALUE_KEYS: tuple[_ValueKey, ...] = (
+    "l1_per_dim", "ref_l1_per_dim", "grid_l1_per_dim", "ref_grid_l1_per_dim",
+    "decision_l1_per_dim", "ref_decision_l1_per_dim", "grid_decision_l1_per_dim",
+    "ref_grid_decision_l1_per_dim")
+
+
+@dataclass(frozen=True)
+class _Score:
+    """One brittle score: its metric, the per-sample key, the reference's, and R.I.'s."""
+
+    metric: str
+    key: _ValueKey
+    ref_metric: str
+    ref_key: _ValueKey
+    ri_metric: str
+
+
+#: Every score the check reports (the paper's target, then the decision-target variant, on
+#: SLIC and on the grid). ``relative_improvement`` is the decision-target variant's.
+_SCORES = (
+    _Score("brittle_score", "l1_per_dim", "reference_brittle_score", "ref_l1_per_dim",
+           "relative_improvement_probability"),
+    _Score("brittle_score_grid", "grid_l1_per_dim", "reference_brittle_score_grid",
+           "ref_grid_l1_per_dim", "relative_improvement_probability_grid"),
+    _Score("brittle_score_decision", "decision_l1_per_dim",
+           "reference_brittle_score_decision", "ref_decision_l1_per_dim",
+           "relative_improvement"),
+    _Score("brittle_score_decision_grid", "grid_decision_l1_per_dim",
+           "reference_brittle_score_decision_grid", "ref_grid_decision_l1_per_dim",
+           "relative_improvement_grid"),
+)
+
+_VARIANT = ("decision-target variant (not Vora et al.'s target): the same LIME fit on 1 where "
+            "the masked image's top class is still the model's top class on the unmasked "
+            "image, else 0; a positive scaling of the logits leaves it unchanged")
 
 
 class Brittleness(Check[BrittlenessRecord]):
@@ -288,29 +427,51 @@ class Brittleness(Check[BrittlenessRecord]):
     Parameters: ``num_masks`` (k, LIME's ``num_samples``), ``n_segments`` and ``compactness``
     (SLIC settings; the grid has about ``n_segments`` square cells), ``kernel_width`` (LIME's
     0.25), ``alpha`` (ridge, LIME's 1.0), ``max_heatmaps`` (samples shown on the card). Threat
-    model: none; ``2 * num_masks`` queries per sample and model (SLIC and grid).
+    model: none; ``2 * num_masks`` queries per sample and model (SLIC and grid). Each fit has
+    two targets, the probability of the top class (Vora et al.) and the decision-target
+    variant (scale-free); R.I. is the variant's.
     """
 
     kind: ClassVar[str] = "brittleness"
     family: ClassVar[str] = "Black-box brittle score (LIME)"
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("brittle_score", "mean L1 norm of LIME weights per superpixel (Vora et al. "
-               "2023, Eq. 2), SLIC superpixels", "lower", unit="score", threshold=True),
-        Metric("relative_improvement", "R.I. = (reference - model) / reference (Eq. 3), SLIC; "
-               "positive: this model scores lower", "higher", unit="score", threshold=True,
-               optional=True),
+               "2023, Eq. 2), SLIC superpixels; its target, the probability of the top class, "
+               "moves with the scale of the logits", "lower", unit="score", threshold=True),
+        Metric("relative_improvement", "R.I. = (reference - model) / reference (Eq. 3) on the "
+               "decision-target variant (brittle_score_decision), which a positive scaling of "
+               "the logits leaves unchanged; SLIC; positive: this model scores lower",
+               "higher", unit="score", threshold=True, optional=True),
         Metric("reference_brittle_score", "the reference model's brittle score", "lower",
                unit="score", optional=True),
         Metric("brittle_score_grid", "brittle score on a regular grid of square cells",
                "lower", unit="score"),
-        Metric("relative_improvement_grid", "R.I. on the grid segmentation", "higher",
-               unit="score", optional=True),
+        Metric("relative_improvement_grid", "R.I. on the decision-target variant, grid "
+               "segmentation", "higher", unit="score", optional=True),
         Metric("reference_brittle_score_grid", "the reference model's grid brittle score",
                "lower", unit="score", optional=True),
         Metric("n", "samples explained", unit="count"),
         Metric("superpixels_mean", "mean superpixels per sample", unit="score"),
+        Metric("brittle_score_decision", f"brittle score, {_VARIANT}; SLIC superpixels",
+               "lower", unit="score", threshold=True, optional=True),
+        Metric("reference_brittle_score_decision", "the reference model's brittle score, "
+               "decision-target variant", "lower", unit="score", optional=True),
+        Metric("brittle_score_decision_grid", "brittle score, decision-target variant, on the "
+               "grid segmentation", "lower", unit="score", optional=True),
+        Metric("reference_brittle_score_decision_grid", "the reference model's brittle "
+               "score, decision-target variant, grid segmentation", "lower", unit="score",
+               optional=True),
+        Metric("relative_improvement_probability", "Vora et al.'s R.I. (Eq. 3) on their "
+               "target (brittle_score, the probability of the top class): moves with the "
+               "scale of the logits; SLIC", "higher", unit="score", threshold=True,
+               optional=True),
+        Metric("relative_improvement_probability_grid", "Vora et al.'s R.I. on the grid "
+               "segmentation: moves with the scale of the logits", "higher", unit="score",
+               optional=True),
     )
-    compare_values = {"brittle_score": "l1_per_dim", "brittle_score_grid": "grid_l1_per_dim"}
+    compare_values = {"brittle_score": "l1_per_dim", "brittle_score_grid": "grid_l1_per_dim",
+                      "brittle_score_decision": "decision_l1_per_dim",
+                      "brittle_score_decision_grid": "grid_decision_l1_per_dim"}
     export: ClassVar[ExportMetric | None] = ExportMetric("brittle_score", "brittle_score",
                                                          "Brittle score (LIME)")
     #: LIME spends 2 * num_masks queries per sample and model: record in small units.
@@ -337,8 +498,9 @@ class Brittleness(Check[BrittlenessRecord]):
                 raise SuiteError(f"{where}: {name} must be a positive number", hint="see docs")
 
     def produced_metrics(self, reference: bool) -> set[str]:
-        """``relative_improvement`` needs a reference model (``--reference``)."""
-        return set(self.metric_names) - (set() if reference else {"relative_improvement"})
+        """Both R.I.s need a reference model (``--reference``)."""
+        return set(self.metric_names) - (set() if reference else {
+            "relative_improvement", "relative_improvement_probability"})
 
     def skip_reason(self, info: ModelInfo) -> str | None:
         """Skip a labels-only model: the brittle score is defined on class probabilities."""
@@ -358,34 +520,35 @@ class Brittleness(Check[BrittlenessRecord]):
         """Images with hidden superpixels filled by their mean colour ``[k, C, H, W]``."""
         return _Job(img, seg, masks).images(0, len(masks))
 
-    def fit(self, masks: np.ndarray, probs: Sequence[np.ndarray], tops: Sequence[int]
-            ) -> list[np.ndarray]:
-        """LIME weights ``[d]`` for each model's probabilities ``[k, classes]`` of its class
-        ``tops[i]``: one weighted ridge solve for all of them (same masks and kernel)."""
+    def fit(self, masks: np.ndarray, targets: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """LIME weights ``[d]`` for each regression target ``[k]``: one weighted ridge solve
+        for all of them (same masks and kernel)."""
         weights = lime_kernel(cosine_to_all_on(masks), self.kernel_width)
-        y = np.stack([p[:, t] for p, t in zip(probs, tops, strict=True)], axis=1)
-        coef, _ = weighted_ridge(masks, y, weights, self.alpha)
+        coef, _ = weighted_ridge(masks, np.stack(targets, axis=1), weights, self.alpha)
         return [coef[:, i] for i in range(coef.shape[1])]
 
     def explain(self, model: Model, img: torch.Tensor, seg: np.ndarray, masks: np.ndarray,
-                label: int | None = None) -> tuple[np.ndarray, int]:
-        """LIME weights for ``label`` (default: the model's top class on the image)."""
-        probs = predict_jobs([model], [_Job(img, seg, masks)])[0][0]
-        top = int(np.argmax(probs[0])) if label is None else label
-        return self.fit(masks, [probs], [top])[0], top
+                label: int | None = None, decision: bool = False) -> tuple[np.ndarray, int]:
+        """LIME weights for ``label`` (default: the model's top class on the image), on its
+        probability (LIME's target) or, with ``decision``, on the decision-target variant."""
+        pred = predict_jobs([model], [_Job(img, seg, masks)])[0][0]
+        top = int(pred.labels[0]) if label is None else label
+        return self.fit(masks, [pred.targets(top)[int(decision)]])[0], top
 
     def explain_many(self, model: Model, imgs: Sequence[torch.Tensor],
                      segs: Sequence[np.ndarray], masks: Sequence[np.ndarray],
-                     chunk: int = _CHUNK) -> list[tuple[np.ndarray, int]]:
+                     chunk: int | None = None, decision: bool = False,
+                     overlap: bool | None = None) -> list[tuple[np.ndarray, int]]:
         """:meth:`explain` for several images at once (their masked images batched across
-        images in model calls of at most ``chunk``): the same weights, faster."""
+        images in model calls; ``chunk`` and ``overlap`` as :func:`predict_jobs`): the same
+        weights, faster."""
         jobs = [_Job(i, s, m) for i, s, m in zip(imgs, segs, masks, strict=True)]
-        probs = predict_jobs([model], jobs, chunk)[0]
+        preds = predict_jobs([model], jobs, chunk, overlap)[0]
         out = []
         with _one_blas_thread():
-            for job, p in zip(jobs, probs, strict=True):
-                top = int(np.argmax(p[0]))
-                out.append((self.fit(job.masks, [p], [top])[0], top))
+            for job, p in zip(jobs, preds, strict=True):
+                top = int(p.labels[0])
+                out.append((self.fit(job.masks, [p.targets(top)[int(decision)]])[0], top))
         return out
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
@@ -398,31 +561,43 @@ class Brittleness(Check[BrittlenessRecord]):
             jobs.append(_Job(x[j], seg, self.masks(int(seg.max()) + 1, ctx.seed(int(i)))))
             jobs.append(_Job(x[j], grid, self.masks(int(grid.max()) + 1,
                                                     ctx.seed(int(i), _GRID_STREAM))))
-        probs = predict_jobs(models, jobs)
+        preds = predict_jobs(models, jobs)
         with _one_blas_thread():
-            return self._records(jobs, probs, ctx)
+            return self._records(jobs, preds, ctx)
 
-    def _records(self, jobs: list[_Job], probs: list[list[np.ndarray]], ctx: CheckContext
+    def _records(self, jobs: list[_Job], preds: list[list[Predictions]], ctx: CheckContext
                  ) -> list[BrittlenessRecord]:
         out = []
         for j in range(len(jobs) // 2):
             s, g = 2 * j, 2 * j + 1
             # each model's own top class on the unmasked image (row 0 of the SLIC job)
-            tops = [int(np.argmax(p[s][0])) for p in probs]
-            ws = self.fit(jobs[s].masks, [p[s] for p in probs], tops)
-            wg = self.fit(jobs[g].masks, [p[g] for p in probs], tops)
+            tops = [int(p[s].labels[0]) for p in preds]
+            # targets: every model's probability, then every model's decision indicator
+            ts = [p[s].targets(t) for p, t in zip(preds, tops, strict=True)]
+            tg = [p[g].targets(t) for p, t in zip(preds, tops, strict=True)]
+            ws = self.fit(jobs[s].masks, [t[0] for t in ts] + [t[1] for t in ts])
+            wg = self.fit(jobs[g].masks, [t[0] for t in tg] + [t[1] for t in tg])
             d, dg = jobs[s].masks.shape[1], jobs[g].masks.shape[1]
+            nm = len(preds)
+
+            def l1(w: np.ndarray, dim: int) -> float:
+                return float(np.abs(w).sum() / dim)
+
             rec: BrittlenessRecord = {"d": d, "top": tops[0],
-                                      "l1_per_dim": float(np.abs(ws[0]).sum() / d),
+                                      "l1_per_dim": l1(ws[0], d),
                                       "grid_d": dg,
-                                      "grid_l1_per_dim": float(np.abs(wg[0]).sum() / dg),
+                                      "grid_l1_per_dim": l1(wg[0], dg),
+                                      "decision_l1_per_dim": l1(ws[nm], d),
+                                      "grid_decision_l1_per_dim": l1(wg[nm], dg),
                                       "weights": [float(v) for v in ws[0]],
                                       "check_seed": int(ctx.check_seed),
                                       "queries": 2 * self.num_masks}
-            if len(probs) > 1:
+            if nm > 1:
                 rec.update({"ref_top": tops[1],
-                            "ref_l1_per_dim": float(np.abs(ws[1]).sum() / d),
-                            "ref_grid_l1_per_dim": float(np.abs(wg[1]).sum() / dg),
+                            "ref_l1_per_dim": l1(ws[1], d),
+                            "ref_grid_l1_per_dim": l1(wg[1], dg),
+                            "ref_decision_l1_per_dim": l1(ws[nm + 1], d),
+                            "ref_grid_decision_l1_per_dim": l1(wg[nm + 1], dg),
                             "ref_weights": [float(v) for v in ws[1]],
                             "ref_queries": 2 * self.num_masks})
             out.append(rec)
@@ -430,18 +605,32 @@ class Brittleness(Check[BrittlenessRecord]):
 
     @classmethod
     def headline(cls, result: ResultView) -> str:
-        """The brittle score with its interval, and the comparison with the reference in
-        words (or "no difference resolved")."""
+        """The brittle score with its interval; the decision-target variant; and the
+        comparison with the reference in words (or "no difference resolved"), saying which
+        target R.I. is on."""
         m, iv = result.metrics, result.intervals
         text = f"brittle score {m.brittle_score:.4g}"
         if iv.get("brittle_score"):
             lo, hi = iv["brittle_score"]
             text += f" (95% CI {lo:.4g}–{hi:.4g})"
         text += f" on {m.n} samples"
+        variant = getattr(m, "brittle_score_decision", None)
+        if variant is None:  # a result from before the variant: R.I. is Vora et al.'s
+            if m.relative_improvement is not None:
+                words = result.details.get("comparison", {}).get("words", "")
+                text += (f"; reference {m.reference_brittle_score:.4g}, "
+                         f"R.I. {100 * m.relative_improvement:+.1f}%: {words}")
+            return text
+        if m.relative_improvement_probability is not None:
+            text += (f", reference {m.reference_brittle_score:.4g} (Vora et al.'s R.I. "
+                     f"{100 * m.relative_improvement_probability:+.1f}%, which moves with the "
+                     "scale of the logits)")
+        text += f"; decision-target variant {variant:.4g}"
         if m.relative_improvement is not None:
             words = result.details.get("comparison", {}).get("words", "")
-            text += (f"; reference {m.reference_brittle_score:.4g}, "
-                     f"R.I. {100 * m.relative_improvement:+.1f}%: {words}")
+            text += (f", reference {m.reference_brittle_score_decision:.4g}: R.I. "
+                     f"{100 * m.relative_improvement:+.1f}% on the decision-target variant, "
+                     f"which a positive scaling of the logits leaves unchanged: {words}")
         return text
 
     def outcome_bits(self, records: list[BrittlenessRecord]) -> dict[str, list[bool]]:
@@ -450,7 +639,7 @@ class Brittleness(Check[BrittlenessRecord]):
 
     def sample_values(self, records: list[BrittlenessRecord]) -> dict[str, list[float]]:
         """Per-sample L1 norm per superpixel, of the model and of the reference, per
-        segmentation."""
+        segmentation and target."""
         out: dict[str, list[float]] = {}
         for key in _VALUE_KEYS:
             if records and all(key in r for r in records):
@@ -460,50 +649,57 @@ class Brittleness(Check[BrittlenessRecord]):
     def summarize(self, records: list[BrittlenessRecord], data: Dataset) -> Measurement:
         n = len(records)
         sink = ImageSink()
-        per = np.array([r["l1_per_dim"] for r in records], dtype=np.float64)
-        grid = np.array([r.get("grid_l1_per_dim", np.nan) for r in records], dtype=np.float64)
-        score = float(per.mean()) if n else 0.0
         metrics: dict[str, Any] = {
-            "brittle_score": score, "brittle_score_grid": float(grid.mean()) if n else 0.0,
             "n": n, "superpixels_mean": float(np.mean([r["d"] for r in records])) if n else 0.0}
         intervals: dict[str, tuple[float, float]] = {}
         has_ref = n > 0 and all("ref_l1_per_dim" in r for r in records)
-        comparison: dict[str, Any] = {}
-        if n:
-            # percentile bootstrap over samples, seeded from the check seed; the same resampled
-            # indices serve every metric, so R.I.'s interval is paired (same samples and masks)
-            seed = mix_seed(int(records[0].get("check_seed", 0)), _BOOT_STREAM)
-            idx = np.random.default_rng(seed).integers(0, n, size=(BOOTSTRAP, n))
+        # percentile bootstrap over samples, seeded from the check seed; the same resampled
+        # indices serve every metric, so R.I.'s interval is paired (same samples and masks)
+        seed = mix_seed(int(records[0].get("check_seed", 0)), _BOOT_STREAM) if n else 0
+        idx = np.random.default_rng(seed).integers(0, n, size=(BOOTSTRAP, n)) if n else None
+        ri: dict[str, float] = {}
+        for sc in _SCORES:
+            if sc.metric not in ("brittle_score", "brittle_score_grid") and not (
+                    n and all(sc.key in r for r in records)):
+                continue  # the variant is missing from records made before it
+            per = np.array([r.get(sc.key, np.nan) for r in records], dtype=np.float64)
+            metrics[sc.metric] = float(per.mean()) if n else 0.0
+            if idx is None:
+                continue
             boot = per[idx].mean(axis=1)
-            boot_grid = grid[idx].mean(axis=1)
-            intervals["brittle_score"] = percentile_interval(boot)
-            intervals["brittle_score_grid"] = percentile_interval(boot_grid)
-            if has_ref:
-                ref = np.array([r["ref_l1_per_dim"] for r in records], dtype=np.float64)
-                ref_grid = np.array([r.get("ref_grid_l1_per_dim", np.nan) for r in records],
-                                    dtype=np.float64)
-                ref_boot, ref_boot_grid = ref[idx].mean(axis=1), ref_grid[idx].mean(axis=1)
-                metrics["reference_brittle_score"] = float(ref.mean())
-                metrics["reference_brittle_score_grid"] = float(ref_grid.mean())
-                ri = relative_improvement(score, ref.mean())
-                ri_grid = relative_improvement(grid.mean(), ref_grid.mean())
-                metrics["relative_improvement"] = ri
-                metrics["relative_improvement_grid"] = ri_grid
-                intervals["reference_brittle_score"] = percentile_interval(ref_boot)
-                intervals["reference_brittle_score_grid"] = percentile_interval(ref_boot_grid)
-                intervals["relative_improvement"] = percentile_interval(
+            intervals[sc.metric] = percentile_interval(boot)
+            if has_ref and all(sc.ref_key in r for r in records):
+                ref = np.array([r[sc.ref_key] for r in records], dtype=np.float64)
+                ref_boot = ref[idx].mean(axis=1)
+                metrics[sc.ref_metric] = float(ref.mean())
+                intervals[sc.ref_metric] = percentile_interval(ref_boot)
+                ri[sc.ri_metric] = relative_improvement(per.mean(), ref.mean())
+                metrics[sc.ri_metric] = ri[sc.ri_metric]
+                intervals[sc.ri_metric] = percentile_interval(
                     relative_improvement(boot, ref_boot))
-                intervals["relative_improvement_grid"] = percentile_interval(
-                    relative_improvement(boot_grid, ref_boot_grid))
-                resolved, words = direction_words(
-                    ri, intervals["relative_improvement"],
-                    ri_grid if np.isfinite(ri_grid) else None)
-                comparison = {"resolved": resolved, "words": words,
-                              "segmentations_agree": bool(np.sign(ri) == np.sign(ri_grid))}
+        comparison: dict[str, Any] = {}
+        comparison_probability: dict[str, Any] = {}
+        for out, name, basis in ((comparison, "relative_improvement", DECISION_BASIS),
+                                 (comparison_probability, "relative_improvement_probability",
+                                  PROBABILITY_BASIS)):
+            if name in ri:
+                grid_ri = ri[f"{name}_grid"]
+                resolved, words = direction_words(ri[name], intervals[name],
+                                                  grid_ri if np.isfinite(grid_ri) else None)
+                out.update({"resolved": resolved, "words": words, "basis": basis,
+                            "segmentations_agree": bool(np.sign(ri[name]) == np.sign(grid_ri))})
         warnings = []
         if comparison and not comparison["segmentations_agree"]:
             warnings.append("SLIC and the grid segmentation rank the model and the reference "
-                            "differently: R.I. is not a finding")
+                            "differently on the decision-target variant: R.I. is not a finding")
+        if (comparison and comparison_probability and comparison["resolved"]
+                and comparison_probability["resolved"]
+                and np.sign(ri["relative_improvement"])
+                != np.sign(ri["relative_improvement_probability"])):
+            warnings.append("Vora et al.'s R.I. on the probability target and the R.I. on the "
+                            "decision-target variant rank the model and the reference "
+                            "differently: the probability target depends on the scale of the "
+                            "logits")
         heatmaps: list[dict[str, JSONLike]] = []
         for r in records[: self.max_heatmaps]:
             img = data.x[r["i"]]
@@ -531,6 +727,14 @@ class Brittleness(Check[BrittlenessRecord]):
                      "bootstrap": {"resamples": BOOTSTRAP, "kind": "percentile, over samples; "
                                    "paired for R.I."},
                      "comparison": comparison,
+                     "comparison_probability": comparison_probability,
+                     "targets": {"brittle_score": "the model's probability of its own top "
+                                 "class on the masked image (Vora et al.)",
+                                 "brittle_score_decision": "1 where the masked image's top "
+                                 "class is the model's top class on the unmasked image, else 0 "
+                                 "(a variant; unchanged by a positive scaling of the logits)",
+                                 "relative_improvement": DECISION_BASIS,
+                                 "relative_improvement_probability": PROBABILITY_BASIS},
                      "num_masks": self.num_masks, "kernel_width": self.kernel_width,
                      "alpha": self.alpha, "reference": has_ref,
                      "note": "comparable only between models on the same data and segmentation",
