@@ -229,8 +229,12 @@ def _common_logging(f: Any) -> Any:
               help="Skip this many samples of the seeded order first: --samples N "
                    "--sample-offset N evaluates samples disjoint from --samples N.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), help="Override the suite seed.")
-@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True,
+              help="Where the model and attacks run: auto takes a CUDA GPU when there is one "
+                   "and falls back to the CPU with one log line.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Samples per batch handed to a check (smaller on the CPU for large images; "
+                   "results do not depend on it).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out.")
 @click.option("--input-scale", type=click.FloatRange(min=0, min_open=True),
               help="Model input range: 1 for [0,1], 255 for [0,255] (overrides the suite).")
@@ -260,7 +264,7 @@ def _common_logging(f: Any) -> Any:
                    "deadline follows the observed latency [default: 30].")
 @click.option("--no-hedge", "hedge", flag_value=False, default=None,
               help="HTTP: never send a duplicate of a slow request (hedging is on by default, "
-                   "at most 5%% of requests, never after a 429 or 503).")
+                   "at most 5% of requests, never after a 429 or 503).")
 @click.option("--breaker-wait", type=click.FloatRange(min=0),
               help="HTTP: seconds the circuit breaker probes a failing endpoint's health "
                    "before the run ends with exit 3 [default: 60].")
@@ -271,7 +275,7 @@ def _common_logging(f: Any) -> Any:
               help="HTTP: retries on connection errors, timeouts, 5xx and 429 [default: 5].")
 @click.option("--concurrency", type=click.IntRange(min=1),
               help="HTTP: requests in flight at once, besides a hedge at most for each "
-                   "(hedges are at most 5%% of requests) [default: 4].")
+                   "(hedges are at most 5% of requests) [default: 4].")
 @click.option("--http-batch", type=click.IntRange(min=1),
               help="HTTP: images per request [default: 64].")
 @click.option("--model-version", metavar="V",
@@ -392,10 +396,14 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, suite: str, executor: str,
 
 @main.command("contact-sheet")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True)
-@click.option("--per-class", type=click.IntRange(min=1, max=64), default=8, show_default=True)
-@click.option("--size", type=click.IntRange(min=8, max=256), default=32, show_default=True)
-@click.option("--scale", type=click.IntRange(min=1, max=8), default=2, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
+              help="Seed of the generated signs.")
+@click.option("--per-class", type=click.IntRange(min=1, max=64), default=8, show_default=True,
+              help="Signs per class (one row per class).")
+@click.option("--size", type=click.IntRange(min=8, max=256), default=32, show_default=True,
+              help="Side of each generated sign in pixels.")
+@click.option("--scale", type=click.IntRange(min=1, max=8), default=2, show_default=True,
+              help="Each sign is drawn this many times larger in the sheet.")
 def contact_sheet_cmd(path: Path, seed: int, per_class: int, size: int, scale: int) -> None:
     """Write a PNG of generated signs, one row per class, to check them by eye."""
     from certify.demo.synthetic import contact_sheet
@@ -584,8 +592,10 @@ def bundle_cmd(run_dir: Path, model_path: Path, key_path: Path, out_dir: Path,
 
 @main.command("verify-bundle")
 @click.argument("bundle_dir", type=click.Path(path_type=Path))
-@click.option("--signature", required=True, type=click.Path(path_type=Path))
-@click.option("--pubkey", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--signature", required=True, type=click.Path(path_type=Path),
+              help="The bundle's signature file, as `certify bundle` printed it.")
+@click.option("--pubkey", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The signer's public key (PEM).")
 def verify_bundle_cmd(bundle_dir: Path, signature: Path, pubkey: Path) -> None:
     """Verify a model-signing bundle made by `certify bundle` (exit 0 only if intact)."""
     from certify.report.bundle import verify_bundle

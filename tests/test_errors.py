@@ -197,3 +197,28 @@ def test_suites_list_and_show():
     assert proc.returncode == 0 and "gtsrb" in proc.stdout
     proc = builders.run_cli("suites", "show", "gtsrb")
     assert proc.returncode == 0 and "clean_accuracy" in proc.stdout
+
+
+def test_every_option_of_every_command_has_help_and_no_doubled_percent():
+    """Issue 30 point 6: `--help` explains every option, and click (which does no %-formatting)
+    shows no "%%"."""
+    import click
+
+    from certify.cli import main
+
+    missing, doubled = [], []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not p.hidden and p.name != "help":
+                if not p.help:
+                    missing.append(f"{' '.join(path)} {p.opts[0]}")
+                elif "%%" in p.help:
+                    doubled.append(f"{' '.join(path)} {p.opts[0]}")
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+
+    walk(main, ["certify"])
+    assert not missing, missing
+    assert not doubled, doubled

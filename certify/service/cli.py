@@ -48,7 +48,8 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
 @_home_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (put a TLS reverse proxy in front for other hosts).")
-@click.option("--port", type=click.IntRange(1, 65535), default=8470, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8470, show_default=True,
+              help="Port to listen on.")
 @click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True,
               help="Runs at once, each in its own process (0: accept runs, run none).")
 @click.option("--sign-key", type=click.Path(dir_okay=False, path_type=Path),
@@ -63,9 +64,12 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
               help="An endpoint host runs may reach even on a private address (repeatable).")
 @click.option("--allow-domain", "allow_domains", multiple=True, metavar="DOMAIN",
               help="A custom ONNX operator domain uploads may use (repeatable).")
-@click.option("--max-upload-mb", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--max-dataset-mb", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--max-samples", type=click.IntRange(min=1), default=5000, show_default=True)
+@click.option("--max-upload-mb", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Largest model upload accepted.")
+@click.option("--max-dataset-mb", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Largest dataset (.npz) upload accepted.")
+@click.option("--max-samples", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Samples a submission may ask for at most.")
 @click.option("--max-verify-mb", type=click.IntRange(min=1), default=16, show_default=True,
               help="Largest card the public verify page and API accept.")
 @click.option("--verify-per-minute", type=click.IntRange(min=1), default=30, show_default=True,
@@ -83,8 +87,10 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
               show_default=True, help="Address-space limit of one run's process.")
 @click.option("--lease", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="Seconds a claimed run stays claimed without a heartbeat.")
-@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
-@click.option("--retention-days", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds between renewals of a running run's lease.")
+@click.option("--retention-days", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Uploads no run refers to are deleted after this many days.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               show_default=True, help="Where a run's checks execute.")
 @click.option("--ray-address", metavar="ADDRESS", help="Ray: an existing cluster.")
@@ -185,7 +191,9 @@ def token() -> None:
 
 @token.command("create")
 @_home_options
-@click.option("--role", type=click.Choice(["read", "submit", "admin"]), required=True)
+@click.option("--role", type=click.Choice(["read", "submit", "admin"]), required=True,
+              help="read: look at runs and cards; submit: also submit and cancel runs; "
+                   "admin: everything, every token's runs.")
 @click.option("--name", default="", help="Who or what the token is for.")
 @click.option("--expires", default="90d", show_default=True,
               help="Lifetime: 90d, 12h, 30m; 'never' for no expiry.")
@@ -241,11 +249,14 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
 @click.command("submit")
 @click.argument("model")
 @click.option("--server", required=True, metavar="URL", help="The certify service.")
-@click.option("--suite", required=True, metavar="NAME|FILE.yaml")
+@click.option("--suite", required=True, metavar="NAME|FILE.yaml",
+              help="A packaged suite name, or a suite file to upload.")
 @click.option("--dataset", required=True, metavar="NAME|FILE.npz",
               help="A dataset the service registered, or an .npz (x, y) to upload.")
-@click.option("--samples", type=click.IntRange(min=1))
-@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1))
+@click.option("--samples", type=click.IntRange(min=1),
+              help="Evaluate at most this many samples (default: the suite's).")
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1),
+              help="Override the suite seed.")
 @click.option("--reference", type=click.Path(dir_okay=False, path_type=Path),
               help="A reference model (.onnx).")
 @click.option("--surrogate", type=click.Path(dir_okay=False, path_type=Path),
