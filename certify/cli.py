@@ -25,7 +25,9 @@ refused (2).
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -127,6 +129,55 @@ def _fail(exc: CertifyError, debug: bool) -> int:
     return exc.exit_code
 
 
+class _ReaderGone(io.TextIOBase):
+    """stdout that lets a command finish when its reader has gone (``certify verify … | true``,
+    ``certify suites show | head``): after a broken pipe, output is dropped and file descriptor 1
+    points at /dev/null, so the exit code stays the command's own, not an error's."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self._gone = False
+
+    def _drop(self) -> None:
+        self._gone = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._raw.fileno())  # the interpreter's last flush must not fail
+            os.close(null)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+
+    def write(self, s: str) -> int:  # noqa: D102
+        if not self._gone:
+            try:
+                return int(self._raw.write(s))
+            except BrokenPipeError:
+                self._drop()
+        return len(s)
+
+    def flush(self) -> None:  # noqa: D102
+        if not self._gone:
+            try:
+                self._raw.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def isatty(self) -> bool:  # noqa: D102
+        return bool(self._raw.isatty())
+
+    def fileno(self) -> int:  # noqa: D102
+        return int(self._raw.fileno())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # noqa: D102
+        return str(getattr(self._raw, "encoding", None) or "utf-8")
+
+    @property
+    def buffer(self) -> Any:  # noqa: D102
+        return getattr(self._raw, "buffer", None)
+
+
 class _Group(click.Group):
     """Maps certify errors to exit codes and one clear line, with no traceback."""
 
@@ -134,6 +185,14 @@ class _Group(click.Group):
         kwargs["standalone_mode"] = False
         argv = kwargs.get("args", args[0] if args else None)
         debug = "--debug" in (sys.argv[1:] if argv is None else list(argv))
+        stdout = sys.stdout
+        sys.stdout = _ReaderGone(stdout)
+        try:
+            return self._main(debug, *args, **kwargs)
+        finally:
+            sys.stdout = stdout
+
+    def _main(self, debug: bool, *args: Any, **kwargs: Any) -> Any:
         try:
             rv = super().main(*args, **kwargs)
         except click.exceptions.Exit as e:

@@ -222,3 +222,22 @@ def test_every_option_of_every_command_has_help_and_no_doubled_percent():
     walk(main, ["certify"])
     assert not missing, missing
     assert not doubled, doubled
+
+
+@pytest.mark.parametrize("args", [("suites", "show", "gtsrb"), ("suites", "list"),
+                                  ("run", "--help")])
+def test_a_reader_that_went_away_does_not_change_the_exit_code(args):
+    """Issue 30 point 6: ``certify suites show gtsrb | true`` exits 0, like the command; the
+    closed pipe is not an error (it was exit 1, silently)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "certify"
+    proc = subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "error" not in err.lower(), err
