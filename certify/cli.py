@@ -29,6 +29,7 @@ import io
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,20 @@ log = logging.getLogger("certify")
 
 
 class RichProgress:
-    """The one progress reporter: a rich bar per task, with samples per second."""
+    """The one progress reporter: a rich bar per task, with samples per second.
+
+    Without a terminal (a CI log) rich draws the bars only when they end, so a plain line with
+    the task's progress, rate and ETA is printed instead when a task starts and at least every
+    :attr:`LINE_EVERY_S` seconds while it runs (from a timer, so a long batch does not silence
+    it).
+    """
+
+    #: Seconds between plain progress lines without a terminal.
+    LINE_EVERY_S = 30.0
 
     def __init__(self, console: Console, enabled: bool) -> None:
+        self._console = console
+        self._plain = enabled and not console.is_terminal
         self._progress = Progress(
             TextColumn("[bold]{task.description:<14}"),
             BarColumn(),
@@ -77,33 +89,77 @@ class RichProgress:
             TextColumn("{task.fields[rate]}"),
             TimeElapsedColumn(),
             console=console,
-            disable=not enabled,
+            disable=not enabled or self._plain,
         )
         self._task: Any = None
+        self._label = ""
+        self._total = 0
         self._t0 = 0.0
         self._done = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def __enter__(self) -> RichProgress:
         self._progress.start()
+        if self._plain:
+            self._ticker = threading.Thread(target=self._tick, name="certify-progress",
+                                            daemon=True)
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
         self._progress.stop()
+
+    def _tick(self) -> None:
+        last = time.perf_counter()
+        while not self._stop.wait(min(1.0, self.LINE_EVERY_S)):
+            if time.perf_counter() - last >= self.LINE_EVERY_S:
+                last = time.perf_counter()
+                self._line()
+
+    def _line(self) -> None:
+        """One plain line: task, samples done of total, share, rate and ETA."""
+        with self._lock:
+            if not self._label:
+                return
+            label, done, total = self._label, self._done, self._total
+            elapsed = time.perf_counter() - self._t0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = ("done" if total and done >= total else
+               f"ETA {(total - done) / rate:,.0f} s" if rate > 0 and total else "ETA unknown")
+        share = f"{100 * done / total:.0f}%" if total else "-"
+        self._console.print(f"{label}: {done:,}/{total:,} samples ({share}), "
+                            f"{rate:,.1f} samples/s, {elapsed:,.0f} s elapsed, {eta}",
+                            markup=False, highlight=False, soft_wrap=True)
 
     def start(self, label: str, total: int) -> None:  # noqa: D102
         self._task = self._progress.add_task(label, total=total, rate="")
-        self._t0 = time.perf_counter()
-        self._done = 0
+        with self._lock:
+            self._label, self._total = label, total
+            self._t0 = time.perf_counter()
+            self._done = 0
+        if self._plain:
+            self._line()
 
     def advance(self, n: int) -> None:  # noqa: D102
         if self._task is None:
             return
-        self._done += n
+        with self._lock:
+            self._done += n
+            done = self._done
         elapsed = time.perf_counter() - self._t0
-        rate = f"{self._done / elapsed:,.0f} samples/s" if elapsed > 0 else ""
+        rate = f"{done / elapsed:,.0f} samples/s" if elapsed > 0 else ""
         self._progress.update(self._task, advance=n, rate=rate)
 
     def finish(self) -> None:  # noqa: D102
+        if self._plain and self._label:
+            self._line()
+        with self._lock:
+            self._label = ""
         self._task = None
 
 

@@ -241,3 +241,36 @@ def test_a_reader_that_went_away_does_not_change_the_exit_code(args):
         err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "error" not in err.lower(), err
+
+
+def test_without_a_terminal_progress_prints_lines_with_an_eta(monkeypatch):
+    """Issue 30 point 6: in a CI log (no terminal) rich would draw the bars only at the end;
+    a plain line with progress and ETA comes at the start and every LINE_EVERY_S seconds,
+    even while one long batch runs."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from certify.cli import RichProgress
+
+    monkeypatch.setattr(RichProgress, "LINE_EVERY_S", 0.2)
+    buf = io.StringIO()
+    with RichProgress(Console(file=buf, force_terminal=False, width=200), enabled=True) as p:
+        p.start("square_linf", 100)
+        p.advance(25)
+        time.sleep(1.3)  # a long batch: the timer still reports
+        p.advance(25)
+        p.finish()
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("square_linf: 0/100 samples (0%)")
+    ticks = [ln for ln in lines if ln.startswith("square_linf: 25/100 samples (25%)")]
+    assert len(ticks) >= 3 and all("ETA" in ln and "samples/s" in ln for ln in ticks), lines
+    assert lines[-1].startswith("square_linf: 50/100 samples (50%)")
+    # with a terminal, the bar itself and no plain lines
+    buf = io.StringIO()
+    with RichProgress(Console(file=buf, force_terminal=True, width=200), enabled=True) as p:
+        p.start("square_linf", 10)
+        p.advance(10)
+        p.finish()
+    assert "samples (" not in buf.getvalue()
