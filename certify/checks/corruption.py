@@ -319,10 +319,10 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
     def planned(self) -> list[int]:
         """Each round's candidates per sample, as far as the budget allows (the rounds that
         may run; later rounds run only while the last one broke more than the allowance)."""
-        sizes, total, r = [], 0, 0
+        sizes, total, r, budget = [], 0, 0, self.budget()
         while r < 64:
             n = len(self._round_candidates(r).rows)
-            if n == 0 or total + n > self.budget():
+            if n == 0 or total + n > budget:
                 break
             sizes.append(n)
             total += n
