@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from certify.data import load_dataset
+from certify.data.classes import (
+    data_class_names,
+    preliminary_count,
+    read_labels,
+)
 from certify.device import choose_device
 from certify.engine import run_fingerprint, run_suite
 from certify.errors import ModelError
@@ -16,9 +21,9 @@ from certify.models import HttpOptions, load_model
 from certify.progress import NullProgress, Progress
 from certify.report import write_report
 from certify.report.card import renderer_info
-from certify.results import RunResult
+from certify.results import ModelCardDoc, RunResult
 from certify.rundir import DEMO_DATA, RunDir, check_out_dir
-from certify.suite import load_suite
+from certify.suite import classes_for_run, load_suite
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,14 @@ class RunOptions:
     #: the service run this is (``{"run_id": …}``), signed into the provenance so that a card
     #: cannot pass for another run's (``None`` outside ``certify serve``)
     service: dict[str, str] | None = None
+    #: model details the model's team states (name, version, owner, license, intended use)
+    model_card: ModelCardDoc | None = None
+    #: "public": no host name and no absolute local path in the signed provenance (paths cut
+    #: to what the reader needs: a relative path as given, else a base name); "full": as given
+    provenance: str = "public"
+    #: a labels file (one class name per line, in class-id order): the class names, before
+    #: the suite's, the data's and the model's metadata (``--labels``)
+    labels: Path | None = None
 
 
 def certify_model(
@@ -74,6 +87,12 @@ def certify_model(
         key = load_private_key(opts.sign_key, opts.passphrase)
     suite = load_suite(opts.suite)
     suite.check_thresholds(reference=opts.reference is not None)
+    labels = None if opts.labels is None else read_labels(opts.labels)
+    data_path = opts.data if opts.data is not None else suite.data.path
+    # names the data gives (folder names, an npz class_names array), when nothing before
+    # them in the precedence names the classes
+    data_names = None if labels is not None or suite.classes \
+        else data_class_names(data_path, suite.data.layout)
     device = choose_device(opts.device)
     pre = suite.preprocessing
     overrides: dict[str, Any] = {
@@ -89,8 +108,11 @@ def certify_model(
     # their own copies with --threads
     threads = device.onnx_threads if opts.executor == "local" else 0
     model = load_model(opts.model, device, pre, input_size=input_size,
-                       num_classes=len(suite.classes), http=opts.http, threads=threads,
-                       surrogate=opts.surrogate)
+                       num_classes=preliminary_count(suite.class_count, labels, data_names),
+                       http=opts.http, threads=threads, surrogate=opts.surrogate)
+    suite = classes_for_run(suite, model.info, labels=labels,
+                            labels_source=f"--labels {Path(opts.labels).name}"
+                            if opts.labels is not None else "--labels", data=data_names)
     suite.validate_for(model.info)
     reference = None
     if opts.reference is not None:
@@ -102,12 +124,13 @@ def certify_model(
     spec = suite.data
     spec = dataclasses.replace(
         spec,
-        path=opts.data if opts.data is not None else spec.path,
+        path=data_path,
         samples=opts.samples if opts.samples is not None else spec.samples,
         offset=opts.sample_offset,
     )
     data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
                         progress=progress)
+    data.extra["class_names_source"] = suite.classes_source
     run: RunDir | None = None
     try:
         with contextlib.ExitStack() as stack:
@@ -132,13 +155,17 @@ def certify_model(
             if close is not None:
                 close()
     result = outcome.result
-    extra: dict[str, Any] = {"renderer": renderer_info()}
+    extra: dict[str, Any] = {"renderer": renderer_info(), "evaluated_at": _now_utc()}
+    if opts.provenance != "full":
+        extra.update(public_provenance(result.provenance, opts.out))
     if opts.service is not None:  # a service run: its id, and names instead of its paths
         extra["service"] = {"run_id": opts.service["run_id"]}
         extra.update({k: v for k, v in opts.service.items()
                       if k in ("data_source", "suite_source")})
-    result = result.model_copy(update={"provenance": result.provenance.model_copy(
-        update=extra)})
+    card = opts.model_card if opts.model_card is not None and opts.model_card.any() else None
+    result = result.model_copy(update={
+        "provenance": result.provenance.model_copy(update=extra),
+        "measurement": result.measurement.model_copy(update={"model_card": card})})
     signature = None
     if key is not None:
         from certify.report.sign import sign
@@ -159,6 +186,53 @@ def _ray_executor(opts: RunOptions, pre: Any, input_size: tuple[int, int] | None
     return RayExecutor(source(opts.model, opts.surrogate),
                        None if opts.reference is None else source(opts.reference),
                        address=opts.ray_address, workers=opts.workers, threads=opts.threads)
+
+
+def _now_utc() -> str:
+    """The evaluation's date and time (UTC, to the second), signed with the provenance."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def public_path(path: str, out: Path) -> str:
+    """A local path as the signed card may show it: relative to the run folder when inside it
+    (the demo's data), as given when relative and inside the working folder, else its base
+    name. URLs lose their credentials."""
+    from certify.redact import redact
+
+    if path.startswith(("http://", "https://")):
+        return redact(path)
+    p = Path(path)
+    with contextlib.suppress(ValueError, OSError):
+        return p.resolve().relative_to(out.resolve()).as_posix()
+    if not p.is_absolute() and ".." not in p.parts:
+        return p.as_posix()
+    return p.name
+
+
+def public_provenance(prov: Any, out: Path) -> dict[str, Any]:
+    """The provenance fields that would publish this machine: the host name is left out and
+    local paths are cut (:func:`public_path`); a packaged suite is named as such."""
+    from certify.suite import packaged_suites
+
+    suite_source = prov.suite_source
+    packaged = {str(v.resolve()): k for k, v in packaged_suites().items()}
+    with contextlib.suppress(OSError):
+        name = packaged.get(str(Path(suite_source).resolve()))
+        if name is not None:
+            suite_source = f"packaged suite {name} (certify {_version()})"
+        else:
+            suite_source = public_path(suite_source, out)
+    env = {k: v for k, v in prov.environment.items() if k != "host"}
+    return {"data_source": public_path(prov.data_source, out), "suite_source": suite_source,
+            "environment": env}
+
+
+def _version() -> str:
+    import certify
+
+    return certify.__version__
 
 
 def _public_spec(spec: str) -> str:
@@ -220,6 +294,17 @@ def demo_model_path(name: str = "standard") -> Path:
     return path
 
 
+#: What the demo's card states about its model (the flags of ``certify run`` would).
+DEMO_MODEL_CARD = ModelCardDoc(
+    name="certify demo traffic-sign classifier (standard training)",
+    version=f"demo, certify {_version()}",
+    owner="the certify project",
+    license="Apache-2.0",
+    intended_use="A demonstration of certify's card: a small CNN trained on generated "
+                 "GTSRB-like traffic signs, evaluated on generated signs. Not for use on "
+                 "roads or real images.")
+
+
 def run_demo(
     out: Path, progress: Progress | None = None, pdf: bool = True, resume: bool = False,
     suite: str = "gtsrb", **run_options: Any,
@@ -242,6 +327,7 @@ def run_demo(
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
     npz = data_dir / "synthetic-gtsrb-test.npz"
     np.savez(npz, x=x, y=y)
+    run_options.setdefault("model_card", DEMO_MODEL_CARD)
     opts = RunOptions(model=str(model), suite=suite, data=str(npz), out=out,
                       samples=len(y), resume=resume, pdf=pdf,
                       reference=str(demo_model_path("robust")), **run_options)

@@ -60,6 +60,7 @@ from certify.errors import (
     UsageError,
     exit_code_for_verdict,
 )
+from certify.model_card import model_card_from, model_card_options
 from certify.redact import install_log_filters, redact
 
 err_console = Console(stderr=True)
@@ -310,7 +311,7 @@ def _executor_options(f: Any) -> Any:
     return click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
                         show_default=True,
                         help="Where checks run: this process, or Ray workers "
-                             '(pip install "certify[ray]").')(f)
+                             '(the extra certify[ray]: pip install ".[ray]").')(f)
 
 
 def _refuse_idle_ray_flags(executor: str) -> None:
@@ -336,6 +337,10 @@ def _common_logging(f: Any) -> Any:
               help="A packaged suite name (see `certify suites list`) or a YAML file.")
 @click.option("--data", "data_path", metavar="PATH",
               help="Evaluation data: GTSRB folder or CSV, image folder, or .npz.")
+@click.option("--labels", "labels_path", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE",
+              help="Class names, one per line in class-id order (before the suite's, the "
+                   "data's folder names or class_names, and the model's metadata).")
 @click.option("--out", "out_dir", default="certify-run", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
 @click.option("--samples", type=click.IntRange(min=1),
@@ -393,12 +398,15 @@ def _common_logging(f: Any) -> Any:
                    "(hedges are at most 5% of requests) [default: 4].")
 @click.option("--http-batch", type=click.IntRange(min=1),
               help="HTTP: images per request [default: 64].")
-@click.option("--model-version", metavar="V",
-              help="HTTP: the model version the endpoint serves, stated on the card.")
 @click.option("--input-size", type=click.IntRange(min=1), nargs=2, metavar="H W",
               help="Model input size, when the model does not state it (overrides the suite).")
 @click.option("--input-layout", type=click.Choice(["NCHW", "NHWC"]),
               help="HTTP v1: the layout the endpoint expects [default: NHWC].")
+@click.option("--provenance", type=click.Choice(["public", "full"]), default="public",
+              show_default=True,
+              help="public: no host name and no absolute local path in the signed card; "
+                   "full: the paths as given and the host name.")
+@model_card_options
 @_executor_options
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
@@ -408,7 +416,10 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         reference: str | None, surrogate: str | None, sign_key: Path | None,
         passphrase_env: str | None, query_budget: int | None,
         input_size: tuple[int, int] | None, executor: str, ray_address: str | None,
-        workers: int, threads: int, debug: bool, quiet: bool, **http: Any) -> int:
+        workers: int, threads: int, debug: bool, quiet: bool, provenance: str,
+        model_name: str | None, model_version: str | None, owner: str | None,
+        license: str | None, intended_use: str | None, labels_path: Path | None,
+        **http: Any) -> int:
     """Certify MODEL with a suite and write results.json, card.html, card.pdf.
 
     MODEL is an .onnx file or an inference endpoint: http://HOST:PORT/v2/models/NAME
@@ -426,6 +437,10 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
     _refuse_idle_ray_flags(executor)
     from certify.api import RunOptions, certify_model
 
+    card = model_card_from(model_name=model_name, model_version=model_version, owner=owner,
+                           license=license, intended_use=intended_use)
+    if model_version is not None and model.startswith(("http://", "https://")):
+        http["model_version"] = model_version  # an endpoint's declared version: its identity
     opts = RunOptions(
         model=model, suite=suite_name, data=data_path, out=out_dir, samples=samples,
         sample_offset=sample_offset, seed=seed,
@@ -434,11 +449,13 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         sign_key=sign_key, passphrase=_passphrase(passphrase_env),
         http=_http_options(model, reference, http), query_budget=query_budget,
         input_size=input_size or None, executor=executor, ray_address=ray_address,
-        workers=workers, threads=threads, surrogate=surrogate,
+        workers=workers, threads=threads, surrogate=surrogate, model_card=card,
+        provenance=provenance, labels=labels_path,
     )
     with RichProgress(err_console, enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)
     _print_summary(result, paths)
+    _note_missing_pdf(paths, not no_pdf, "rerun the same certify run with --resume")
     return exit_code_for_verdict(result.measurement.verdict)
 
 
@@ -476,6 +493,76 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
         out.print(f"{name}: {p}", highlight=False)
 
 
+def _note_missing_pdf(paths: dict[str, Path], wanted: bool, again: str) -> None:
+    """One line on stderr when card.pdf was asked for but WeasyPrint could not load its system
+    libraries (the HTML card and results were written; the exit code stays the command's)."""
+    if wanted and "pdf" not in paths:
+        from certify.report.weasy import pdf_hint
+
+        click.echo(pdf_hint(again), err=True)
+
+
+@main.command("init")
+@click.argument("model")
+@click.option("--data", "data_path", required=True, metavar="PATH",
+              help="Labelled images: an image folder (a subfolder per class), an .npz file "
+                   "or a GTSRB layout.")
+@click.option("--out", "out_path", default="suite.yaml", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The suite file to write.")
+@click.option("--labels", "labels_path", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE", help="Class names, one per line in class-id order.")
+@click.option("--samples", type=click.IntRange(min=2), default=64, show_default=True,
+              help="Labelled samples to probe, class-stratified and seeded.")
+@click.option("--input-size", type=click.IntRange(min=1), nargs=2, metavar="H W",
+              help="Model input size, when the model does not state it [default: the data's].")
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True,
+              help="Where the model runs.")
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@click.option("--auth-env", metavar="VAR",
+              help="HTTP: environment variable holding the auth header's value.")
+@click.option("--auth-header", metavar="NAME",
+              help="HTTP: header the --auth-env value is sent in [default: Authorization].")
+@_common_logging
+def init_cmd(model: str, data_path: str, out_path: Path, labels_path: Path | None,
+             samples: int, input_size: tuple[int, int] | None, device: str, force: bool,
+             debug: bool, quiet: bool, **http: Any) -> None:
+    """Probe MODEL's preprocessing on labelled data and write a suite to edit.
+
+    MODEL is an .onnx file or an endpoint URL. Every candidate preprocessing (0-1 or 0-255,
+    mean/std none, ImageNet or 0.5, RGB or BGR; the layout where the model does not state it)
+    is tried on the same samples; the one with the best clean accuracy goes into a copy of
+    the packaged image-classification suite, with the class names and, if needed, the input
+    size.
+
+    \b
+    Example:
+      certify init model.onnx --data test-images/ --out my-suite.yaml
+      certify run model.onnx --suite my-suite.yaml --data test-images/
+    """
+    _setup_logging(debug, quiet)
+    from certify.init_suite import InitOptions, init_suite
+    from certify.probe import pct
+
+    opts = InitOptions(model=model, data=data_path, out=out_path, labels=labels_path,
+                       samples=samples, input_size=input_size or None, device=device,
+                       http=_http_options(model, None, http), force=force)
+    with RichProgress(err_console, enabled=not quiet) as progress:
+        found = init_suite(opts, progress)
+    out = Console()
+    out.print(f"{'preprocessing':<44} {'accuracy':>9} {'correct':>9}", highlight=False)
+    for sc in found.report.scores:
+        mark = "  <- chosen" if sc is found.report.best else ""
+        note = f"  ({sc.error})" if sc.error else ""
+        out.print(f"{sc.candidate.label():<44} {pct(sc.accuracy):>9} "
+                  f"{sc.correct:>4}/{sc.n:<4}{mark}{note}", highlight=False)
+    for line in found.summary():
+        out.print(line, highlight=False, soft_wrap=True)
+    out.print(f"suite: {found.path}", highlight=False)
+    out.print(f"next: certify run {model} --suite {found.path} --data {data_path}"
+              + (f" --labels {labels_path}" if labels_path else ""), highlight=False,
+              soft_wrap=True)
+
+
 @main.command()
 @click.option("--out", "out_dir", default="demo-card", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
@@ -505,6 +592,11 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, suite: str, executor: str,
                                  suite=suite, executor=executor, ray_address=ray_address,
                                  workers=workers, threads=threads)
     _print_summary(result, paths)
+    import shlex
+
+    again = " ".join(["certify demo --out", shlex.quote(str(out_dir)),
+                      *(["--suite", shlex.quote(suite)] if suite != "gtsrb" else []), "--resume"])
+    _note_missing_pdf(paths, not no_pdf, f"rerun {again}")
     # The demo's job is to produce the card; the verdict inside it is the finding, not an error.
     return EXIT_OK
 
@@ -572,9 +664,10 @@ def sign_cmd(run_dir: Path, key_path: Path, passphrase_env: str | None, no_pdf: 
     """Sign a finished run: results.json.sig, and the card re-rendered with the signature."""
     from certify.api import sign_run
 
-    for name, p in sign_run(run_dir, key_path, _passphrase(passphrase_env),
-                            pdf=not no_pdf).items():
+    paths = sign_run(run_dir, key_path, _passphrase(passphrase_env), pdf=not no_pdf)
+    for name, p in paths.items():
         click.echo(f"{name}: {p}")
+    _note_missing_pdf(paths, not no_pdf, "run certify sign again")
 
 
 @main.command("verify")
@@ -782,7 +875,7 @@ def suites_list() -> None:
 
     for name in sorted(packaged_suites()):
         s = load_suite(name)
-        click.echo(f"{name:<12} {len(s.checks)} checks  {s.description.splitlines()[0]}")
+        click.echo(f"{name:<20} {len(s.checks)} checks  {s.description.splitlines()[0]}")
 
 
 @suites.command("show")

@@ -12,8 +12,8 @@ driver writes records, so nothing recorded is lost or counted twice. Query budge
 ``budget`` and ``--query-budget``) hold across workers through one ledger actor that every
 query is reserved against; an endpoint's ``--concurrency`` is divided between the workers.
 
-Ray is an optional extra: ``pip install "certify[ray]"``. A local instance started by certify
-listens on 127.0.0.1 only.
+Ray is an optional extra, ``certify[ray]`` (``pip install ".[ray]"`` in a checkout). A local
+instance started by certify listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def _import_ray() -> Any:
         import ray
     except ImportError:
         raise UsageError("--executor ray needs Ray, which is not installed",
-                         hint='pip install "certify[ray]"') from None
+                         hint='the extra certify[ray]: pip install ".[ray]" in a certify '
+                              'checkout, or pip install ray') from None
     return ray
 
 

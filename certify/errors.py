@@ -150,6 +150,15 @@ class DataError(CertifyError):
     exit_code = EXIT_USAGE
 
 
+class PdfUnavailableError(CertifyError):
+    """WeasyPrint cannot load its system libraries (Pango, HarfBuzz, fontconfig), which pip
+    does not install: no PDF can be rendered here (exit 2 where a PDF was the point, e.g.
+    ``compare --pdf`` or verifying a card.pdf; ``run``, ``demo`` and ``sign`` write the HTML
+    card instead and print how to get the PDF)."""
+
+    exit_code = EXIT_USAGE
+
+
 class ModelError(CertifyError):
     """A model that cannot be loaded, reached or used as an image classifier (exit 3)."""
 

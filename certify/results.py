@@ -174,6 +174,35 @@ class ModelDoc(_Strict):
                            "of a torch copy of the graph, else why not")
 
 
+class ResizeDoc(_Strict):
+    """Images brought to the model's input size when the data was loaded."""
+
+    count: int = Field(description="images resized")
+    of: int = Field(description="images loaded")
+    to: list[int] = Field(description="[H, W] they were resized to (the model's input size)")
+    from_: list[list[int]] = Field(alias="from", description="the most common original "
+                                   "sizes [H, W] (at most 3)")
+    distinct_sizes: int = Field(description="how many different original sizes were resized")
+    interpolation: str
+
+
+class SampleCapDoc(_Strict):
+    """More samples were asked for (``--samples`` or the suite's ``data.samples``) than the
+    data has: the run used what there is."""
+
+    requested: int
+    available: int
+    used: int
+
+
+class SkippedDoc(_Strict):
+    """Files of the data that were left out."""
+
+    count: int
+    reason: str
+    examples: list[str] = Field(description="the first few, relative to the data folder")
+
+
 class DataDoc(_Strict):
     """The evaluation data, identified by content (its local path is provenance)."""
 
@@ -189,6 +218,41 @@ class DataDoc(_Strict):
         "which the samples were drawn from (runs on different subsets of one dataset share it)")
     selection: str | None = Field(default=None,
                                   description="how the samples were chosen from the source")
+    class_names: list[str] | None = Field(
+        default=None, description="the class names, in class-id order (runs before issue 30 "
+        "have none)")
+    class_names_source: str | None = Field(
+        default=None, description="where the class names came from: the suite, --labels, the "
+        "data (image-folder names, an npz class_names array), the model's metadata, or class "
+        "ids when nothing named them")
+    resized: ResizeDoc | None = Field(
+        default=None, description="images resized to the model's input size (none: no image "
+        "was resized)")
+    sample_cap: SampleCapDoc | None = Field(
+        default=None, description="more samples were asked for than the data has")
+    skipped: SkippedDoc | None = Field(
+        default=None, description="files of the data left out (an unreadable image is an "
+        "error, not a skip)")
+    notes: list[str] = Field(
+        default_factory=list, description="resizing, sample caps and skipped files in "
+        "sentences, for the card")
+
+
+class ModelCardDoc(_Strict):
+    """What the team that ships the model states about it (the Model Card Toolkit's and
+    Hugging Face model cards' model details): given on ``certify run``/``submit`` or the
+    service's form, never inferred. ``None``: not stated (the card says so)."""
+
+    name: str | None = Field(default=None, description="the model's name as its team calls it")
+    version: str | None = Field(default=None, description="the model version evaluated")
+    owner: str | None = Field(default=None, description="who ships the model")
+    license: str | None = Field(default=None, description="the model's license")
+    intended_use: str | None = Field(default=None, description="what the model is for, in "
+                                     "its team's words (never the suite's description)")
+
+    def any(self) -> bool:
+        """True when at least one field was stated."""
+        return any(v is not None for v in self.model_dump().values())
 
 
 class Seeds(_Strict):
@@ -252,6 +316,9 @@ class RunMeasurement(BaseModel):
     queries: RunQueries
     checks: list[AnyCheckResult]
     summary: dict[str, int]
+    model_card: ModelCardDoc | None = Field(
+        default=None, description="model details as stated by the model's team (name, "
+        "version, owner, license, intended use); null when none was stated")
     attack_worst_case: list[WorstCase]
     verdict: Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR"]
     decision: str

@@ -7,10 +7,13 @@ name the valid ones.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.resources
 import json
+import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -19,6 +22,7 @@ import yaml
 
 from certify.checks import CHECKS, Check
 from certify.data import INTERPOLATIONS, DataSpec
+from certify.data.classes import resolve_class_names
 from certify.data.loaders import LAYOUTS
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
@@ -42,7 +46,7 @@ DECISION_RULE_TEXT = {
 
 _TOP_KEYS = {"name", "description", "version", "seed", "classes", "flip_invariant_classes",
              "data", "preprocessing", "checks", "decision"}
-_REQUIRED_TOP = {"name", "classes", "checks"}
+_REQUIRED_TOP = {"name", "checks"}
 _DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
 _PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
 _CHECK_KEYS = {"id", "kind", "params", "threshold", "budget", "samples", "decision"}
@@ -50,7 +54,7 @@ _THRESHOLD_KEYS = {"metric", "min", "max"}
 # The type of every suite value outside check params (those follow their constructor's hints).
 _TOP_TYPES: dict[str, Any] = {
     "name": str, "description": str, "version": int | float | str, "seed": int,
-    "classes": list[str], "flip_invariant_classes": list[int], "data": dict[Any, Any] | None,
+    "classes": list[str] | int, "flip_invariant_classes": list[int], "data": dict[Any, Any] | None,
     "preprocessing": dict[Any, Any] | None, "checks": list[dict[Any, Any]],
     "decision": DecisionRule,
 }
@@ -105,9 +109,21 @@ class CheckSpec:
     decision: str = "interval"
 
 
+#: Where a suite's class names came from when the suite lists them itself.
+FROM_SUITE = "the suite's classes list"
+
+
 @dataclass(frozen=True)
 class Suite:
-    """A validated suite; ``digest`` is the sha256 of its canonical JSON form."""
+    """A validated suite; ``digest`` is the sha256 of its canonical JSON form.
+
+    ``classes`` is empty for a suite that does not list its classes (the generic
+    ``image-classification`` suite, or ``classes: K``): the run resolves them
+    (:func:`certify.data.classes.resolve_class_names`: ``--labels``, the data's folder names or
+    ``class_names`` array, the model's metadata, else class ids) and continues with
+    :meth:`with_classes`. ``class_count`` is the count a suite states (``classes: 10``) or the
+    length of its list; ``None`` when the model's output decides it.
+    """
 
     name: str
     source: str
@@ -123,6 +139,27 @@ class Suite:
     #: The suite's decision rule (:data:`DecisionRule`); checks may override it.
     decision: str = "interval"
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    class_count: int | None = None
+    #: Where ``classes`` came from, in words (:data:`FROM_SUITE` for a listed suite).
+    classes_source: str = FROM_SUITE
+
+    def with_classes(self, names: Sequence[str], source: str) -> Suite:
+        """This suite with its class names resolved (``source`` says where they came from).
+
+        Refused (:class:`SuiteError`) when the suite states another count than ``names``
+        has, or a flip-invariant class id outside them.
+        """
+        k = len(names)
+        if self.class_count is not None and self.class_count != k:
+            raise SuiteError(f"suite {self.name!r} has {self.class_count} classes but {source} "
+                             f"names {k}",
+                             hint="make the class names and the suite's classes agree")
+        bad = sorted(c for c in self.flip_invariant_classes if c >= k)
+        if bad:
+            raise SuiteError(f"suite {self.name!r}: flip_invariant_classes {bad} are not class "
+                             f"ids of the {k} classes", hint=f"integers in 0..{k - 1}")
+        return dataclasses.replace(self, classes=tuple(names), class_count=k,
+                                   classes_source=source)
 
     @property
     def abstain_class(self) -> int | None:
@@ -152,7 +189,7 @@ class Suite:
         """
         if reference is not None:
             self.check_thresholds(reference)
-        if info.output != "labels" and info.num_classes != len(self.classes):
+        if self.classes and info.output != "labels" and info.num_classes != len(self.classes):
             raise SuiteError(
                 f"model {info.name} outputs {info.num_classes} scores but suite {self.name!r} "
                 f"names {len(self.classes)} classes",
@@ -376,11 +413,8 @@ def parse_suite(raw: Any, source: str) -> Suite:
     missing = sorted(_REQUIRED_TOP - set(raw))
     if missing:
         raise SuiteError(f"{source}: missing key(s) {', '.join(missing)}",
-                         hint="a suite needs name, classes and checks")
-    classes = raw["classes"]
-    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
-        raise SuiteError(f"{source}: classes must be a non-empty list of names",
-                         hint="list one name per class id, in class-id order")
+                         hint="a suite needs name and checks")
+    classes, class_count = _classes(raw.get("classes"), source)
     seed = raw.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
         raise SuiteError(f"{source}: seed must be an integer from 0 to 2^63 - 1",
@@ -490,11 +524,12 @@ def parse_suite(raw: Any, source: str) -> Suite:
                                c.get("decision", rule)))
 
     flips = raw.get("flip_invariant_classes", [])
+    top = class_count if class_count is not None else MAX_SEED
     if not isinstance(flips, list) or not all(
-        isinstance(c, int) and not isinstance(c, bool) and 0 <= c < len(classes) for c in flips
+        isinstance(c, int) and not isinstance(c, bool) and 0 <= c < top for c in flips
     ):
         raise SuiteError(f"{source}: flip_invariant_classes must list class ids",
-                         hint=f"integers in 0..{len(classes) - 1}")
+                         hint="integers from 0" + (f" to {top - 1}" if top != MAX_SEED else ""))
 
     plain_data(raw, source)  # what no annotation typed: dates, binary, NaN under Any
     canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -512,4 +547,41 @@ def parse_suite(raw: Any, source: str) -> Suite:
         description=str(raw.get("description", "")),
         decision=rule,
         raw=raw,
+        class_count=class_count,
     )
+
+
+def _classes(value: Any, source: str) -> tuple[list[str], int | None]:
+    """A suite's ``classes``: a list of names (in class-id order), a count, or absent.
+
+    A count or no value leaves the names to the run (``--labels``, the data, the model's
+    metadata, else class ids).
+    """
+    if value is None:
+        return [], None
+    if isinstance(value, int):  # expect_keys has refused a boolean already
+        if value < 1:
+            raise SuiteError(f"{source}: classes must be a positive count, got {value}",
+                             hint="e.g. classes: 10, or a list of class names")
+        return [], value
+    if not value:
+        raise SuiteError(f"{source}: classes must be a non-empty list of names",
+                         hint="list one name per class id, in class-id order; or give the "
+                              "count (classes: 10) and take the names from --labels or the data")
+    return list(value), len(value)
+
+
+def classes_for_run(suite: Suite, info: ModelInfo, *, labels: Sequence[str] | None = None,
+                    labels_source: str = "--labels",
+                    data: tuple[list[str], str] | None = None) -> Suite:
+    """``suite`` with the run's class names resolved for the loaded model (``info``): by the
+    precedence of :func:`resolve_class_names`; logged when they do not come from the suite."""
+    got = resolve_class_names(num_classes=info.num_classes, suite_names=suite.classes,
+                              suite_source=FROM_SUITE, labels=labels,
+                              labels_source=labels_source, data=data,
+                              metadata=info.metadata)
+    if got.source != FROM_SUITE:
+        shown = ", ".join(got.names[:5]) + (", …" if len(got.names) > 5 else "")
+        logging.getLogger("certify").info("classes: %d from %s (%s)", len(got.names),
+                                          got.source, shown)
+    return suite.with_classes(got.names, got.source)

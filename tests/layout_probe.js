@@ -77,6 +77,15 @@
     out.cut.push(...problems(p, r, "text").map((x) => Object.assign(x, { text: t.textContent.trim().slice(0, 60) })));
   }
   out.cut = out.cut.slice(0, 40);
+  // each summary row: where its check's name and its verdict badge are (issue 30: on a phone
+  // the rows stack, and a verdict must stay in view beside its name)
+  out.summary = Array.from(document.querySelectorAll("table.summary tbody tr")).map((tr) => {
+    const name = tr.querySelector("th.name, td:first-child").getBoundingClientRect();
+    const v = tr.querySelector(".verdict").getBoundingClientRect();
+    return { name: (tr.querySelector("th.name a") || tr.firstElementChild).textContent.trim(),
+             n: [name.left, name.top, name.right, name.bottom].map(Math.round),
+             v: [v.left, v.top, v.right, v.bottom].map(Math.round) };
+  });
   const pre = document.createElement("pre");
   pre.id = "layout-probe";
   pre.textContent = JSON.stringify(out);

@@ -127,15 +127,15 @@ def post_run(svc: Service, token: str, suite: Path, **data: str) -> requests.Res
                         data={"dataset": "small", **data})
 
 
-def submit_cli(svc: Service, token: str, suite: Path, out: Path, samples: int
-               ) -> subprocess.CompletedProcess[str]:
+def submit_cli(svc: Service, token: str, suite: Path, out: Path, samples: int,
+               *extra: str) -> subprocess.CompletedProcess[str]:
     """``certify submit`` of the demo model, following the run and downloading its card."""
     from certify.api import demo_model_path
 
     return subprocess.run([CERTIFY, "submit", str(demo_model_path()), "--server", svc.url,
                            "--suite", str(suite), "--dataset", "small", "--samples",
-                           str(samples), "--out", str(out)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "CERTIFY_TOKEN": token})
+                           str(samples), "--out", str(out), *extra], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "CERTIFY_TOKEN": token})
 
 
 def job_processes(home: Path, run_id: str = "") -> list[int]:

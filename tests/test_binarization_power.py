@@ -157,8 +157,10 @@ def test_packaged_suite_tests_20_samples_in_the_packaged_configuration():
         assert samples >= 20
         assert ladder == LADDER[check._norm()] and ladder[packaged] == PACKAGED[check._norm()]
     assert set(NECESSARY_ONLY) == {"square_linf", "hopskipjump", "square_l2"}  # RESULTS.md
-    for attack, where in NECESSARY_ONLY.items():
-        assert "RESULTS.md" in where, attack
+    for attack, why in NECESSARY_ONLY.items():
+        # the card states the measured figure itself: a reader has no repository to open
+        assert "measured on certify's demo model" in why and any(c.isdigit() for c in why)
+        assert "RESULTS.md" not in why and "benchmarks/" not in why, attack
 
 
 @pytest.mark.slow

@@ -86,7 +86,8 @@ def _card_images(html: str) -> dict[str, np.ndarray]:
 
 def _gallery_block(html: str, check_id: str) -> str:
     m = re.search(rf'<div class="prop adv-gallery" id="adv-{re.escape(check_id)}">(.*?)</div>\s*'
-                  rf'(?=<div class="prop adv-gallery"|<h3>)', html, re.S)
+                  rf'(?=<div class="prop adv-gallery"|<h3>|</div>|<div class="detail)', html,
+                  re.S)
     assert m, f"no gallery block for {check_id}"
     return m.group(1)
 
@@ -290,7 +291,7 @@ def _long_card_pdf(css: str) -> list[str]:
     rows = "".join(f"<tr><td>row-{k:03d}</td><td>{tall}</td>"
                    f"<td class='num'>{'<br>' * 4}value-{k:03d}</td></tr>" for k in range(60))
     figs = "".join(f"<figure><figcaption>fig-{k:03d}-top</figcaption>"
-                   f"<div style='height:90px;border:1px solid #999'></div>"
+                   f"<div style='height:137px;border:1px solid #999'></div>"
                    f"<figcaption>fig-{k:03d}-bottom</figcaption></figure>" for k in range(30))
     html = (f"<html><head><style>{css}</style></head><body><main>"
             f"<table><thead><tr><th>Check</th><th>Decision</th><th>Value</th></tr></thead>"

@@ -84,10 +84,13 @@ def test_every_status_is_a_word_and_a_shape_not_only_a_colour():
         assert before_word.rstrip().rsplit("<text", 1)[0].rstrip().endswith("/>")
         assert tags[glance.SHAPES[status]] in before_word.rsplit("<text", 1)[0][-260:], cid
     assert len(set(glance.SHAPES.values())) == len(glance.SHAPES), "two statuses share a shape"
-    # the legend names every status present, beside its shape
-    legend = svg.split("<g>", 1)[0]
+    # the phone's variant has a legend naming every status present, beside its shape (the
+    # wide figure's caption says what the marks are)
+    legend = glance.glance_svg(_suite(), narrow=True).split("<g>", 1)[0]
     for status in set(expected.values()):
         assert f">{status}</text>" in legend, status
+    narrow_rows = _rows(glance.glance_svg(_suite(), narrow=True))
+    assert all(f">{expected[cid]}</text>" in g for cid, g in narrow_rows.items())
 
 
 def test_value_interval_and_threshold_are_drawn_where_they_are():
@@ -152,11 +155,15 @@ def test_worst_case_line_per_threat_model():
     assert glance.threat_name("linf", 0.01) == "L∞ 0.01"
 
 
-def test_a_long_suite_figure_is_not_shrunk_past_legibility_to_fit_page_one():
+def test_a_long_suite_figure_keeps_its_text_size_and_grows_in_height():
+    """The figure is drawn at the page's full width whatever its length: a longer suite makes
+    it taller (it may move to page 2), never its text smaller."""
     short = glance.glance_svg(_suite())
     long = glance.glance_svg(_suite() * 12)
-    assert glance.print_width_mm(short) == 180.0  # as wide as the page allows
-    assert glance.print_width_mm(long) == 110.0  # the floor: it moves to page 2 instead
+    box = lambda svg: [float(v) for v in re.search(r'viewBox="([^"]+)"', svg).group(1).split()]  # noqa: E731
+    assert box(short)[2] == box(long)[2] == glance._W
+    assert box(long)[3] > 6 * box(short)[3]
+    assert glance.smallest_text(long) == glance.smallest_text(short) == glance.MIN_FONT
 
 
 def test_matplotlib_figures_carry_a_title_stating_their_numbers():
@@ -231,6 +238,17 @@ def assert_fits(result: dict, width: int) -> None:
 def test_card_fits_a_phone_and_a_laptop_in_chromium(demo_run, tmp_path, width):
     result = layout(demo_run / "card.html", width, tmp_path)
     assert_fits(result, width)
+    # every summary row shows its check's name and its verdict together: both inside the
+    # viewport, the verdict on the name's line (rows stack on a phone, never scroll sideways)
+    results = json.loads((demo_run / "results.json").read_text())
+    rows = result["summary"]
+    assert len(rows) == (len(results["measurement"]["checks"])
+                         + len(results["measurement"]["attack_worst_case"]))
+    for row in rows:
+        (nl, nt, nr, nb), (vl, vt, vr, vb) = row["n"], row["v"]
+        assert 0 <= nl and nr <= width and 0 <= vl and vr <= width, row
+        assert vl >= nl and vt < nb and vb > nt, row  # beside it, on the same line
+        assert vt - nt < 40, row
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by setup.sh")

@@ -26,9 +26,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("inputs", ("certify.models", "certify.data", "certify.perturbations", "certify.demo")),
     ("attacks", ("certify.attacks",)),
     ("checks", ("certify.checks",)),
-    ("engine", ("certify.engine", "certify.distributed", "certify.suite", "certify.results")),
+    ("engine", ("certify.engine", "certify.distributed", "certify.suite", "certify.results",
+                "certify.probe")),
     ("report", ("certify.report",)),
-    ("edges", ("certify.api", "certify.cli", "certify.ci_action", "certify.service")),
+    ("edges", ("certify.api", "certify.cli", "certify.ci_action", "certify.service",
+               "certify.init_suite", "certify.model_card")),
 ]
 
 

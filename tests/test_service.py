@@ -60,13 +60,20 @@ def test_submit_wait_download_and_verify_against_the_log(
     suite, _ = inputs
     token = service.token("submit")
     out = tmp_path / "card"
-    r = submit_cli(service, token, suite, out, samples=20)
+    r = submit_cli(service, token, suite, out, 20, "--model-name", "Sign reader",
+                   "--model-version", "4.1", "--owner", "Perception", "--license", "MIT",
+                   "--intended-use", "Dash-camera sign crops.")
     assert r.returncode == 0, r.stderr + service.log()
     assert "verdict: PASS" in r.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "card.html", "card.pdf", "results.json", "results.json.sig"]
     results = json.loads((out / "results.json").read_text())
     assert results["measurement"]["model"]["name"].startswith("standard")
+    # issue 30: the model-card fields travel through the API into the signed card
+    assert results["measurement"]["model_card"] == {
+        "name": "Sign reader", "version": "4.1", "owner": "Perception", "license": "MIT",
+        "intended_use": "Dash-camera sign crops."}
+    assert "Dash-camera sign crops." in (out / "card.html").read_text()
     assert [c["id"] for c in results["measurement"]["checks"]] == ["clean", "noise"]
     state = tmp_path / "log-state.json"
     v = subprocess.run([CERTIFY, "verify", str(out / "card.pdf"), "--log", service.url,

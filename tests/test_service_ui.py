@@ -48,6 +48,9 @@ def test_log_in_submit_watch_open_and_verify_in_chromium(tmp_path: Path) -> None
             page.set_input_files("#suite_file", str(suite))
             page.set_input_files("#dataset_file", str(data))
             page.fill("#samples", "12")
+            page.fill("#model_name", "UI sign model")
+            page.fill("#model_version", "7")
+            page.fill("#intended_use", "Signs seen by a test browser.")
             page.click("form.stack button[type=submit]")
             page.wait_for_url(re.compile(r"/runs/[0-9a-f]{32}$"))
             run_id = page.url.rsplit("/", 1)[1]
@@ -57,6 +60,9 @@ def test_log_in_submit_watch_open_and_verify_in_chromium(tmp_path: Path) -> None
             expect(page.locator("#log-index")).to_be_visible()
             frame = page.frame_locator("iframe.card")
             expect(frame.locator("body")).to_contain_text("clean")
+            # the model-card fields of the form are on the card (issue 30)
+            expect(frame.locator("h1")).to_contain_text("UI sign model")
+            expect(frame.locator("#intended-use")).to_contain_text("Signs seen by a test")
             # The runs list shows it with its verdict, and the filters work.
             page.goto(f"{svc.url}/runs?verdict=PASS")
             expect(page.locator(f"a[href='/runs/{run_id}']")).to_be_visible()

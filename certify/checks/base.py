@@ -177,6 +177,10 @@ class Check(Generic[R]):
     #: lists a check measured by another method as not comparable rather than calling the
     #: difference a change of the model.
     method: ClassVar[str] = ""
+    #: A top-1 accuracy this check reports that sits at chance level when the model is fed
+    #: the wrong preprocessing (``None``: none). The runner then probes other preprocessings
+    #: (:mod:`certify.probe`) and, when one is clearly better, names it in a warning.
+    chance_metric: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

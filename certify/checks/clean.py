@@ -49,6 +49,7 @@ class CleanAccuracy(Check[CleanRecord]):
     )
     compare_outcomes = {"accuracy": ("correct", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("accuracy", "accuracy", "Clean accuracy")
+    chance_metric: ClassVar[str | None] = "accuracy"
 
     def __init__(self, top_confusions: int = 5) -> None:
         self.top_confusions = top_confusions

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from certify.errors import DataError
+
+log = logging.getLogger("certify")
 
 INTERPOLATIONS: dict[str, Image.Resampling] = {
     "nearest": Image.Resampling.NEAREST,
@@ -75,6 +79,7 @@ class Dataset:
             "digest": self.digest,
             "image_shape": list(self.x.shape[1:]),
             "num_classes": len(self.class_names),
+            "class_names": list(self.class_names),
             "per_class_counts": counts,
             "source_digest": self.source_digest or self.digest,
             "selection": self.selection or f"all {len(self)} samples",
@@ -174,21 +179,65 @@ def _gtsrb_items(csv_path: Path, official: bool) -> list[_Item]:
     return items
 
 
-def _folder_items(root: Path) -> list[_Item]:
+def class_folders(root: Path) -> list[Path]:
+    """An image folder's class subfolders, sorted by name (hidden folders left out)."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def folder_class_names(root: Path) -> list[str] | None:
+    """The class names an image folder's subfolders give (sorted, as torchvision's
+    ``ImageFolder`` orders them), or ``None`` when every subfolder is an integer class id."""
+    names = [d.name for d in class_folders(root)]
+    if not names or all(_is_int(n) for n in names):
+        return None
+    return names
+
+
+def _is_int(name: str) -> bool:
+    try:
+        int(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _folder_labels(root: Path, subdirs: list[Path], class_names: Sequence[str]) -> list[int]:
+    """The label of each class subfolder: its integer name, else its name's position in
+    ``class_names``, else (as many folders as classes) its sorted position."""
+    names = [d.name for d in subdirs]
+    if all(_is_int(n) for n in names):
+        return [int(n) for n in names]
+    index = {n: i for i, n in enumerate(class_names)}
+    if len(index) == len(class_names) and all(n in index for n in names):
+        return [index[n] for n in names]
+    if len(names) == len(class_names):
+        log.warning("data: the subfolders of %s do not all match the class names; they are "
+                    "labelled in sorted order (folder %r is class 0 %r)", root, names[0],
+                    class_names[0])
+        return list(range(len(names)))
+    missing = next(n for n in names if n not in index)
+    raise DataError(
+        f"{root}: subfolder {missing!r} is not one of the {len(class_names)} class names, and "
+        f"the folder has {len(names)} class subfolders, not {len(class_names)}",
+        hint="name each subfolder after its class (as --labels, the suite or the model names "
+             "them), or by its integer class id",
+    )
+
+
+def _folder_items(root: Path, class_names: Sequence[str]) -> tuple[list[_Item], list[str]]:
+    """The images of an image folder, and the files in its class subfolders that are not
+    images (skipped; relative paths)."""
     items = []
-    subdirs = sorted(p for p in root.iterdir() if p.is_dir())
-    for d in subdirs:
-        try:
-            label = int(d.name)
-        except ValueError:
-            raise DataError(
-                f"{d} is not named by a class id",
-                hint="an image folder holds one subfolder per integer class id (0, 1, … or 00000)",
-            ) from None
+    skipped: list[str] = []
+    subdirs = class_folders(root)
+    for d, label in zip(subdirs, _folder_labels(root, subdirs, class_names), strict=True):
         for f in sorted(d.iterdir()):
-            if f.suffix.lower() in _IMAGE_SUFFIXES:
+            if f.is_file() and f.suffix.lower() in _IMAGE_SUFFIXES \
+                    and not f.name.startswith("."):
                 items.append(_Item(f, label, None, str(f)))
-    return items
+            else:
+                skipped.append(f"{d.name}/{f.name}")
+    return items, skipped
 
 
 def _detect_layout(path: Path) -> tuple[str, Path]:
@@ -215,7 +264,9 @@ def _detect_layout(path: Path) -> tuple[str, Path]:
     )
 
 
-def _load_image(item: _Item, roi_crop: bool, size: tuple[int, int], resample: Any) -> np.ndarray:
+def _load_image(item: _Item, roi_crop: bool, size: tuple[int, int], resample: Any
+                ) -> tuple[np.ndarray, tuple[int, int]]:
+    """The image as uint8 ``[H, W, 3]`` at ``size``, and its size ``(h, w)`` before resizing."""
     try:
         with Image.open(item.path) as im:
             im = im.convert("RGB")
@@ -225,9 +276,10 @@ def _load_image(item: _Item, roi_crop: bool, size: tuple[int, int], resample: An
                 box = (max(0, x1), max(0, y1), min(w, x2 + 1), min(h, y2 + 1))
                 if box[2] > box[0] and box[3] > box[1]:
                     im = im.crop(box)
+            was = (im.size[1], im.size[0])
             if im.size != (size[1], size[0]):
                 im = im.resize((size[1], size[0]), resample)
-            return np.asarray(im, dtype=np.uint8)
+            return np.asarray(im, dtype=np.uint8), was
     except FileNotFoundError:
         raise DataError(f"{item.where}: image not found: {item.path}",
                         hint="check the path") from None
@@ -238,7 +290,23 @@ def _load_image(item: _Item, roi_crop: bool, size: tuple[int, int], resample: An
         ) from None
 
 
-def _load_npz(path: Path, size: tuple[int, int], resample: Any) -> tuple[np.ndarray, np.ndarray]:
+def npz_class_names(path: Path) -> list[str] | None:
+    """The ``class_names`` array of an ``.npz`` file (strings, in class-id order), or ``None``
+    when it has none."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "class_names" not in z:
+                return None
+            names = z["class_names"]
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is not a readable .npz ({exc})", hint="check the file") from None
+    if names.ndim != 1 or names.dtype.kind not in "US" or not len(names):
+        raise DataError(f"{path}: class_names must be a 1-D array of strings",
+                        hint="save with np.savez(..., class_names=np.array(['cat', 'dog']))")
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in names.tolist()]
+
+
+def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             if "x" not in z or "y" not in z:
@@ -261,9 +329,6 @@ def _load_npz(path: Path, size: tuple[int, int], resample: Any) -> tuple[np.ndar
         raise DataError(f"{path}: x has dtype {x.dtype}", hint="use uint8 or float in [0, 1]")
     if x.shape[3] == 1:
         x = np.repeat(x, 3, axis=3)
-    if x.shape[1:3] != size:
-        x = np.stack([np.asarray(Image.fromarray(im).resize((size[1], size[0]), resample))
-                      for im in x])
     if not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{path}: y has dtype {y.dtype}", hint="labels must be integers")
     return x, y.astype(np.int64)
@@ -276,7 +341,14 @@ def load_dataset(
     seed: int = 0,
     progress: Any = None,
 ) -> Dataset:
-    """Load, check, subsample and resize a dataset to ``input_size`` (H, W)."""
+    """Load, check, subsample and resize a dataset to ``input_size`` (H, W).
+
+    What changed the data on the way is logged (one line each) and recorded in
+    ``Dataset.extra`` (the measurement's data section): ``resized`` (images brought to the
+    model's input size), ``sample_cap`` (more samples asked for than the data has) and
+    ``skipped`` (files of an image folder that are not images). An unreadable image is an
+    error, not a skip.
+    """
     if spec.path is None:
         raise DataError("no data given", hint="pass --data PATH or set data.path in the suite")
     path = Path(spec.path)
@@ -294,9 +366,12 @@ def load_dataset(
     if layout in ("gtsrb-official", "gtsrb-csv") and target.is_dir():
         target = target / ("GT-final_test.csv" if layout == "gtsrb-official" else "Test.csv")
     k = len(class_names)
+    skipped: list[str] = []
 
     if layout == "npz":
-        x_all, y_all = _load_npz(target, input_size, resample)
+        x_all, y_all = _load_npz(target)
+        was = [tuple(int(v) for v in x_all.shape[1:3])] * len(y_all)
+        x_all = _resize_all(x_all, input_size, resample)
         ids_all = [f"{target.name}[{i}]" for i in range(len(y_all))]
         bad = np.flatnonzero((y_all < 0) | (y_all >= k))
         if len(bad):
@@ -308,9 +383,12 @@ def load_dataset(
         source, total = _digest_arrays(x_all, y_all), len(y_all)
         idx = _subset(y_all, spec, seed)
         x, y, ids = x_all[idx], y_all[idx], [ids_all[i] for i in idx]
+        sizes = [was[i] for i in idx]
     else:
-        items = _gtsrb_items(target, layout == "gtsrb-official") if layout != "folder" \
-            else _folder_items(target)
+        if layout == "folder":
+            items, skipped = _folder_items(target, class_names)
+        else:
+            items = _gtsrb_items(target, layout == "gtsrb-official")
         for it in items:
             if not 0 <= it.label < k:
                 raise DataError(
@@ -323,8 +401,11 @@ def load_dataset(
         if progress is not None:
             progress.start("load data", len(chosen))
         arrays = []
+        sizes = []
         for it in chosen:
-            arrays.append(_load_image(it, spec.roi_crop, input_size, resample))
+            arr, size = _load_image(it, spec.roi_crop, input_size, resample)
+            arrays.append(arr)
+            sizes.append(size)
             if progress is not None:
                 progress.advance(1)
         if progress is not None:
@@ -341,7 +422,55 @@ def load_dataset(
         [source, layout, list(input_size), spec.interpolation, spec.roi_crop]).encode())
     data.source_digest = f"sha256:{prep.hexdigest()}"
     data.selection = _selection(spec, seed, len(y), total)
+    data.extra.update(_changes(spec, layout, input_size, sizes, total, skipped, path.name))
     return data
+
+
+def _resize_all(x: np.ndarray, size: tuple[int, int], resample: Any) -> np.ndarray:
+    if x.shape[1:3] == size or not len(x):
+        return x
+    return np.stack([np.asarray(Image.fromarray(im).resize((size[1], size[0]), resample))
+                     for im in x])
+
+
+def _changes(spec: DataSpec, layout: str, input_size: tuple[int, int],
+             sizes: Sequence[tuple[int, ...]],
+             total: int, skipped: Sequence[str], name: str) -> dict[str, Any]:
+    """What loading did to the data beyond reading it, logged once each and recorded for the
+    card: ``resized``, ``sample_cap`` and ``skipped`` (``None`` when it did not happen), and
+    ``notes``, the same in sentences."""
+    h, w = input_size
+    notes: list[str] = []
+    resized = None
+    moved = Counter(s for s in sizes if tuple(s) != (h, w))
+    if moved:
+        count = sum(moved.values())
+        common = [[int(a), int(b)] for (a, b), _ in moved.most_common(3)]
+        resized = {"count": count, "of": len(sizes), "to": [h, w], "from": common,
+                   "distinct_sizes": len(moved), "interpolation": spec.interpolation}
+        shown = ", ".join(f"{a}×{b}" for a, b in common)
+        more = f" and {len(moved) - 3} other sizes" if len(moved) > 3 else ""
+        crop = " after cropping to the annotated sign region" if spec.roi_crop \
+            and layout in ("gtsrb-official", "gtsrb-csv") else ""
+        notes.append(f"{count} of {len(sizes)} images were resized from {shown}{more} to "
+                     f"{h}×{w} ({spec.interpolation}){crop} to fit the model's input.")
+    cap = None
+    available = max(0, total - spec.offset)
+    if spec.samples is not None and spec.samples > len(sizes):
+        cap = {"requested": spec.samples, "available": available, "used": len(sizes)}
+        after = f" after skipping {spec.offset}" if spec.offset else ""
+        notes.append(f"{spec.samples} samples were asked for (--samples or the suite's "
+                     f"data.samples) but the data has {available}{after}: the run used "
+                     f"{len(sizes)}.")
+    skip = None
+    if skipped:
+        skip = {"count": len(skipped), "reason": "not an image file", "examples":
+                list(skipped[:5])}
+        notes.append(f"{len(skipped)} file(s) in the image folder are not images and were "
+                     f"skipped (e.g. {', '.join(skipped[:3])}).")
+    for line in notes:
+        log.info("data %s: %s", name, line)
+    return {"resized": resized, "sample_cap": cap, "skipped": skip, "notes": notes}
 
 
 def _subset(labels: np.ndarray, spec: DataSpec, seed: int) -> np.ndarray:

@@ -16,11 +16,13 @@ import hashlib
 import logging
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+import certify.probe as probe
 from certify.canonical import JSONLike, normalize
 from certify.checks import CheckContext, Measurement
 from certify.data import Dataset, stratified_subset
@@ -36,8 +38,8 @@ from certify.engine.records import (
     round_key,
 )
 from certify.engine.verdicts import decide
-from certify.errors import CertifyError, ModelError, NonFiniteOutput
-from certify.models.base import Budget, Model, endpoint_of
+from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
+from certify.models.base import Budget, Model, Reconfigurable, endpoint_of
 from certify.progress import NullProgress, Progress
 from certify.redact import redact, redact_obj
 from certify.results import CheckResult, RunResult, check_result_model
@@ -277,7 +279,8 @@ def _evaluate(spec: CheckSpec, ctx: CheckContext, w: _Run, state: RunState) -> C
     try:
         records = _run_check(spec, ctx, w)
         state.finals[spec.id] = records
-        result, m = _summarize(spec, records, w.data)
+        result, m = _summarize(spec, records, w.data,
+                               diagnose=lambda m: _diagnose_chance(spec, m, w))
         state.images.update(m.images)
         state.measured[spec.id] = m
         share = randomised_share(spec, m)
@@ -299,9 +302,11 @@ def _evaluate(spec: CheckSpec, ctx: CheckContext, w: _Run, state: RunState) -> C
         return _empty_result(spec, "ERROR", "the check could not complete", message)
 
 
-def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset
+def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset,
+               diagnose: Callable[[Measurement], None] | None = None,
                ) -> tuple[CheckResult, Measurement]:
-    """A check's typed result from its merged records, and its measurement."""
+    """A check's typed result from its merged records, and its measurement (``diagnose`` may
+    add warnings and details to it before it is decided)."""
     ordered = [records[i] for i in sorted(records)]
     errored = [r for r in ordered if r.get("outcome") == "error"]
     if errored and len(errored) == len(ordered):
@@ -312,6 +317,8 @@ def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset
     if errored:
         m.warnings.append(f"{len(errored)} of {len(ordered)} samples gave NaN or "
                           "infinite model outputs and are left out of the metrics")
+    if diagnose is not None:
+        diagnose(m)
     queries = [int(r.get("queries", 0)) for r in ordered]
     status, decision = decide(spec, m.metrics, m.warnings, len(errored), m.intervals,
                               m.unsettled)
@@ -330,6 +337,50 @@ def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset
         "outcomes": outcomes_doc(spec.check, ordered, len(data)).model_dump(),
         "sample_errors": len(errored),
     }), m
+
+
+def _diagnose_chance(spec: CheckSpec, m: Measurement, w: _Run) -> None:
+    """A clean accuracy at chance level: probe the other input preprocessings on a seeded,
+    class-stratified subset of the data and, when one is clearly better, warn naming it.
+
+    The probe's figures (and the queries it spent, charged to the run's budget but not to the
+    check's records) go to the check's ``details["preprocessing_probe"]``.
+    """
+    metric = spec.check.chance_metric
+    value = m.metrics.get(metric) if metric else None
+    k = len(w.data.class_names)
+    interval = m.intervals.get(metric or "", (None, None))
+    if value is None or k < 2 or not probe.at_chance(float(value), interval, k):
+        return
+    if not isinstance(w.model, Reconfigurable):
+        return
+    chosen = stratified_subset(w.data.y.numpy(), probe.PROBE_SAMPLES, w.subset_seed)
+    idx = torch.from_numpy(chosen)
+    info = w.model.info
+    current = probe.candidate(info.preprocessing, info.layout)
+    log.info("check %s: clean accuracy %s is at chance level (1/%d); probing %d samples "
+             "through other preprocessings", spec.id, probe.pct(float(value)), k, len(chosen))
+    layouts = probe.layouts_of(w.model)
+    refused = w.run_budget.refusal(len(chosen) * len(probe.candidates(layouts, current)))
+    if refused is not None:  # never spend part of it: the checks after would find less
+        m.details["preprocessing_probe"] = {"skipped": refused}
+        log.info("check %s: no preprocessing probe: %s", spec.id, refused)
+        return
+    try:
+        report = probe.probe_preprocessing(w.model, w.data.x[idx], w.data.y[idx], k,
+                                           current=current, layouts=layouts,
+                                           budget=w.run_budget)
+    except BudgetExceeded as exc:
+        m.details["preprocessing_probe"] = {"skipped": exc.message}
+        return
+    fix = probe.chance_diagnosis(report, current, float(value), interval)
+    m.details["preprocessing_probe"] = {**report.to_doc(current), "fix": fix}
+    if fix is not None:
+        m.warnings.append(fix)
+        log.warning("check %s: %s", spec.id, fix)
+    else:
+        log.info("check %s: no other preprocessing does clearly better (best: %s, %s)",
+                 spec.id, report.best.candidate.label(), probe.pct(report.best.accuracy))
 
 
 def _no_hedging(why: str, model: Model, reference: Model | None, executor: Executor) -> None:

@@ -145,6 +145,18 @@ class Endpoint(Model, Protocol):
         ...
 
 
+@runtime_checkable
+class Reconfigurable(Model, Protocol):
+    """A model that can be asked through another input preprocessing without reloading it:
+    what :mod:`certify.probe` compares candidate preprocessings with."""
+
+    def with_preprocessing(self, preprocessing: Preprocessing, layout: str | None = None
+                           ) -> Model:
+        """A view of this model that converts its inputs with ``preprocessing`` (and
+        ``layout``, where the model does not state its own), sharing its runtime."""
+        ...
+
+
 def endpoint_of(model: object) -> Endpoint | None:
     """``model`` as an :class:`Endpoint`, or ``None`` for a model in this process."""
     return model if isinstance(model, Endpoint) else None

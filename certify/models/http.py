@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
+import dataclasses
 import email.utils
 import hashlib
 import logging
@@ -317,6 +319,29 @@ class HttpModel:
         )
         log.info("endpoint %s: %s, %d classes, %s", self.endpoint.display,
                  self.endpoint.protocol, self.num_classes, kind)
+
+    def with_preprocessing(self, preprocessing: Preprocessing, layout: str | None = None
+                           ) -> HttpModel:
+        """This endpoint with another input preprocessing, sharing its connections, counts and
+        breaker: how :mod:`certify.probe` tries candidates. ``layout`` may change only on a v1
+        endpoint given no ``--input-layout`` (v2 metadata states the layout)."""
+        other = copy.copy(self)
+        other.preprocessing = preprocessing
+        info = dataclasses.replace(self.info, preprocessing=preprocessing)
+        if layout is not None and layout != self.layout:
+            if not self.layout_guessed:
+                raise ModelError(f"{self.endpoint.display} takes {self.layout} input, not "
+                                 f"{layout}", hint="its metadata or --input-layout says so")
+            other.layout = layout
+            info = dataclasses.replace(info, layout=layout)  # type: ignore[arg-type]
+        other.info = info
+        return other
+
+    @property
+    def layout_guessed(self) -> bool:
+        """Whether the input layout is a guess: a v1 endpoint (no input metadata) given no
+        ``--input-layout``."""
+        return self.endpoint.protocol == "v1" and self.options.layout is None
 
     # -- transport ------------------------------------------------------------------------
     def _session(self) -> requests.Session:

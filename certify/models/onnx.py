@@ -8,6 +8,8 @@ batched run against one-image runs); otherwise batches are chunked to the fixed 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import logging
 import typing
@@ -20,6 +22,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from certify.data.classes import metadata_class_names
 from certify.device import DeviceChoice
 from certify.errors import ModelError
 from certify.models import torchcopy
@@ -291,15 +294,18 @@ class OnnxModel:
             log.info("onnxruntime: CUDA provider could not load; running on the CPU")
         probe = self._probe_outputs()
         output = output_kind(probe)
-        k = probe.shape[1] if probe.ndim == 2 else (num_classes or 0)
+        meta = {p.key: p.value for p in proto.metadata_props}
+        named = metadata_class_names(meta)
+        k = probe.shape[1] if probe.ndim == 2 else (num_classes or (len(named[0]) if named
+                                                                     else 0))
         if output == "labels" and not k:
             raise ModelError(
                 "model returns labels but the number of classes is unknown",
-                hint="name the classes in the suite",
+                hint="name the classes: --labels FILE, classes in the suite, or a 'labels' "
+                     "entry in the model's metadata",
             )
         self.num_classes = int(k)
         self.output_kind: OutputKind = output
-        meta = {p.key: p.value for p in proto.metadata_props}
         if proto.producer_name:
             meta["producer"] = f"{proto.producer_name} {proto.producer_version}".strip()
         self.info = ModelInfo(
@@ -377,6 +383,20 @@ class OnnxModel:
             f"model output {self.output_name!r} has shape {list(out.shape)} for 4 images",
             hint="certify needs class scores [N, K] or labels [N]",
         )
+
+    def with_preprocessing(self, preprocessing: Preprocessing, layout: str | None = None
+                           ) -> OnnxModel:
+        """This model with another input preprocessing, sharing its onnxruntime session (no
+        reload): how :mod:`certify.probe` tries candidates. The layout is the graph's own
+        (its input shape states it); another ``layout`` is refused."""
+        if layout is not None and layout != self.layout:
+            raise ModelError(f"{self.path.name} takes {self.layout} input (its input shape "
+                             f"says so), not {layout}", hint="the layout follows the graph")
+        other = copy.copy(self)
+        other.preprocessing = preprocessing
+        other.info = dataclasses.replace(self.info, preprocessing=preprocessing)
+        other._torch_copy = None  # built from the preprocessing: the view builds its own
+        return other
 
     # -- the one verb ---------------------------------------------------------------------
     def _to_model_input(self, x: torch.Tensor) -> np.ndarray:

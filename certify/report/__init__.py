@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from certify.canonical import canonical_json
+from certify.errors import PdfUnavailableError
 from certify.images import data_uri, decode_png, image_digest, png_bytes
 from certify.report.card import render_html, render_pdf
 from certify.report.sign import Signature
@@ -26,6 +27,10 @@ def write_report(result: RunResult, out: Path, images: Mapping[str, Any] | None 
                  pdf: bool = True, signature: Signature | None = None) -> dict[str, Path]:
     """Write results.json, images/, card.html and (unless ``pdf=False``) card.pdf into ``out``.
 
+    Where WeasyPrint cannot load its system libraries, everything but card.pdf is written and
+    the returned paths have no ``"pdf"``: the caller says how to get it
+    (:func:`certify.report.weasy.pdf_hint`); a card.pdf of earlier results is removed.
+
     ``images`` maps digests to ``[H, W, 3]`` uint8 pixels (a fresh run) or to PNG bytes (read
     back by :func:`load_images`). results.json is validated against the schema before anything
     is written. With a ``signature`` it also writes results.json.sig and embeds the signature
@@ -38,7 +43,12 @@ def write_report(result: RunResult, out: Path, images: Mapping[str, Any] | None 
     result = parse_result(json.loads(payload))
     pngs = {d: v if isinstance(v, bytes) else png_bytes(v) for d, v in (images or {}).items()}
     html = render_html(result, signature, {d: data_uri(b) for d, b in pngs.items()})
-    pdf_bytes = render_pdf(html, payload, signature) if pdf else None
+    pdf_bytes = None
+    if pdf:
+        try:
+            pdf_bytes = render_pdf(html, payload, signature)
+        except PdfUnavailableError as exc:
+            log.debug("card.pdf not rendered: %s", exc.message)
     paths = {"results": out / "results.json", "html": out / "card.html"}
     atomic_write(paths["results"], payload)
     if pngs:

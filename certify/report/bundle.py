@@ -3,7 +3,8 @@
 The bundle is a folder holding the model (with its external-data files), card.html, card.pdf,
 results.json and results.json.sig; the ``model-signing`` package (private-key mode, the same
 ECDSA P-256 key as the card) signs the folder's manifest into a Sigstore-format bundle file
-beside it. It is an optional extra: ``pip install "certify[bundle]"``.
+beside it. It is an optional extra, ``certify[bundle]``: ``pip install ".[bundle]"`` in a
+certify checkout (or ``pip install model-signing pyopenssl``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def _model_signing():  # noqa: ANN202 - the optional module
         from model_signing import signing, verifying
     except ImportError:
         raise UsageError("model-signing bundles need the optional extra",
-                         hint='pip install "certify[bundle]"') from None
+                         hint='the extra certify[bundle]: pip install ".[bundle]" in a '
+                              'certify checkout, or pip install model-signing pyopenssl') \
+            from None
     return signing, verifying
 
 

@@ -52,20 +52,225 @@ def headline(c: Any) -> str:
 
 def renderer_info() -> dict[str, str]:
     """What renders the card, recorded in provenance (a card made by another renderer still
-    verifies on its visible text)."""
+    verifies on its visible text). Where WeasyPrint cannot load its system libraries, its
+    entry says it was unavailable (no PDF was rendered) instead of failing the run."""
     import jinja2 as j
-    import weasyprint
 
     import certify
+    from certify.report.weasy import renderer_version
 
     return {"certify": certify.__version__, "jinja2": j.__version__,
-            "weasyprint": weasyprint.__version__}
+            "weasyprint": renderer_version()}
 
 
 def _glance(checks: list[Any], worst: list[Any]) -> dict[str, Any]:
-    svg = glance.glance_svg(checks)
-    return {"svg": svg, "alt": glance.alt_text(checks), "worst": glance.worst_case_line(worst),
-            "width_mm": glance.print_width_mm(svg)}
+    return {"svg": glance.glance_svg(checks), "narrow": glance.glance_svg(checks, narrow=True),
+            "alt": glance.alt_text(checks), "worst": glance.worst_case_line(worst)}
+
+
+#: How severe a verdict is, for the card's findings: the most severe first.
+SEVERITY = {"ERROR": 0, "FAIL": 1, "INCONCLUSIVE": 2, "WARN": 3}
+
+
+def _distance(value: float | None, threshold: Any, rate: bool) -> float:
+    """How far a figure is from its threshold: percentage points for a rate, a relative
+    difference otherwise (0 without a value or a threshold)."""
+    if value is None or threshold is None:
+        return 0.0
+    bounds = [b for b in (getattr(threshold, "min", None), getattr(threshold, "max", None))
+              if b is not None]
+    if not bounds:
+        return 0.0
+    gap = min(abs(value - b) for b in bounds)
+    return gap if rate else gap / max(abs(bounds[0]), 1e-12)
+
+
+def _first_clause(text: str, limit: int = 220) -> str:
+    """The first sentence of a warning or decision, cut at a clause boundary."""
+    text = text.strip()
+    for sep in (". ", "; a stronger", "; "):
+        if sep in text[:limit]:
+            return text[: text.index(sep)].rstrip(".")
+    return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + "…"
+
+
+def _value_words(r: glance.Row) -> str:
+    if r.value is None:
+        return ""
+    text = f"{r.words} {glance._fmt(r.value, r.rate)}"
+    if r.interval is not None:
+        lo, hi = glance._fmt(r.interval[0], r.rate), glance._fmt(r.interval[1], r.rate)
+        text += f" (95% CI {lo.removesuffix('%') if r.rate else lo}–{hi})"
+    return text
+
+
+def _why(status: str, error: str, warnings: list[str], decision: str) -> str:
+    """Why a verdict is what it is, in a clause: the error, the warning that stopped a pass,
+    what keeps an interval from deciding, or the rule a failure met."""
+    if status == "ERROR":
+        return _first_clause(error or decision)
+    if status == "WARN" and warnings:
+        return _first_clause(warnings[0])
+    if status == "INCONCLUSIVE":
+        return _first_clause(decision.split("): ", 1)[-1])
+    if "wholly outside" in decision or "wholly below" in decision or "wholly above" in decision:
+        return "its whole 95% interval misses the threshold (interval rule)"
+    return _first_clause(decision)
+
+
+def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, str]]:
+    """The card's most important findings, in words: the most severe verdicts first (ERROR,
+    FAIL, INCONCLUSIVE, WARN), ties broken by how far the figure is from its threshold.
+
+    Candidates are the checks and the threat-model rows; an attack row summarised by its
+    threat model's row is evidence for that row and does not compete with it, unless it
+    carries a warning of its own (an attack too weak, or not converged)."""
+    rows = {r.id: r for r in glance.rows(checks)}
+    grouped = {a: w for w in worst for a in w.attacks}
+    found: list[tuple[int, float, dict[str, str]]] = []
+    for c in checks:
+        if c.status not in SEVERITY:
+            continue
+        w = grouped.get(c.id)
+        if w is not None and c.status == w.status:
+            continue
+        r = rows[c.id]
+        what = _value_words(r) or headline(c)
+        if c.threshold is not None:
+            what += f", threshold {_short_threshold(c, r)}"
+        why = _why(c.status, c.error or "", c.warnings, c.decision)
+        found.append((SEVERITY[c.status], _distance(r.value, c.threshold, r.rate),
+                      {"status": c.status, "check": c.id, "what": what, "why": why}))
+    for w in worst:
+        if w.status not in SEVERITY:
+            continue
+        name = glance.threat_name(w.norm, w.epsilon)
+        what = (f"robust accuracy {100 * w.robust_accuracy:.1f}% against all {len(w.attacks)} "
+                f"attack(s) of the threat model")
+        if w.interval:
+            what += f" (95% CI {100 * w.interval[0]:.1f}%–{100 * w.interval[1]:.1f}%)"
+        if w.threshold is not None:
+            what += f", threshold ≥ {100 * w.threshold:.0f}%"
+        thr = None if w.threshold is None else type("T", (), {"min": w.threshold})()
+        found.append((SEVERITY[w.status], _distance(w.robust_accuracy, thr, True),
+                      {"status": w.status, "check": f"threat model {name}", "what": what,
+                       "why": _why(w.status, "", w.warnings, w.decision)}))
+    found.sort(key=lambda f: (f[0], -f[1]))
+    return [f[2] for f in found[:n]]
+
+
+def summary_result(c: Any, r: glance.Row) -> str:
+    """A check's result in one short line for the summary table (its full headline is in its
+    detail block): the headline value and interval, and what keeps it from being final."""
+    if c.status == "ERROR":
+        return _first_clause(f"error: {c.error}", 120)
+    if c.status == "SKIPPED":
+        return f"skipped: {c.decision}"
+    full = headline(c)
+    if r.value is None or (c.status == "INFO" and len(full) <= 150):
+        return full if len(full) <= 160 else _first_clause(full, 160)
+    text = _value_words(r)
+    flags = []
+    details = dict(getattr(c, "details", None) or {})
+    rounds = details.get("search_rounds") or {}
+    if rounds.get("searched") is False:
+        flags.append("random draw, not a worst case")
+    elif rounds and not rounds.get("converged", True):
+        flags.append("search not converged")
+    conv = details.get("convergence") or {}
+    if conv and not conv.get("converged", True):
+        flags.append("not converged")
+    bt = details.get("binarization") or {}
+    if bt and not bt.get("trusted", True):
+        flags.append("binarization test failed")
+    if c.sample_errors:
+        flags.append(f"{c.sample_errors} sample(s) errored")
+    return text + ("; " + ", ".join(flags) if flags else "")
+
+
+def limitations(result: RunResult) -> list[str]:
+    """What this run could not establish, in sentences (the card's Limitations)."""
+    m = result.measurement
+    out: list[str] = []
+    skipped = [c.id for c in result.checks if c.status == "SKIPPED"]
+    if skipped:
+        out.append(f"Not evaluated on this model: {', '.join(skipped)} (skipped checks are "
+                   "not passed).")
+    errored = [c.id for c in result.checks if c.status == "ERROR"]
+    if errored:
+        out.append(f"Errored, so not established: {', '.join(errored)}.")
+    unconverged, weak, evidence = [], [], []
+    for c in result.checks:
+        d = dict(getattr(c, "details", None) or {})
+        if (d.get("search_rounds") or {}).get("converged") is False and \
+                (d.get("search_rounds") or {}).get("searched", True):
+            unconverged.append(c.id)
+        elif (d.get("convergence") or {}).get("converged") is False:
+            unconverged.append(c.id)
+        if (d.get("binarization") or {}).get("trusted") is False:
+            weak.append(c.id)
+        if (d.get("evidence") or {}).get("short_of_pass"):
+            evidence.append(c.id)
+    if unconverged:
+        out.append(f"Searches and attacks that had not converged when their budget ran out: "
+                   f"{', '.join(unconverged)}. A stronger search can only lower these figures.")
+    if weak:
+        out.append(f"Attacks that failed the binarization test (too weak to trust their "
+                   f"robust accuracy): {', '.join(weak)}.")
+    if evidence:
+        out.append(f"Black-box attacks below their query floor, evidence rather than a pass "
+                   f"on their own: {', '.join(evidence)}.")
+    random = [c.id for c in result.checks
+              if (dict(getattr(c, "details", None) or {}).get("search_rounds") or {})
+              .get("searched") is False]
+    if random:
+        out.append(f"Random draws, not worst cases: {', '.join(random)} (the attack rows at "
+                   "the same bound say what an adversary finds).")
+    out += list(m.data.notes or [])  # resizing, a sample cap, skipped files
+    pre = m.model.preprocessing
+    out.append(
+        f"Preprocessing is assumed, not read from the model: inputs scaled "
+        f"×{pre.get('input_scale')}, mean {_listed(pre.get('mean'))}, std "
+        f"{_listed(pre.get('std'))}, {pre.get('channel_order')} channel "
+        f"order, {m.model.layout} layout, images resized to "
+        f"{m.model.input_shape[1]}×{m.model.input_shape[2]}. A different input pipeline in "
+        "deployment can change every figure on this card.")
+    out.append(f"Results hold for the {m.data.n} evaluation samples of {m.data.name} and the "
+               "threat models and budgets stated here. Every robust accuracy is an empirical "
+               "upper bound: a stronger attack may break what these attacks could not.")
+    return out
+
+
+def _listed(v: Any) -> str:
+    return ", ".join(f"{x:g}" for x in v) if isinstance(v, list) else str(v)
+
+
+def _short_threshold(c: Any, r: glance.Row) -> str:
+    """A threshold in the summary: its bound on the headline metric the result states."""
+    if c.threshold is None:
+        return "none"
+    if r.metric == c.threshold.metric and r.threshold is not None:
+        return glance._threshold_text(r)
+    return str(c.threshold.text)
+
+
+def model_details(result: RunResult) -> dict[str, Any]:
+    """Name, version, owner, license, intended use and the evaluation date, as stated (or
+    "not stated"); the name falls back to the file or endpoint name certify saw."""
+    m, p = result.measurement, result.provenance
+    card = m.model_card
+    stated = card.model_dump() if card is not None else {}
+    when = getattr(p, "evaluated_at", None) or (p.model_extra or {}).get("evaluated_at")
+    return {
+        "name": stated.get("name") or m.model.name,
+        "name_stated": bool(stated.get("name")),
+        "version": stated.get("version"),
+        "owner": stated.get("owner"),
+        "license": stated.get("license"),
+        "intended_use": stated.get("intended_use"),
+        "evaluated_at": when,
+        "evaluated_on": str(when)[:10] if when else None,
+    }
 
 
 def card_context(result: RunResult, signature: Any = None,
@@ -99,7 +304,22 @@ def card_context(result: RunResult, signature: Any = None,
             src, alt, digest)
 
     skipped = [c for c in checks if c.status == "SKIPPED"]
+    glance_rows = {r.id: r for r in glance.rows(checks)}
+    grouped = {a: glance.threat_name(w.norm, w.epsilon) for w in m.attack_worst_case
+               for a in w.attacks}
+    summary = [{"id": c.id, "kind": c.kind, "status": c.status, "decision": c.decision,
+                "result": summary_result(c, glance_rows[c.id]),
+                "threshold": _short_threshold(c, glance_rows[c.id]),
+                "evidence_for": grouped.get(c.id), "group": glance_rows[c.id].group}
+               for c in checks]
+    order = {g: i for i, g in enumerate(glance.GROUPS)}
+    summary.sort(key=lambda s: order.get(str(s["group"]), len(order)))
     return {
+        "details": model_details(result),
+        "findings": findings(checks, list(m.attack_worst_case)),
+        "summary": summary,
+        "limitations": limitations(result),
+        "threat_name": glance.threat_name,
         "r": result,
         "skipped": skipped,
         "skipped_why": ("model returns labels only" if skipped and m.model.output == "labels"
@@ -131,9 +351,14 @@ def render_html(result: RunResult, signature: Any = None,
 
 
 def render_pdf(html: str, payload: bytes, signature: Any = None) -> bytes:
-    """Render the card HTML to PDF with WeasyPrint, attaching the payload and signature."""
-    import weasyprint
+    """Render the card HTML to PDF with WeasyPrint, attaching the payload and signature.
 
+    Raises :class:`~certify.errors.PdfUnavailableError` where WeasyPrint cannot load its
+    system libraries (:func:`certify.report.weasy.load_weasyprint`).
+    """
+    from certify.report.weasy import load_weasyprint
+
+    weasyprint = load_weasyprint()
     # WeasyPrint logs font-subsetting chatter at INFO/WARNING; keep it out of the user's way.
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
     logging.getLogger("fontTools").setLevel(logging.ERROR)

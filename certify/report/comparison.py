@@ -133,11 +133,13 @@ def render_html(c: Comparison) -> str:
 
 
 def render_pdf(html: str) -> bytes:
-    """The comparison card as PDF (WeasyPrint, as the card)."""
+    """The comparison card as PDF (WeasyPrint, as the card); raises
+    :class:`~certify.errors.PdfUnavailableError` where WeasyPrint cannot load."""
     import logging
 
-    import weasyprint
+    from certify.report.weasy import load_weasyprint
 
+    weasyprint = load_weasyprint()
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
     logging.getLogger("fontTools").setLevel(logging.ERROR)
     pdf = weasyprint.HTML(string=html).write_pdf()

@@ -37,6 +37,13 @@ def md(text: Any) -> str:
     return _MD_SPECIAL.sub(r"\\\1", s)
 
 
+def display_name(result: RunResult) -> str:
+    """The model's name as its team stated it (``--model-name``), else the file or endpoint
+    name certify saw."""
+    card = result.measurement.model_card
+    return card.name if card is not None and card.name else result.measurement.model.name
+
+
 def results_digest(result: RunResult) -> str:
     """sha256 of the canonical results payload."""
     return "sha256:" + hashlib.sha256(canonical_json(result.to_json())).hexdigest()
@@ -125,9 +132,19 @@ def front_matter(result: RunResult, *, dataset_id: str | None = None,
     if source_url:
         entry["source"] = {"name": f"certify {m.certify_version} robustness card ({digest})",
                            "url": source_url}
-    return {
-        "model-index": [{"name": local_free(m.model.name), "results": [entry]}],
-        CERTIFY_KEY: {
+    card = m.model_card
+    stated: dict[str, Any] = {}
+    if card is not None:  # model details as the team stated them on the run
+        stated = {k: local_free(v) for k, v in (("model_version", card.version),
+                                                 ("owner", card.owner),
+                                                 ("intended_use", card.intended_use))
+                  if v is not None}
+    doc: dict[str, Any] = {}
+    if card is not None and card.license is not None:
+        doc["license"] = local_free(card.license)
+    return doc | {
+        "model-index": [{"name": local_free(display_name(result)), "results": [entry]}],
+        CERTIFY_KEY: stated | {
             "results_digest": digest,
             "measurement_digest": part_digest(result.to_json(), "measurement"),
             "certify_version": m.certify_version,
@@ -156,7 +173,8 @@ def markdown_summary(result: RunResult) -> str:
     """A short Markdown table of verdicts for a release page."""
     m = result.measurement
     lines = [
-        f"## Robustness card: {md(m.model.name)}",
+        f"## Robustness card: {md(display_name(result))}"
+        + (f" {md(m.model_card.version)}" if m.model_card and m.model_card.version else ""),
         "",
         f"Overall verdict: **{md(m.verdict)}** (suite {md(m.suite.name)}, "
         f"data {md(m.data.name)}, certify {md(m.certify_version)}, {int(m.data.n)} samples).",

@@ -28,9 +28,16 @@ COLOURS = {"PASS": "#2e7d32", "FAIL": "#c62828", "WARN": "#ef6c00", "INCONCLUSIV
 SHAPES = {"PASS": "circle", "FAIL": "cross", "WARN": "triangle", "INCONCLUSIVE": "diamond",
           "INFO": "ring", "SKIPPED": "dash", "ERROR": "square"}
 
-_W = 480  # viewBox width; the page scales it (width: 100%)
+_W = 480  # viewBox width; the page scales it to its full width
 _LABEL_X, _PLOT_X0, _PLOT_X1, _VALUE_X, _STATUS_X = 4, 138, 330, 336, 380
-_ROW, _ROW2 = 13.5, 21  # row height; with a second (metric name) line
+_ROW, _ROW2 = 9.4, 17.0  # row height; with a second (metric name) line
+#: The smallest text size on the figure, in viewBox units. At the PDF's full text width (186 mm
+#: of A4) a unit is 186/480 mm, so 8.5 units are 9.3 pt; in a desktop browser (896 px of text
+#: width) 15.9 px. The narrow variant (:data:`NARROW_W`) keeps 12 px on a 390 px phone.
+MIN_FONT = 8.5
+#: The phone variant's viewBox width: each row takes two lines (name, value and verdict; then
+#: the bar), so that its text stays at 12 px or more when the figure is 366 px wide.
+NARROW_W = 258
 _FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 
 
@@ -120,8 +127,28 @@ def rows(checks: Sequence[Any]) -> list[Row]:
     return sorted(out, key=lambda r: order.get(r.group, len(GROUPS)))
 
 
+@dataclass(frozen=True)
+class _Geometry:
+    """Where a row's parts go: the wide figure (one line per row) or the phone's (two)."""
+
+    width: float
+    label_x: float
+    plot_x0: float
+    plot_x1: float
+    value_x: float
+    status_x: float
+    two_line: bool
+
+    def x(self, v: float) -> float:
+        return self.plot_x0 + (self.plot_x1 - self.plot_x0) * min(max(v, 0.0), 1.0)
+
+
+WIDE = _Geometry(_W, _LABEL_X, _PLOT_X0, _PLOT_X1, _VALUE_X, _STATUS_X, False)
+NARROW = _Geometry(NARROW_W, 4, 10, NARROW_W - 10, NARROW_W - 122, NARROW_W - 84, True)
+
+
 def _x(v: float) -> float:
-    return _PLOT_X0 + (_PLOT_X1 - _PLOT_X0) * min(max(v, 0.0), 1.0)
+    return WIDE.x(v)
 
 
 def _shape(status: str, x: float, y: float, r: float = 4.2) -> str:
@@ -162,16 +189,16 @@ def _clip(s: str, n: int = 21) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _legend(y: float, statuses: list[str]) -> tuple[list[str], float]:
+def _legend(y: float, statuses: list[str], width: float) -> tuple[list[str], float]:
     """Legend of the statuses present, the interval and the threshold mark."""
     parts: list[str] = []
     x: float = _LABEL_X + 4
     items: list[tuple[str, str]] = [(s, s) for s in statuses]
     items += [("interval", "95% interval"), ("threshold", "threshold")]
     for key, label in items:
-        width = 12 + 5.6 * len(label) + 10
-        if x + width > _W:
-            x, y = _LABEL_X + 4, y + 13
+        w = 12 + 5.6 * len(label) + 10
+        if x + w > width:
+            x, y = _LABEL_X + 4, y + 12
         if key == "interval":
             parts.append(f'<path d="M{x - 5:.1f},{y - 3:.1f}L{x + 5:.1f},{y - 3:.1f}" '
                          'stroke="#455a64" stroke-width="2.2"/>')
@@ -180,19 +207,118 @@ def _legend(y: float, statuses: list[str]) -> tuple[list[str], float]:
                          'stroke-width="1.4"/>')
         else:
             parts.append(_shape(key, x, y - 3, 3.8))
-        parts.append(_text(x + 9, y, label, 8.5))
-        x += width
-    return parts, y + 8
+        parts.append(_text(x + 9, y, label, MIN_FONT))
+        x += w
+    return parts, y + 4
 
 
-def glance_svg(checks: Sequence[Any]) -> str:
-    """The at-a-glance figure as inline SVG (with ``<title>`` and ``<desc>``); its
-    ``viewBox`` is ``_W`` wide (see :func:`print_width_mm`)."""
+def _status_mark(g: _Geometry, r: Row, cy: float) -> list[str]:
+    col = COLOURS.get(r.status, "#455a64")
+    return [_shape(r.status, g.status_x + 4, cy, 3.4),
+            _text(g.status_x + 11, cy + 3.2, r.status, MIN_FONT, fill=col, weight="bold")]
+
+
+def _rate_row(g: _Geometry, r: Row, y: float, two: bool) -> tuple[list[str], float]:
+    """One rate's row: its name, interval, threshold tick, value marker, value and verdict."""
+    body = [f"<g><title>{escape(r.sentence())}</title>"]
+    col = COLOURS.get(r.status, "#455a64")
+    if g.two_line:  # name, value and verdict on one line, the bar under them
+        ty = y + 9
+        body.append(_text(g.label_x, ty, _clip(r.id, 19)))
+        if r.value is not None:
+            body.append(_text(g.value_x, ty, _fmt(r.value, True), MIN_FONT))
+        body += _status_mark(g, r, ty - 3.2)
+        cy = ty + 10
+        h = 2 * _ROW + 7
+        if two:
+            body.append(_text(g.label_x, cy + 13, _clip(r.words, 40), MIN_FONT, fill="#5b6475"))
+            h += 10
+    else:
+        cy = y + 5.5
+        body.append(_text(g.label_x, cy + 3.1, _clip(r.id), MIN_FONT))
+        if two:
+            body.append(_text(g.label_x, cy + 11.2, _clip(r.words, 28), MIN_FONT,
+                              fill="#5b6475"))
+        h = _ROW2 if two else _ROW
+        body += _status_mark(g, r, cy)
+    if r.value is None:
+        body.append(_text(g.plot_x0 + 4, cy + 3.3, _no_value(r.status), MIN_FONT,
+                          fill="#5b6475"))
+    else:
+        if r.interval is not None:
+            lo, hi = g.x(r.interval[0]), g.x(r.interval[1])
+            body.append(f'<path d="M{lo:.1f},{cy:.1f}L{hi:.1f},{cy:.1f}M{lo:.1f},'
+                        f'{cy - 3:.1f}L{lo:.1f},{cy + 3:.1f}M{hi:.1f},{cy - 3:.1f}'
+                        f'L{hi:.1f},{cy + 3:.1f}" stroke="{col}" '
+                        'stroke-width="1.6" opacity="0.8"/>')
+        if r.threshold is not None:
+            for tv in r.threshold:
+                if tv is not None:
+                    body.append(f'<path d="M{g.x(tv):.1f},{cy - 4.5:.1f}L{g.x(tv):.1f},'
+                                f'{cy + 4.5:.1f}" stroke="#1d2330" stroke-width="1.4"/>')
+        body.append(_shape(r.status, g.x(r.value), cy, 3.6))
+        if not g.two_line:
+            body.append(_text(g.value_x, cy + 3.3, _fmt(r.value, True), MIN_FONT))
+    body.append("</g>")
+    return body, h
+
+
+def _other_row(g: _Geometry, r: Row, y: float) -> tuple[list[str], float]:
+    """A score that is not a rate: its value and interval in words, never on the % axis."""
+    body = [f"<g><title>{escape(r.sentence())}</title>"]
+    if r.value is None:
+        line = _no_value(r.status)
+    else:
+        line = f"{r.words} {_fmt(r.value, False)}"
+        if r.interval is not None:
+            line += f" (95% CI {_fmt(r.interval[0], False)}–{_fmt(r.interval[1], False)})"
+    ref = ""
+    if r.reference is not None:
+        ref = f"reference {_fmt(r.reference[0], False)}"
+        if r.reference[1] is not None:
+            ref += f" ({_fmt(r.reference[1][0], False)}–{_fmt(r.reference[1][1], False)})"
+        ref += "; own scale, not a rate"
+    if g.two_line:
+        ty = y + 9
+        body.append(_text(g.label_x, ty, _clip(r.id, 19)))
+        body += _status_mark(g, r, ty - 3.2)
+        lines = [line] + ([ref.removesuffix("; own scale, not a rate"), "own scale, not a rate"]
+                          if ref else [])
+        for k, t in enumerate(lines):
+            body.append(_text(g.label_x, ty + 11 * (k + 1), t, MIN_FONT))
+        h: float = 11 * (len(lines) + 1) + 2
+    else:
+        cy = y + 5.5
+        body.append(_text(g.label_x, cy + 3.1, _clip(r.id), MIN_FONT))
+        body.append(_text(g.plot_x0, cy + 3.1, line, MIN_FONT))
+        h = _ROW
+        if ref:
+            body.append(_text(g.plot_x0, cy + 11.2, ref, MIN_FONT, fill="#5b6475"))
+            h = _ROW2
+        body += _status_mark(g, r, cy)
+    body.append("</g>")
+    return body, h
+
+
+def glance_svg(checks: Sequence[Any], narrow: bool = False) -> str:
+    """The at-a-glance figure as inline SVG (with ``<title>`` and ``<desc>``): every check's
+    headline value, interval, threshold and verdict, grouped, on one 0–100% axis drawn once at
+    the top. ``narrow``: the phone variant (:data:`NARROW_W` wide, two lines per row)."""
+    g = NARROW if narrow else WIDE
     rs = rows(checks)
     statuses = [s for s in COLOURS if any(r.status == s for r in rs)]
-    body, y = _legend(14, statuses)
-    for group in [g for g in GROUPS if any(r.group == g for r in rs)] + sorted(
-            {r.group for r in rs} - set(GROUPS)):
+    # the phone's variant has room for a legend; the wide one's caption says what the marks
+    # are, and every row writes its verdict as a word beside its shape
+    body, y = _legend(14, statuses, g.width) if narrow else ([], 0.0)
+    groups = [gr for gr in GROUPS if any(r.group == gr for r in rs)] + sorted(
+        {r.group for r in rs} - set(GROUPS))
+    if any(r.rate for r in rs):  # the axis, once: every group's rates share it
+        y += 9
+        for t in (0.0, 0.25, 0.5, 0.75, 1.0):
+            anchor = "start" if t == 0 and narrow else "end" if t == 1 and narrow else "middle"
+            body.append(_text(g.x(t), y, f"{100 * t:.0f}%", MIN_FONT, anchor, "#5b6475"))
+    top = y + 3
+    for group in groups:
         members = [r for r in rs if r.group == group]
         rates = [r for r in members if r.rate]
         others = [r for r in members if not r.rate]
@@ -200,96 +326,38 @@ def glance_svg(checks: Sequence[Any]) -> str:
         head = group
         if rates and len(metrics) == 1:
             head += f" · {next(iter(metrics)).replace('_', ' ')}"
-        y += 18
-        body.append(_text(_LABEL_X, y, head, 10, weight="bold"))
-        if rates:
-            y += 12
-            for t in (0.0, 0.25, 0.5, 0.75, 1.0):
-                body.append(_text(_x(t), y, f"{100 * t:.0f}%", 7.5, "middle", "#5b6475"))
-            top = y + 3
-            grid_at = len(body)
-            for r in rates:
-                two = len(metrics) > 1 and r.value is not None
-                h = _ROW2 if two else _ROW
-                cy = y + 3 + 8
-                body.append(f"<g><title>{escape(r.sentence())}</title>")
-                body.append(_text(_LABEL_X, cy + 3.5, _clip(r.id)))
-                if two:
-                    body.append(_text(_LABEL_X, cy + 13, _clip(r.words, 28), 7.5,
-                                      fill="#5b6475"))
-                col = COLOURS.get(r.status, "#455a64")
-                if r.value is None:
-                    why = _no_value(r.status)
-                    body.append(_text(_PLOT_X0 + 4, cy + 3.5, why, 8.5, fill="#5b6475"))
-                else:
-                    if r.interval is not None:
-                        lo, hi = _x(r.interval[0]), _x(r.interval[1])
-                        body.append(f'<path d="M{lo:.1f},{cy:.1f}L{hi:.1f},{cy:.1f}M{lo:.1f},'
-                                    f'{cy - 3:.1f}L{lo:.1f},{cy + 3:.1f}M{hi:.1f},{cy - 3:.1f}'
-                                    f'L{hi:.1f},{cy + 3:.1f}" stroke="{col}" '
-                                    'stroke-width="1.6" opacity="0.8"/>')
-                    if r.threshold is not None:
-                        for tv in r.threshold:
-                            if tv is not None:
-                                body.append(f'<path d="M{_x(tv):.1f},{cy - 6:.1f}L{_x(tv):.1f},'
-                                            f'{cy + 6:.1f}" stroke="#1d2330" stroke-width="1.4"/>')
-                    body.append(_shape(r.status, _x(r.value), cy))
-                    body.append(_text(_VALUE_X, cy + 3.5, _fmt(r.value, True), 8.5))
-                body.append(_shape(r.status, _STATUS_X + 4, cy, 3.8))
-                body.append(_text(_STATUS_X + 11, cy + 3.2, r.status, 8.5, fill=col,
-                                  weight="bold"))
-                body.append("</g>")
-                y += h
-            grid = "".join(f'<path d="M{_x(t):.1f},{top:.1f}L{_x(t):.1f},{y + 3:.1f}" '
-                           'stroke="#d9dee7" stroke-width="0.6"/>'
-                           for t in (0.0, 0.25, 0.5, 0.75, 1.0))
-            body.insert(grid_at, grid)
-        if others:
-            y += 2
-            for r in others:
-                cy = y + 3 + 8
-                body.append(f"<g><title>{escape(r.sentence())}</title>")
-                body.append(_text(_LABEL_X, cy + 3.5, _clip(r.id)))
-                if r.value is None:
-                    line = _no_value(r.status)
-                else:
-                    line = f"{r.words} {_fmt(r.value, False)}"
-                    if r.interval is not None:
-                        line += f" (95% CI {_fmt(r.interval[0], False)}–" \
-                                f"{_fmt(r.interval[1], False)})"
-                body.append(_text(_PLOT_X0, cy + 3.5, line, 8.5))
-                h = _ROW
-                if r.reference is not None:
-                    ref = f"reference {_fmt(r.reference[0], False)}"
-                    if r.reference[1] is not None:
-                        ref += f" ({_fmt(r.reference[1][0], False)}–" \
-                               f"{_fmt(r.reference[1][1], False)})"
-                    body.append(_text(_PLOT_X0, cy + 14, ref + "; own scale, not a rate", 7.5,
-                                      fill="#5b6475"))
-                    h = _ROW2
-                body.append(_shape(r.status, _STATUS_X + 4, cy, 3.8))
-                body.append(_text(_STATUS_X + 11, cy + 3.2, r.status, 8.5,
-                                  fill=COLOURS.get(r.status, "#455a64"), weight="bold"))
-                body.append("</g>")
-                y += h
-    height = y + 10
+        y += 13
+        body.append(_text(_LABEL_X, y, head, 9.5, weight="bold"))
+        y += 0.5
+        for r in rates:
+            part, h = _rate_row(g, r, y, len(metrics) > 1 and r.value is not None)
+            body += part
+            y += h
+        for r in others:
+            part, h = _other_row(g, r, y)
+            body += part
+            y += h
+    if any(r.rate for r in rs):
+        grid = "".join(f'<path d="M{g.x(t):.1f},{top:.1f}L{g.x(t):.1f},{y + 2:.1f}" '
+                       'stroke="#d9dee7" stroke-width="0.6"/>'
+                       for t in (0.0, 0.25, 0.5, 0.75, 1.0))
+        body.insert(0, grid)
+    height = y + 6
     title = "At a glance: every check's headline value, 95% interval and threshold"
     desc = " ".join(r.sentence() for r in rs)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {height:.0f}" '
-            f'role="img" aria-labelledby="glance-title glance-desc" '
-            f'font-family="{_FONT}" class="glance-svg">'
-            f'<title id="glance-title">{escape(title)}</title>'
-            f'<desc id="glance-desc">{escape(desc)}</desc>' + "".join(body) + "</svg>")
+    ident = "glance-n" if narrow else "glance"
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {g.width:g} {height:.0f}" '
+            f'role="img" aria-labelledby="{ident}-title {ident}-desc" '
+            f'font-family="{_FONT}" class="glance-svg{" glance-narrow" if narrow else ""}">'
+            f'<title id="{ident}-title">{escape(title)}</title>'
+            f'<desc id="{ident}-desc">{escape(desc)}</desc>' + "".join(body) + "</svg>")
 
 
-def print_width_mm(svg: str, height_mm: float = 160.0, widest_mm: float = 180.0,
-                   narrowest_mm: float = 110.0) -> float:
-    """The figure's width that keeps it at most ``height_mm`` tall, so that it fits on the
-    PDF's first page under the title (A4), but never narrower than ``narrowest_mm`` (a long
-    suite's figure then moves to the next page rather than shrinking past legibility)."""
-    box = svg.split('viewBox="', 1)[1].split('"', 1)[0].split()
-    w, h = float(box[2]), float(box[3])
-    return round(max(narrowest_mm, min(widest_mm, height_mm * w / h)), 1)
+def smallest_text(svg: str) -> float:
+    """The smallest ``font-size`` on a figure, in its viewBox units."""
+    import re
+
+    return min(float(v) for v in re.findall(r'font-size="([\d.]+)"', svg))
 
 
 def alt_text(checks: Sequence[Any]) -> str:

@@ -330,7 +330,9 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         endpoint_secret: Annotated[str | None, Form(
             description="Sent in endpoint_header; stored encrypted, never returned")] = None,
         endpoint_header: Annotated[str, Form()] = "Authorization",
-        model_version: Annotated[str | None, Form()] = None,
+        model_version: Annotated[str | None, Form(
+            description="Model card: the version evaluated (an endpoint's: the version it "
+                        "serves)")] = None,
         suite: Annotated[str | None, Form(description="A packaged suite name")] = None,
         suite_file: Annotated[UploadFile | None, File(description="A suite YAML")] = None,
         dataset: Annotated[str | None, Form(description="A registered dataset name")] = None,
@@ -342,6 +344,14 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
                         "gradients and the endpoint judges every candidate")] = None,
         samples: Annotated[int | None, Form(ge=1, le=MAX_INT)] = None,
         seed: Annotated[int | None, Form(ge=0, le=MAX_INT)] = None,
+        model_name: Annotated[str | None, Form(
+            description="Model card: the model's name as its team calls it")] = None,
+        owner: Annotated[str | None, Form(description="Model card: who ships the model")] = None,
+        license: Annotated[str | None, Form(description="Model card: the model's license")
+                           ] = None,
+        intended_use: Annotated[str | None, Form(
+            description="Model card: what the model is for (the card says 'not stated' "
+                        "without it)")] = None,
     ) -> dict[str, Any]:
         """Submit a run: 202 with its id once the static checks pass."""
         from certify.service.submit_checks import accept_submission
@@ -350,7 +360,9 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
             svc, who, model=model or [], endpoint=endpoint, endpoint_secret=endpoint_secret,
             endpoint_header=endpoint_header, model_version=model_version, suite=suite,
             suite_file=suite_file, dataset=dataset, dataset_file=dataset_file,
-            reference=reference, surrogate=surrogate, samples=samples, seed=seed)
+            reference=reference, surrogate=surrogate, samples=samples, seed=seed,
+            card={"model_name": model_name, "model_version": model_version, "owner": owner,
+                  "license": license, "intended_use": intended_use})
         log.info("run %s queued by token %d (%s)", run.id, who.token_id, run.model_name)
         return run_json(run)
 

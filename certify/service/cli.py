@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from certify.errors import UsageError
+from certify.model_card import model_card_from, model_card_options
 
 DEFAULT_HOME = Path("certify-service")
 log = logging.getLogger("certify.service")
@@ -270,7 +271,7 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
 @click.option("--auth-env", metavar="VAR",
               help="Endpoint: variable holding the secret the service sends to it.")
 @click.option("--auth-header", metavar="NAME", help="Endpoint: header for that secret.")
-@click.option("--model-version", metavar="V", help="Endpoint: the version it serves.")
+@model_card_options
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Follow the run and download its card.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -278,8 +279,9 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
 def submit(model: str, server: str, suite: str, dataset: str, samples: int | None,
            seed: int | None, reference: Path | None, surrogate: Path | None,
            extra: tuple[Path, ...], token_env: str,
-           auth_env: str | None, auth_header: str | None, model_version: str | None,
-           wait: bool, out: Path | None) -> int:
+           auth_env: str | None, auth_header: str | None, model_name: str | None,
+           model_version: str | None, owner: str | None, license: str | None,
+           intended_use: str | None, wait: bool, out: Path | None) -> int:
     """Submit MODEL (.onnx or endpoint URL) to a certify service; exit codes as `certify run`.
 
     \b
@@ -298,11 +300,17 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
         secret = os.environ.get(auth_env)
         if not secret:
             raise UsageError(f"--auth-env {auth_env} is not set")
+    stated = model_card_from(model_name=model_name, model_version=model_version, owner=owner,
+                             license=license, intended_use=intended_use)
+    card = {} if stated is None else {
+        "model_name": stated.name, "owner": stated.owner, "license": stated.license,
+        "intended_use": stated.intended_use}
     client = Client(server, tok)
     run = client.submit(model, suite, dataset, samples=samples, seed=seed,
                         reference=reference, extra_files=extra, endpoint_secret=secret,
-                        endpoint_header=auth_header, model_version=model_version,
-                        surrogate=surrogate)
+                        endpoint_header=auth_header,
+                        model_version=None if stated is None else stated.version,
+                        surrogate=surrogate, card={k: v for k, v in card.items() if v})
     click.echo(f"run {run['id']} queued ({server.rstrip('/')}/runs/{run['id']})", err=True)
     if not wait:
         click.echo(run["id"])

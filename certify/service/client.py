@@ -67,9 +67,13 @@ class Client:
                seed: int | None = None, reference: Path | None = None,
                extra_files: tuple[Path, ...] = (), endpoint_secret: str | None = None,
                endpoint_header: str | None = None, model_version: str | None = None,
-               surrogate: Path | None = None) -> dict[str, Any]:
-        """POST /runs; returns the queued run."""
-        data: dict[str, Any] = {}
+               surrogate: Path | None = None,
+               card: dict[str, str] | None = None) -> dict[str, Any]:
+        """POST /runs; returns the queued run. ``card``: the model-card fields stated
+        (model_name, owner, license, intended_use; the version is ``model_version``)."""
+        data: dict[str, Any] = {k: v for k, v in (card or {}).items() if v}
+        if model_version:
+            data["model_version"] = model_version
         with ExitStack() as stack:
             files: list[tuple[str, Any]] = []
 
@@ -84,8 +88,6 @@ class Client:
                     data["endpoint_secret"] = endpoint_secret
                 if endpoint_header:
                     data["endpoint_header"] = endpoint_header
-                if model_version:
-                    data["model_version"] = model_version
             else:
                 add("model", Path(model))
                 for p in extra_files:
@@ -123,10 +125,12 @@ class Client:
             time.sleep(poll_s)
 
     def download(self, run_id: str, out: Path) -> list[Path]:
-        """Fetch the finished run's card and results into ``out``."""
+        """Fetch the finished run's card and results into ``out`` (those the run links: no
+        card.pdf where the service's WeasyPrint could not load its libraries)."""
         out.mkdir(parents=True, exist_ok=True)
+        links = self.run(run_id).get("links") or {}
         written = []
-        for name in FILES:
+        for name in (f for f in FILES if f in links):
             r = self._call("GET", f"/runs/{run_id}/{name}")
             tmp = out / f".{name}.tmp"
             tmp.write_bytes(r.content)

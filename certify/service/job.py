@@ -67,6 +67,7 @@ class FileProgress:
 def _options(spec: dict[str, Any], out: Path) -> Any:
     from certify.api import RunOptions
     from certify.models.http import HttpOptions
+    from certify.results import ModelCardDoc
 
     http = None
     if spec["model_kind"] == "http":
@@ -85,7 +86,8 @@ def _options(spec: dict[str, Any], out: Path) -> Any:
         sign_key=Path(spec["sign_key"]), passphrase=passphrase, http=http,
         query_budget=spec.get("query_budget"), executor=spec.get("executor", "local"),
         ray_address=spec.get("ray_address"),
-        service={"run_id": spec["run_id"], **(spec.get("public") or {})})
+        service={"run_id": spec["run_id"], **(spec.get("public") or {})},
+        model_card=ModelCardDoc(**spec["model_card"]) if spec.get("model_card") else None)
 
 
 def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
@@ -114,10 +116,13 @@ def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
                 raise ModelError(f"endpoint refused: {exc}",
                                  hint="the service's operator decides which hosts runs "
                                       "may reach") from None
-        result, _ = certify_model(_options(spec, out), FileProgress(folder / PROGRESS_FILE))
+        result, paths = certify_model(_options(spec, out),
+                                      FileProgress(folder / PROGRESS_FILE))
         verdict = result.measurement.verdict
         outcome: dict[str, Any] = {
             "state": "done", "verdict": verdict, "exit_code": exit_code_for_verdict(verdict),
+            # what was written: no card.pdf where WeasyPrint cannot load its libraries
+            "files": sorted(p.name for p in paths.values()),
             "checks": {c.id: c.status for c in result.measurement.checks},
             "queries": result.measurement.queries.total}
     except CertifyError as exc:

@@ -109,7 +109,9 @@ def run_json(run: Run) -> dict[str, Any]:
     """A run as the API shows it (never its secret)."""
     links = {"self": f"{API}/runs/{run.id}", "events": f"{API}/runs/{run.id}/events"}
     if run.state == "done":
-        links.update({name: f"{API}/runs/{run.id}/{name}" for name in ARTEFACTS})
+        written = (run.progress or {}).get("files")  # absent: a run from before it was kept
+        links.update({name: f"{API}/runs/{run.id}/{name}" for name in ARTEFACTS
+                      if written is None or name in written})
     return {
         "id": run.id, "state": run.state, "model": run.model_name, "model_kind": run.model_kind,
         "suite": run.suite_name, "dataset": run.dataset if not run.dataset.startswith("store:")

@@ -21,6 +21,8 @@ from typing import Any
 from fastapi import HTTPException, UploadFile
 from sqlalchemy import select
 
+from certify.errors import CertifyError
+from certify.model_card import model_card_from
 from certify.redact import has_credentials, redact
 from certify.service import auth
 from certify.service.db import QUEUED, RUNNING, Run, Token, Upload, utcnow
@@ -281,7 +283,8 @@ def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[Upl
                 model_version: str | None, suite: str | None, suite_file: UploadFile | None,
                 dataset: str | None, dataset_file: UploadFile | None,
                 reference: UploadFile | None, samples: int | None, seed: int | None,
-                surrogate: UploadFile | None = None) -> dict[str, Any]:
+                surrogate: UploadFile | None = None,
+                card: dict[str, str | None] | None = None) -> dict[str, Any]:
     from certify.service.endpoints import EndpointRefused, check_endpoint
 
     budget = sub.limits_for_token()
@@ -294,6 +297,12 @@ def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[Upl
     suite_ref, suite_name = sub.suite(suite, suite_file)
     dataset_ref = sub.dataset(dataset, dataset_file)
     options: dict[str, Any] = {"samples": samples, "seed": seed, "query_budget": budget}
+    try:
+        stated = model_card_from(**(card or {}))
+    except CertifyError as exc:
+        raise HTTPException(422, str(exc)) from None
+    if stated is not None:
+        options["model_card"] = stated.model_dump(exclude_none=True)
     if endpoint:
         try:
             check_endpoint(endpoint, tuple(svc.cfg.allow_endpoints))

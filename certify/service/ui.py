@@ -15,6 +15,7 @@ import jinja2
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from certify.model_card import FIELDS as MODEL_CARD_FIELDS
 from certify.service import auth
 from certify.service.db import Run
 from certify.service.sessions import SESSION_S, check_csrf, csrf_token, make_session
@@ -181,12 +182,13 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
                       if isinstance(f, UploadFile) and f.filename]
             run = await accept_submission(
                 svc, who, model=models, endpoint=text("endpoint"), endpoint_secret=None,
-                endpoint_header="Authorization", model_version=None,
+                endpoint_header="Authorization", model_version=text("model_version"),
                 suite=None if file("suite_file") else text("suite"),
                 suite_file=file("suite_file"),
                 dataset=None if file("dataset_file") else text("dataset"),
                 dataset_file=file("dataset_file"), reference=file("reference"),
-                surrogate=file("surrogate"), samples=number("samples"), seed=number("seed"))
+                surrogate=file("surrogate"), samples=number("samples"), seed=number("seed"),
+                card={k: text(k) for k in MODEL_CARD_FIELDS})
         except HTTPException as exc:
             return submit_page(request, exc.status_code, str(exc.detail))
         return RedirectResponse(f"/runs/{run.id}", 303)

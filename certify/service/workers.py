@@ -75,7 +75,7 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
         "reference": None if reference is None else str(store_root / reference),
         "surrogate": None if surrogate is None else str(store_root / surrogate),
         "http": opts.get("http"), "has_secret": run.secret_enc is not None,
-        "query_budget": opts.get("query_budget"),
+        "query_budget": opts.get("query_budget"), "model_card": opts.get("model_card"),
         "sign_key": str(cfg.sign_key), "passphrase_env": cfg.passphrase_env,
         "executor": cfg.executor, "ray_address": cfg.ray_address,
         "allow_endpoints": list(cfg.allow_endpoints),
@@ -249,6 +249,8 @@ class WorkerPool:
             raise RuntimeError("the finished run has no signature")
         index = self.tlog.append(sig["signed"], run.id)
         progress["checks"] = outcome.get("checks", {})
+        if "files" in outcome:  # the run page and API link only what was written
+            progress["files"] = outcome["files"]
         if queue.finish(self.factory, run.id, self.owner, state=DONE,
                         verdict=outcome["verdict"], exit_code=outcome["exit_code"],
                         log_index=index, progress=progress):
