@@ -350,7 +350,11 @@ def read_suite_yaml(text: str, source: str) -> Any:
     if len(text) > MAX_SUITE_BYTES:
         raise SuiteError(f"{source}: larger than {MAX_SUITE_BYTES // 1024} KB",
                          hint="a suite is a short YAML file")
-    loader = _BoundedLoader(text)
+    try:  # the reader refuses control characters as it is made, before any parsing
+        loader = _BoundedLoader(text)
+    except yaml.YAMLError as exc:
+        raise SuiteError(f"{source}: not valid YAML ({exc})",
+                         hint="a suite is plain text: remove control characters") from None
     try:
         raw = loader.get_single_data()
     except SuiteError as exc:

@@ -61,7 +61,7 @@ def test_log_in_submit_watch_open_and_verify_in_chromium(tmp_path: Path) -> None
             frame = page.frame_locator("iframe.card")
             expect(frame.locator("body")).to_contain_text("clean")
             # the model-card fields of the form are on the card (issue 30)
-            expect(frame.locator("h1")).to_contain_text("UI sign model")
+            expect(frame.locator("header.card-head h1")).to_contain_text("UI sign model")
             expect(frame.locator("#intended-use")).to_contain_text("Signs seen by a test")
             # The runs list shows it with its verdict, and the filters work.
             page.goto(f"{svc.url}/runs?verdict=PASS")

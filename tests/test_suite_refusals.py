@@ -258,3 +258,14 @@ def test_cli_relative_improvement_without_reference_exits_2_before_any_folder(
     assert proc.returncode == 2, proc.stderr
     assert "relative_improvement" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_a_control_character_in_suite_text_is_a_suite_error():
+    """The YAML reader refuses control characters while it is built, before any parsing: that
+    is a suite error too (it was a 500 on the service's upload, found by the API fuzzer)."""
+    from certify.suite import read_suite_yaml
+
+    with pytest.raises(SuiteError) as err:
+        read_suite_yaml("name: a\x03b\n", "uploaded suite")
+    assert err.value.message.startswith("uploaded suite: not valid YAML")
+    assert "control characters" in (err.value.hint or "")
