@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import certify
 from certify.data import load_dataset
 from certify.data.classes import (
     data_class_names,
@@ -216,23 +217,15 @@ def public_provenance(prov: Any, out: Path) -> dict[str, Any]:
     local paths are cut (:func:`public_path`); a packaged suite is named as such."""
     from certify.suite import packaged_suites
 
-    suite_source = prov.suite_source
     packaged = {str(v.resolve()): k for k, v in packaged_suites().items()}
+    name = None
     with contextlib.suppress(OSError):
-        name = packaged.get(str(Path(suite_source).resolve()))
-        if name is not None:
-            suite_source = f"packaged suite {name} (certify {_version()})"
-        else:
-            suite_source = public_path(suite_source, out)
+        name = packaged.get(str(Path(prov.suite_source).resolve()))
+    suite_source = (f"packaged suite {name} (certify {certify.__version__})"
+                    if name is not None else public_path(prov.suite_source, out))
     env = {k: v for k, v in prov.environment.items() if k != "host"}
     return {"data_source": public_path(prov.data_source, out), "suite_source": suite_source,
             "environment": env}
-
-
-def _version() -> str:
-    import certify
-
-    return certify.__version__
 
 
 def _public_spec(spec: str) -> str:
@@ -297,7 +290,7 @@ def demo_model_path(name: str = "standard") -> Path:
 #: What the demo's card states about its model (the flags of ``certify run`` would).
 DEMO_MODEL_CARD = ModelCardDoc(
     name="certify demo traffic-sign classifier (standard training)",
-    version=f"demo, certify {_version()}",
+    version=f"demo, certify {certify.__version__}",
     owner="the certify project",
     license="Apache-2.0",
     intended_use="A demonstration of certify's card: a small CNN trained on generated "

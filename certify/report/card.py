@@ -72,14 +72,10 @@ def _glance(checks: list[Any], worst: list[Any]) -> dict[str, Any]:
 SEVERITY = {"ERROR": 0, "FAIL": 1, "INCONCLUSIVE": 2, "WARN": 3}
 
 
-def _distance(value: float | None, threshold: Any, rate: bool) -> float:
-    """How far a figure is from its threshold: percentage points for a rate, a relative
-    difference otherwise (0 without a value or a threshold)."""
-    if value is None or threshold is None:
-        return 0.0
-    bounds = [b for b in (getattr(threshold, "min", None), getattr(threshold, "max", None))
-              if b is not None]
-    if not bounds:
+def _distance(value: float | None, bounds: list[float], rate: bool) -> float:
+    """How far a figure is from its threshold's bounds: percentage points for a rate, a
+    relative difference otherwise (0 without a value or a bound)."""
+    if value is None or not bounds:
         return 0.0
     gap = min(abs(value - b) for b in bounds)
     return gap if rate else gap / max(abs(bounds[0]), 1e-12)
@@ -139,7 +135,9 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
         if c.threshold is not None:
             what += f", threshold {_short_threshold(c, r)}"
         why = _why(c.status, c.error or "", c.warnings, c.decision)
-        found.append((SEVERITY[c.status], _distance(r.value, c.threshold, r.rate),
+        bounds = [] if c.threshold is None else [
+            b for b in (c.threshold.min, c.threshold.max) if b is not None]
+        found.append((SEVERITY[c.status], _distance(r.value, bounds, r.rate),
                       {"status": c.status, "check": c.id, "what": what, "why": why}))
     for w in worst:
         if w.status not in SEVERITY:
@@ -151,12 +149,26 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
             what += f" (95% CI {100 * w.interval[0]:.1f}%–{100 * w.interval[1]:.1f}%)"
         if w.threshold is not None:
             what += f", threshold ≥ {100 * w.threshold:.0f}%"
-        thr = None if w.threshold is None else type("T", (), {"min": w.threshold})()
-        found.append((SEVERITY[w.status], _distance(w.robust_accuracy, thr, True),
+        bounds = [] if w.threshold is None else [w.threshold]
+        found.append((SEVERITY[w.status], _distance(w.robust_accuracy, bounds, True),
                       {"status": w.status, "check": f"threat model {name}", "what": what,
                        "why": _why(w.status, "", w.warnings, w.decision)}))
     found.sort(key=lambda f: (f[0], -f[1]))
     return [f[2] for f in found[:n]]
+
+
+def _unsettled(c: Any) -> dict[str, bool]:
+    """What keeps a check's figure from being final, read from its details: a random draw
+    (not searched), a search or an attack that had not converged, an attack that failed the
+    binarization test, a black-box attack below its query floor (evidence only)."""
+    d = dict(getattr(c, "details", None) or {})
+    rounds = d.get("search_rounds") or {}
+    random = rounds.get("searched") is False
+    return {"random": random,
+            "search": not random and rounds.get("converged") is False,
+            "attack": (d.get("convergence") or {}).get("converged") is False,
+            "weak": (d.get("binarization") or {}).get("trusted") is False,
+            "evidence": bool((d.get("evidence") or {}).get("short_of_pass"))}
 
 
 def summary_result(c: Any, r: glance.Row) -> str:
@@ -170,19 +182,11 @@ def summary_result(c: Any, r: glance.Row) -> str:
     if r.value is None or (c.status == "INFO" and len(full) <= 150):
         return full if len(full) <= 160 else _first_clause(full, 160)
     text = _value_words(r)
-    flags = []
-    details = dict(getattr(c, "details", None) or {})
-    rounds = details.get("search_rounds") or {}
-    if rounds.get("searched") is False:
-        flags.append("random draw, not a worst case")
-    elif rounds and not rounds.get("converged", True):
-        flags.append("search not converged")
-    conv = details.get("convergence") or {}
-    if conv and not conv.get("converged", True):
-        flags.append("not converged")
-    bt = details.get("binarization") or {}
-    if bt and not bt.get("trusted", True):
-        flags.append("binarization test failed")
+    state = _unsettled(c)
+    flags = [words for key, words in (("random", "random draw, not a worst case"),
+                                      ("search", "search not converged"),
+                                      ("attack", "not converged"),
+                                      ("weak", "binarization test failed")) if state[key]]
     if c.sample_errors:
         flags.append(f"{c.sample_errors} sample(s) errored")
     return text + ("; " + ", ".join(flags) if flags else "")
@@ -199,18 +203,10 @@ def limitations(result: RunResult) -> list[str]:
     errored = [c.id for c in result.checks if c.status == "ERROR"]
     if errored:
         out.append(f"Errored, so not established: {', '.join(errored)}.")
-    unconverged, weak, evidence = [], [], []
-    for c in result.checks:
-        d = dict(getattr(c, "details", None) or {})
-        if (d.get("search_rounds") or {}).get("converged") is False and \
-                (d.get("search_rounds") or {}).get("searched", True):
-            unconverged.append(c.id)
-        elif (d.get("convergence") or {}).get("converged") is False:
-            unconverged.append(c.id)
-        if (d.get("binarization") or {}).get("trusted") is False:
-            weak.append(c.id)
-        if (d.get("evidence") or {}).get("short_of_pass"):
-            evidence.append(c.id)
+    state = {c.id: _unsettled(c) for c in result.checks}
+    unconverged = [i for i, s in state.items() if s["search"] or s["attack"]]
+    weak = [i for i, s in state.items() if s["weak"]]
+    evidence = [i for i, s in state.items() if s["evidence"]]
     if unconverged:
         out.append(f"Searches and attacks that had not converged when their budget ran out: "
                    f"{', '.join(unconverged)}. A stronger search can only lower these figures.")
@@ -220,9 +216,7 @@ def limitations(result: RunResult) -> list[str]:
     if evidence:
         out.append(f"Black-box attacks below their query floor, evidence rather than a pass "
                    f"on their own: {', '.join(evidence)}.")
-    random = [c.id for c in result.checks
-              if (dict(getattr(c, "details", None) or {}).get("search_rounds") or {})
-              .get("searched") is False]
+    random = [i for i, s in state.items() if s["random"]]
     if random:
         out.append(f"Random draws, not worst cases: {', '.join(random)} (the attack rows at "
                    "the same bound say what an adversary finds).")
@@ -260,7 +254,7 @@ def model_details(result: RunResult) -> dict[str, Any]:
     m, p = result.measurement, result.provenance
     card = m.model_card
     stated = card.model_dump() if card is not None else {}
-    when = getattr(p, "evaluated_at", None) or (p.model_extra or {}).get("evaluated_at")
+    when = getattr(p, "evaluated_at", None)  # provenance keeps extra keys as attributes
     return {
         "name": stated.get("name") or m.model.name,
         "name_stated": bool(stated.get("name")),

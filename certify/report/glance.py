@@ -10,6 +10,7 @@ deterministic output for the same results.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,10 +146,6 @@ class _Geometry:
 
 WIDE = _Geometry(_W, _LABEL_X, _PLOT_X0, _PLOT_X1, _VALUE_X, _STATUS_X, False)
 NARROW = _Geometry(NARROW_W, 4, 10, NARROW_W - 10, NARROW_W - 122, NARROW_W - 84, True)
-
-
-def _x(v: float) -> float:
-    return WIDE.x(v)
 
 
 def _shape(status: str, x: float, y: float, r: float = 4.2) -> str:
@@ -355,8 +352,6 @@ def glance_svg(checks: Sequence[Any], narrow: bool = False) -> str:
 
 def smallest_text(svg: str) -> float:
     """The smallest ``font-size`` on a figure, in its viewBox units."""
-    import re
-
     return min(float(v) for v in re.findall(r'font-size="([\d.]+)"', svg))
 
 

@@ -57,10 +57,9 @@ def load_weasyprint() -> ModuleType:
 def unavailable_reason() -> str | None:
     """Why WeasyPrint cannot load here (a few words), or ``None`` when it loads."""
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            importlib.import_module("weasyprint")
-    except (ImportError, OSError) as exc:
-        return _reason(exc)
+        load_weasyprint()
+    except PdfUnavailableError as exc:
+        return _reason(exc.__cause__ if exc.__cause__ is not None else exc)
     return None
 
 
