@@ -81,11 +81,13 @@ def certify_model(
     """
     progress = progress or NullProgress()
     check_out_dir(opts.out, opts.resume)  # refused before any work, and before any write
-    key = None
-    if opts.sign_key is not None:  # a bad key is refused before any work
+    key = pdf_key = None
+    if opts.sign_key is not None:  # a bad key (or certificate) is refused before any work
+        from certify.report.pades import PdfSigningKey
         from certify.report.sign import load_private_key
 
         key = load_private_key(opts.sign_key, opts.passphrase)
+        pdf_key = PdfSigningKey.for_key_file(opts.sign_key, key)
     suite = load_suite(opts.suite)
     suite.check_thresholds(reference=opts.reference is not None)
     labels = None if opts.labels is None else read_labels(opts.labels)
@@ -172,7 +174,8 @@ def certify_model(
         from certify.report.sign import sign
 
         signature = sign(result.to_json(), key)
-    paths = write_report(result, opts.out, outcome.images, pdf=opts.pdf, signature=signature)
+    paths = write_report(result, opts.out, outcome.images, pdf=opts.pdf, signature=signature,
+                         pdf_signer=pdf_key)
     return result, paths
 
 
@@ -243,16 +246,26 @@ def _public_spec(spec: str) -> str:
 
 def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
              pdf: bool = True) -> dict[str, Path]:
-    """Sign a finished run's results.json and re-render its card with the signature."""
+    """Sign a finished run's results.json and re-render its card with the signature (card.pdf
+    with a PDF signature too); the provenance's ``renderer`` becomes this certify's, which
+    renders the card.
+
+    Only results in this certify's format are signed (README, "Results formats"): an older
+    format, or a file this certify cannot render, is refused with a UsageError that says so.
+    """
     import json
+
+    import jinja2
 
     from certify.canonical import canonical_json
     from certify.errors import UsageError
     from certify.report import load_images
-    from certify.report.sign import load_private_key, sign
-    from certify.results import parse_result
+    from certify.report.pades import PdfSigningKey
+    from certify.report.sign import is_older_format, load_private_key, sign
+    from certify.results import OLD_SCHEMAS, SCHEMA, SchemaError, parse_result
 
     key = load_private_key(key_path, passphrase)
+    pdf_key = PdfSigningKey.for_key_file(key_path, key) if pdf else None
     path = run_dir / "results.json"
     try:
         raw = path.read_bytes()
@@ -262,12 +275,32 @@ def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
             from None
     except ValueError:
         raise UsageError(f"{path} is not valid JSON", hint="was it edited?") from None
+    rerun = "rerun the suite with this certify, then sign that run"
+    fmt = doc.get("schema") if isinstance(doc, dict) else None
+    if fmt != SCHEMA:
+        older = fmt in OLD_SCHEMAS or is_older_format(str(fmt))
+        raise UsageError(f"{path} is in the {'older ' if older else ''}results format {fmt!r}; "
+                         f"this certify signs {SCHEMA!r} only", hint=rerun)
     if raw != canonical_json(doc):
         raise UsageError(f"{path} is not in certify's canonical form",
                          hint="it was edited after the run; rerun instead of signing it")
-    result = parse_result(doc)
-    return write_report(result, run_dir, load_images(run_dir), pdf=pdf,
-                        signature=sign(doc, key))
+    try:
+        result = parse_result(doc)
+        # the card is rendered now: its provenance names this renderer (a verifier compares
+        # card.html with a fresh rendering only where the renderer is its own)
+        result = result.model_copy(update={"provenance": result.provenance.model_copy(
+            update={"renderer": renderer_info()})})
+        return write_report(result, run_dir, load_images(run_dir), pdf=pdf,
+                            signature=sign(result.to_json(), key), pdf_signer=pdf_key)
+    except SchemaError as exc:
+        raise UsageError(f"{path} cannot be signed: {exc.message}", hint=rerun) from None
+    except (jinja2.TemplateError, KeyError, AttributeError, TypeError) as exc:
+        # the format's label is this certify's but its fields are an earlier release's (a
+        # results.json from before issue 29 reads as certify.results/2 and lacks what the
+        # card shows now): nothing was written, since the card renders before any write
+        raise UsageError(f"{path} cannot be rendered by this certify ({type(exc).__name__}: "
+                         f"{exc}): it was written by an earlier release of the same results "
+                         "format, or edited", hint=rerun) from None
 
 
 DEMO_SEED = 20_240_607  # the demo test set; training used other seeds/indices

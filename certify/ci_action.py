@@ -14,10 +14,10 @@ saying so, when those are unset:
 - ``GH_TOKEN`` with ``CERTIFY_RELEASE_TAG``: ``gh release upload`` of the cards (``gh`` from
   ``PATH``; ``GITHUB_REPOSITORY`` names the repository).
 
-Exit code: 0 when every check with a threshold is unchanged or non-inferior within the
-tolerance (and, with ``CERTIFY_FAIL_ON=verdict``, the card's verdict is PASS); 1 a resolved
-regression on a check with a threshold; 6 neither shown for such a check (more samples or a
-stated tolerance would decide it); 4 the previous card is not comparable (the summary says
+Exit code: 0 when every threat model and check with a threshold is unchanged or non-inferior
+within the tolerance (and, with ``CERTIFY_FAIL_ON=verdict``, the card's verdict is PASS); 1 a
+resolved regression on such a row; 6 neither shown for such a row (more samples or a stated
+tolerance would decide it); 4 the previous card is not comparable (the summary says
 why); otherwise the failing command's own code (e.g. 2 or 3 when ``certify run`` wrote no
 card, 1 when a card's signature does not verify).
 """
@@ -153,14 +153,18 @@ def _value(v: Any, interval: Any = None) -> str:
 
 
 def comparison_lines(doc: dict[str, Any]) -> list[str]:
-    """A Markdown table of ``certify compare --json``'s rows."""
+    """A Markdown table of ``certify compare --json``'s rows: the threat models' first (with
+    the checks that are not attack rows, they decide), then the checks', attack rows marked as
+    evidence for their threat model's row."""
     lines = ["| check | compared | OLD | NEW | change [corrected] | result |",
              "|---|---|---|---|---|---|"]
-    for r in doc["checks"]:
+    for r in [*doc.get("threat_models", []), *doc["checks"]]:
         # one quantity per row: the one the change is on (OLD and NEW of it)
         old = r["old_value"] if r.get("old_value") is not None else r["old"]
         new = r["new_value"] if r.get("new_value") is not None else r["new"]
         result = r["outcome"] + (f" ({r['reason']})" if r.get("reason") else "")
+        if r.get("evidence_for"):
+            result += f"; evidence for {r['evidence_for']}, not gating"
         lines.append(f"| {_md(r['id'])} | {_md(r.get('compared') or r.get('metric') or '–')} "
                      f"| {_md(_value(old))} | {_md(_value(new))} | "
                      f"{_md(_value(r['change'], r['change_interval']))} | {_md(result)} |")
@@ -322,7 +326,8 @@ def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, tol
     regs = list(doc["regressions"])
     o.outputs["regressions"] = ",".join(regs)
     if proc.returncode == EXIT_FAIL:
-        gated = [r["id"] for r in doc["checks"] if r["id"] in regs and r["has_threshold"]]
+        gated = [r["id"] for r in [*doc.get("threat_models", []), *doc["checks"]]
+                 if r["id"] in regs and r["has_threshold"]]
         o.outputs["comparison"] = "regression"
         o.exit_code = EXIT_FAIL
         o.say(f"**Resolved regression** against the previous card ({where}) on: "
@@ -339,9 +344,10 @@ def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, tol
         o.outputs["comparison"] = "ok"
         extra = (f" (resolved regression only on checks without a threshold: "
                  f"{_md(', '.join(regs))})" if regs else "")
-        o.say(f"No resolved regression against the previous card ({where}, tolerance "
-              f"{tolerance:g}): every check with a threshold is unchanged or non-inferior"
-              f"{extra}.")
+        decided = f"**{_md(str(doc['decision']))}**: " if doc.get("decision") else ""
+        o.say(f"{decided}No resolved regression against the previous card ({where}, "
+              f"tolerance {tolerance:g}): every threat model and check with a threshold is "
+              f"unchanged or non-inferior{extra}.")
     o.say("", *comparison_lines(doc))
 
 

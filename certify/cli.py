@@ -5,16 +5,18 @@ Exit codes, the same for every command (the one table is ``certify.errors.EXIT_C
 0    OK: run: every check PASS or INFO; demo: the card was written, whatever its verdict;
      verify, verify-bundle: valid; compare: no resolved regression; other commands: done
 1    FAIL: run: a check failed (card written); verify, verify-bundle: invalid or tampered;
-     compare: a resolved regression on a check with a threshold
+     compare: a resolved regression on a threat model or check with a threshold
 2    usage, suite or data error
 3    the model could not be loaded, reached or used
 4    not comparable: compare's two runs differ in suite, data, threat model, reference model
-     or results schema (compare: 0 no resolved regression, 1 a resolved regression on a check
-     with a threshold)
+     or results schema (compare: 0 no resolved regression, 1 a resolved regression on a
+     threat model or check with a threshold)
 5    run: a check ERRORed (card written)
 6    run: a check is INCONCLUSIVE (card written)
 7    run: a check passed with a WARNing (card written)
-70   internal error (a bug: rerun with --debug and report it)
+8    verify: the signature and the signed payload are intact but the visible layer was not
+     compared (a card from another renderer, or a card.pdf from before PDF signatures)
+70   internal error (a bug: rerun with --debug, or CERTIFY_DEBUG=1, and report it)
 130  interrupted (records kept, rerun with --resume)
 
 A run's verdict, and so its code, is the most severe of its checks' verdicts:
@@ -55,6 +57,7 @@ from certify.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    EXIT_VISIBLE_NOT_COMPARED,
     VERDICT_PRECEDENCE,
     CertifyError,
     UsageError,
@@ -241,13 +244,24 @@ class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
         kwargs["standalone_mode"] = False
         argv = kwargs.get("args", args[0] if args else None)
-        debug = "--debug" in (sys.argv[1:] if argv is None else list(argv))
+        words = sys.argv[1:] if argv is None else [str(a) for a in argv]
+        debug = "--debug" in words or bool(os.environ.get("CERTIFY_DEBUG"))
+        self._debug_flag = self._has_debug_option(words)
         stdout = sys.stdout
         sys.stdout = _ReaderGone(stdout)
         try:
             return self._main(debug, *args, **kwargs)
         finally:
             sys.stdout = stdout
+
+    def _has_debug_option(self, words: list[str]) -> bool:
+        """Whether the command these arguments name takes ``--debug`` (``sign`` does not):
+        an internal error's hint must name a way to the traceback that exists."""
+        cmd: click.Command = self
+        for w in words:
+            if isinstance(cmd, click.Group) and w in cmd.commands:
+                cmd = cmd.commands[w]
+        return any(p.name == "debug" for p in cmd.params)
 
     def _main(self, debug: bool, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -270,8 +284,10 @@ class _Group(click.Group):
 
                 sys.stderr.write(redact(traceback.format_exc()))
                 sys.exit(EXIT_INTERNAL)
+            how = ("--debug" if getattr(self, "_debug_flag", False)
+                   else "CERTIFY_DEBUG=1 in the environment")
             err_console.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
-                              f"{escape(redact(str(e)))} [dim](hint: rerun with --debug for the "
+                              f"{escape(redact(str(e)))} [dim](hint: rerun with {how} for the "
                               "traceback, and report it)[/]", highlight=False, soft_wrap=True)
             sys.exit(EXIT_INTERNAL)
         sys.exit(rv if isinstance(rv, int) else EXIT_OK)
@@ -640,18 +656,20 @@ def _passphrase(var: str | None) -> bytes | None:
 @click.option("--passphrase-env", metavar="VAR",
               help="Encrypt the private key with the passphrase in this variable.")
 def keygen(out_dir: Path, name: str, passphrase_env: str | None) -> None:
-    """Create an ECDSA P-256 key pair: NAME.key (mode 0600) and NAME.pub.
+    """Create an ECDSA P-256 key pair: NAME.key (mode 0600) and NAME.pub, and NAME.crt, the
+    key's self-issued certificate (its own CA) that card.pdf's PDF signature names.
 
     \b
     Example:
       certify keygen --out keys && certify sign demo-card --key keys/certify.key
     """
+    from certify.report.pades import certificate_path
     from certify.report.sign import fingerprint, load_public_key
     from certify.report.sign import keygen as make_keys
 
     key, pub = make_keys(out_dir, name, _passphrase(passphrase_env))
-    click.echo(f"private key: {key}\npublic key:  {pub}\nfingerprint: "
-               f"{fingerprint(load_public_key(pub))}")
+    click.echo(f"private key: {key}\npublic key:  {pub}\ncertificate: "
+               f"{certificate_path(key)}\nfingerprint: {fingerprint(load_public_key(pub))}")
 
 
 @main.command("sign")
@@ -682,8 +700,9 @@ def sign_cmd(run_dir: Path, key_path: Path, passphrase_env: str | None, no_pdf: 
               help="Where the last tree head seen is kept [default: $CERTIFY_LOG_STATE or "
                    "~/.config/certify/logs.json].")
 def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
-               log_state: Path | None) -> None:
-    """Verify card.html, card.pdf or results.json against a public key (exit 0 only if valid).
+               log_state: Path | None) -> int:
+    """Verify card.html, card.pdf or results.json against a public key (exit 0 only if valid;
+    8 when the signature and payload are intact but the visible layer was not compared).
 
     \b
     Examples:
@@ -704,24 +723,40 @@ def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
     else:
         key = load_public_key(pubkey)
     v = verify_file(path, key)
-    m = v.result.measurement
-    click.echo(f"OK: {path} is intact and signed by {fingerprint(key)}")
+    if v.visible_compared is False:
+        click.echo(f"{path}: the signature and the signed payload are intact (signed by "
+                   f"{fingerprint(key)})")
+    else:
+        click.echo(f"OK: {path} is intact and signed by {fingerprint(key)}")
     click.echo(f"measurement: intact ({v.signature.signed['measurement']})")
     click.echo(f"provenance:  intact ({v.signature.signed['provenance']})")
+    if "payload" in v.signature.signed:
+        click.echo(f"payload:     intact ({v.signature.signed['payload']})")
     if v.visible is not None:
         click.echo(f"visible content: {v.visible}")
+    note = v.format_note()
+    if note is not None:
+        click.echo(note)
     if client is not None:
         from certify.service.logclient import check_in_log, default_state_path
 
-        service = (v.result.provenance.model_extra or {}).get("service") or {}
+        service = ({} if v.result is None else
+                   (v.result.provenance.model_extra or {}).get("service") or {})
         for line in check_in_log(v.signature.signed, client, key,
                                  log_state or default_state_path(),
                                  run_id=service.get("run_id")):
             click.echo(line)
-    click.echo(f"model: {m.model.name} {m.model.identity}")
-    click.echo(f"verdict: {m.verdict}")
-    for c in m.checks:
-        click.echo(f"  {c.status:<12} {c.id}")
+    if v.result is not None:
+        m = v.result.measurement
+        click.echo(f"model: {m.model.name} {m.model.identity}")
+        click.echo(f"verdict: {m.verdict}")
+        for c in m.checks:
+            click.echo(f"  {c.status:<12} {c.id}")
+    if v.visible_compared is False:
+        click.echo(f"exit {EXIT_VISIBLE_NOT_COMPARED}: the visible layer was not compared with "
+                   "the signed payload; what this card shows is not verified")
+        return EXIT_VISIBLE_NOT_COMPARED
+    return EXIT_OK
 
 
 @main.command("compare")
@@ -739,17 +774,20 @@ def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
               help="Write the comparison card as PDF.")
 def compare_cmd(old: Path, new: Path, tolerance: float, pubkey: Path | None,
                 json_out: str | None, html_out: Path | None, pdf_out: Path | None) -> int:
-    """Did NEW get less robust than OLD? Compare two runs check by check.
+    """Did NEW get less robust than OLD? Compare two runs on the rows that decide their cards.
 
     OLD and NEW are run folders, results.json files or cards (card.html, card.pdf) of the same
-    suite on the same data. Paired tests (McNemar exact, paired bootstrap) where both runs
-    used the same samples and seeds, unpaired otherwise; Holm's correction across checks.
+    suite on the same data. One row per threat model (robust to every attack of it) and one
+    per check; attack rows are evidence for their threat model's row, not gating. Paired tests
+    (McNemar exact, paired bootstrap) where both runs used the same samples and seeds,
+    unpaired otherwise; Holm's correction across the gating rows. A terminal of 80 columns or
+    fewer gets one block per row.
 
     \b
-    Exit codes: 0 no change or non-inferior within --tolerance on every comparable check; 1 a
-    resolved regression beyond the tolerance on a check with a threshold; 6 inconclusive
-    (neither a regression nor non-inferiority shown); 2 usage; 4 not comparable at all (the
-    message says what differs).
+    Exit codes: 0 no change or non-inferior within --tolerance on every comparable threat
+    model and check; 1 a resolved regression beyond the tolerance on one with a threshold; 6
+    inconclusive (neither a regression nor non-inferiority shown); 2 usage; 4 not comparable
+    at all (the message says what differs).
 
     \b
     Example:

@@ -20,7 +20,11 @@ code    meaning
 5       ``run``: a check ERRORed (card written)
 6       ``run``: a check is INCONCLUSIVE (card written)
 7       ``run``: a check passed with a WARNing (card written)
-70      internal error: a bug in certify (no card; rerun with ``--debug`` and report it)
+8       ``verify``: the signature and the signed payload are intact but the visible layer was
+        not compared (a card from another renderer, or a card.pdf from before PDF
+        signatures)
+70      internal error: a bug in certify (no card; rerun with ``--debug``, or
+        ``CERTIFY_DEBUG=1`` for a command without it, and report it)
 130     interrupted (records kept: rerun with ``--resume``)
 ======  =====================================================================================
 
@@ -46,6 +50,7 @@ EXIT_NOT_COMPARABLE = 4
 EXIT_ERROR = 5
 EXIT_INCONCLUSIVE = 6
 EXIT_WARN = 7
+EXIT_VISIBLE_NOT_COMPARED = 8
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
@@ -63,7 +68,11 @@ EXIT_CODES: dict[int, str] = {
     EXIT_INCONCLUSIVE: "run: a check is INCONCLUSIVE (card written); compare: neither a "
                        "regression nor non-inferiority shown for a check with a threshold",
     EXIT_WARN: "run: a check passed with a WARNing (card written)",
-    EXIT_INTERNAL: "internal error (a bug: rerun with --debug and report it)",
+    EXIT_VISIBLE_NOT_COMPARED: "verify: the signature and the signed payload are intact but "
+                               "the visible layer was not compared (a card from another "
+                               "renderer, or a card.pdf from before PDF signatures)",
+    EXIT_INTERNAL: "internal error (a bug: rerun with --debug, or CERTIFY_DEBUG=1, and report "
+                   "it)",
     EXIT_INTERRUPTED: "interrupted: records kept, rerun with --resume",
 }
 

@@ -13,6 +13,18 @@ Each check kind's part of the schema (its metrics) is generated from the check r
 (:data:`certify.checks.CHECKS`), so a new check declares its metrics next to its code and never
 edits this module. :func:`json_schema` is the versioned JSON Schema that ``certify schema``
 prints; :func:`parse_result` checks a parsed ``results.json`` against it.
+
+What the card and ``certify compare`` read about a row besides its figures is typed here too,
+written by the engine where it decides: ``settled`` (what keeps a figure from being final: a
+random draw, a search or an attack that had not converged, a stalled attack, a failed
+binarization test, black-box evidence short of its floor) and ``decided_by`` (the rule that made
+the status: the interval rule's three outcomes, the point rule, what stopped a pass). ``details``
+stays the evidence, and ``decision`` the sentence a reader sees; neither is parsed.
+
+Older formats: ``certify.results/2`` (written before issue 38, without those typed fields) is
+read with ``parse_result(doc, older=True)`` through :func:`_read_v2`, which derives them from the
+details and decision sentences the way certify read them then; ``certify.results/1`` is refused
+with a message that says what to do.
 """
 
 from __future__ import annotations
@@ -25,12 +37,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
 
 from certify.checks import CHECKS
+from certify.checks.base import Settlement
 from certify.errors import CertifyError
 
 #: The schema version this certify writes and reads.
-SCHEMA = "certify.results/2"
+SCHEMA = "certify.results/3"
+#: Older schema versions this certify can still read (``parse_result(doc, older=True)``).
+OLDER_SCHEMAS = ("certify.results/2",)
 #: Older schema versions: recognised, so that the error can say what to do.
-OLD_SCHEMAS = ("certify.results/1",)
+OLD_SCHEMAS = ("certify.results/1", *OLDER_SCHEMAS)
 
 #: A check's status. SKIPPED: not evaluated on this model (the reason is its ``decision``).
 Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR", "INFO", "SKIPPED"]
@@ -80,6 +95,41 @@ class Outcomes(_Strict):
         default_factory=dict, description="per-sample values, in the order of `selected`")
 
 
+#: The rule that made a status (:class:`DecidedBy`).
+Rule = Literal[
+    "interval_within",     # the metric's whole 95% interval meets the threshold
+    "interval_outside",    # its whole interval misses it (wholly outside / below / above)
+    "interval_straddles",  # the interval straddles it: INCONCLUSIVE
+    "point_meets",         # the point estimate meets it (point rule, or no interval)
+    "point_misses",        # the point estimate misses it
+    "not_a_number",        # the metric is NaN or infinite: INCONCLUSIVE
+    "no_threshold",        # informational (INFO, or WARN with warnings)
+    "random_draw",         # a random draw beside an attack of the same bound, which decides
+    "error",               # the check could not complete
+    "skipped",             # not evaluated on this model
+]
+#: What stopped a threshold that was met from passing (:class:`DecidedBy`).
+Stop = Literal[
+    "warning",          # a warning (the row's own, or a rule across checks)
+    "sample_errors",    # samples left out for non-finite model outputs
+    "no_support",       # a threat model: no attack of it PASSed on its own
+    "errored_attack",   # a threat model: an attack of it produced no result
+]
+
+
+class DecidedBy(_Strict):
+    """Why a row's status is what it is, as the engine decided it: the rule, what stopped a
+    pass, and the clause that says why in words (the card's "why" and ``compare`` read these,
+    never the ``decision`` sentence)."""
+
+    rule: Rule
+    stopped: list[Stop] = Field(default_factory=list,
+                                description="what stopped a met threshold from passing")
+    reason: str = Field(
+        default="", description="for a straddling interval, what would decide it (or why more "
+        "samples would not); for a stopped pass, the first thing that stopped it; else empty")
+
+
 class CheckResult(_Strict):
     """One check's typed result; each check kind's subclass (:func:`check_result_model`) adds
     ``metrics``, validated against the metrics the kind declares."""
@@ -98,6 +148,8 @@ class CheckResult(_Strict):
     sample_errors: int = Field(0, description="samples whose model output was not finite")
     queries: CheckQueries
     outcomes: Outcomes | None
+    settled: Settlement = Field(description="what keeps the figure from being final")
+    decided_by: DecidedBy = Field(description="the rule that made the status")
 
     if TYPE_CHECKING:
         # Declared by each kind's subclass: a model of the metrics that kind declares (or None
@@ -299,6 +351,8 @@ class WorstCase(_Strict):
     broken_by: dict[str, int] = Field(default_factory=dict,
                                       description="samples each attack broke, on these n")
     warnings: list[str] = Field(default_factory=list)
+    decided_by: DecidedBy = Field(default_factory=lambda: DecidedBy(rule="no_threshold"),
+                                  description="the rule that made the status")
 
 
 class RunMeasurement(BaseModel):
@@ -371,15 +425,22 @@ def _known_kinds(doc: dict[str, Any]) -> None:
                               hint="made by a newer certify? upgrade certify to read it")
 
 
-def parse_result(doc: Any) -> RunResult:
-    """A typed :class:`RunResult` from a parsed ``results.json`` (raises SchemaError)."""
+def parse_result(doc: Any, *, older: bool = False) -> RunResult:
+    """A typed :class:`RunResult` from a parsed ``results.json`` (raises SchemaError).
+
+    ``older``: also read the formats of :data:`OLDER_SCHEMAS`, through :func:`_read_v2`. The
+    typed result of an older document is a reading of it (its ``schema`` stays the older one),
+    not its bytes: what was signed is the document as it was written.
+    """
     if not isinstance(doc, dict):
         raise SchemaError("the results are not a JSON object", hint="not a certify results file")
     version = doc.get("schema")
-    if version in OLD_SCHEMAS:
+    if older and version in OLDER_SCHEMAS:
+        doc = _read_v2(doc)
+    elif version in OLD_SCHEMAS:
         raise SchemaError(f"results schema {version!r} is from an older certify; this one "
                           f"reads {SCHEMA!r}", hint="rerun the suite with this certify")
-    if version != SCHEMA:
+    elif version != SCHEMA:
         raise SchemaError(f"unknown results schema version {version!r} (this certify reads "
                           f"{SCHEMA!r})", hint="use the certify version that wrote it")
     _known_kinds(doc)
@@ -388,8 +449,91 @@ def parse_result(doc: Any) -> RunResult:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise SchemaError(f"results do not follow {SCHEMA}: {where}: {first['msg']}",
+        raise SchemaError(f"results do not follow {version}: {where}: {first['msg']}",
                           hint="the file was altered or written by another tool") from None
+
+
+# --- the older format certify.results/2 ------------------------------------------------------
+# Written before issue 38: what keeps a figure from being final and why a status was decided
+# were not typed fields then. Certify read them from ``details`` keys and decision sentences;
+# this section does the same, once, for documents of that format only. Nothing else parses a
+# decision sentence.
+
+def _read_v2(doc: dict[str, Any]) -> dict[str, Any]:
+    """OLDER FORMAT (``certify.results/2``): the document with the typed fields of
+    ``certify.results/3`` derived the way certify read them before issue 38: ``settled`` from
+    the ``details`` keys (``search_rounds``, ``convergence``, ``evidence``, ``binarization``),
+    ``decided_by`` from the ``decision`` sentences ("wholly outside", "straddles … (interval
+    rule): why", "; but …"). ``schema`` stays ``certify.results/2``; ``doc`` is not changed."""
+    measurement = doc.get("measurement")
+    if not isinstance(measurement, dict):
+        return doc
+
+    def details_of(c: dict[str, Any]) -> dict[str, Any]:
+        d = c.get("details")
+        return d if isinstance(d, dict) else {}
+
+    def settled(d: dict[str, Any]) -> dict[str, Any]:
+        rounds, conv = d.get("search_rounds"), d.get("convergence")
+        ev, bt = d.get("evidence"), d.get("binarization")
+        rounds = rounds if isinstance(rounds, dict) else None
+        ev = ev if isinstance(ev, dict) else {}
+        return {
+            "random_draw": rounds is not None and rounds.get("searched") is False,
+            "search_converged": (bool(rounds.get("converged"))
+                                 if rounds is not None and rounds.get("searched", True)
+                                 else None),
+            "attack_converged": (bool(conv.get("converged", True)) if isinstance(conv, dict)
+                                 else None),
+            "stalled": bool(ev.get("stalled")),
+            "binarization_failed": isinstance(bt, dict) and bt.get("trusted") is False,
+            "short_of_floor": bool(ev.get("short_of_pass")),
+        }
+
+    def decided_by(status: Any, decision: Any, warnings: Any) -> dict[str, Any]:
+        text = decision if isinstance(decision, str) else ""
+        rule: str
+        reason = ""
+        if status in ("ERROR", "SKIPPED"):
+            rule = status.lower()
+        elif text.startswith("informational: "):
+            rule = "random_draw"
+            reason = "the attack row" + text.split("the attack row", 1)[-1].split(" (by ")[0]
+        elif any(f"wholly {w}" in text for w in ("outside", "below", "above")):
+            rule = "interval_outside"
+        elif "straddles" in text:
+            rule = "interval_straddles"
+            reason = text.split("): ", 1)[-1]
+        elif "wholly within" in text:
+            rule = "interval_within"
+        elif "is not a number" in text:
+            rule = "not_a_number"
+        elif " does not meet " in text or " misses robust_accuracy" in text:
+            rule = "point_misses"
+        elif " meets " in text:
+            rule = "point_meets"
+        else:
+            rule = "no_threshold"
+        stopped = [stop for stop, words in (
+            ("warning", "a warning stops it from passing"), ("warning", "; but check "),
+            ("warning", "gradient masking suspected"), ("sample_errors", "non-finite outputs"),
+            ("errored_attack", "produced no result"),
+            ("no_support", "PASSed on its own")) if words in text and status != "PASS"]
+        if "a warning stops it from passing" in text and warnings:
+            reason = str(warnings[0])
+        elif stopped and "; but " in text:
+            reason = text.split("; but ", 1)[1]
+        return {"rule": rule, "stopped": list(dict.fromkeys(stopped)), "reason": reason}
+
+    checks = [c if not isinstance(c, dict) else {
+        **c, "settled": settled(details_of(c)),
+        "decided_by": decided_by(c.get("status"), c.get("decision"), c.get("warnings"))}
+        for c in measurement.get("checks") or []]
+    worst = [w if not isinstance(w, dict) else {
+        **w, "decided_by": decided_by(w.get("status"), w.get("decision"), w.get("warnings"))}
+        for w in measurement.get("attack_worst_case") or []]
+    return {**doc, "measurement": {**measurement, "checks": checks,
+                                   "attack_worst_case": worst}}
 
 
 def json_schema() -> dict[str, Any]:

@@ -5,8 +5,9 @@
 #                                  libraries (card.pdf) on Debian/Ubuntu, a virtual environment in
 #                                  .venv, certify installed into it (editable)
 #   bash scripts/setup.sh --test   that, plus what the tests need (scripts/test.sh runs this):
-#                                  poppler-utils, Chromium, PostgreSQL, certify's [test] extra and
-#                                  MLServer in its own environment (.venv-mlserver)
+#                                  poppler-utils, libnss3-tools, Chromium, PostgreSQL, certify's
+#                                  [test] extra and MLServer in its own environment
+#                                  (.venv-mlserver)
 #
 # certify itself needs no set-up script: `pip install .` installs it and its Python dependencies.
 # Where WeasyPrint's libraries are missing (no apt-get here, or not installed), `certify demo` and
@@ -22,10 +23,11 @@ case "${1:-}" in
 esac
 
 # WeasyPrint's libraries (keep in step with certify/report/weasy.py's PDF_PACKAGES); for the
-# tests also poppler-utils (pdftoppm/pdftotext), Chromium for the card and web UI tests, and
+# tests also poppler-utils (pdftoppm/pdftotext, pdfsig), libnss3-tools (certutil: an NSS database
+# that trusts a card's certificate, for pdfsig), Chromium for the card and web UI tests, and
 # PostgreSQL for the service's tests (each test starts its own cluster)
 debs=(libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz-subset0 fonts-dejavu-core)
-((tests)) && debs+=(poppler-utils chromium postgresql)
+((tests)) && debs+=(poppler-utils libnss3-tools chromium postgresql)
 if command -v dpkg-query >/dev/null && command -v apt-get >/dev/null; then
   missing=()
   for p in "${debs[@]}"; do

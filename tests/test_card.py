@@ -138,18 +138,20 @@ def test_tampered_html_fails(demo_card, keys, tmp_path):
     proc = _verify_edited(demo_card, keys, tmp_path, "card.html",
                           lambda t: _change_a_digit(t, '"robustness_score":'))
     assert proc.returncode == 1, proc.stdout
-    assert "the measurement changed after signing" in proc.stderr
+    # the raw payload's digest is compared before the payload is parsed
+    assert "the signed payload changed after signing" in proc.stderr
 
 
 @pytest.mark.parametrize("part, key", [("measurement", '"n_evaluated":'),
                                        ("provenance", '"total_s":')])
-def test_one_changed_byte_names_the_part(demo_card, keys, tmp_path, part, key):
+def test_one_changed_byte_is_caught_before_parsing(demo_card, keys, tmp_path, part, key):
+    """A byte changed in either part fails on the raw payload's digest: the payload is not
+    parsed, so no part is named (statements of certify.signed-results/1 still name it)."""
     proc = _verify_edited(demo_card, keys, tmp_path, "results.json",
                           lambda t: _change_a_digit(t, key))
     assert proc.returncode == 1, proc.stdout
-    other = "provenance" if part == "measurement" else "measurement"
-    assert f"the {part} changed after signing" in proc.stderr
-    assert other not in proc.stderr.split("hint")[0]
+    assert "the signed payload changed after signing" in proc.stderr
+    assert part not in proc.stderr.split("hint")[0]
 
 
 def test_changed_signature_is_not_reported_as_a_changed_payload(demo_card, keys, tmp_path):
@@ -212,7 +214,8 @@ def test_pdf_pages_from_another_run_fail(demo_card, keys, tmp_path, model_path, 
         writer.write(f)
     proc = builders.run_cli("verify", out, "--pubkey", keys[1])
     assert proc.returncode == 1, proc.stdout
-    assert "pages' text is not what the signed payload says" in proc.stderr
+    # the other run's PDF is unsigned: no PDF signature covers these pages
+    assert "carries no PDF signature" in proc.stderr
 
 
 def test_tampered_results_json_fails(demo_card, keys, tmp_path):
@@ -227,7 +230,7 @@ def test_tampered_results_json_fails(demo_card, keys, tmp_path):
     shutil.copy(demo_card / "results.json", p)
     p.write_text(p.read_text().replace("\n", "\r\n", 1))
     proc = builders.run_cli("verify", p, "--pubkey", keys[1])
-    assert proc.returncode == 1 and "reformatted" in proc.stderr
+    assert proc.returncode == 1 and "changed after signing" in proc.stderr
 
 
 def test_tampered_pdf_attachment_fails(demo_card, keys, tmp_path):
@@ -249,7 +252,7 @@ def test_tampered_pdf_attachment_fails(demo_card, keys, tmp_path):
     assert PdfReader(str(out)).attachments["results.json"][0] == canonical_json(payload)
     proc = builders.run_cli("verify", out, "--pubkey", keys[1])
     assert proc.returncode == 1
-    assert "changed after signing" in proc.stderr
+    assert "does not cover the whole file" in proc.stderr  # the PDF signature, checked first
 
 
 def test_unsigned_card_does_not_verify(keys, tmp_path, model_path, npz_path, clean_suite):
@@ -327,7 +330,7 @@ def test_schema_is_printed_and_the_demo_results_follow_it(demo_run):
     proc = builders.run_cli("schema")
     assert proc.returncode == 0, proc.stderr
     schema = json.loads(proc.stdout)
-    assert schema["properties"]["schema"]["const"] == "certify.results/2"
+    assert schema["properties"]["schema"]["const"] == "certify.results/3"
     doc = json.loads((demo_run / "results.json").read_text())
     jsonschema.validate(doc, schema)
     # each kind's metrics are generated from its registry entry: an undeclared one is refused

@@ -84,30 +84,41 @@ def test_demo_pdf_main_body_is_four_pages_with_legible_figure_and_short_rows(dem
                                             PdfReader(demo_run / "card.pdf").pages[:3])
 
 
-def _c(id, kind, status, value, threshold, warnings=(), decision="", metric=None):
+def _c(id, kind, status, value, threshold, warnings=(), decision="", metric=None,
+       rule="interval_within", reason=""):
+    from certify.results import DecidedBy
+
     metric = metric or {"attack": "robust_accuracy"}.get(kind, "robustness_score")
     thr = None if threshold is None else SimpleNamespace(
         metric=metric, min=threshold, max=None, text=f"{metric} ≥ {threshold}", rule="interval")
     return SimpleNamespace(id=id, kind=kind, status=status, metrics={metric: value},
                            intervals={metric: [value - 0.02, value + 0.02]}, threshold=thr,
                            warnings=list(warnings), decision=decision, error=None,
-                           sample_errors=0, details={})
+                           sample_errors=0, details={},
+                           decided_by=DecidedBy(rule=rule, reason=reason))
 
 
 def test_findings_put_the_most_severe_first_then_the_farthest_from_its_threshold():
     checks = [
         _c("rotation", "corruption", "WARN", 0.85, 0.8, ["the search stopped early; more"]),
-        _c("blur", "corruption", "FAIL", 0.75, 0.8, decision="x lies wholly outside y"),
+        _c("blur", "corruption", "FAIL", 0.75, 0.8, decision="x lies wholly outside y",
+           rule="interval_outside"),
         _c("grayscale", "corruption", "INCONCLUSIVE", 0.79, 0.8,
            decision="robustness_score = 0.79 (95% interval …) straddles it (interval rule): "
-                    "about 464 samples would decide"),
-        _c("sticker", "corruption", "FAIL", 0.02, 0.6, decision="lies wholly outside"),
+                    "about 464 samples would decide", rule="interval_straddles",
+           reason="about 464 samples would decide"),
+        _c("sticker", "corruption", "FAIL", 0.02, 0.6, decision="lies wholly outside",
+           rule="interval_outside"),
         _c("hue", "corruption", "PASS", 0.99, 0.8),
-        _c("square_linf", "attack", "FAIL", 0.13, 0.5, decision="lies wholly outside"),
+        _c("square_linf", "attack", "FAIL", 0.13, 0.5, decision="lies wholly outside",
+           rule="interval_outside"),
     ]
+    from certify.results import DecidedBy
+
     worst = [SimpleNamespace(norm="linf", epsilon=8 / 255, attacks=["square_linf"], n=100,
                              robust_accuracy=0.13, interval=[0.08, 0.21], threshold=0.5,
-                             status="FAIL", warnings=[], decision="lies wholly below")]
+                             status="FAIL", warnings=[], decision="lies wholly below",
+                             decided_by=DecidedBy(rule="interval_outside"))]
     found = card_mod.findings(checks, worst)
     # FAILs first, farthest from the threshold first (sticker 58 points, L∞ 37, blur 5);
     # the attack row is evidence for its threat model's row, which stands for it

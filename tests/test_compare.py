@@ -91,6 +91,7 @@ def _result(correct: np.ndarray, selected: np.ndarray, *, seed: int = 0, data: s
         "sample_errors": 0, "queries": {"total": m, "mean_per_sample": 1.0, "reference": 0},
         "outcomes": {"n": n, "selected": pack_bits(selected),
                      "bits": {"correct": pack_bits(correct & selected)}, "values": {}},
+        "settled": {}, "decided_by": {"rule": "interval_within"},
     }
     return _doc([check], n, seed=seed, data=data, suite=suite, reference=reference)
 
@@ -98,7 +99,7 @@ def _result(correct: np.ndarray, selected: np.ndarray, *, seed: int = 0, data: s
 def _doc(checks: list[dict], n: int, *, seed: int = 0, data: str = "d1", suite: str = "s1",
          reference: str | None = None) -> dict:
     ref = None if reference is None else {**_MODEL, "identity": reference}
-    return {"schema": "certify.results/2", "measurement": {
+    return {"schema": "certify.results/3", "measurement": {
         "certify_version": "0", "suite": {"name": "s", "digest": suite, "description": "",
                                           "decision": "interval"},
         "model": _MODEL, "reference_model": ref,
@@ -237,7 +238,7 @@ def test_an_unconverged_old_attack_is_never_a_resolved_improvement():
     new = old.copy()
     new[200:300] = True
     a, b = _result(old, sel), _result(new, sel)
-    a["measurement"]["checks"][0]["details"] = {"convergence": {"converged": False}}
+    a["measurement"]["checks"][0]["settled"] = {"attack_converged": False}
     row = compare(parse_result(a), parse_result(b)).rows[0]
     assert row.converged_old is False and row.outcome == "non-inferior"
     assert "OLD's attack did not converge" in row.reason
@@ -249,7 +250,7 @@ def test_an_unconverged_old_attack_is_never_a_resolved_improvement():
     worse = old.copy()
     worse[:2] = False
     c = _result(worse, sel)
-    c["measurement"]["checks"][0]["details"] = {"convergence": {"converged": False}}
+    c["measurement"]["checks"][0]["settled"] = {"attack_converged": False}
     row = compare(parse_result(_result(old, sel)), parse_result(c), tolerance=50).rows[0]
     assert row.outcome == "inconclusive" and "NEW's attack did not converge" in row.reason
 
@@ -269,6 +270,7 @@ def _brittle(values: np.ndarray, selected: np.ndarray, interval_half: float = 0.
         "queries": {"total": 1, "mean_per_sample": 1.0, "reference": 0},
         "outcomes": {"n": len(selected), "selected": pack_bits(selected), "bits": {},
                      "values": {"l1_per_dim": [float(v) for v in values]}},
+        "settled": {}, "decided_by": {"rule": "interval_within"},
     }
 
 
@@ -317,6 +319,139 @@ def test_other_schemas_and_reference_models_are_not_comparable(tmp_path):
         load_run(path)
     with pytest.raises(NotComparable, match="reference model"):
         compare(parse_result(old), parse_result(_result(sel, sel, reference="sha256:r")))
+
+
+# --- threat models decide (issue 38) ---------------------------------------------------------
+
+def _attack(id: str, robust: np.ndarray, *, settled: dict | None = None) -> dict:
+    """An attack row at L∞ 8/255 over every sample, robust on ``robust`` (broken elsewhere)."""
+    from certify.checks import CHECKS
+
+    n, k = len(robust), int(robust.sum())
+    metrics = {m.name: 0 for m in CHECKS["attack"].metrics if not m.optional}
+    metrics.update(robust_accuracy=k / n, attack_success_rate=1 - k / n, clean_accuracy=1.0,
+                   n=n, n_robust=k, n_broken=n - k)
+    everything = np.ones(n, dtype=bool)
+    return {
+        "id": id, "kind": "attack", "params": {"attack": id, "epsilon": 8 / 255},
+        "threshold": {"metric": "robust_accuracy", "min": 0.5, "max": None,
+                      "text": "robust_accuracy ≥ 0.5", "rule": "interval"},
+        "budget": None, "status": "PASS", "decision": "d", "metrics": metrics,
+        "intervals": {"robust_accuracy": [0.0, 1.0]}, "details": {}, "warnings": [],
+        "error": None, "sample_errors": 0,
+        "queries": {"total": n, "mean_per_sample": 1.0, "reference": 0},
+        "outcomes": {"n": n, "selected": pack_bits(everything),
+                     "bits": {"robust": pack_bits(robust), "broken": pack_bits(~robust)},
+                     "values": {}},
+        "settled": settled or {"attack_converged": True},
+        "decided_by": {"rule": "interval_within"},
+    }
+
+
+def _threat_doc(a: np.ndarray, b: np.ndarray, settled_b: dict | None = None) -> dict:
+    """Two attacks of one threat model (L∞ 8/255) and its worst-case row."""
+    from certify.stats import wilson_interval
+
+    doc = _doc([_attack("a", a), _attack("b", b, settled=settled_b)], len(a))
+    k = int((a & b).sum())
+    doc["measurement"]["attack_worst_case"] = [{
+        "norm": "linf", "epsilon": 8 / 255, "attacks": ["a", "b"], "n": len(a),
+        "robust_accuracy": k / len(a), "n_robust": k,
+        "interval": list(wilson_interval(k, len(a))), "threshold": 0.5, "status": "PASS",
+        "decision": "d", "support": ["a", "b"], "white_box": [], "transfer": [],
+        "broken_by": {"a": int((~a).sum()), "b": int((~b).sum())}, "warnings": [],
+        "decided_by": {"rule": "interval_within"}}]
+    return doc
+
+
+def test_the_threat_model_row_decides_and_its_attack_rows_are_evidence():
+    """Each attack alone keeps its robust accuracy (a: the same samples; b: as many, others),
+    but the samples robust to both fell from 300 to 200 of 400: the threat model that decides
+    the card regressed, which attack rows alone would have called no regression."""
+    n = 400
+    a = np.zeros(n, dtype=bool)
+    a[:300] = True
+    b_new = np.zeros(n, dtype=bool)
+    b_new[100:] = True
+    old, new = parse_result(_threat_doc(a, a)), parse_result(_threat_doc(a, b_new))
+    cmp = compare(old, new, tolerance=10)
+    (tm,) = cmp.threat_models
+    assert tm.id == "threat model L∞ 8/255" and tm.attacks == ["a", "b"]
+    assert tm.paired and tm.discordant == {"worse": 100, "better": 0}
+    assert (tm.old_value, tm.new_value) == (0.75, 0.5) and tm.outcome == "regression"
+    rows = {r.id: r for r in cmp.rows}
+    assert {r.role for r in rows.values()} == {"evidence"}
+    assert {r.evidence_for for r in rows.values()} == {tm.id}
+    assert rows["a"].outcome == "no change" and rows["b"].outcome == "non-inferior"
+    assert cmp.exit_code == EXIT_FAIL and [r.id for r in cmp.regressions] == [tm.id]
+    # the export carries the threat-model rows (and marks the attack rows as evidence)
+    doc = cmp.to_json()
+    assert doc["schema"] == "certify.compare/2" and doc["regressions"] == [tm.id]
+    (row,) = doc["threat_models"]
+    assert row["id"] == tm.id and row["outcome"] == "regression" and row["paired"]
+    assert row["change"] == pytest.approx(-0.25) and row["change_interval"][1] < -0.1
+    assert all(c["role"] == "evidence" for c in doc["checks"])
+    from certify.ci_action import comparison_lines
+
+    lines = comparison_lines(json.loads(json.dumps(doc)))
+    assert any(line.startswith("| threat model L∞ 8/255 |") and "| regression |" in line
+               for line in lines), lines
+    assert any(line.startswith("| b |") and "evidence for threat model" in line
+               for line in lines), lines
+    # the attack rows alone (no threat-model row) would have let it through
+    alone = [_threat_doc(a, a), _threat_doc(a, b_new)]
+    for d in alone:
+        d["measurement"]["attack_worst_case"] = []
+    assert compare(*map(parse_result, alone), tolerance=10).exit_code == EXIT_OK
+
+
+def test_a_threat_model_converged_only_when_all_its_attacks_did():
+    """NEW's attack b did not converge (read from its typed ``settled``, not its details):
+    the threat model's worst case is an overestimate, so a small drop within a wide tolerance
+    is not shown non-inferior."""
+    n = 400
+    a = np.zeros(n, dtype=bool)
+    a[:300] = True
+    worse = a.copy()
+    worse[:3] = False
+    old = parse_result(_threat_doc(a, a))
+    new_doc = _threat_doc(a, worse, settled_b={"attack_converged": False})
+    # the evidence in details says the opposite: only the typed field is read
+    new_doc["measurement"]["checks"][1]["details"] = {"convergence": {"converged": True}}
+    tm = compare(old, parse_result(new_doc), tolerance=20).threat_models[0]
+    assert tm.converged_old is True and tm.converged_new is False
+    assert tm.outcome == "inconclusive" and "did not all converge" in tm.reason
+    converged = compare(old, parse_result(_threat_doc(a, worse)), tolerance=20)
+    assert converged.threat_models[0].outcome == "non-inferior"
+    assert converged.exit_code == EXIT_OK and converged.decision == "NON-INFERIOR"
+
+
+@pytest.mark.parametrize(("which", "code", "badge"), [
+    ("same", EXIT_OK, "NO CHANGE"), ("drop", EXIT_FAIL, "REGRESSION"),
+    ("small", EXIT_INCONCLUSIVE, "INCONCLUSIVE"),
+])
+def test_the_comparison_card_s_badge_follows_the_decision(which, code, badge):
+    import re
+
+    from certify.report.comparison import render_html
+
+    n = 1000
+    old = np.zeros(n, dtype=bool)
+    old[:900] = True
+    new = old.copy()
+    new[:{"same": 0, "drop": 20, "small": 2}[which]] = False
+    sel = np.ones(n, dtype=bool)
+    cmp = compare(parse_result(_result(old, sel)), parse_result(_result(new, sel)))
+    assert cmp.exit_code == code
+    html = render_html(cmp)
+    shown = re.search(r'<p id="compare-decision"><span class="verdict (\w+)" '
+                      r'data-exit-code="(\d)">([A-Z -]+)</span>', html)
+    assert shown is not None, html[:2000]
+    assert shown.group(3) == badge and int(shown.group(2)) == code
+    assert shown.group(1) == {"NO CHANGE": "PASS", "REGRESSION": "FAIL",
+                              "INCONCLUSIVE": "INCONCLUSIVE"}[badge]
+    if code != EXIT_FAIL:  # no red REGRESSION badge without a regression
+        assert cmp.to_json()["regressions"] == [] and "REGRESSION</span>" not in html
 
 
 # --- the command on the tiny model ---------------------------------------------------------------
@@ -418,6 +553,46 @@ def test_a_clearly_weaker_model_is_a_resolved_regression(runs, tmp_path):
     doc = json.loads(back.stdout)
     assert doc["regressions"] == []
     assert next(r for r in doc["checks"] if r["id"] == "clean")["outcome"] == "improvement"
+
+
+def test_a_narrow_terminal_gets_one_block_per_row_within_80_columns(runs):
+    proc = builders.run_cli("compare", runs["base"], runs["weak"], env={"COLUMNS": "80"})
+    assert proc.returncode == EXIT_FAIL, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, [x for x in lines if len(x) > 80]
+    # one block per row, the threat models' first: each row's name on a line of its own
+    text = proc.stdout
+    assert text.index("Threat models (they decide)") < text.index("Checks")
+    assert "threat model L∞ 0.03 (gate)" in lines and "clean (gate)" in lines
+    assert "square (evidence for threat model L∞ 0.03)" in lines
+    assert "decision: REGRESSION" in lines and "  result: regression" in lines
+    wide = builders.run_cli("compare", runs["base"], runs["weak"])  # COLUMNS=200: a table
+    assert "┃" in wide.stdout and "Threat models (they decide)" not in wide.stdout
+
+
+def test_the_engine_writes_what_keeps_a_row_unsettled_and_why_it_was_decided(runs):
+    """The typed fields beside the evidence: the attack's and the search's convergence as the
+    check found it, and the rule that made each status (issue 38)."""
+    from certify.results import parse_result as parse
+
+    result = parse(json.loads((runs["base"] / "results.json").read_text()))
+    by_id = {c.id: c for c in result.checks}
+    square, noise, clean = by_id["square"], by_id["noise"], by_id["clean"]
+    conv = square.details["convergence"]
+    assert square.settled.attack_converged is conv["converged"]
+    assert square.settled.short_of_floor is bool(square.details["evidence"]["short_of_pass"])
+    assert square.settled.short_of_floor  # 20 queries: far below Square's floor
+    assert noise.settled.search_converged is noise.details["search_rounds"]["converged"]
+    assert clean.settled.converged() is None and not clean.settled.random_draw
+    for c in result.checks:  # every status has its rule, consistent with it
+        assert c.decided_by.rule in {"PASS": {"interval_within", "point_meets"},
+                                     "WARN": {"interval_within", "point_meets"},
+                                     "FAIL": {"interval_outside", "point_misses"},
+                                     "INCONCLUSIVE": {"interval_straddles", "not_a_number",
+                                                      "interval_within"}}[c.status], c
+        assert (c.status == "WARN") == ("warning" in c.decided_by.stopped), c
+    (w,) = result.measurement.attack_worst_case
+    assert w.decided_by.rule in ("interval_within", "interval_outside", "interval_straddles")
 
 
 def test_a_check_that_errored_is_not_compared_and_the_summary_says_so():

@@ -35,7 +35,15 @@ def test_a_previous_release_card_is_compared_on_the_checks_both_measure_alike(tm
     proc = builders.run_cli("compare", HERE / "results.json", out, "--json",
                             tmp_path / "cmp.json")
     assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
-    rows = {r["id"]: r for r in json.loads((tmp_path / "cmp.json").read_text())["checks"]}
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    rows = {r["id"]: r for r in doc["checks"]}
+    # the threat model decides (issue 38), read from the older format's worst-case row and
+    # its attack's per-sample outcomes: the same samples robust, paired
+    (spatial,) = doc["threat_models"]
+    assert spatial["id"] == "threat model spatial" and spatial["attacks"] == ["spatial_grid"]
+    assert spatial["outcome"] == "no change" and spatial["paired"], spatial
+    assert rows["spatial_grid"]["role"] == "evidence"
+    assert doc["old"]["results_schema"] == "certify.results/2"
     # measured alike by both releases, on the same samples and seeds: identical outcomes
     for same in ("clean", "spatial_grid", "rotation+brightness"):
         assert rows[same]["outcome"] == "no change", (same, rows[same])

@@ -142,13 +142,16 @@ def test_at_least_ten_repeats_by_default_and_fewer_are_refused():
 
 def _results(sanity_share: float, attack_status: str, order: str):
     """The two checks' typed results (in ``order``) and the sanity check's measurement."""
+    from certify.results import DecidedBy
+
     sanity = check_result_model("sanity").model_construct(
         id="sanity", kind="sanity", status="WARN" if sanity_share else "INFO", warnings=[],
-        decision="no threshold (informational)")
+        decision="no threshold (informational)", decided_by=DecidedBy(rule="no_threshold"))
     attack = check_result_model("attack").model_construct(
         id="square", kind="attack", status=attack_status, warnings=[],
         decision="robust_accuracy = 0.9 (95% interval 0.8–0.95) lies wholly within "
-                 "robust_accuracy ≥ 0.5 (interval rule)")
+                 "robust_accuracy ≥ 0.5 (interval rule)",
+        decided_by=DecidedBy(rule="interval_within"))
     measured = {"sanity": Measurement(metrics={"nondeterministic_share": sanity_share})}
     return ([sanity, attack] if order == "sanity-first" else [attack, sanity]), measured
 

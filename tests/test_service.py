@@ -85,6 +85,7 @@ def test_submit_wait_download_and_verify_against_the_log(
     with (out / "card.html").open("rb") as f:
         doc = service.post("/verify", files={"file": ("card.html", f)}).json()
     assert doc["valid"] is True and doc["in_log"] is True and doc["verdict"] == "PASS"
+    _pdf_signature_is_the_service_s(service, out / "card.pdf", tmp_path)
     # issue 28 item 6: the card names its run (signed provenance), and submit checked it
     run_id = results["provenance"]["service"]["run_id"]
     # item 10: names, never the server's paths, in the signed card
@@ -94,6 +95,32 @@ def test_submit_wait_download_and_verify_against_the_log(
     assert doc["run_id"] == doc["log_run_id"] == run_id
     assert f"the card is run {run_id}'s and measured standard.onnx (sha256:" in r.stderr
     assert f", run {run_id}" in v.stdout
+
+
+def _pdf_signature_is_the_service_s(service: Service, card: Path, tmp_path: Path) -> None:
+    """Issue 38: the service's card.pdf carries a PAdES signature by the certificate it
+    publishes (for its own key): the service's verify route and pdfsig, given an NSS database
+    that trusts that certificate, accept it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from pdf_tools import CERTUTIL, PDFSIG, accepted_by_pdfsig, pdfsig, trusting_nss
+
+    r = service.get("/certificate")
+    assert r.status_code == 200, r.text
+    cert = x509.load_pem_x509_certificate(r.text.encode())
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    assert cert.public_key().public_bytes(serialization.Encoding.PEM, spki).decode() \
+        == service.get("/key").text
+    assert (service.home / "keys" / "service.crt").read_text() == r.text
+    with card.open("rb") as f:
+        doc = service.post("/verify", files={"file": ("card.pdf", f)}).json()
+    assert doc["valid"] is True and doc["in_log"] is True, doc
+    if PDFSIG is None or CERTUTIL is None:
+        pytest.skip("pdfsig and certutil come with scripts/setup.sh --test")
+    (tmp_path / "service.crt").write_text(r.text)
+    (tmp_path / "nss").mkdir()
+    sigs = pdfsig(card, trusting_nss(tmp_path / "nss", tmp_path / "service.crt"))
+    assert len(sigs) == 1 and accepted_by_pdfsig(sigs), sigs
 
 
 def test_a_card_moved_into_another_run_s_folder_is_caught(
@@ -273,6 +300,10 @@ def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
         db.execute("UPDATE log_entries SET leaf_hash = ? WHERE idx = ?",
                    (bytes(32), docs[0]["log_index"]))
         db.commit()
+        # the server reads each leaf once (issue 38): the rewrite is served from its next
+        # start, as a rogue operator's would be
+        service.stop()
+        service.start()
         r = _verify_log(card, service, state)
         assert r.returncode == 1 and "rewrote its history" in r.stderr, r.stdout + r.stderr
         # issue 28 item 7: the head is pinned by the log's key, not by the URL's spelling
@@ -335,6 +366,29 @@ def test_events_compare_uploads_and_query_budget(service: Service, inputs: tuple
         assert service.wait_run(i, other)["state"] == "done"
     c = service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other).json()
     assert c["exit_code"] == 0 and {row["id"] for row in c["checks"]} == {"clean", "noise"}
+    # issue 38: the sides are named by run id, never by the server's paths; another token's
+    # runs are not compared (404, as missing ones); stored results edited on disk are not
+    # compared (their signature fails) and the service logs it
+    assert (c["old"]["run_id"], c["new"]["run_id"]) == tuple(ids) and "path" not in c["old"]
+    text = json.dumps(c)
+    assert str(service.home) not in text and "/store/" not in text
+    r = service.get(f"/runs/{ids[0]}/compare/{ids[1]}", probe)
+    assert r.status_code == 404 and r.json()["detail"] == f"no run {ids[0]!r}"
+    from certify.service.job import OUT_DIR
+
+    stored = service.home / "store" / "runs" / ids[1] / OUT_DIR / "results.json"
+    original = stored.read_bytes()
+    edited = original.replace(b'"PASS"', b'"FAIL"', 1)
+    assert edited != original
+    stored.write_bytes(edited)
+    try:
+        r = service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other)
+        assert r.status_code == 500 and "fail their signature" in r.json()["detail"], r.text
+        assert service.get(f"/runs/{ids[1]}/card.html", other).status_code == 500
+        assert f"run {ids[1]}: the stored results.json fails its signature" in service.log()
+    finally:
+        stored.write_bytes(original)
+    assert service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other).json() == c
     # Uploads: deletable by their owner (not by another token) once no live run uses them.
     from certify.models.onnx import sha256_file
 

@@ -272,13 +272,18 @@ def test_quantised_scores_stop_score_based_attacks_from_passing_alone():
         {"id": "square", "kind": "attack", "params": {"attack": "square_linf"}},
         {"id": "apgd", "kind": "attack", "params": {"attack": "apgd_ce"}},
         {"id": "hsj", "kind": "attack", "params": {"attack": "hopskipjump"}}]}, "s.yaml")
+    from certify.results import DecidedBy
+
     make = check_result_model("attack").model_construct
-    results = [make(id=i, kind="attack", status="PASS", warnings=[], decision="d")
+    results = [make(id=i, kind="attack", status="PASS", warnings=[], decision="d",
+                    decided_by=DecidedBy(rule="interval_within"))
                for i in ("square", "apgd", "hsj")]
     out = no_score_based_pass_when_quantised(
         suite, results, {"sanity": Measurement(metrics={"quantised": 1.0})})
     assert [r.status for r in out] == ["WARN", "PASS", "PASS"]
     assert "cannot PASS on its own" in out[0].decision
+    # the stop is typed beside the sentence (issue 38): the card reads it, not the sentence
+    assert out[0].decided_by.stopped == ["warning"] and "quantised" in out[0].decided_by.reason
     same = no_score_based_pass_when_quantised(
         suite, results, {"sanity": Measurement(metrics={"quantised": 0.0})})
     assert [r.status for r in same] == ["PASS", "PASS", "PASS"]

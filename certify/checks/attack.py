@@ -43,6 +43,7 @@ from certify.checks.base import (
     Measurement,
     Metric,
     ResultView,
+    Settlement,
     interval_text,
     pct,
 )
@@ -1042,8 +1043,14 @@ class AttackCheck(Check[AttackRecord]):
             unsettled = "the attack has not converged: a stronger attack can only lower it"
         elif evidence and evidence["stalled"]:
             unsettled = "the attack stalled: a stronger attack can only lower it"
+        settled = Settlement(
+            attack_converged=None if not conv_doc else bool(conv_doc["converged"]),
+            stalled=bool(evidence and evidence["stalled"]),
+            binarization_failed=(details["binarization"] or {}).get("trusted") is False,
+            short_of_floor=bool(evidence and evidence["short_of_pass"]))
         return Measurement(metrics=metrics, intervals=intervals, details=details,
-                           warnings=warnings, images=sink.images, unsettled=unsettled)
+                           warnings=warnings, images=sink.images, unsettled=unsettled,
+                           settled=settled)
 
 
 def convergence(records: Sequence[AttackRecord], last_round: int, last_budget: int

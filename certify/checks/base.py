@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from certify.canonical import JSONLike
 from certify.data import Dataset
@@ -75,6 +76,46 @@ class ResultView(Protocol):
     def warnings(self) -> list[str]: ...
 
 
+class Settlement(BaseModel):
+    """Whether a check's figure is final, as the check found it when it summarised its records:
+    written by the engine beside ``details`` (the evidence) as the result's typed ``settled``
+    field, which the card (its summary and limitations) and ``certify compare`` read.
+
+    All false or null: a figure no stronger search can lower (a plain measurement, or an
+    exhaustive grid).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    random_draw: bool = Field(
+        default=False, description="a random draw, not a search for the worst case (an attack "
+        "at the same bound says what an adversary finds)")
+    search_converged: bool | None = Field(
+        default=None, description="a searched corruption property: whether its escalated "
+        "search converged (or was exhaustive) before its budget ran out; null: not a search")
+    attack_converged: bool | None = Field(
+        default=None, description="an attack: whether its last run converged; null: not "
+        "judged (not an attack, or a grid searched exhaustively)")
+    stalled: bool = Field(
+        default=False, description="a black-box attack whose last run stalled: the model's "
+        "outputs gave it no signal")
+    binarization_failed: bool = Field(
+        default=False, description="an attack that failed the binarization test: too weak to "
+        "trust its robust accuracy")
+    short_of_floor: bool = Field(
+        default=False, description="a black-box attack short of what a PASS on its own needs "
+        "(its query floor, two doubled rounds, the binarization test): evidence, not a PASS")
+
+    def converged(self) -> bool | None:
+        """Whether the figure's search converged: ``False`` when a search or an attack had not
+        (or stalled), ``True`` when one did, ``None`` for a figure that is not a search."""
+        if self.search_converged is False or self.attack_converged is False or self.stalled:
+            return False
+        if self.search_converged or self.attack_converged:
+            return True
+        return None
+
+
 @dataclass
 class Measurement:
     """What a check measured: headline metrics, their intervals, and detail for the card.
@@ -92,6 +133,8 @@ class Measurement:
     #: Why more samples would not settle an interval that straddles the threshold (e.g. an
     #: attack that has not converged); None when they would.
     unsettled: str | None = None
+    #: What keeps the figure from being final (the result's typed ``settled`` field).
+    settled: Settlement = field(default_factory=lambda: Settlement())
 
 
 @dataclass

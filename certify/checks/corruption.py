@@ -46,6 +46,7 @@ from certify.checks.base import (
     Measurement,
     Metric,
     ResultView,
+    Settlement,
     interval_text,
     pct,
 )
@@ -572,6 +573,9 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
             warnings=warnings,
             images=sink.images,
             unsettled=unsettled,
+            settled=Settlement(random_draw=not self.searched(),
+                               search_converged=bool(state["converged"]) if self.searched()
+                               else None),
         )
 
     def _examples(self, apply: Apply, records: list[CorruptionRecord], data: Dataset,

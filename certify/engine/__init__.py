@@ -22,10 +22,10 @@ from certify.engine.local import (
 )
 from certify.engine.records import ROUND_SEP, SUBSET_KEY, round_key
 from certify.engine.run import SuiteOutcome, check_seed, run_fingerprint, run_suite
-from certify.engine.verdicts import decide
+from certify.engine.verdicts import Verdict, decide, judge
 
 __all__ = ["CPU_BATCH_BYTES", "HTTP_LANES_PER_REQUEST", "NON_FINITE", "ROUND_SEP", "SUBSET_KEY",
-           "Batch", "Executor", "LocalExecutor", "SuiteOutcome", "attack_worst_case",
-           "check_seed", "cpu_batch_size", "decide", "lane_batches", "local_lanes",
+           "Batch", "Executor", "LocalExecutor", "SuiteOutcome", "Verdict", "attack_worst_case",
+           "check_seed", "cpu_batch_size", "decide", "judge", "lane_batches", "local_lanes",
            "no_attack_passes_when_randomised", "outcomes_doc", "round_key",
            "run_batch_isolating", "run_fingerprint", "run_suite"]

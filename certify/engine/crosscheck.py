@@ -14,7 +14,7 @@ from certify.canonical import JSONLike, normalize
 from certify.checks import AttackCheck, Corruption, Measurement, Sanity
 from certify.checks.base import pct
 from certify.checks.corruption import RANDOM_PIXEL_NORMS
-from certify.results import CheckResult, WorstCase
+from certify.results import CheckResult, DecidedBy, WorstCase
 from certify.rundir import SampleRecord
 from certify.stats import samples_to_decide, wilson_interval
 from certify.suite import CheckSpec, Suite
@@ -60,7 +60,10 @@ def _no_pass(results: list[CheckResult], ids: set[str], why: str, rule: str
         if r.id in ids and r.status not in ("ERROR", "SKIPPED"):
             update: dict[str, object] = {"warnings": [*r.warnings, why]}
             if r.status == "PASS":
-                update.update(status="WARN", decision=r.decision + f"; but {why}: {rule}")
+                update.update(status="WARN", decision=r.decision + f"; but {why}: {rule}",
+                              decided_by=r.decided_by.model_copy(
+                                  update={"stopped": [*r.decided_by.stopped, "warning"],
+                                          "reason": why}))
             r = r.model_copy(update=update)
         out.append(r)
     return out
@@ -180,7 +183,8 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
             "warnings": warnings, "support": support,
             "decision": "no robust_accuracy threshold among this threat model's attack rows "
                         "(informational)" + (f"; warnings on {', '.join(warned)}"
-                                             if warned else "")})
+                                             if warned else ""),
+            "decided_by": DecidedBy(rule="no_threshold")})
     t = max(mins)
     said = (f"worst case over {len(row.attacks)} attack(s) {pct(value)} "
             f"(95% interval {pct(lo)}–{pct(hi)}, n {row.n})")
@@ -188,40 +192,53 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
         status = "PASS" if value >= t else "FAIL"
         said += f" {'meets' if status == 'PASS' else 'misses'} robust_accuracy ≥ {t:g} " \
                 "(point rule; the strictest threshold of its attack rows)"
+        why = DecidedBy(rule="point_meets" if status == "PASS" else "point_misses")
     elif hi < t:
         status, said = "FAIL", said + f" lies wholly below robust_accuracy ≥ {t:g} " \
             "(interval rule; the strictest threshold of its attack rows)"
+        why = DecidedBy(rule="interval_outside")
     elif lo >= t:
         status, said = "PASS", said + f" lies wholly within robust_accuracy ≥ {t:g} " \
             "(interval rule; the strictest threshold of its attack rows)"
+        why = DecidedBy(rule="interval_within")
     else:
         status = "INCONCLUSIVE"
         said += f" straddles robust_accuracy ≥ {t:g} (interval rule)"
         needed = samples_to_decide(value, t) if support else None
-        said += (f": about {needed:,} samples at the observed value would decide it"
-                 if needed is not None else
-                 ": a stronger attack can only lower it" if not support else
-                 ": no practical sample size decides it at the observed value")
+        left = (f"about {needed:,} samples at the observed value would decide it"
+                if needed is not None else
+                "a stronger attack can only lower it" if not support else
+                "no practical sample size decides it at the observed value")
+        said += f": {left}"
+        why = DecidedBy(rule="interval_straddles", reason=left)
     if status == "PASS":
-        blocked = []
+        # what stopped the pass, typed, with the clause the card gives as its reason
+        blocked: list[tuple[str, str, str]] = []
         if errored:
-            blocked.append(f"{', '.join(errored)} produced no result, so the worst case "
-                           "leaves it out")
+            gone = f"{', '.join(errored)} produced no result, so the worst case leaves it out"
+            blocked.append(("errored_attack", gone, gone))
         if warnings:
-            blocked.append("gradient masking suspected")
+            blocked.append(("warning", "gradient masking suspected", warnings[0]))
         if not support:
-            blocked.append("no attack of this threat model PASSed on its own ("
-                           + "; ".join(f"{i}: {by_id[i].status}" for i in row.attacks
-                                       if i in by_id) +
-                           "): a PASS needs a converged white-box attack, or a black-box "
-                           "attack at its query floor, converged and validated; a stronger "
-                           "attack can only lower this robust accuracy")
+            blocked.append((
+                "no_support",
+                "no attack of this threat model PASSed on its own ("
+                + "; ".join(f"{i}: {by_id[i].status}" for i in row.attacks if i in by_id) +
+                "): a PASS needs a converged white-box attack, or a black-box attack at its "
+                "query floor, converged and validated; a stronger attack can only lower this "
+                "robust accuracy",
+                "no attack of this threat model PASSed on its own: a PASS needs a converged "
+                "white-box attack, or a black-box attack at its query floor, converged and "
+                "validated"))
         if blocked:
-            status, said = "WARN", said + "; but " + "; ".join(blocked)
+            status, said = "WARN", said + "; but " + "; ".join(b[1] for b in blocked)
+            why = why.model_copy(update={"stopped": [b[0] for b in blocked],
+                                         "reason": blocked[0][2]})
         else:
             said += f"; supported by {', '.join(support)}"
     return row.model_copy(update={"threshold": t, "status": status, "decision": said,
-                                  "warnings": warnings, "support": support})
+                                  "warnings": warnings, "support": support,
+                                  "decided_by": why})
 
 
 def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResult],
@@ -286,7 +303,9 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
                     "same bound decides")
             if spec.threshold is not None:
                 said += f" (by its own threshold this row was {entry.status}: {entry.decision})"
-            update.update(status="INFO", decision=said)
+            update.update(status="INFO", decision=said, decided_by=DecidedBy(
+                rule="random_draw", reason=f"the attack row {rows[0]['attack_check']} at the "
+                "same bound decides"))
             by_id[spec.id] = entry.model_copy(update=update)
     return [by_id[r.id] for r in results]
 

@@ -37,7 +37,7 @@ from certify.engine.records import (
     recorded_queries,
     round_key,
 )
-from certify.engine.verdicts import decide
+from certify.engine.verdicts import judge
 from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, Reconfigurable, endpoint_of
 from certify.progress import NullProgress, Progress
@@ -271,7 +271,8 @@ def _empty_result(spec: CheckSpec, status: str, decision: str, error: str | None
     return _typed(spec, {"status": status, "decision": decision, "metrics": None,
                          "intervals": {}, "details": {}, "error": error, "warnings": [],
                          "queries": {"total": 0, "mean_per_sample": 0.0, "reference": 0},
-                         "outcomes": None})
+                         "outcomes": None, "settled": {},
+                         "decided_by": {"rule": status.lower()}})
 
 
 def _evaluate(spec: CheckSpec, ctx: CheckContext, w: _Run, state: RunState) -> CheckResult:
@@ -320,8 +321,7 @@ def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset,
     if diagnose is not None:
         diagnose(m)
     queries = [int(r.get("queries", 0)) for r in ordered]
-    status, decision = decide(spec, m.metrics, m.warnings, len(errored), m.intervals,
-                              m.unsettled)
+    verdict = judge(spec, m.metrics, m.warnings, len(errored), m.intervals, m.unsettled)
     details = {**m.details, "method": spec.check.method} if spec.check.method else m.details
     return _typed(spec, {
         "metrics": m.metrics,
@@ -332,10 +332,13 @@ def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset,
                     "reference": sum(int(r.get("ref_queries", 0)) for r in ordered)},
         "error": None,
         "warnings": m.warnings,
-        "status": status,
-        "decision": decision,
+        "status": verdict.status,
+        "decision": verdict.decision,
         "outcomes": outcomes_doc(spec.check, ordered, len(data)).model_dump(),
         "sample_errors": len(errored),
+        # typed beside the evidence (details) and the sentence (decision), for the readers
+        "settled": m.settled.model_dump(),
+        "decided_by": verdict.decided_by.model_dump(),
     }), m
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
+from certify.results import DecidedBy
 from certify.suite import CheckSpec
 
 
@@ -37,10 +39,28 @@ def _samples_needed(spec: CheckSpec, metrics: Mapping[str, float | None], value:
             "would decide it")
 
 
+class Verdict(NamedTuple):
+    """A check's status, the sentence that states the rule, and the rule typed."""
+
+    status: str
+    decision: str
+    decided_by: DecidedBy
+
+
 def decide(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[str],
            sample_errors: int = 0,
            intervals: Mapping[str, tuple[float | None, float | None]] | None = None,
            unsettled: str | None = None) -> tuple[str, str]:
+    """A check's status and the sentence that states its rule (:func:`judge` without the
+    typed rule)."""
+    v = judge(spec, metrics, warnings, sample_errors, intervals, unsettled)
+    return v.status, v.decision
+
+
+def judge(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[str],
+          sample_errors: int = 0,
+          intervals: Mapping[str, tuple[float | None, float | None]] | None = None,
+          unsettled: str | None = None) -> Verdict:
     """A check's status and the rule that made it, from its metrics, intervals and warnings.
 
     With the ``interval`` rule (``spec.decision``, the default), a threshold's metric that has a
@@ -56,15 +76,20 @@ def decide(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[
     check can never PASS. A failing value stays FAIL; a warning turns a PASS into WARN.
     ``unsettled`` says why more samples would not decide a straddling interval (an attack
     that has not converged); the decision then says that instead of a sample size.
+
+    The rule is returned typed too (``decided_by``): what the card and ``certify compare``
+    read, so that nothing parses the sentence.
     """
     if spec.threshold is None:
+        informational = DecidedBy(rule="no_threshold")
         if warnings:
-            return "WARN", "no threshold (informational); warnings found"
-        return "INFO", "no threshold (informational)"
+            return Verdict("WARN", "no threshold (informational); warnings found", informational)
+        return Verdict("INFO", "no threshold (informational)", informational)
     t = spec.threshold
     value = metrics.get(t.metric)
     if value is None or not math.isfinite(float(value)):
-        return "INCONCLUSIVE", f"{t.metric} is not a number, so {t.describe()} cannot be decided"
+        return Verdict("INCONCLUSIVE", f"{t.metric} is not a number, so {t.describe()} cannot "
+                       "be decided", DecidedBy(rule="not_a_number"))
     value = float(value)
     iv = (intervals or {}).get(t.metric)
     ends = [float(b) for b in iv if b is not None] if iv is not None else []
@@ -75,23 +100,32 @@ def decide(spec: CheckSpec, metrics: Mapping[str, float | None], warnings: list[
         missed = [b for b, out in ((t.min, t.min is not None and hi < t.min),
                                    (t.max, t.max is not None and lo > t.max)) if out]
         if missed:
-            return "FAIL", f"{said} lies wholly outside {t.describe()} (interval rule)"
+            return Verdict("FAIL", f"{said} lies wholly outside {t.describe()} (interval rule)",
+                           DecidedBy(rule="interval_outside"))
         undecided = [b for b, met in ((t.min, t.min is None or lo >= t.min),
                                   (t.max, t.max is None or hi <= t.max)) if not met]
         if undecided:
             bounds = [float(b) for b in undecided if b is not None]
             why = unsettled or _samples_needed(spec, metrics, value, (lo, hi), bounds)
-            return "INCONCLUSIVE", f"{said} straddles {t.describe()} (interval rule): {why}"
+            return Verdict("INCONCLUSIVE",
+                           f"{said} straddles {t.describe()} (interval rule): {why}",
+                           DecidedBy(rule="interval_straddles", reason=why))
         rule = f"{said} lies wholly within {t.describe()} (interval rule)"
+        met = DecidedBy(rule="interval_within")
     else:
-        why = ("point rule" if spec.decision == "point"
+        how = ("point rule" if spec.decision == "point"
                else "point estimate: no interval for this metric")
         if not t.passes(value):
-            return "FAIL", f"{t.metric} = {_fmt(value)} does not meet {t.describe()} ({why})"
-        rule = f"{t.metric} = {_fmt(value)} meets {t.describe()} ({why})"
+            return Verdict("FAIL", f"{t.metric} = {_fmt(value)} does not meet {t.describe()} "
+                           f"({how})", DecidedBy(rule="point_misses"))
+        rule = f"{t.metric} = {_fmt(value)} meets {t.describe()} ({how})"
+        met = DecidedBy(rule="point_meets")
     if sample_errors:
-        return "INCONCLUSIVE", rule + f", but {sample_errors} sample(s) gave non-finite outputs"
+        said_errors = f"{sample_errors} sample(s) gave non-finite outputs"
+        return Verdict("INCONCLUSIVE", rule + f", but {said_errors}",
+                       met.model_copy(update={"stopped": ["sample_errors"],
+                                              "reason": said_errors}))
     if warnings:
-        return "WARN", rule + "; a warning stops it from passing"
-    return "PASS", rule
-
+        return Verdict("WARN", rule + "; a warning stops it from passing",
+                       met.model_copy(update={"stopped": ["warning"], "reason": warnings[0]}))
+    return Verdict("PASS", rule, met)

@@ -47,7 +47,10 @@ def _verified_results(run_dir: Path, key: Path, passphrase: str | None) -> RunRe
                                     f"with this key ({exc.message})",
                                     hint="bundle a card signed with this key (certify sign "
                                          f"{run_dir} --key {key})") from None
-    assert results is not None
+    if results is None:  # an older results format: its figures are not re-read here
+        raise VerificationError(f"refusing to bundle {run_dir}: its results are in an older "
+                                "format, which this certify verifies but does not read",
+                                hint="rerun the suite with this certify and sign that run")
     return results
 
 

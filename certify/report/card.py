@@ -8,6 +8,7 @@ pixel digest the signed measurement records (see :mod:`certify.images`).
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import logging
 from collections.abc import Mapping
@@ -50,17 +51,87 @@ def headline(c: Any) -> str:
     return text
 
 
+def _tree_digest(root: Any, suffixes: tuple[str, ...]) -> str:
+    """sha256 over the relative name and the bytes of every file under ``root`` (a
+    :mod:`importlib.resources` traversable) whose name ends with one of ``suffixes``, in
+    name order."""
+    import hashlib
+
+    files: list[tuple[str, Any]] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for child in node.iterdir():
+            if child.is_dir():
+                if child.name != "__pycache__":
+                    walk(child, f"{prefix}{child.name}/")
+            elif child.name.endswith(suffixes):
+                files.append((prefix + child.name, child))
+
+    walk(root, "")
+    h = hashlib.sha256()
+    for name, f in sorted(files, key=lambda t: t[0]):
+        data = f.read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return "sha256:" + h.hexdigest()
+
+
+def templates_digest() -> str:
+    """sha256 over every packaged template file's name and bytes (``certify._templates``)."""
+    return _tree_digest(importlib.resources.files("certify._templates"), (".j2", ".css"))
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 over every Python file of the certify package, by name and bytes: the card's
+    text comes from code (headlines, findings, the glance) as much as from templates, and
+    certify's version string stays the same between commits. Read once per process: the code
+    that renders is the code loaded (templates, read at each rendering, are not cached)."""
+    return _tree_digest(importlib.resources.files("certify"), (".py",))
+
+
+#: The renderer entries that decide whether this certify renders a card byte for byte as the
+#: recorded renderer did (WeasyPrint only draws the PDF, which its own signature covers).
+SAME_RENDERER_KEYS = ("certify", "templates", "code", "jinja2")
+
+
 def renderer_info() -> dict[str, str]:
-    """What renders the card, recorded in provenance (a card made by another renderer still
-    verifies on its visible text). Where WeasyPrint cannot load its system libraries, its
-    entry says it was unavailable (no PDF was rendered) instead of failing the run."""
+    """What renders the card, recorded in provenance: certify's version, digests of its
+    templates and code, jinja2's and WeasyPrint's versions. ``certify verify`` compares card.html
+    with a fresh rendering only where these name its own renderer (:func:`same_renderer`).
+    Where WeasyPrint cannot load its system libraries, its entry says it was unavailable (no
+    PDF was rendered) instead of failing the run."""
+    from certify.report.weasy import renderer_version
+
+    return {**html_renderer(), "weasyprint": renderer_version()}
+
+
+def html_renderer() -> dict[str, str]:
+    """The entries of :func:`renderer_info` that decide card.html's bytes."""
     import jinja2 as j
 
     import certify
-    from certify.report.weasy import renderer_version
 
-    return {"certify": certify.__version__, "jinja2": j.__version__,
-            "weasyprint": renderer_version()}
+    return {"certify": certify.__version__, "templates": templates_digest(),
+            "code": code_digest(), "jinja2": j.__version__}
+
+
+def same_renderer(recorded: Mapping[str, Any]) -> bool:
+    """Whether a card's recorded renderer is this certify's own (same version, templates,
+    code and jinja2): then it re-renders byte for byte."""
+    mine = html_renderer()
+    return all(recorded.get(k) == mine[k] for k in SAME_RENDERER_KEYS)
+
+
+def renderer_text(r: Mapping[str, Any]) -> str:
+    """A renderer in words (digests cut to 12 hex digits)."""
+    if not r:
+        return "an unrecorded renderer"
+    parts = []
+    for k in ("certify", "templates", "code", "jinja2"):
+        v = str(r.get(k, "not recorded"))
+        parts.append(f"{k} {v.split(':')[-1][:12] if v.startswith('sha256:') else v}")
+    return ", ".join(parts)
 
 
 def _glance(checks: list[Any], worst: list[Any]) -> dict[str, Any]:
@@ -100,17 +171,21 @@ def _value_words(r: glance.Row) -> str:
     return text
 
 
-def _why(status: str, error: str, warnings: list[str], decision: str) -> str:
+def _why(status: str, error: str, warnings: list[str], decision: str, by: Any) -> str:
     """Why a verdict is what it is, in a clause: the error, the warning that stopped a pass,
-    what keeps an interval from deciding, or the rule a failure met."""
+    what keeps an interval from deciding, the rule a failure met, or what stopped a pass.
+    ``by`` is the row's typed rule (:class:`~certify.results.DecidedBy`); the ``decision``
+    sentence is only quoted, never searched."""
     if status == "ERROR":
         return _first_clause(error or decision)
     if status == "WARN" and warnings:
         return _first_clause(warnings[0])
-    if status == "INCONCLUSIVE":
-        return _first_clause(decision.split("): ", 1)[-1])
-    if "wholly outside" in decision or "wholly below" in decision or "wholly above" in decision:
+    if by.rule == "interval_straddles":
+        return _first_clause(by.reason)
+    if by.rule == "interval_outside":
         return "its whole 95% interval misses the threshold (interval rule)"
+    if status == "WARN" and by.stopped and by.reason:
+        return _first_clause(by.reason)
     return _first_clause(decision)
 
 
@@ -134,7 +209,7 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
         what = _value_words(r) or headline(c)
         if c.threshold is not None:
             what += f", threshold {_short_threshold(c, r)}"
-        why = _why(c.status, c.error or "", c.warnings, c.decision)
+        why = _why(c.status, c.error or "", c.warnings, c.decision, c.decided_by)
         bounds = [] if c.threshold is None else [
             b for b in (c.threshold.min, c.threshold.max) if b is not None]
         found.append((SEVERITY[c.status], _distance(r.value, bounds, r.rate),
@@ -152,23 +227,21 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
         bounds = [] if w.threshold is None else [w.threshold]
         found.append((SEVERITY[w.status], _distance(w.robust_accuracy, bounds, True),
                       {"status": w.status, "check": f"threat model {name}", "what": what,
-                       "why": _why(w.status, "", w.warnings, w.decision)}))
+                       "why": _why(w.status, "", w.warnings, w.decision, w.decided_by)}))
     found.sort(key=lambda f: (f[0], -f[1]))
     return [f[2] for f in found[:n]]
 
 
 def _unsettled(c: Any) -> dict[str, bool]:
-    """What keeps a check's figure from being final, read from its details: a random draw
-    (not searched), a search or an attack that had not converged, an attack that failed the
-    binarization test, a black-box attack below its query floor (evidence only)."""
-    d = dict(getattr(c, "details", None) or {})
-    rounds = d.get("search_rounds") or {}
-    random = rounds.get("searched") is False
-    return {"random": random,
-            "search": not random and rounds.get("converged") is False,
-            "attack": (d.get("convergence") or {}).get("converged") is False,
-            "weak": (d.get("binarization") or {}).get("trusted") is False,
-            "evidence": bool((d.get("evidence") or {}).get("short_of_pass"))}
+    """What keeps a check's figure from being final, from its typed ``settled`` field: a random
+    draw (not searched), a search or an attack that had not converged, an attack that failed
+    the binarization test, a black-box attack below its query floor (evidence only)."""
+    s = c.settled
+    return {"random": s.random_draw,
+            "search": s.search_converged is False,
+            "attack": s.attack_converged is False,
+            "weak": s.binarization_failed,
+            "evidence": s.short_of_floor}
 
 
 def summary_result(c: Any, r: glance.Row) -> str:

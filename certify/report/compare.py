@@ -1,43 +1,60 @@
 """``certify compare OLD NEW``: did a release get less robust than the last one?
 
-Two runs of the same suite on the same data are compared check by check. Each check is
-compared on one metric (its threshold's metric, else its exported headline metric):
+Two runs of the same suite on the same data are compared on **the rows that decide their
+cards**: one row per threat model (``measurement.attack_worst_case``: a sample is robust under
+(norm, ε) only if every attack of that threat model failed on it) and every check that is not an
+attack row summarised by a threat model. The attack rows are compared too, as **evidence**:
+shown beside their threat model's row, never gating.
 
-- a rate that the check maps to a per-sample outcome (``Check.compare_outcomes``) is compared
-  as the share of the check's selected samples with that outcome set, unconditionally (for
-  robustness scores: "correct and stays correct" over all samples, so each model's own set of
-  correct samples does not break the pairing). When both runs evaluated the same samples with
-  the same seed the comparison is **paired**: McNemar's exact test on the discordant samples,
-  and Newcombe's hybrid score interval for a paired difference (his method 10). Otherwise it is
-  **unpaired**: Newcombe's hybrid score interval for two independent proportions (method 10).
+Each row is compared on one metric (a threat model on its worst-case robust accuracy; a check
+on its threshold's metric, else its exported headline metric):
+
+- a rate with per-sample outcomes (a check's ``Check.compare_outcomes``; a threat model's
+  "robust to every attack", from its attack rows' outcome bitmaps) is compared as the share of
+  the evaluated samples with that outcome, unconditionally (for robustness: "correct and stays
+  correct" over all samples, so each model's own set of correct samples does not break the
+  pairing). When both runs evaluated the same samples with the same seeds the comparison is
+  **paired**: McNemar's exact test on the discordant samples, and Newcombe's hybrid score
+  interval for a paired difference (his method 10). Otherwise it is **unpaired**: Newcombe's
+  hybrid score interval for two independent proportions (method 10).
 - a score with per-sample values in both runs (``Check.compare_values``) is compared by the
   bootstrap of the mean difference, paired over the common samples when the pairing holds;
 - anything else by the normal approximation of the two runs' own 95% intervals.
 
-**A gate, per check** (``--tolerance``: percentage points for rates, percent of the old value
-for scores):
+**A gate, per gating row** (``--tolerance``: percentage points for rates, percent of the old
+value for scores):
 
 - *no change*: the same samples with identical per-sample outcomes (exit 0);
 - *regression*: Holm's step-down correction at family-wise level 0.05 across the compared
-  checks rejects "no change", and the interval at the level Holm used for it
+  gating rows rejects "no change", and the interval at the level Holm used for it
   (``1 - 0.05 / (m - rank)``) lies wholly beyond the tolerance on the worse side (exit 1);
 - *non-inferior*: the change's 95% interval lies within the tolerance on the worse side
-  (showing every check non-inferior needs no multiplicity correction: an intersection-union
-  test) and NEW's attack converged (exit 0); an *improvement* is non-inferior and resolved
-  beyond the tolerance on the better side by Holm, with both runs' attacks converged;
+  (showing every row non-inferior needs no multiplicity correction: an intersection-union
+  test) and NEW's search converged (exit 0); an *improvement* is non-inferior and resolved
+  beyond the tolerance on the better side by Holm, with both runs' searches converged;
 - *inconclusive*: neither shown (exit 6): a regression too small to resolve, or a sample too
   small to show non-inferiority at this tolerance.
 
-A row whose OLD or NEW attack did not converge (or stalled) says so: its robust accuracy is an
+An evidence row is shown at its threat model's level (the one Holm used for that row) and
+labelled the same way, outside the Holm family and the exit code.
+
+A row whose OLD or NEW search did not converge says so: its robust accuracy is an
 overestimate, so it is never a resolved improvement, and NEW's must have converged for a
-non-inferior row. The exit code follows the checks with a threshold: 1 for a regression, else 6
-for an inconclusive or uncompared row, else 0.
+non-inferior row. A threat model converged when every one of its attacks did (none stalled).
+Convergence is read from the rows' typed ``settled`` field, never from ``details``. The exit
+code follows the gating rows with a threshold: 1 for a regression, else 6 for an inconclusive
+or uncompared row, else 0.
 
 Runs on different subsets of one dataset (``--samples``, ``--sample-offset``, other seeds) are
 comparable, unpaired. Runs of different suite versions (a card from an older certify) are
-compared on the checks both have with the same parameters; the others are listed as not
-comparable. Two runs on different source data or with different reference models, or with
-no check in common, are not comparable: :class:`NotComparable` (exit 4) says which.
+compared on the checks both have with the same parameters, and on the threat models whose
+attacks are those same checks; the others are listed as not comparable. A threat model one of
+whose attacks errored in a run is not compared (its worst case left that attack out), which
+keeps the gate open. Two runs on different source data or with different reference models, or
+with no check in common, are not comparable: :class:`NotComparable` (exit 4) says which.
+
+Results of the older format ``certify.results/2`` are read through
+:func:`certify.results.parse_result` with ``older=True``.
 """
 
 from __future__ import annotations
@@ -59,7 +76,8 @@ from certify.errors import (
     CertifyError,
     UsageError,
 )
-from certify.results import SCHEMA, RunResult, parse_result, unpack_bits
+from certify.report.glance import threat_name
+from certify.results import OLDER_SCHEMAS, SCHEMA, RunResult, parse_result, unpack_bits
 from certify.stats import wilson_interval
 
 #: Family-wise error rate of the comparison (Holm).
@@ -67,7 +85,7 @@ ALPHA = 0.05
 #: Bootstrap resamples for continuous scores (seeded: the comparison is deterministic).
 BOOTSTRAP = 4000
 #: Schema of the comparison's JSON output.
-COMPARE_SCHEMA = "certify.compare/1"
+COMPARE_SCHEMA = "certify.compare/2"
 
 
 class NotComparable(CertifyError):
@@ -220,18 +238,20 @@ def _raw_document(path: Path) -> dict[str, Any]:
 
 def load_run(path: Path, pubkey: Path | None = None) -> tuple[dict[str, Any], RunResult]:
     """The raw and typed results of ``path``; verified first when ``pubkey`` is given (an
-    invalid or unsigned file raises VerificationError, exit 1)."""
+    invalid or unsigned file raises VerificationError, exit 1). Results of an older format
+    this certify still reads (:data:`~certify.results.OLDER_SCHEMAS`) are read through its
+    adapter; any other schema is not comparable."""
     if pubkey is not None:
         from certify.report.sign import load_public_key, verify_file
 
         target = path / "results.json" if path.is_dir() else path
         verify_file(target, load_public_key(pubkey))
     doc = _raw_document(path)
-    if doc.get("schema") != SCHEMA:
+    if doc.get("schema") not in (SCHEMA, *OLDER_SCHEMAS):
         raise NotComparable(f"incompatible certify schema: {path} is {doc.get('schema')!r}, "
-                            f"this certify compares {SCHEMA!r}",
+                            f"this certify compares {' and '.join((SCHEMA, *OLDER_SCHEMAS))}",
                             hint="rerun the older release's suite with this certify")
-    return doc, parse_result(doc)
+    return doc, parse_result(doc, older=True)
 
 
 # --- comparability ------------------------------------------------------------------------
@@ -297,26 +317,33 @@ def why_not_comparable(co: Any, cn: Any) -> str | None:
 
 
 def converged(c: Any) -> bool | None:
-    """Whether a check's search converged: ``False`` for an attack whose last run did not
-    converge or stalled, or a corruption property whose search stopped on its budget; ``None``
-    for a check that is not a search."""
-    details = c.details if isinstance(c.details, dict) else {}
-    search = details.get("search_rounds")
-    if isinstance(search, dict) and search.get("searched", True):
-        return bool(search.get("converged"))  # a corruption property's escalated search
-    conv, evidence = details.get("convergence"), details.get("evidence")
-    if not isinstance(conv, dict):
-        return None
-    if not conv.get("converged", True):
+    """Whether a check's search converged, from its typed ``settled`` field: ``False`` for an
+    attack whose last run did not converge or stalled, or a corruption property whose search
+    stopped on its budget; ``None`` for a check that is not a search."""
+    converged_: bool | None = c.settled.converged()
+    return converged_
+
+
+def converged_all(checks: list[Any]) -> bool | None:
+    """Whether a threat model's search converged: ``False`` when any of its attacks did not
+    (or stalled), ``True`` when at least one is a search and all converged, else ``None``."""
+    states = [converged(c) for c in checks]
+    if any(s is False for s in states):
         return False
-    return not (isinstance(evidence, dict) and evidence.get("stalled"))
+    return True if any(s for s in states) else None
 
 
 # --- one check ----------------------------------------------------------------------------
 
+#: A row's role: it gates (a threat model's row, or a check that is not an attack row
+#: summarised by one), or it is evidence for a threat model's row (shown, not gating).
+GATE = "gate"
+EVIDENCE = "evidence"
+
+
 @dataclass
 class Row:
-    """One check's comparison."""
+    """One row's comparison: a check's, or a threat model's (``kind`` ``threat_model``)."""
 
     id: str
     kind: str
@@ -346,6 +373,11 @@ class Row:
     reason: str = ""
     converged_old: bool | None = None
     converged_new: bool | None = None
+    role: str = GATE
+    evidence_for: str | None = None
+    attacks: list[str] = field(default_factory=list)
+    norm: str | None = None
+    epsilon: float | None = None
     _interval: Any = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -447,14 +479,20 @@ def _binary(row: Row, co: Any, cn: Any, so: np.ndarray | None, sn: np.ndarray | 
         row.direction, row.unit = metric_direction, metric_unit
         _normal_approx(row)
         return
+    _binary_outcomes(row, so, sn, _bits(co, bit), _bits(cn, bit), paired)
 
-    def bits(c: Any) -> np.ndarray:
-        # an outcome no sample had has no bitmap (the default bitmaps are the outcomes seen)
-        o = c.outcomes
-        return (unpack_bits(o.bits[bit], o.n) if bit in o.bits
-                else np.zeros(o.n, dtype=bool))
 
-    bo, bn = bits(co), bits(cn)
+def _bits(c: Any, bit: str) -> np.ndarray:
+    """A check's bitmap of one outcome (an outcome no sample had has no bitmap: the default
+    bitmaps are the outcomes seen)."""
+    o = c.outcomes
+    return unpack_bits(o.bits[bit], o.n) if bit in o.bits else np.zeros(o.n, dtype=bool)
+
+
+def _binary_outcomes(row: Row, so: np.ndarray, sn: np.ndarray, bo: np.ndarray, bn: np.ndarray,
+                     paired: bool) -> None:
+    """Compare the share of the evaluated samples (``so``, ``sn``) with an outcome (``bo``,
+    ``bn``), paired over the common samples or unpaired."""
     if paired:
         common = so & sn
         a, b = bo[common], bn[common]
@@ -533,45 +571,172 @@ def _normal_approx(row: Row) -> None:
     row.p = _p_from_interval(row._interval)
 
 
+# --- threat models -------------------------------------------------------------------------
+
+def threat_row_id(norm: str, epsilon: float) -> str:
+    """A threat model's row id: ``threat model L∞ 8/255`` (the card's name for it)."""
+    return f"threat model {threat_name(norm, epsilon)}"
+
+
+def _threat_models(old: RunResult, new: RunResult) -> list[tuple[str, Any, Any]]:
+    """Each threat model of either run with its row in OLD and in NEW (``None`` where a run
+    has none), OLD's order first; ids made unique by ε where two share a name."""
+    rows: dict[tuple[str, float], list[Any]] = {}
+    for k, run in enumerate((old, new)):
+        for w in run.measurement.attack_worst_case:
+            rows.setdefault((w.norm, float(w.epsilon)), [None, None])[k] = w
+    names = [threat_row_id(norm, eps) for norm, eps in rows]
+    out = []
+    for ((_, eps), (wo, wn)), name in zip(rows.items(), names, strict=True):
+        if names.count(name) > 1:
+            name += f" (ε={eps:g})"
+        out.append((name, wo, wn))
+    return out
+
+
+def _threat_outcomes(checks: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A threat model's evaluated samples and its robust ones (robust to every attack), from
+    its attack rows' per-sample outcomes; ``None`` when a row kept none."""
+    sel: np.ndarray | None = None
+    robust: np.ndarray | None = None
+    for c in checks:
+        s = _selected(c)
+        if s is None or (sel is not None and s.shape != sel.shape):
+            return None
+        r = _bits(c, "robust")
+        sel = s if sel is None else sel & s
+        robust = r if robust is None else robust & r
+    if sel is None or robust is None:
+        return None
+    return sel, robust & sel
+
+
+def _threat_row(tm_id: str, wo: Any, wn: Any, old: RunResult, new: RunResult,
+                tolerance: float) -> Row:
+    """One threat model's comparison (``wo``, ``wn``: its worst-case rows, either may be
+    ``None``), on the share of samples robust to every attack of it."""
+    w = wo if wo is not None else wn
+    checks_o = {c.id: c for c in old.checks}
+    checks_n = {c.id: c for c in new.checks}
+    ids = list(dict.fromkeys([*(wo.attacks if wo else []), *(wn.attacks if wn else [])]))
+    row = Row(id=tm_id, kind="threat_model", metric="robust_accuracy", unit="rate",
+              direction="higher",
+              has_threshold=any(x is not None and x.threshold is not None for x in (wo, wn)),
+              old=None if wo is None else wo.robust_accuracy,
+              old_interval=list(wo.interval) if wo is not None and wo.interval else [None, None],
+              new=None if wn is None else wn.robust_accuracy,
+              new_interval=list(wn.interval) if wn is not None and wn.interval else [None, None],
+              attacks=ids, norm=w.norm, epsilon=float(w.epsilon))
+    for i in ids:
+        why = why_not_comparable(checks_o.get(i), checks_n.get(i))
+        if why is not None:
+            row.outcome, row.reason = NOT_COMPARABLE, f"its attack {i}: {why}"
+            return row
+    for x, which, checks in ((wo, "OLD", checks_o), (wn, "NEW", checks_n)):
+        left = [i for i in ids if x is None or i not in x.attacks]
+        if left:  # an attack of the suite that errored or was skipped in that run
+            row.reason = (f"{which}'s worst case leaves out {', '.join(left)} ("
+                          + ", ".join(f"{i}: {checks[i].status}" for i in left)
+                          + "): the two worst cases are over different attacks")
+            return row
+    assert wo is not None and wn is not None  # neither leaves an attack out
+    co, cn = [checks_o[i] for i in ids], [checks_n[i] for i in ids]
+    row.converged_old, row.converged_new = converged_all(co), converged_all(cn)
+    mo, mn = old.measurement, new.measurement
+    same_seeds = (mo.seeds.suite == mn.seeds.suite and mo.data.digest == mn.data.digest
+                  and all(mo.seeds.checks.get(i) == mn.seeds.checks.get(i) for i in ids))
+    so, sn = _threat_outcomes(co), _threat_outcomes(cn)
+    # the bitmaps must give the rows' own worst case (they do, from the same records)
+    usable = (so is not None and sn is not None
+              and (int(so[0].sum()), int(so[1].sum())) == (wo.n, wo.n_robust)
+              and (int(sn[0].sum()), int(sn[1].sum())) == (wn.n, wn.n_robust))
+    if so is None or sn is None or not usable:
+        _normal_approx(row)
+    else:
+        # paired when every attack evaluated the very same samples in both runs
+        paired = same_seeds and all(
+            (a.outcomes and b.outcomes and a.outcomes.n == b.outcomes.n
+             and a.outcomes.selected == b.outcomes.selected)
+            for a, b in zip(co, cn, strict=True))
+        row.compared = "share of all samples robust to every attack of the threat model"
+        _binary_outcomes(row, so[0], sn[0], so[1], sn[1], paired)
+    if row.change is not None:
+        row.tolerance = tolerance / 100
+    return row
+
+
 # --- the comparison -----------------------------------------------------------------------
 
 @dataclass
 class Comparison:
-    """The outcome of ``certify compare``."""
+    """The outcome of ``certify compare``: a row per threat model and a row per check."""
 
     old: dict[str, Any]
     new: dict[str, Any]
     tolerance: float
     rows: list[Row]
+    threat_models: list[Row] = field(default_factory=list)
+
+    @property
+    def gating(self) -> list[Row]:
+        """The rows that decide: the threat models', then the checks' that are not evidence
+        for one (the rows that decide the card)."""
+        return [r for r in (*self.threat_models, *self.rows) if r.role == GATE]
 
     @property
     def regressions(self) -> list[Row]:
-        """Resolved regressions, of any check."""
-        return [r for r in self.rows if r.outcome == "regression"]
+        """Resolved regressions of gating rows (with a threshold or not)."""
+        return [r for r in self.gating if r.outcome == REGRESSION]
 
     @property
     def inconclusive(self) -> list[Row]:
-        """Checks with a threshold for which neither a regression nor non-inferiority (nor no
-        change) was shown, or that could not be compared."""
-        return [r for r in self.rows if r.has_threshold and r.outcome in GATE_OPEN]
+        """Gating rows with a threshold for which neither a regression nor non-inferiority
+        (nor no change) was shown, or that could not be compared."""
+        return [r for r in self.gating if r.has_threshold and r.outcome in GATE_OPEN]
 
     @property
     def exit_code(self) -> int:
-        """1 for a regression of a check with a threshold; else 6 for an inconclusive one
-        (:attr:`inconclusive`); else 0."""
+        """1 for a regression of a gating row with a threshold; else 6 for an inconclusive
+        one (:attr:`inconclusive`); else 0."""
         if any(r.has_threshold for r in self.regressions):
             return EXIT_FAIL
         return EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
 
+    @property
+    def decision(self) -> str:
+        """The comparison's decision in a few words, as its exit code has it: REGRESSION
+        (exit 1), INCONCLUSIVE (exit 6); with exit 0, NO CHANGE when every gating row with a
+        threshold is unchanged, IMPROVEMENT when the others improved, NON-INFERIOR otherwise
+        (NO THRESHOLD GATED when no gating row has a threshold)."""
+        code = self.exit_code
+        if code == EXIT_FAIL:
+            return "REGRESSION"
+        if code == EXIT_INCONCLUSIVE:
+            return "INCONCLUSIVE"
+        seen = {r.outcome for r in self.gating
+                if r.has_threshold and r.outcome != NOT_COMPARABLE}
+        if not seen:
+            return "NO THRESHOLD GATED"
+        if seen == {NO_CHANGE}:
+            return "NO CHANGE"
+        if seen <= {NO_CHANGE, IMPROVEMENT}:
+            return "IMPROVEMENT"
+        return "NON-INFERIOR"
+
     def to_json(self) -> dict[str, Any]:
         """The comparison as plain JSON values (``--json``)."""
         return {"schema": COMPARE_SCHEMA, "alpha": ALPHA, "correction": "holm",
+                "decides_on": "the threat-model rows and the checks that are not an attack "
+                              "row of a threat model (the rows that decide the card); attack "
+                              "rows are evidence (role: evidence), not gating",
                 "tolerance": {"rates_pp": self.tolerance, "scores_relative_percent":
                               self.tolerance},
                 "old": self.old, "new": self.new,
+                "threat_models": [r.to_json() for r in self.threat_models],
                 "checks": [r.to_json() for r in self.rows],
                 "regressions": [r.id for r in self.regressions],
                 "inconclusive": [r.id for r in self.inconclusive],
+                "decision": self.decision,
                 "exit_code": self.exit_code}
 
 
@@ -579,46 +744,65 @@ def _side(result: RunResult, path: Path) -> dict[str, Any]:
     m = result.measurement
     return {"path": str(path), "model": m.model.name, "identity": m.model.identity,
             "verdict": m.verdict, "suite": m.suite.name, "suite_digest": m.suite.digest,
-            "data_digest": m.data.digest, "seed": m.seeds.suite}
+            "data_digest": m.data.digest, "seed": m.seeds.suite,
+            "results_schema": result.schema_version}
 
 
 def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
             old_path: Path = Path("OLD"), new_path: Path = Path("NEW")) -> Comparison:
-    """Compare two comparable runs check by check (raises :class:`NotComparable`)."""
+    """Compare two comparable runs on their threat models and checks (raises
+    :class:`NotComparable`)."""
     if not math.isfinite(tolerance) or tolerance < 0:
         raise UsageError(f"--tolerance must be a finite number >= 0, got {tolerance}",
                          hint="percentage points for rates, percent for scores")
     check_comparable(old, new)
     seeds_o, seeds_n = old.measurement.seeds, new.measurement.seeds
+    threats = [_threat_row(tm_id, wo, wn, old, new, tolerance)
+               for tm_id, wo, wn in _threat_models(old, new)]
+    evidence_for = {a: t.id for t in threats for a in t.attacks}
     rows = []
     for co, cn in paired_checks(old, new):
         why = why_not_comparable(co, cn)
         if why is not None:
             c = co if co is not None else cn
-            rows.append(Row(id=c.id, kind=c.kind, metric="", unit="", direction="none",
-                            has_threshold=c.threshold is not None, old=None, old_interval=[],
-                            new=None, new_interval=[], outcome=NOT_COMPARABLE, reason=why))
-            continue
-        # paired only on the very same samples (the per-sample outcomes are by position in
-        # the evaluated data) with the same seeds
-        same_seed = (seeds_o.checks.get(co.id) == seeds_n.checks.get(co.id)
-                     and seeds_o.suite == seeds_n.suite
-                     and old.measurement.data.digest == new.measurement.data.digest)
-        row = _row(co, cn, same_seed, tolerance)
-        row.converged_old, row.converged_new = converged(co), converged(cn)
+            row = Row(id=c.id, kind=c.kind, metric="", unit="", direction="none",
+                      has_threshold=c.threshold is not None, old=None, old_interval=[],
+                      new=None, new_interval=[], outcome=NOT_COMPARABLE, reason=why)
+        else:
+            # paired only on the very same samples (the per-sample outcomes are by position
+            # in the evaluated data) with the same seeds
+            same_seed = (seeds_o.checks.get(co.id) == seeds_n.checks.get(co.id)
+                         and seeds_o.suite == seeds_n.suite
+                         and old.measurement.data.digest == new.measurement.data.digest)
+            row = _row(co, cn, same_seed, tolerance)
+            row.converged_old, row.converged_new = converged(co), converged(cn)
+        if row.id in evidence_for:  # an attack row: evidence for its threat model's row
+            row.role, row.evidence_for = EVIDENCE, evidence_for[row.id]
         rows.append(row)
-    tested = [r for r in rows if r.p is not None and r._interval is not None]
+    result = Comparison(_side(old, old_path), _side(new, new_path), tolerance, rows, threats)
+    tested = [r for r in result.gating if r.p is not None and r._interval is not None]
     adjusted, reject, levels = holm([r.p or 1.0 for r in tested])
+    level_of: dict[str, float] = {}
     for r, p_adj, rej, level in zip(tested, adjusted, reject, levels, strict=True):
         r.p_holm = p_adj
-        r.confidence = 1 - level
-        lo, hi = r._interval(1 - level)
-        r.change_interval = [lo, hi]
-        r.outcome = _gate(r, rej, (lo, hi), r._interval(1 - ALPHA))
-    for r in rows:  # compared without a test: identical outcomes are no change
+        level_of[r.id] = level
+        _decide(r, rej, level)
+    for r in rows:  # evidence: at its threat model's level, outside the family
+        if r.role == EVIDENCE and r.p is not None and r._interval is not None:
+            level = level_of.get(r.evidence_for or "", ALPHA)
+            _decide(r, r.p <= level, level)
+    for r in (*threats, *rows):  # compared without a test: identical outcomes are no change
         if r.p is None and r.change == 0 and r.discordant == {"worse": 0, "better": 0}:
             r.outcome = NO_CHANGE
-    return Comparison(_side(old, old_path), _side(new, new_path), tolerance, rows)
+    return result
+
+
+def _decide(r: Row, resolved: bool, level: float) -> None:
+    """A tested row's outcome at ``level`` (its interval's confidence is ``1 - level``)."""
+    r.confidence = 1 - level
+    lo, hi = r._interval(1 - level)
+    r.change_interval = [lo, hi]
+    r.outcome = _gate(r, resolved, (lo, hi), r._interval(1 - ALPHA))
 
 
 #: A row's outcomes (``Row.outcome``).
@@ -628,8 +812,9 @@ IMPROVEMENT = "improvement"
 NON_INFERIOR = "non-inferior"
 INCONCLUSIVE = "inconclusive"
 NOT_COMPARABLE = "not comparable"
-#: Outcomes that keep the gate open (exit 6) on a check with a threshold.
-GATE_OPEN = frozenset({INCONCLUSIVE, "not compared"})
+NOT_COMPARED = "not compared"
+#: Outcomes that keep the gate open (exit 6) on a gating row with a threshold.
+GATE_OPEN = frozenset({INCONCLUSIVE, NOT_COMPARED})
 
 
 def _gate(r: Row, resolved: bool, corrected: tuple[float, float],
@@ -648,7 +833,9 @@ def _gate(r: Row, resolved: bool, corrected: tuple[float, float],
     unconverged = [w for w, ok in (("OLD", r.converged_old), ("NEW", r.converged_new))
                    if ok is False]
     if unconverged:
-        r.reason = (f"{' and '.join(unconverged)}'s attack did not converge: its robust "
+        r.reason = (f"{' and '.join(unconverged)}'s attacks did not all converge: its worst "
+                    "case is an overestimate" if r.kind == "threat_model" else
+                    f"{' and '.join(unconverged)}'s attack did not converge: its robust "
                     "accuracy is an overestimate")
     if resolved and worse:
         return REGRESSION

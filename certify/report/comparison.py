@@ -1,15 +1,21 @@
-"""How a comparison is shown: a rich terminal table, and an HTML/PDF comparison card that has
-the card's look (the same CSS)."""
+"""How a comparison is shown: in the terminal (a table, or one block per row on a terminal of
+80 columns or fewer), and as an HTML/PDF comparison card that has the card's look (the same
+CSS). The threat-model rows come first: with the checks that are not attack rows, they decide;
+attack rows are shown as evidence for their threat model's row."""
 
 from __future__ import annotations
 
 import importlib.resources
+import textwrap
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from certify.report.compare import ALPHA, Comparison, Row
+from certify.report.compare import ALPHA, EVIDENCE, Comparison, Row
+
+#: At this many columns or fewer, the terminal shows one block per row instead of a table.
+NARROW = 80
 
 _STYLE = {"regression": "bold red", "improvement": "green", "inconclusive": "yellow"}
 
@@ -57,79 +63,149 @@ def _change_only(r: Row) -> str:
     return text
 
 
+def _row_context(r: Row) -> dict[str, Any]:
+    return {
+        "id": r.id, "metric": r.metric or "–",
+        "old": f"{fmt_value(r.old, r.unit if r.unit == 'rate' else 'score')} "
+               f"{fmt_interval(r.old_interval, r.unit)}",
+        "new": f"{fmt_value(r.new, r.unit if r.unit == 'rate' else 'score')} "
+               f"{fmt_interval(r.new_interval, r.unit)}",
+        "compared": r.compared or "–",
+        "pairing": ("paired" if r.paired else "unpaired") if r.method else "–",
+        "method": r.method,
+        "change": fmt_change(r),
+        "confidence": "–" if r.confidence is None else f"{100 * r.confidence:.2f}%",
+        "p": "–" if r.p_holm is None else f"{r.p_holm:.3g}",
+        "p_raw": "–" if r.p is None else f"{r.p:.3g}",
+        "outcome": r.outcome + (f" ({r.reason})" if r.reason else ""),
+        "kind": r.outcome.split(",")[0].replace(" ", "-"),
+        "threshold": r.has_threshold,
+        "evidence_for": r.evidence_for if r.role == EVIDENCE else None,
+        "attacks": ", ".join(r.attacks),
+    }
+
+
 def rows_context(c: Comparison) -> list[dict[str, Any]]:
-    """What each table row shows, as text."""
-    out = []
-    for r in c.rows:
-        out.append({
-            "id": r.id, "metric": r.metric or "–",
-            "old": f"{fmt_value(r.old, r.unit if r.unit == 'rate' else 'score')} "
-                   f"{fmt_interval(r.old_interval, r.unit)}",
-            "new": f"{fmt_value(r.new, r.unit if r.unit == 'rate' else 'score')} "
-                   f"{fmt_interval(r.new_interval, r.unit)}",
-            "compared": r.compared or "–",
-            "pairing": ("paired" if r.paired else "unpaired") if r.method else "–",
-            "method": r.method,
-            "change": fmt_change(r),
-            "confidence": "–" if r.confidence is None else f"{100 * r.confidence:.2f}%",
-            "p": "–" if r.p_holm is None else f"{r.p_holm:.3g}",
-            "outcome": r.outcome + (f" ({r.reason})" if r.reason else ""),
-            "kind": r.outcome.split(",")[0].replace(" ", "-"),
-            "threshold": r.has_threshold,
-        })
-    return out
+    """What each check's row shows, as text (attack rows say which threat model they are
+    evidence for)."""
+    return [_row_context(r) for r in c.rows]
+
+
+def threat_rows_context(c: Comparison) -> list[dict[str, Any]]:
+    """What each threat model's row shows, as text."""
+    return [_row_context(r) for r in c.threat_models]
 
 
 def summary_line(c: Comparison) -> str:
     """One sentence: the decision and why."""
     regs = c.regressions
     gated = [r.id for r in regs if r.has_threshold]
-    skipped = [r.id for r in c.rows if r.outcome == "not compared"]
-    apart = [r.id for r in c.rows if r.outcome == "not comparable"]
+    skipped = [r.id for r in c.gating if r.outcome == "not compared"]
+    apart = [r.id for r in (*c.threat_models, *c.rows) if r.outcome == "not comparable"]
     note = (f"; not compared: {', '.join(skipped)} (see why in the table)" if skipped else "")
     if apart:
         note += f"; not comparable (only in one run, or changed): {', '.join(apart)}"
     if gated:
-        return (f"RESOLVED REGRESSION on {', '.join(gated)} (a check with a threshold): "
+        return (f"RESOLVED REGRESSION on {', '.join(gated)} (a row with a threshold): "
                 f"exit 1{note}")
     open_ = [r.id for r in c.inconclusive]
     if open_:
         return (f"INCONCLUSIVE on {', '.join(open_)}: neither a regression nor "
                 f"non-inferiority within the tolerance ({c.tolerance:g}) is shown: exit 6"
                 f"{note}")
-    extra = (f" (resolved regression only on checks without a threshold: "
+    extra = (f" (resolved regression only on rows without a threshold: "
              f"{', '.join(r.id for r in regs)})" if regs else "")
-    return (f"no resolved regression; every check with a threshold is unchanged or "
-            f"non-inferior within the tolerance ({c.tolerance:g}){extra}: exit 0{note}")
+    return (f"no resolved regression; every threat model and check with a threshold is "
+            f"unchanged or non-inferior within the tolerance ({c.tolerance:g}){extra}: exit 0"
+            f"{note}")
+
+
+def _method_note(c: Comparison) -> str:
+    gating = sum(r.p is not None for r in c.gating)
+    return (f"Decided on the threat-model rows and the checks that are not attack rows (attack "
+            f"rows are evidence, shown at their threat model's level). Holm correction over "
+            f"{gating} compared rows at family-wise {ALPHA:g}; tolerance {c.tolerance:g} (pp "
+            "for rates, % of OLD for scores). Rates compare the share of all evaluated samples "
+            "with the row's outcome (robustness: correct and stays correct; a threat model: "
+            "robust to every attack of it); where that share is not the metric itself, it is "
+            "shown before the change.")
 
 
 def print_table(c: Comparison, console: Console) -> None:
-    """The comparison as a rich table, then its decision."""
+    """The comparison in the terminal, then its decision: a table, or one block per row when
+    the terminal is :data:`NARROW` columns or fewer (``COLUMNS`` or the terminal's width)."""
+    if console.width <= NARROW:
+        _print_blocks(c, console)
+        return
     t = Table(title=f"certify compare: {c.old['model']} (OLD) -> {c.new['model']} (NEW)",
               show_lines=False)
-    for col in ("check", "metric", "OLD [95%]", "NEW [95%]", "pairing",
+    for col in ("row", "metric", "OLD [95%]", "NEW [95%]", "pairing",
                 "change [Holm-corrected]", "p (Holm)", "result"):
         t.add_column(col, overflow="fold")
-    for r, row in zip(c.rows, rows_context(c), strict=True):
-        t.add_row(row["id"], row["metric"], row["old"], row["new"], row["pairing"],
+    for r, row in [*zip(c.threat_models, threat_rows_context(c), strict=True),
+                   *zip(c.rows, rows_context(c), strict=True)]:
+        name = row["id"]
+        if row["evidence_for"]:
+            name += f" (evidence for {row['evidence_for']})"
+        t.add_row(name, row["metric"], row["old"], row["new"], row["pairing"],
                   row["change"], row["p"], row["outcome"], style=_STYLE.get(r.outcome))
     console.print(t)
-    console.print(f"Holm correction over {sum(r.p is not None for r in c.rows)} compared "
-                  f"checks at family-wise {ALPHA:g}; tolerance {c.tolerance:g} (pp for rates, "
-                  "% of OLD for scores). Rates compare the share of all evaluated samples with "
-                  "the check's outcome (robustness: correct and stays correct); where that share "
-                  "is not the metric itself, it is shown before the change.",
-                  highlight=False)
+    console.print(_method_note(c), highlight=False)
+    console.print(f"decision: {c.decision}", highlight=False, markup=False)
     console.print(summary_line(c), highlight=False)
 
 
+def _print_blocks(c: Comparison, console: Console) -> None:
+    """One block per row, every line within the console's width."""
+    width = console.width
+
+    def say(text: str, indent: str = "", style: str | None = None) -> None:
+        for line in textwrap.wrap(text, width, initial_indent=indent,
+                                  subsequent_indent=indent + "  ",
+                                  break_on_hyphens=False) or [""]:
+            console.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
+
+    say(f"certify compare: {c.old['model']} (OLD) -> {c.new['model']} (NEW)",
+        style="bold")
+    groups = (("Threat models (they decide)", c.threat_models, threat_rows_context(c)),
+              ("Checks", c.rows, rows_context(c)))
+    for title, rows, texts in groups:
+        if not rows:
+            continue
+        say("")
+        say(title, style="bold")
+        for r, row in zip(rows, texts, strict=True):
+            role = (f"evidence for {row['evidence_for']}" if row["evidence_for"]
+                    else "gate" + ("" if row["threshold"] else ", no threshold"))
+            say("")
+            say(f"{row['id']} ({role})", style=_STYLE.get(r.outcome))
+            say(f"metric: {row['metric']}", "  ")
+            say(f"OLD: {row['old']}", "  ")
+            say(f"NEW: {row['new']}", "  ")
+            if row["change"] != "–":
+                say(f"change: {row['change']} at {row['confidence']}, {row['pairing']}, "
+                    f"p (Holm) {row['p']}", "  ")
+            say(f"result: {row['outcome']}", "  ", style=_STYLE.get(r.outcome))
+    say("")
+    say(_method_note(c))
+    say(f"decision: {c.decision}", style="bold")
+    say(summary_line(c))
+
+
 def render_html(c: Comparison) -> str:
-    """The self-contained comparison card (HTML, the card's CSS)."""
+    """The self-contained comparison card (HTML, the card's CSS); its badge is the
+    comparison's decision (:attr:`~certify.report.compare.Comparison.decision`)."""
     from certify.report.card import _environment
 
     css = (importlib.resources.files("certify._templates") / "card.css").read_text("utf-8")
     return _environment().get_template("compare.html.j2").render(
-        css=css, c=c, rows=rows_context(c), summary=summary_line(c), alpha=ALPHA)
+        css=css, c=c, rows=rows_context(c), threats=threat_rows_context(c),
+        summary=summary_line(c), alpha=ALPHA, badge=BADGE[c.decision], decision=c.decision)
+
+
+#: The badge's colour class (the card's CSS) for each decision.
+BADGE = {"REGRESSION": "FAIL", "INCONCLUSIVE": "INCONCLUSIVE", "NO CHANGE": "PASS",
+         "IMPROVEMENT": "PASS", "NON-INFERIOR": "PASS", "NO THRESHOLD GATED": "INFO"}
 
 
 def render_pdf(html: str) -> bytes:

@@ -1,33 +1,32 @@
-"""Does a card *show* what was signed? Compare its visible content with the signed payload's.
+"""Does card.html *show* what was signed? Compare it with a fresh rendering of the payload.
 
-The signature covers the payload embedded in a card, not the text and pictures around it. So
-``certify verify`` also re-renders the card from the verified payload and compares what a reader
-sees: the visible text (whitespace normalised, so renderer differences in line breaking do not
-matter) and every image, by the digest of its pixels (which the signed measurement records).
-When the card was made by the same renderer (same certify, jinja2, WeasyPrint), an HTML card
-must match the re-rendered one byte for byte; cards from another renderer are checked on their
-text and images.
+The signature covers the payload embedded in a card, not the markup around it, and no
+standard signature format exists for HTML. So ``certify verify`` re-renders the card from the
+verified payload and compares the two byte for byte, when the card names this verifier's own
+renderer (:func:`certify.report.card.same_renderer`: certify's version, a digest of its
+templates and of its code). Any change a reader could see (text, an image, a style) is then a
+difference. A card from another renderer cannot be reproduced here: its visible layer is not
+compared, and :func:`check_html` says so (``certify verify`` exits 8). card.pdf is not
+re-rendered: its PDF signature covers its pages (:mod:`certify.report.pades`).
+
+When the bytes differ, the message says where a reader would see it: the visible text (with
+whitespace normalised), an image's pixels (by the digest the signed measurement records), or
+else the markup (styles, attributes).
 """
 
 from __future__ import annotations
 
-import difflib
-import io
 import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
 from certify.errors import VerificationError
-from certify.images import decode_png, image_digest, pixels_of_data_uri
-from certify.report.card import render_html, render_pdf, renderer_info
+from certify.images import image_digest, pixels_of_data_uri
+from certify.report.card import html_renderer, render_html, renderer_text, same_renderer
 from certify.results import RunResult
 
 _WS = re.compile(r"\s+")
-#: A 1x1 white PNG: stands in for images when only the layout of a re-render matters (the
-#: card's CSS gives every image a fixed size).
-_PLACEHOLDER = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4"
-                "nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC")
 
 
 @dataclass
@@ -84,13 +83,18 @@ def html_view(html: str) -> CardView:
 
 
 def _first_difference(a: str, b: str, width: int = 60) -> str:
-    """A short description of where two texts first differ."""
-    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
-        if op != "equal":
-            return (f"the card shows {a[max(0, i1 - 20):i2 + 20][:width]!r} where the signed "
-                    f"payload renders {b[max(0, j1 - 20):j2 + 20][:width]!r}")
-    return "the texts differ"
+    """A short description of where two texts first differ (linear: a common prefix and a
+    common suffix, never a diff, which is quadratic on a long text an attacker chose)."""
+    n = min(len(a), len(b))
+    i = next((k for k in range(n) if a[k] != b[k]), n)
+    if i == len(a) == len(b):
+        return "the texts differ"
+    j = 0
+    while j < min(len(a), len(b)) - i and a[len(a) - 1 - j] == b[len(b) - 1 - j]:
+        j += 1
+    lo = max(0, i - 20)
+    return (f"the card shows {a[lo:max(i + 20, len(a) - j + 20)][:width]!r} where the signed "
+            f"payload renders {b[lo:max(i + 20, len(b) - j + 20)][:width]!r}")
 
 
 def _check_images(actual: list[str], expected: list[str], where: str) -> None:
@@ -105,79 +109,33 @@ def _check_images(actual: list[str], expected: list[str], where: str) -> None:
                             hint="do not trust this card")
 
 
-def check_html(html: str, result: RunResult, signature: Any, where: str) -> str:
-    """Raise VerificationError unless the card's visible content is the signed payload's.
+def check_html(data: bytes, result: RunResult, signature: Any, where: str
+               ) -> tuple[bool, str]:
+    """Compare a card's bytes with a fresh rendering of its verified payload.
 
-    Returns a sentence saying how it was checked.
+    Returns ``(True, how)`` when the card is exactly what the payload renders to, ``(False,
+    why)`` when the card names another renderer (its visible layer is not compared), and
+    raises VerificationError when this renderer made it and the bytes differ.
     """
+    recorded = dict(result.provenance.renderer)
+    if not same_renderer(recorded):
+        return False, (f"not compared: the card was rendered by {renderer_text(recorded)}; "
+                       f"this verifier renders with {renderer_text(html_renderer())}")
+    html = data.decode("utf-8", errors="replace")
     card = html_view(html)
     rerendered = render_html(result, signature, card.sources)
-    if rerendered == html:
-        return "the card is exactly what the signed payload renders to"
+    if rerendered.encode("utf-8") == data:
+        return True, "the card is exactly what the signed payload renders to"
     expected = html_view(rerendered)
     if card.text != expected.text:
         raise VerificationError(f"{where}: the visible text is not what the signed payload "
                                 f"says: {_first_difference(card.text, expected.text)}",
                                 hint="the card was edited after signing; do not trust it")
     _check_images(card.images, expected.declared, where)
-    if dict(result.provenance.renderer) == renderer_info():
-        raise VerificationError(f"{where}: the card's markup differs from what the signed "
-                                "payload renders to with the same renderer",
-                                hint="the card was edited after signing; do not trust it")
-    return ("the visible text and images match the signed payload (card rendered by "
-            f"{_renderer_text(result.provenance.renderer)}, checked with "
-            f"{_renderer_text(renderer_info())})")
-
-
-def _renderer_text(r: dict[str, str]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(r.items())) or "an unrecorded renderer"
-
-
-def pdf_text(data: bytes) -> str:
-    """The PDF's text with all whitespace removed (line breaking is the renderer's business)."""
-    from pypdf import PdfReader
-
-    reader = PdfReader(io.BytesIO(data))
-    return _WS.sub("", "".join(page.extract_text() or "" for page in reader.pages))
-
-
-def pdf_image_digests(data: bytes) -> set[str]:
-    """Pixel digests of the images drawn in a PDF."""
-    from pypdf import PdfReader
-
-    out = set()
-    for page in PdfReader(io.BytesIO(data)).pages:
-        for im in page.images:
-            try:
-                out.add(image_digest(decode_png(im.data)))
-            except ValueError:
-                out.add("unreadable")
-    return out
-
-
-def check_pdf(data: bytes, payload: bytes, result: RunResult, signature: Any, where: str
-              ) -> str:
-    """Raise VerificationError unless the PDF's pages show what the signed payload renders to.
-
-    Compares the page text with a fresh rendering of the payload and the images' pixels with
-    the digests the payload names. Returns a sentence saying how it was checked.
-    """
-    declared = html_view(render_html(result, signature, {})).declared
-    placeholders = dict.fromkeys(declared, _PLACEHOLDER)
-    expected_pdf = render_pdf(render_html(result, signature, placeholders), payload, signature)
-    actual_text, expected_text = pdf_text(data), pdf_text(expected_pdf)
-    if actual_text != expected_text:
-        raise VerificationError(f"{where}: the pages' text is not what the signed payload says: "
-                                f"{_first_difference(actual_text, expected_text)}",
-                                hint="pages were edited or taken from another card; do not "
-                                     "trust it")
-    shown = pdf_image_digests(data)
-    unexpected = sorted(shown - set(declared))
-    if unexpected:
-        raise VerificationError(f"{where}: {len(unexpected)} image(s) on the pages are not the "
-                                f"signed ones (e.g. {unexpected[0]})", hint="do not trust it")
-    missing = sorted(set(declared) - shown)
-    if missing:
-        raise VerificationError(f"{where}: {len(missing)} signed image(s) are not on the pages "
-                                f"(e.g. {missing[0]})", hint="do not trust it")
-    return "the pages' text and images match the signed payload"
+    fresh = rerendered.encode("utf-8")
+    at = next((i for i, (x, y) in enumerate(zip(data, fresh, strict=False)) if x != y),
+              min(len(data), len(fresh)))
+    raise VerificationError(f"{where}: the card's markup differs from what the signed payload "
+                            f"renders to with the same renderer (from byte {at:,}: styles, "
+                            "attributes or layout)",
+                            hint="the card was edited after signing; do not trust it")

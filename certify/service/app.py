@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
@@ -34,11 +34,17 @@ from certify.service.shared import (
     API,
     ARTEFACTS,
     Services,
+    artefact_response,
     find_run,
+    new_share_link,
     principal_from,
     require,
+    revoke_share_links,
     run_json,
     runs_query,
+    set_public,
+    share_links,
+    verified_results,
     verify_upload,
 )
 
@@ -76,6 +82,7 @@ def open_services(cfg: ServeConfig) -> Services:
     passphrase = (os.environ.get(cfg.passphrase_env, "").encode() or None
                   if cfg.passphrase_env else None)
     private = load_private_key(key_path, passphrase)
+    keys.ensure_certificate(key_path, private)  # card.pdf's PDF signatures name it
     public_pem = private.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     box = None
@@ -133,6 +140,10 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
     app.add_middleware(VerifyGate, svc=svc, limiter=RateLimiter(svc.cfg.verify_per_minute))
     app.add_middleware(BodyLimit, limit=limit,
                        paths={f"{API}/verify": verify_limit, "/verify": verify_limit})
+    from certify.service.conn import AuthBeforeBody
+
+    # outside BodyLimit: a caller without a token learns nothing, not even the size limit
+    app.add_middleware(AuthBeforeBody, svc=svc)
     app.add_middleware(CountResponses, counters=svc.counters)  # outermost: counts them all
 
     @app.exception_handler(RequestValidationError)
@@ -148,9 +159,13 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
         detail = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
         return JSONResponse({"detail": detail}, status_code=status)
 
+    from certify.report.pades import certificate_path
     from certify.service.log_routes import log_router
 
-    app.include_router(log_router(lambda: svc.tlog, svc.public_pem), prefix=API)
+    cert = None if svc.cfg.sign_key is None else certificate_path(svc.cfg.sign_key)
+    app.include_router(log_router(lambda: svc.tlog, svc.public_pem,
+                                  cert.read_bytes() if cert and cert.is_file() else None),
+                       prefix=API)
     _api_routes(app, svc, start_workers)
     from certify.service.ui import ui_router
 
@@ -251,6 +266,12 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+class ShareBody(BaseModel):
+    """``POST /runs/{id}/share``: whether every token may read the run."""
+
+    public: bool
+
+
 #: What any operation may answer besides its success (each with :class:`ErrorBody`).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text} for code, text in (
@@ -307,11 +328,13 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         from certify.service.metrics import exposition
 
         who = principal_from(request, svc)
-        peer = request.client.host if request.client else None
-        client = client_address(peer, request.headers.get("x-forwarded-for"),
-                                svc.cfg.trusted_proxies)
+        # the socket's peer, in the spelling client_address gives addresses
+        peer = client_address(request.client.host if request.client else None, None, ())
+        # A peer that is a trusted proxy is never "this host", even on the loopback address
+        # (a local reverse proxy): its client is elsewhere, whatever X-Forwarded-For says.
+        via_proxy = peer in {client_address(p, None, ()) for p in svc.cfg.trusted_proxies}
         try:
-            local = ipaddress.ip_address(client).is_loopback
+            local = not via_proxy and ipaddress.ip_address(peer).is_loopback
         except ValueError:
             local = False
         if not local and (who is None or not who.allows("admin")):
@@ -367,14 +390,15 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         return run_json(run)
 
     @app.get(f"{API}/runs", tags=["runs"])
-    def list_runs(_who: Reader, model: str | None = None,
+    def list_runs(who: Reader, model: str | None = None,
                   suite: str | None = None, verdict: str | None = None,
                   state: str | None = None,
                   limit: Annotated[int, Query(ge=-MAX_INT, le=MAX_INT)] = 50,
                   offset: Annotated[int, Query(ge=-MAX_INT, le=MAX_INT)] = 0
                   ) -> dict[str, Any]:
-        """Runs, newest first, filtered by model name, suite, verdict or state."""
-        q = runs_query(model, suite, verdict, state)
+        """The caller's runs (an admin's: every run), newest first, filtered by model name,
+        suite, verdict or state."""
+        q = runs_query(who, model, suite, verdict, state)
         limit = max(1, min(limit, 500))
         with svc.factory() as s:
             total = s.scalar(select(func.count()).select_from(q.subquery()))
@@ -382,20 +406,25 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
             return {"total": total, "runs": [run_json(r) for r in runs]}
 
     @app.get(f"{API}/runs/{{run_id}}", tags=["runs"])
-    def get_run(run_id: str, _who: Reader) -> dict[str, Any]:
-        """One run: state, progress per check, statuses, verdict."""
-        return run_json(find_run(svc, run_id))
+    def get_run(run_id: str, who: Reader) -> dict[str, Any]:
+        """One run: state, progress per check, statuses, verdict (404 for another token's
+        private run, as for a missing one)."""
+        return run_json(find_run(svc, run_id, who))
 
     @app.get(f"{API}/runs/{{run_id}}/events", tags=["runs"])
     async def events(run_id: str, request: Request,
-                     _who: Reader) -> StreamingResponse:
+                     who: Reader) -> StreamingResponse:
         """Server-sent events: the run's state whenever it changes, until it ends."""
-        find_run(svc, run_id)
+        find_run(svc, run_id, who)
 
         async def stream() -> AsyncIterator[bytes]:
             last = None
             while True:
-                run = await asyncio.to_thread(find_run, svc, run_id)
+                try:
+                    run = await asyncio.to_thread(find_run, svc, run_id, who)
+                except HTTPException:  # made private (or deleted) while followed
+                    yield b"event: end\ndata: {}\n\n"
+                    return
                 doc = run_json(run)
                 text = json.dumps(doc)
                 if text != last:
@@ -414,73 +443,113 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
 
+    @app.post(f"{API}/runs/{{run_id}}/share", tags=["sharing"])
+    def share(run_id: str, body: ShareBody, who: Submitter) -> dict[str, Any]:
+        """Make your run public (readable by every token) or private again (admins: any
+        run)."""
+        find_run(svc, run_id, who, own=True)
+        return run_json(set_public(svc, run_id, body.public))
+
+    @app.post(f"{API}/runs/{{run_id}}/links", tags=["sharing"], status_code=201)
+    def create_link(run_id: str, request: Request, who: Submitter) -> dict[str, Any]:
+        """A share link of your run: whoever holds the URL reads its card and results without
+        a token, until the link is revoked. The URL is shown only here."""
+        find_run(svc, run_id, who, own=True)
+        link = new_share_link(svc, run_id, who)
+        return {**link, "url": str(request.base_url).rstrip("/") + link["path"]}
+
+    @app.get(f"{API}/runs/{{run_id}}/links", tags=["sharing"])
+    def list_links(run_id: str, who: Submitter) -> dict[str, Any]:
+        """Your run's share links (ids and dates: their URLs are not kept)."""
+        find_run(svc, run_id, who, own=True)
+        return {"links": share_links(svc, run_id)}
+
+    @app.delete(f"{API}/runs/{{run_id}}/links", tags=["sharing"])
+    def revoke_links(run_id: str, who: Submitter) -> dict[str, Any]:
+        """Revoke every share link of your run."""
+        find_run(svc, run_id, who, own=True)
+        return {"revoked": revoke_share_links(svc, run_id)}
+
+    @app.delete(f"{API}/runs/{{run_id}}/links/{{link_id}}", tags=["sharing"])
+    def revoke_link(run_id: str, link_id: int, who: Submitter) -> dict[str, Any]:
+        """Revoke one share link of your run."""
+        find_run(svc, run_id, who, own=True)
+        if not 1 <= link_id <= MAX_INT or not revoke_share_links(svc, run_id, link_id):
+            raise HTTPException(404, f"no share link {link_id} of run {run_id}")
+        return {"revoked": 1}
+
     @app.get(f"{API}/runs/{{run_id}}/{{name}}", tags=["runs"])
-    def artefact(run_id: str, name: str, _who: Reader
-                 ) -> FileResponse:
-        """A finished run's card.html, card.pdf, results.json or results.json.sig."""
+    def artefact(run_id: str, name: str, who: Reader) -> Response:
+        """A finished run's card.html, card.pdf, results.json or results.json.sig, served
+        once its stored results pass their signature check."""
         if name not in ARTEFACTS:
             raise HTTPException(404, f"no such file {name!r}; one of {', '.join(ARTEFACTS)}")
-        run = find_run(svc, run_id)
-        if run.state != "done":
-            raise HTTPException(409, f"run {run_id} is {run.state}: its card exists once it "
-                                     "is done")
-        from certify.service.job import OUT_DIR
-
-        path = svc.store.run_dir(run.id) / OUT_DIR / name
-        if not path.is_file():
-            raise HTTPException(404, f"{name} is missing from run {run_id}")
-        return FileResponse(path, media_type=ARTEFACTS[name], filename=name,
-                            content_disposition_type="inline")
+        return artefact_response(svc, find_run(svc, run_id, who), name)
 
     @app.post(f"{API}/runs/{{run_id}}/cancel", tags=["runs"])
     def cancel(run_id: str, who: Submitter) -> dict[str, Any]:
         """Cancel a queued or running run (your own, or any as admin)."""
-        run = find_run(svc, run_id)
-        if run.token_id != who.token_id and not who.allows("admin"):
-            raise HTTPException(403, "only the run's submitter or an admin may cancel it")
+        run = find_run(svc, run_id, who, own=True)
         if run.state in FINAL_STATES:
             raise HTTPException(409, f"run {run_id} already ended ({run.state})")
         with svc.factory() as s:
             queue.request_cancel(s, run_id)
-        return run_json(find_run(svc, run_id))
+        return run_json(find_run(svc, run_id, who, own=True))
 
     @app.get(f"{API}/runs/{{a}}/compare/{{b}}", tags=["runs"])
-    def compare_runs(a: str, b: str, _who: Reader,
+    def compare_runs(a: str, b: str, who: Reader,
                      tolerance: float = 0.0) -> dict[str, Any]:
-        """``certify compare`` of two finished runs (a = old, b = new)."""
-        from certify.report.compare import compare_paths
-        from certify.service.job import OUT_DIR
+        """``certify compare`` of two finished runs (a = old, b = new), from their stored
+        results once these pass their signature check; the sides are named by run id."""
+        from certify.report.compare import NotComparable, compare
+        from certify.results import OLDER_SCHEMAS, SCHEMA, parse_result
 
-        paths = []
-        for rid in (a, b):
-            run = find_run(svc, rid)
+        runs = [find_run(svc, rid, who) for rid in (a, b)]  # both readable, before anything
+        results = []
+        for rid, run in zip((a, b), runs, strict=True):
             if run.state != "done":
                 raise HTTPException(409, f"run {rid} is {run.state}, not done")
-            paths.append(svc.store.run_dir(rid) / OUT_DIR / "results.json")
-        c = compare_paths(paths[0], paths[1], tolerance)
-        return {**c.to_json(), "exit_code": c.exit_code}
+            doc = json.loads(verified_results(svc, run))
+            readable = (SCHEMA, *OLDER_SCHEMAS)  # runs stored before an upgrade compare too
+            if doc.get("schema") not in readable:
+                raise NotComparable(f"incompatible certify schema: run {rid} is "
+                                    f"{doc.get('schema')!r}, this service compares "
+                                    f"{' and '.join(readable)}",
+                                    hint="rerun the older release's suite with this certify")
+            results.append(parse_result(doc, older=True))
+        c = compare(results[0], results[1], tolerance)
+        out = c.to_json()
+        for side, rid in (("old", a), ("new", b)):  # run ids, never the server's paths
+            out[side].pop("path", None)
+            out[side]["run_id"] = rid
+        return {**out, "exit_code": c.exit_code}
 
-    @app.post(f"{API}/verify", tags=["verify"])
+    @app.post(f"{API}/verify", tags=["verify"], responses={503: {
+        "model": ErrorBody, "description": "Every verification slot busy; see Retry-After"}})
     async def verify(file: Annotated[UploadFile, File(description="card.html, card.pdf or "
                                                            "results.json")],
                      signature: Annotated[UploadFile | None, File(
                          description="results.json.sig, with a results.json")] = None,
                      ) -> dict[str, Any]:
         """Check a card against this service's key and log (public, for auditors)."""
-        return await asyncio.to_thread(verify_upload, svc, file, signature)
+        return await verify_upload(svc, file, signature)  # its child process does the work
 
     @app.delete(f"{API}/uploads/{{digest}}", tags=["uploads"])
     def delete_upload(digest: str, who: Submitter
                       ) -> dict[str, Any]:
-        """Delete an upload (its owner or an admin); refused while a live run uses it."""
+        """Delete your record of an upload (an admin: every token's); refused while a live
+        run of yours uses it. The stored file goes with its last record."""
         from certify.service import retention
 
+        owner = None if who.allows("admin") else who.token_id
         with svc.factory() as s:
-            up = s.get(Upload, digest)
+            q = select(Upload.token_id).where(Upload.digest == digest)
+            if owner is not None:
+                q = q.where(Upload.token_id == owner)
             # another token's upload answers as a missing one: no existence oracle
-            if up is None or (up.token_id != who.token_id and not who.allows("admin")):
+            if s.scalar(q.limit(1)) is None:
                 raise HTTPException(404, f"no upload {digest[:80]!r} of this token")
-        if not retention.delete_upload(svc.factory, svc.store, digest):
+        if not retention.delete_upload(svc.factory, svc.store, digest, owner):
             raise HTTPException(409, "a queued or running run uses this upload")
         return {"deleted": digest}
 

@@ -75,6 +75,18 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
               help="Largest card the public verify page and API accept.")
 @click.option("--verify-per-minute", type=click.IntRange(min=1), default=30, show_default=True,
               help="Verifications a minute per client address without a token.")
+@click.option("--verify-memory-mb", type=click.IntRange(min=16), default=1024,
+              show_default=True, help="Memory one card verification may take, beyond the "
+                                      "verifier's own code (its child process's address-space "
+                                      "limit).")
+@click.option("--verify-timeout", "verify_timeout_s", type=click.FloatRange(min=0.1),
+              default=30.0, show_default=True,
+              help="Seconds (wall clock and CPU) one card verification may take.")
+@click.option("--verify-concurrency", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Card verifications at once, each in its own child process.")
+@click.option("--verify-wait", "verify_wait_s", type=click.FloatRange(min=0), default=10.0,
+              show_default=True, help="Seconds an upload waits for a free verification; "
+                                      "then 503 with Retry-After.")
 @click.option("--token-storage-mb", type=click.IntRange(min=1), default=2048, show_default=True,
               help="Most a token's stored uploads may take.")
 @click.option("--token-uploads-per-hour", type=click.IntRange(min=1), default=60,
@@ -82,6 +94,19 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
 @click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDRESS",
               help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
                    "from any other peer the header is ignored.")
+@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0.1),
+              default=10.0, show_default=True,
+              help="Seconds a request's headers may take, from the connection's start or the "
+                   "previous response (idle connections are closed then).")
+@click.option("--min-body-rate", "min_body_rate_kb", type=click.IntRange(min=0), default=64,
+              show_default=True, help="KB/s a request body must arrive at, after --body-grace "
+                                      "(0: no minimum).")
+@click.option("--body-grace", "body_grace_s", type=click.FloatRange(min=0), default=5.0,
+              show_default=True, help="Seconds of credit a body has before --min-body-rate.")
+@click.option("--max-connections-per-client", "max_connections_per_client",
+              type=click.IntRange(min=1), default=32, show_default=True,
+              help="Connections open at once per client address (not for --trusted-proxy "
+                   "peers); more are closed at once.")
 @click.option("--run-timeout", type=click.FloatRange(min=1), default=4 * 3600.0,
               show_default=True, help="Seconds one run may take.")
 @click.option("--run-memory-mb", type=click.IntRange(min=256), default=16 * 1024,
@@ -155,11 +180,18 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
             begin_shutdown(svc)
             super().handle_exit(sig, frame)
 
+    from certify.service.conn import Deadlines, protocol_class
+
+    deadlines = Deadlines.of(cfg.header_timeout_s, cfg.min_body_rate_kb, cfg.body_grace_s,
+                             cfg.max_connections_per_client, cfg.trusted_proxies)
     # proxy headers are read by certify alone, from --trusted-proxy peers (uvicorn's own
     # default would trust X-Forwarded-For from 127.0.0.1); connections still open after
-    # --lease seconds of shutdown are closed
+    # --lease seconds of shutdown are closed. The HTTP protocol is named, not "auto": the
+    # deadlines live in a subclass of uvicorn's h11 protocol, and "auto" would pick httptools
+    # (no deadlines) wherever it happens to be installed; no WebSocket protocol, since an
+    # upgraded connection would leave the deadlines (the service has no WebSocket route).
     Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                          proxy_headers=False,
+                          proxy_headers=False, http=protocol_class(deadlines), ws="none",
                           timeout_graceful_shutdown=max(1, int(cfg.lease_s)))).run()
 
 

@@ -47,11 +47,26 @@ class ServeConfig:
     max_verify_mb: int = 16
     #: Verifications a minute per client address for callers without a token.
     verify_per_minute: int = 30
+    #: Each verification runs in a child process (:mod:`certify.service.verify_sandbox`): its
+    #: address space beyond the verifier's own code, its wall-clock and CPU seconds, how many
+    #: run at once, and how long an upload waits for a free one (then 503).
+    verify_memory_mb: int = 1024
+    verify_timeout_s: float = 30.0
+    verify_concurrency: int = 2
+    verify_wait_s: float = 10.0
     #: Reverse proxies whose ``X-Forwarded-For`` names the client (rate limits).
     trusted_proxies: tuple[str, ...] = ()
     #: Per token: the most its stored uploads may take, and uploads an hour.
     token_storage_mb: int = 2048
     token_uploads_per_hour: int = 60
+    #: Connection deadlines (:class:`certify.service.conn.Deadlines`): a request's headers
+    #: within this many seconds of the connection's start or the previous response; a body at
+    #: this many KB/s at least once the grace has passed (0: no minimum); connections at once
+    #: per client address (``trusted_proxies`` are not limited).
+    header_timeout_s: float = 10.0
+    min_body_rate_kb: int = 64
+    body_grace_s: float = 5.0
+    max_connections_per_client: int = 32
 
     @property
     def db_url(self) -> str:

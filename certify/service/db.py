@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -88,20 +89,51 @@ class Run(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     log_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: Readable by every token (set by the run's owner or an admin); private by default.
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Upload(Base):
-    """An uploaded file, stored by content digest."""
+    """One token's record of an uploaded file. The file is stored once, by content digest;
+    each token that uploaded it has its own row, so that a token's upload looks the same
+    whether or not another token sent the same bytes (no existence oracle), counts against
+    that token's quota, and goes when that token deletes it (the blob goes with the last row).
+    """
 
     __tablename__ = "uploads"
     digest: Mapped[str] = mapped_column(String(80), primary_key=True)
+    token_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     kind: Mapped[str] = mapped_column(String(16))  # model | suite | dataset
     size: Mapped[int] = mapped_column(Integer)
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
-    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     expires: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     #: Store-relative paths made from this upload (a suite's .yaml, a model's folder).
     paths: Mapped[list[str]] = mapped_column(JSON, default=list)
+
+
+class WebSession(Base):
+    """A web UI session: the cookie carries a random id, only its sha256 is stored; logging
+    out deletes the row, so a copied cookie stops working at once."""
+
+    __tablename__ = "sessions"
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[int] = mapped_column(Integer, index=True)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    expires: Mapped[dt.datetime] = mapped_column(DateTime, index=True)
+
+
+class ShareLink(Base):
+    """A share link of a run: whoever holds its secret URL reads the run's card and results
+    without a token, until the link is revoked (the row deleted). Only the secret's sha256 is
+    stored."""
+
+    __tablename__ = "share_links"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(32), index=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    #: The token that made the link.
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class LogEntry(Base):

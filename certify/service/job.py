@@ -13,6 +13,7 @@ server was killed finishes with the same results as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -142,15 +143,38 @@ def run_job(folder: Path, secret: str | None) -> dict[str, Any]:
 
 
 def _no_server_paths(text: str, folder: Path, spec: dict[str, Any]) -> str:
-    """An error message without the service's own paths (its store, a registered dataset's
-    folder): a submitter sees the file's name, not where the server keeps it."""
+    """An error message without the service's own paths: a submitter sees a file's name
+    (store-relative for what the store holds), never where the server keeps it.
+
+    Redacted, in every spelling the job may meet (as configured, absolute, symlinks
+    resolved): the service's home, its store, the registered datasets' folders (from
+    ``server_paths`` in job.json), this run's data folder, and where Python and certify are
+    installed (a packaged suite's file, a library's file in an internal error) and the
+    server user's home folder.
+    """
+    import re
+
+    import certify
+
     store = folder.resolve().parent.parent  # <store>/runs/<run id>
-    swaps = [(str(store) + "/", "")]
+    given: list[str | Path] = [*spec.get("server_paths", []), store, sys.prefix,
+                               sys.base_prefix, Path(certify.__file__).parent.parent]
     data = spec.get("data")
-    if data and not str(data).startswith(str(store)):
-        swaps.append((str(Path(data).parent) + "/", ""))
-    for path, by in swaps:
-        text = text.replace(path, by)
+    if data:
+        given.append(Path(data).parent)
+    with contextlib.suppress(RuntimeError, KeyError):  # no resolvable home: nothing to hide
+        given.append(Path.home())
+    spellings: set[str] = set()
+    for p in given:
+        path = Path(p)
+        for form in (str(path), os.path.abspath(path), str(path.resolve())):
+            form = form.rstrip("/")
+            if form and form != ".":
+                spellings.add(form)
+    for form in sorted(spellings, key=len, reverse=True):  # the store before the home
+        at = r"(?<![\w.~/-])" + re.escape(form)
+        text = re.sub(at + "/+", "", text)  # inside it: the path below the folder
+        text = re.sub(at + r"(?![\w.~-])", Path(form).name or "folder", text)  # the folder
     return text
 
 

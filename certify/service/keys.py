@@ -2,7 +2,8 @@
 
 The signing key lives only on the server. Without ``--sign-key`` the service makes one in its
 home folder at first start (``keys/service.key``) and uses it from then on; a key file that
-other users can read is refused.
+other users can read is refused. Its self-issued certificate (``keys/service.crt``, named by
+every card.pdf's PDF signature) is made beside it where missing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import Any
 
 from certify.errors import UsageError
 
@@ -45,6 +47,31 @@ def signing_key_path(home: Path, given: Path | None) -> Path:
         keygen(folder, "service")
     check_private(path, "signing key")
     return path
+
+
+def ensure_certificate(key_path: Path, key: Any) -> bytes:
+    """The signing key's certificate (PEM), ``NAME.crt`` beside ``NAME.key``: read, or made
+    where missing (a home from before certify wrote certificates, or a ``--sign-key`` without
+    one), so that every run's card.pdf names the same certificate and
+    ``GET /api/v1/certificate`` publishes it. A certificate for another key is refused."""
+    from certify.report.pades import (
+        certificate_path,
+        certificate_pem,
+        load_certificate,
+        write_certificate,
+    )
+
+    path = certificate_path(key_path)
+    if path.exists():
+        return certificate_pem(load_certificate(path, key))
+    try:
+        cert = write_certificate(key, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write the signing key's certificate {path}: {exc.strerror}",
+                         hint="put the key's certificate there (`certify keygen` writes "
+                              "NAME.crt beside NAME.key), or let the service write it") \
+            from None
+    return certificate_pem(cert)
 
 
 def session_secret(home: Path) -> bytes:

@@ -16,8 +16,10 @@ Index = Annotated[int, Path(ge=0, le=2**63 - 1)]
 Size = Annotated[int, Query(ge=0, le=2**63 - 1)]
 
 
-def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes) -> APIRouter:
-    """``/log``, ``/log/entries/{n}``, ``/log/proof/*``, ``/log/lookup`` and ``/key``."""
+def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes,
+               certificate_pem: bytes | None = None) -> APIRouter:
+    """``/log``, ``/log/entries/{n}``, ``/log/proof/*``, ``/log/lookup``, ``/key`` and
+    ``/certificate``."""
     r = APIRouter(tags=["transparency log"])
 
     def guard(fn: Callable[[], dict[str, Any]], status: int = 404) -> dict[str, Any]:
@@ -58,5 +60,13 @@ def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes) -> API
     def key() -> PlainTextResponse:
         """The service's public key (PEM): it signs cards and tree heads."""
         return PlainTextResponse(public_pem.decode("ascii"))
+
+    @r.get("/certificate", response_class=PlainTextResponse)
+    def certificate() -> PlainTextResponse:
+        """The signing key's self-issued certificate (PEM), which every card.pdf's PDF
+        signature names: import it as a trusted root to have PDF readers trust the cards."""
+        if certificate_pem is None:
+            raise HTTPException(404, "this service publishes no certificate")
+        return PlainTextResponse(certificate_pem.decode("ascii"))
 
     return r

@@ -84,6 +84,90 @@ def _subproof(m: int, d: Sequence[bytes], whole: bool) -> list[bytes]:
     return _subproof(m - k, d[k:], False) + [root(d[:k])]
 
 
+class MerkleTree:
+    """An append-only RFC 6962 tree that keeps the hash of every complete aligned subtree
+    (level ``h`` holds the nodes over leaves ``[j·2^h, (j+1)·2^h)``; about 64 bytes a leaf).
+
+    Appending a leaf costs O(1) amortised; the root of the first ``size`` leaves, an inclusion
+    proof and a consistency proof cost O(log² n) hashes, where the list functions above
+    (:func:`root`, :func:`inclusion_proof`, :func:`consistency_proof`) read every leaf. Their
+    results are the same bytes: the list functions are this class's test oracle.
+    """
+
+    def __init__(self) -> None:
+        self._levels: list[bytearray] = [bytearray()]
+
+    @property
+    def size(self) -> int:
+        """Leaves in the tree."""
+        return len(self._levels[0]) // 32
+
+    def append(self, leaf: bytes) -> None:
+        """Add a leaf hash (32 bytes) at the right edge."""
+        if len(leaf) != 32:
+            raise ValueError("a leaf hash is 32 bytes")
+        level, h = self._levels, 0
+        level[0] += leaf
+        while len(level[h]) % 64 == 0:  # level h just completed a pair: its parent exists
+            node = node_hash(bytes(level[h][-64:-32]), bytes(level[h][-32:]))
+            h += 1
+            if h == len(level):
+                level.append(bytearray())
+            level[h] += node
+
+    def leaf(self, index: int) -> bytes:
+        """The hash of leaf ``index``."""
+        if not 0 <= index < self.size:
+            raise LogError(f"no leaf {index} in a tree of size {self.size}")
+        return bytes(self._levels[0][32 * index:32 * index + 32])
+
+    def _mth(self, start: int, n: int) -> bytes:
+        """MTH(D[start:start+n]) (n >= 1): a stored node when the range is an aligned
+        power of two, else split as RFC 6962 §2.1 splits it."""
+        if n & (n - 1) == 0 and start % n == 0:
+            h, j = n.bit_length() - 1, start // n
+            return bytes(self._levels[h][32 * j:32 * j + 32])
+        k = _split(n)
+        return node_hash(self._mth(start, k), self._mth(start + k, n - k))
+
+    def root(self, size: int | None = None) -> bytes:
+        """MTH of the first ``size`` leaves (all of them by default)."""
+        size = self.size if size is None else size
+        if not 0 <= size <= self.size:
+            raise LogError(f"no tree of size {size} in a log of {self.size}")
+        return hashlib.sha256(b"").digest() if size == 0 else self._mth(0, size)
+
+    def inclusion_proof(self, index: int, tree_size: int) -> list[bytes]:
+        """PATH(index, D[tree_size]), as :func:`inclusion_proof`."""
+        if not 0 <= index < tree_size <= self.size:
+            raise LogError(f"no leaf {index} in a tree of size {tree_size}")
+        return self._path(index, 0, tree_size)
+
+    def _path(self, m: int, start: int, n: int) -> list[bytes]:
+        if n == 1:
+            return []
+        k = _split(n)
+        if m < k:
+            return self._path(m, start, k) + [self._mth(start + k, n - k)]
+        return self._path(m - k, start + k, n - k) + [self._mth(start, k)]
+
+    def consistency_proof(self, first: int, second: int) -> list[bytes]:
+        """PROOF(first, D[second]), as :func:`consistency_proof`."""
+        if not 0 <= first <= second <= self.size:
+            raise LogError(f"no consistency proof from size {first} to size {second}")
+        if first == 0 or first == second:
+            return []
+        return self._subproof(first, 0, second, True)
+
+    def _subproof(self, m: int, start: int, n: int, whole: bool) -> list[bytes]:
+        if m == n:
+            return [] if whole else [self._mth(start, n)]
+        k = _split(n)
+        if m <= k:
+            return self._subproof(m, start, k, whole) + [self._mth(start + k, n - k)]
+        return self._subproof(m - k, start + k, n - k, False) + [self._mth(start, k)]
+
+
 def verify_inclusion(leaf: bytes, index: int, tree_size: int, proof: Sequence[bytes],
                      expected_root: bytes) -> None:
     """Raise LogError unless ``proof`` shows leaf hash ``leaf`` at ``index`` under the root."""

@@ -4,33 +4,56 @@ Every transition is one conditional UPDATE, so it is atomic on SQLite and Postgr
 claim succeeds only if the row is still queued (or its lease has expired), and a heartbeat or
 finish only while the caller still holds the lease. A server killed mid-run leaves its runs
 ``running`` with a lease that expires; the next claim takes them up again (and resumes them).
+
+An insert can be guarded by an admission step that runs in the insert's own transaction (a
+token's quotas: :func:`certify.service.submit_checks.admit`), so that checking a limit and
+taking a place under it are one step. The claim order is fair across tokens
+(:func:`_claim_order`): a token with many queued runs delays another token's first run by at
+most one run per worker.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from certify.service.db import CANCELLED, QUEUED, RUNNING, Run, utcnow
+from certify.service.db import CANCELLED, FINAL_STATES, QUEUED, RUNNING, Run, Token, utcnow
+
+#: Called inside the insert's transaction before the row is added: it may lock rows, check
+#: limits (raising to refuse: the transaction is rolled back) and return the fields to insert.
+Admit = Callable[[Session, dict[str, Any]], dict[str, Any]]
 
 
-def enqueue(session: Session, **fields: Any) -> Run:
-    """Insert a queued run (``fields`` are Run columns); returns it with its id and order."""
+def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = None,
+            **fields: Any) -> Run:
+    """Insert a queued run (``fields`` are Run columns); returns it with its id and order.
+
+    ``admit`` runs first in the same transaction, and again on each retry: whatever it checked
+    still holds when the row is committed, provided it locked what it read (a token's row).
+    ``run_id`` is the run's id when the caller needs it before the insert (to encrypt the run's
+    secret with it, so that the run is never claimable without its secret).
+    """
+    rid = run_id or uuid.uuid4().hex
     for _ in range(20):
-        seq = (session.scalar(select(func.max(Run.seq))) or 0) + 1
-        run = Run(id=uuid.uuid4().hex, seq=seq, state=QUEUED, created=utcnow(), updated=utcnow(),
-                  cancel_requested=False, attempts=0, progress={}, **fields)
-        session.add(run)
         try:
+            values = admit(session, dict(fields)) if admit is not None else fields
+            seq = (session.scalar(select(func.max(Run.seq))) or 0) + 1
+            run = Run(id=rid, seq=seq, state=QUEUED, created=utcnow(), updated=utcnow(),
+                      cancel_requested=False, attempts=0, progress={}, **values)
+            session.add(run)
             session.commit()
             return run
         except IntegrityError:  # another submission took this seq: take the next
             session.rollback()
+        except BaseException:
+            session.rollback()
+            raise
     raise RuntimeError("could not allocate a run number after 20 tries")
 
 
@@ -39,8 +62,46 @@ def _claimable(now: dt.datetime) -> Any:
                and_(Run.state == RUNNING, Run.lease_expires < now))
 
 
+def _claim_order(s: Session, now: dt.datetime, limit: int = 8) -> list[str]:
+    """Ids of the claimable runs in the order workers take them, at most ``limit``.
+
+    Fair across tokens rather than first in, first out: first the runs of the token with the
+    fewest runs running now (a live lease), then of the token served longest ago (its last
+    started run that ended, ended first; never served comes first), then by the run's rank
+    among its token's claimable runs, then by submission order. A token with many queued runs
+    therefore takes one worker before another token's first run is next, and a worker that
+    finishes one of its runs turns to the token that waited (which the rank and submission
+    order alone would not do: the same token's next run would tie on both and be older).
+    """
+    cands = s.execute(select(Run.id, Run.token_id, Run.seq)
+                      .where(_claimable(now), Run.cancel_requested.is_(False))
+                      .order_by(Run.seq)).all()
+    tokens = {c.token_id for c in cands}
+    if len(tokens) <= 1:  # one token (or none): its own submission order
+        return [c.id for c in cands[:limit]]
+    running = dict(s.execute(
+        select(Run.token_id, func.count()).where(
+            Run.state == RUNNING, Run.lease_expires >= now, Run.token_id.in_(tokens))
+        .group_by(Run.token_id)).all())
+    served = dict(s.execute(
+        select(Run.token_id, func.max(Run.updated)).where(
+            Run.state.in_(FINAL_STATES), Run.attempts > 0, Run.token_id.in_(tokens))
+        .group_by(Run.token_id)).all())
+    # a run without a token (none is made by the API today) is one more queue of its own
+    ranks: dict[int | None, int] = {}
+    keyed = []
+    for c in cands:
+        ranks[c.token_id] = rank = ranks.get(c.token_id, 0) + 1
+        last = served.get(c.token_id)
+        keyed.append(((running.get(c.token_id, 0), last is not None, last or now, rank, c.seq),
+                      c.id))
+    keyed.sort(key=lambda k: k[0])
+    return [rid for _key, rid in keyed[:limit]]
+
+
 def claim(factory: sessionmaker[Any], owner: str, lease_s: float) -> Run | None:
-    """Take the oldest queued run, or a running one whose lease expired; None if there is none."""
+    """Take the next run in the fair order (:func:`_claim_order`): a queued one, or a running
+    one whose lease expired; None if there is none."""
     with factory() as s:
         now = utcnow()
         # A run cancelled while its worker was gone (server killed) ends now.
@@ -49,10 +110,9 @@ def claim(factory: sessionmaker[Any], owner: str, lease_s: float) -> Run | None:
                   .values(state=CANCELLED, lease_owner=None, lease_expires=None, updated=now,
                           error="cancelled while its server was down"))
         s.commit()
-        ids = s.scalars(select(Run.id).where(_claimable(now), Run.cancel_requested.is_(False))
-                        .order_by(Run.seq).limit(8)).all()
-        for rid in ids:
-            res = s.execute(update(Run).where(Run.id == rid, _claimable(now))
+        for rid in _claim_order(s, now):
+            res = s.execute(update(Run).where(Run.id == rid, _claimable(now),
+                                              Run.cancel_requested.is_(False))
                             .values(state=RUNNING, lease_owner=owner, attempts=Run.attempts + 1,
                                     lease_expires=now + dt.timedelta(seconds=lease_s),
                                     updated=now))
@@ -78,15 +138,27 @@ def heartbeat(factory: sessionmaker[Any], run_id: str, owner: str, lease_s: floa
         return res.rowcount == 1, cancel
 
 
-def finish(factory: sessionmaker[Any], run_id: str, owner: str, **values: Any) -> bool:
-    """Move a run this owner holds to a final state; False if the lease was lost."""
+def finish(factory: sessionmaker[Any], run_id: str, owner: str, charge: int = 0,
+           **values: Any) -> bool:
+    """Move a run this owner holds to a final state; False if the lease was lost.
+
+    ``charge`` model queries are added to the run's token's spent queries in the same
+    transaction: the budget a live run holds is released only as what it spent is charged, so
+    a submission admitted meanwhile never sees that budget twice.
+    """
     with factory() as s:
         res = s.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner,
                                           Run.state == RUNNING)
                         .values(lease_owner=None, lease_expires=None, updated=utcnow(),
                                 **values))
+        held = res.rowcount == 1
+        if held and charge:
+            token_id = s.scalar(select(Run.token_id).where(Run.id == run_id))
+            if token_id is not None:
+                s.execute(update(Token).where(Token.id == token_id)
+                          .values(queries_used=Token.queries_used + int(charge)))
         s.commit()
-        return res.rowcount == 1
+        return held
 
 
 def request_cancel(session: Session, run_id: str) -> str:

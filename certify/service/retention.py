@@ -2,7 +2,8 @@
 
 An upload is deleted with everything the service made from it (a suite's .yaml, a model's
 folder), unless a queued or running run still needs it. Finished runs keep their cards and
-results; only the inputs go.
+results; only the inputs go. Each token's record of an upload goes on its own (its owner
+deletes it, or its retention ends); the stored file goes with its last record.
 """
 
 from __future__ import annotations
@@ -19,28 +20,38 @@ from certify.service.db import QUEUED, RUNNING, Run, Upload, utcnow
 log = logging.getLogger("certify.service")
 
 
-def in_use(factory: Any, digest: str) -> bool:
-    """Whether a queued or running run uses the upload ``digest``."""
+def in_use(factory: Any, digest: str, token_id: int | None = None) -> bool:
+    """Whether a queued or running run (of ``token_id``, when given) uses the upload
+    ``digest``. Asked per token, another token's runs never show through."""
+    q = select(Run.options).where(Run.state.in_((QUEUED, RUNNING)))
+    if token_id is not None:
+        q = q.where(Run.token_id == token_id)
     with factory() as s:
-        for opts in s.scalars(select(Run.options).where(Run.state.in_((QUEUED, RUNNING)))):
+        for opts in s.scalars(q):
             if digest in (opts or {}).get("uploads", []):
                 return True
     return False
 
 
-def delete_upload(factory: Any, store: Any, digest: str) -> bool:
-    """Delete an upload and what was made from it; False if a live run uses it."""
-    if in_use(factory, digest):
+def delete_upload(factory: Any, store: Any, digest: str, token_id: int | None = None) -> bool:
+    """Delete ``token_id``'s record of an upload (``None``: every token's), and, with the
+    upload's last record, the stored file and what was made from it; False if a live run (of
+    that token) uses it."""
+    if in_use(factory, digest, token_id):
         return False
     with factory() as s:
-        row = s.get(Upload, digest)
-        paths = list(row.paths or []) if row is not None else []
-        if row is not None:
+        q = select(Upload).where(Upload.digest == digest)
+        if token_id is not None:
+            q = q.where(Upload.token_id == token_id)
+        rows = list(s.scalars(q))
+        paths = {p for r in rows for p in (r.paths or [])}
+        for row in rows:
             s.delete(row)
-            s.commit()
+        s.commit()
         others = {p for r in s.scalars(select(Upload)) for p in (r.paths or [])}
-    for rel in paths:
-        if rel in others:  # the same suite or model folder came from another upload too
+        last = s.scalar(select(Upload.token_id).where(Upload.digest == digest).limit(1)) is None
+    for rel in sorted(paths):
+        if rel in others:  # the same suite or model folder came from another record too
             continue
         target = (store.root / rel).resolve()
         if store.root.resolve() not in target.parents:
@@ -49,16 +60,18 @@ def delete_upload(factory: Any, store: Any, digest: str) -> bool:
             shutil.rmtree(target, ignore_errors=True)
         else:
             target.unlink(missing_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        store.delete(digest)
+    if last:  # another token's record keeps the stored file
+        with contextlib.suppress(FileNotFoundError):
+            store.delete(digest)
     return True
 
 
 def expire(factory: Any, store: Any) -> int:
-    """Delete uploads whose retention period ended; returns how many went."""
+    """Delete upload records whose retention period ended; returns how many went."""
     with factory() as s:
-        due = list(s.scalars(select(Upload.digest).where(Upload.expires < utcnow())))
-    n = sum(delete_upload(factory, store, d) for d in due)
+        due = list(s.execute(select(Upload.digest, Upload.token_id)
+                             .where(Upload.expires < utcnow())))
+    n = sum(delete_upload(factory, store, d, t) for d, t in due)
     if n:
         log.info("retention: deleted %d expired uploads", n)
     return n

@@ -6,6 +6,8 @@ Both edges import this module; neither imports the other's internals.
 
 from __future__ import annotations
 
+import logging
+import re
 import tempfile
 import threading
 from collections.abc import Callable
@@ -13,13 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import HTTPException, Request, UploadFile
+from fastapi import HTTPException, Request, Response, UploadFile
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from certify.service import auth
 from certify.service.config import ServeConfig
 from certify.service.db import Run, Token, utcnow
+
+log = logging.getLogger("certify.service")
 
 API = "/api/v1"
 SESSION_COOKIE = "certify_session"
@@ -47,6 +51,8 @@ class Services:
     upload_limiter: Any = None  # certify.service.ratelimit.RateLimiter
     #: what ``GET /metrics`` counts in this process
     counters: Any = None  # certify.service.metrics.Counters
+    #: card verifications at once (``--verify-concurrency``), made at the first one
+    verify_gate: Any = None  # certify.service.verify_sandbox.Gate
 
 
 def begin_shutdown(svc: Services) -> None:
@@ -69,15 +75,15 @@ def principal_from(request: Request, svc: Services, cookie_ok: bool = True
             return auth.authenticate(s, header[7:].strip())
     cookie = request.cookies.get(SESSION_COOKIE) if cookie_ok else None
     if cookie:
-        from certify.service.sessions import read_session
+        from certify.service.sessions import session_token
 
-        tid = read_session(cookie, svc.session_key)
-        if tid is not None:
-            with svc.factory() as s:
-                row = s.get(Token, tid)
-                if row is not None and not row.revoked and (
-                        row.expires is None or row.expires > utcnow()):
-                    return auth.Principal(row.id, row.name, row.role)
+        with svc.factory() as s:
+            tid = session_token(s, cookie)  # a row of the sessions table: ended at logout
+            row = s.get(Token, tid) if tid is not None else None
+            # the token is checked on every request: revoking it ends its sessions too
+            if row is not None and not row.revoked and (
+                    row.expires is None or row.expires > utcnow()):
+                return auth.Principal(row.id, row.name, row.role)
     return None
 
 
@@ -100,6 +106,8 @@ def require(role: str) -> Callable[[Request], auth.Principal]:
                                      f"(needs {role!r})")
         return who
 
+    # read by certify.service.conn.AuthBeforeBody, which checks it before a body is read
+    setattr(dep, "required_role", role)  # noqa: B010 - a function's attribute, for mypy
     return dep
 
 
@@ -120,14 +128,32 @@ def run_json(run: Run) -> dict[str, Any]:
         "created": run.created.isoformat() + "Z", "updated": run.updated.isoformat() + "Z",
         "attempts": run.attempts, "progress": run.progress or {}, "verdict": run.verdict,
         "exit_code": run.exit_code, "error": run.error, "log_index": run.log_index,
-        "links": links,
+        "public": bool(run.public), "links": links,
     }
 
 
-def runs_query(model: str | None, suite: str | None, verdict: str | None,
-               state: str | None = None) -> Any:
-    """Runs filtered by model name (substring), suite, verdict and state (API and UI)."""
+# --- tenants ------------------------------------------------------------------------------
+# A token sees its own runs, runs made public, and (as an admin) every run; a run is changed
+# (cancelled, shared) by its owner or an admin. Any other run answers exactly as a missing one
+# does: its id reveals nothing. Share links read a run's files without a token.
+
+def owns(who: auth.Principal, run: Run) -> bool:
+    """Whether ``who`` may change ``run``: its submitter, or an admin."""
+    return who.allows("admin") or (run.token_id is not None and run.token_id == who.token_id)
+
+
+def can_read(who: auth.Principal, run: Run) -> bool:
+    """Whether ``who`` may read ``run``: it owns it, or the run is public."""
+    return owns(who, run) or bool(run.public)
+
+
+def runs_query(who: auth.Principal, model: str | None, suite: str | None,
+               verdict: str | None, state: str | None = None) -> Any:
+    """``who``'s runs (an admin's: every run) filtered by model name (substring), suite,
+    verdict and state (API and UI). Others' public runs are read by id, not listed."""
     q = select(Run)
+    if not who.allows("admin"):
+        q = q.where(Run.token_id == who.token_id)
     if model:
         q = q.where(Run.model_name.contains(model))
     if suite:
@@ -139,22 +165,155 @@ def runs_query(model: str | None, suite: str | None, verdict: str | None,
     return q
 
 
-def find_run(svc: Services, run_id: str) -> Run:
-    """The run ``run_id`` (404 for a malformed or unknown id)."""
+def find_run(svc: Services, run_id: str, who: auth.Principal, own: bool = False) -> Run:
+    """The run ``run_id`` if ``who`` may read it (``own``: change it); otherwise 404, the same
+    answer as for a malformed or unknown id, so that another tenant's ids reveal nothing."""
+    missing = HTTPException(404, f"no run {run_id[:80]!r}" + (" of this token" if own else ""))
     if not (len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
-        raise HTTPException(404, f"no run {run_id!r}")
+        raise missing
     with svc.factory() as s:
         run = s.get(Run, run_id)
-    if run is None:
-        raise HTTPException(404, f"no run {run_id!r}")
+    if run is None or not (owns(who, run) if own else can_read(who, run)):
+        raise missing
     return run
 
 
-def verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
-                  ) -> dict[str, Any]:
-    """Verify an uploaded card (and detached signature) against the service's key."""
+def shared_run(svc: Services, secret: str) -> Run | None:
+    """The run a share link's secret reads (None for an unknown or revoked link)."""
+    import hashlib
+
+    from certify.service.db import ShareLink
+
+    if not (20 <= len(secret) <= 100 and secret.replace("-", "").replace("_", "").isalnum()):
+        return None
+    digest = hashlib.sha256(secret.encode("ascii")).hexdigest()
+    with svc.factory() as s:
+        link = s.scalar(select(ShareLink).where(ShareLink.secret_hash == digest))
+        return s.get(Run, link.run_id) if link is not None else None
+
+
+def verified_results(svc: Services, run: Run) -> bytes:
+    """The stored ``results.json`` of a finished run, after checking it against its detached
+    signature with the service's key. Stored results that fail (edited on disk, a missing or
+    damaged signature) are logged and answer 500; nothing of them is served or compared."""
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+
+    from certify.canonical import canonical_json
+    from certify.errors import VerificationError
+    from certify.report.sign import Signature, verify
+    from certify.service.job import OUT_DIR
+
+    folder = svc.store.run_dir(run.id) / OUT_DIR
     try:
-        out = _verify_upload(svc, file, signature)
+        raw = (folder / "results.json").read_bytes()
+        sig = Signature.from_json((folder / "results.json.sig").read_text(encoding="utf-8"),
+                                  "results.json.sig")
+        doc = json.loads(raw)
+        if not isinstance(doc, dict):
+            raise VerificationError("the results are not a JSON document")
+        verify(doc, sig, serialization.load_pem_public_key(svc.public_pem))  # type: ignore[arg-type]
+        if raw != canonical_json(doc):
+            raise VerificationError("the results' bytes were reformatted after signing")
+    except (OSError, ValueError, VerificationError) as exc:
+        why = exc.message if isinstance(exc, VerificationError) else (
+            "the file is missing or unreadable" if isinstance(exc, OSError)
+            else "the file is not JSON")
+        log.error("run %s: the stored results.json fails its signature with this service's "
+                  "key (%s); refusing to serve or compare it", run.id, why)
+        raise HTTPException(500, f"the stored results of run {run.id} fail their signature "
+                                 f"check with this service's key ({why}): they changed after "
+                                 "signing, so nothing of this run is served or compared "
+                                 "(logged for the operator)") from None
+    return raw
+
+
+def artefact_response(svc: Services, run: Run, name: str) -> Response:
+    """A finished run's file (API and share links): 404 for an unknown name, 409 before the
+    run is done, and only once its stored results pass their signature check."""
+    from fastapi.responses import FileResponse
+
+    from certify.service.job import OUT_DIR
+
+    if name not in ARTEFACTS:
+        raise HTTPException(404, f"no such file {name[:80]!r}; one of {', '.join(ARTEFACTS)}")
+    if run.state != "done":
+        raise HTTPException(409, f"run {run.id} is {run.state}: its card exists once it is "
+                                 "done")
+    raw = verified_results(svc, run)
+    headers = {"Content-Disposition": f'inline; filename="{name}"'}
+    if name == "results.json":  # the very bytes that were checked
+        return Response(raw, media_type=ARTEFACTS[name], headers=headers)
+    path = svc.store.run_dir(run.id) / OUT_DIR / name
+    if not path.is_file():
+        raise HTTPException(404, f"{name} is missing from run {run.id}")
+    return FileResponse(path, media_type=ARTEFACTS[name], filename=name,
+                        content_disposition_type="inline")
+
+
+def set_public(svc: Services, run_id: str, public: bool) -> Run:
+    """Make a run readable by every token, or private again."""
+    with svc.factory() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        run.public = public
+        s.commit()
+        return run
+
+
+def new_share_link(svc: Services, run_id: str, who: auth.Principal) -> dict[str, Any]:
+    """A new share link of a run: its id (to revoke it) and its secret path (shown only
+    here; only the secret's sha256 is kept)."""
+    import hashlib
+    import secrets
+
+    from certify.service.db import ShareLink
+
+    secret = secrets.token_urlsafe(32)
+    with svc.factory() as s:
+        link = ShareLink(run_id=run_id, secret_hash=hashlib.sha256(secret.encode()).hexdigest(),
+                         created=utcnow(), token_id=who.token_id)
+        s.add(link)
+        s.commit()
+        return {"id": link.id, "path": f"/shared/{secret}",
+                "created": link.created.isoformat() + "Z"}
+
+
+def share_links(svc: Services, run_id: str) -> list[dict[str, Any]]:
+    """A run's share links (ids and dates; their secrets are not kept)."""
+    from certify.service.db import ShareLink
+
+    with svc.factory() as s:
+        return [{"id": x.id, "created": x.created.isoformat() + "Z"} for x in s.scalars(
+            select(ShareLink).where(ShareLink.run_id == run_id).order_by(ShareLink.id))]
+
+
+def revoke_share_links(svc: Services, run_id: str, link_id: int | None = None) -> int:
+    """Revoke one share link of a run, or all of them; how many went."""
+    from sqlalchemy import delete
+
+    from certify.service.db import ShareLink
+
+    q = delete(ShareLink).where(ShareLink.run_id == run_id)
+    if link_id is not None:
+        q = q.where(ShareLink.id == link_id)
+    with svc.factory() as s:
+        n = s.execute(q).rowcount
+        s.commit()
+    return int(n or 0)
+
+
+async def verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
+                        ) -> dict[str, Any]:
+    """Verify an uploaded card (and detached signature) against the service's key.
+
+    The card is verified in a child process with fixed limits, behind a concurrency limit
+    (:mod:`certify.service.verify_sandbox`); this process only stores the upload and reads the
+    child's answer. A card the limits stop is answered invalid, naming the limit; no free slot
+    within ``--verify-wait`` seconds is a 503 with ``Retry-After``."""
+    try:
+        out = await _verify_upload(svc, file, signature)
     except HTTPException:
         if svc.counters is not None:
             svc.counters.verification("refused")
@@ -164,50 +323,146 @@ def verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
     return out
 
 
-def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
-                   ) -> dict[str, Any]:
-    from cryptography.hazmat.primitives import serialization
+#: What a card's uploaded name may be to be kept (anything else is called ``card<suffix>``).
+_UPLOAD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._ -]{0,99}")
 
-    from certify.errors import VerificationError
-    from certify.report.sign import fingerprint, verify_file
-    from certify.service.tlog import statement_digest
 
-    name = Path(file.filename or "").name.lower()
-    suffix = Path(name).suffix
+def upload_name(filename: str | None) -> str:
+    """The name an uploaded card is verified under (messages name it): its own base name where
+    that is plain, else ``card<suffix>``; 422 unless it is a card.html, card.pdf or
+    results.json."""
+    name = Path((filename or "").replace("\\", "/")).name
+    suffix = Path(name.lower()).suffix
     if suffix not in (".html", ".htm", ".pdf", ".json"):
         raise HTTPException(422, "upload card.html, card.pdf or results.json")
-    key = serialization.load_pem_public_key(svc.public_pem)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"card{suffix}"
-        copy_limited(file, path, svc.cfg.max_verify_mb * 2**20)
-        if signature is not None:
-            copy_limited(signature, Path(tmp) / f"card{suffix}.sig", 2**20)
-        try:
-            v = verify_file(path, key)  # type: ignore[arg-type]
-        except VerificationError as exc:
-            return {"valid": False, "reason": exc.message, "hint": exc.hint,
-                    "service_key": fingerprint(key)}  # type: ignore[arg-type]
-    digest = statement_digest(v.signature.signed)
+    return name if _UPLOAD_NAME.fullmatch(name) else f"card{suffix}"
+
+
+async def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
+                         ) -> dict[str, Any]:
+    import asyncio
+    import shutil
+    import time
+
+    from cryptography.hazmat.primitives import serialization
+
+    from certify.report.sign import fingerprint
+    from certify.service.ratelimit import retry_after
+    from certify.service.verify_sandbox import (
+        INBOX,
+        Busy,
+        Gate,
+        Limits,
+        VerifierUnavailable,
+        limit_reason,
+        verifier,
+    )
+
+    name = upload_name(file.filename)
+    cfg = svc.cfg
+    limits = Limits(memory_mb=cfg.verify_memory_mb, timeout_s=cfg.verify_timeout_s,
+                    max_inflated_bytes=cfg.max_verify_mb * 2**20)
+    if svc.verify_gate is None:
+        svc.verify_gate = Gate(cfg.verify_concurrency, cfg.verify_wait_s)
+    key_fp = fingerprint(serialization.load_pem_public_key(svc.public_pem))  # type: ignore[arg-type]
+    later = {"Retry-After": retry_after(min(cfg.verify_timeout_s, 10.0))}
+    folder = Path(tempfile.mkdtemp(prefix="certify-verify-"))
+    try:
+        async with svc.verify_gate.slot():
+            await asyncio.to_thread(_stage, svc, file, signature, folder / INBOX, name)
+            started = time.monotonic()
+            outcome = await verifier().run(folder, name, svc.public_pem, limits)
+            answer = await asyncio.to_thread(_answer, folder)
+        log.info("verify %s: %s in %.2f s (child: peak RSS %d MB, CPU %.2f s)", name,
+                 outcome.how if answer is None else
+                 "valid" if answer.get("valid") else "invalid",
+                 time.monotonic() - started, outcome.maxrss_kb // 1024, outcome.cpu_s)
+    except Busy:  # no slot within --verify-wait
+        raise HTTPException(503, f"this service is verifying {cfg.verify_concurrency} card(s) "
+                                 "already; try again shortly", headers=later) from None
+    except VerifierUnavailable as exc:
+        log.error("card verification: %s", exc)
+        raise HTTPException(503, "the card verifier is unavailable (the service's log says "
+                                 "why); try again shortly",
+                            headers=later) from None
+    finally:
+        await asyncio.to_thread(shutil.rmtree, folder, True)
+    if answer is None:  # the limits (or a signal) ended the child before it answered
+        limit = {"memory": "memory", "time": "time", "signal": "memory/time"}.get(outcome.how)
+        return {"valid": False, "reason": f"{name}: {limit_reason(outcome, limits)}",
+                "hint": "a card certify wrote verifies well within them; do not trust this "
+                        "file" if limit else "try again; the service's log says what failed",
+                "service_key": key_fp, "limit": limit}
+    if not answer.get("valid"):
+        return {"valid": False, "service_key": key_fp,
+                "reason": _no_paths(str(answer.get("reason") or "invalid"), folder),
+                "hint": _no_paths(str(answer.get("hint") or ""), folder) or None}
+    return await asyncio.to_thread(_valid_answer, svc, answer)
+
+
+def _stage(svc: Services, file: UploadFile, signature: UploadFile | None, inbox: Path,
+           name: str) -> None:
+    """Store the upload (and signature) for the child, within their size limits."""
+    inbox.mkdir()
+    copy_limited(file, inbox / name, svc.cfg.max_verify_mb * 2**20)
+    if signature is not None:
+        copy_limited(signature, inbox / f"{name}.sig", 2**20)
+
+
+def _answer(folder: Path) -> dict[str, Any] | None:
+    """The child's answer, or None where it wrote none (its limits ended it)."""
+    import json
+
+    from certify.service.verify_sandbox import ANSWER, MAX_ANSWER_BYTES
+
+    path = folder / ANSWER
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_ANSWER_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_ANSWER_BYTES:
+        return None
+    doc = json.loads(data)  # written by certify's own child: a flat, bounded document
+    return doc if isinstance(doc, dict) else None
+
+
+def _no_paths(text: str, folder: Path) -> str:
+    """A message without the upload's private folder (the child names files relatively; this
+    holds even where a library resolves a path)."""
+    import os
+
+    from certify.service.verify_sandbox import INBOX
+
+    for base in {str(folder), os.path.realpath(folder)}:
+        text = text.replace(f"{base}/{INBOX}/", "").replace(f"{base}/", "").replace(base, "")
+    return text
+
+
+def _valid_answer(svc: Services, answer: dict[str, Any]) -> dict[str, Any]:
+    """A valid card's answer, with where the transparency log has it."""
+    from certify.service.tlog import statement_digest
+
+    signed = answer.get("signed") or {}
+    digest = statement_digest(signed)
     index = svc.tlog.lookup(digest)
-    m = v.result.measurement
-    service = (v.result.provenance.model_extra or {}).get("service") or {}
-    run_id = service.get("run_id") if isinstance(service, dict) else None
+    run_id = answer.get("run_id")
     logged_run = svc.tlog.entry(index)["run_id"] if index is not None else None
+    said = {k: v for k, v in answer.items() if k not in ("signed", "run_id", "valid")}
     return {
-        "valid": True, "key_fingerprint": v.signature.key_fingerprint,
+        "valid": True, "key_fingerprint": answer.get("key_fingerprint"),
         "statement_digest": digest, "log_index": index,
         "in_log": index is not None and (run_id is None or run_id == logged_run),
-        "run_id": run_id, "log_run_id": logged_run,
-        "visible": v.visible, "model": m.model.name, "suite": m.suite.name,
-        "verdict": m.verdict, "checks": {c.id: c.status for c in m.checks},
+        "run_id": run_id, "log_run_id": logged_run, **said,
     }
 
 
 def copy_limited(upload: UploadFile, dest: Path, limit: int) -> None:
-    """Write ``upload`` to ``dest``, refusing (413) more than ``limit`` bytes."""
+    """Write ``upload`` to ``dest``, refusing (413) more than ``limit`` bytes (read at most
+    ``limit`` + 1 of them)."""
     n = 0
     with dest.open("wb") as out:
-        while chunk := upload.file.read(1 << 20):
+        while chunk := upload.file.read(min(1 << 20, limit + 1 - n)):
             n += len(chunk)
             if n > limit:
                 raise HTTPException(413, f"the upload exceeds {limit // 2**20} MB")

@@ -15,11 +15,13 @@ import contextlib
 import datetime as dt
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fastapi import HTTPException, UploadFile
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from certify.errors import CertifyError
 from certify.model_card import model_card_from
@@ -65,6 +67,53 @@ def _folder_digest(folder: Path) -> str:
 PENDING = dt.timedelta(hours=1)
 
 
+def token_limits(s: Session, token_id: int) -> int | None:
+    """Check a token's limits against its live runs: the query budget a new run may hold
+    (None: unlimited); HTTPException 429 (or 403) when the token is at a limit.
+
+    Live runs hold the budget they were given until they end and are charged what they spent
+    (in the same transaction: :func:`certify.service.queue.finish`), so runs at once never
+    spend more than the token's budget. Read alone this is only a snapshot; :func:`admit`
+    reads it under the token's row lock.
+    """
+    tok = s.scalar(select(Token).where(Token.id == token_id)
+                   .execution_options(populate_existing=True))
+    if tok is None:
+        raise HTTPException(401, "this token no longer exists")
+    live = list(s.scalars(select(Run.options).where(
+        Run.token_id == tok.id, Run.state.in_((QUEUED, RUNNING)))))
+    if len(live) >= tok.max_concurrent:
+        raise HTTPException(429, f"this token already has {len(live)} runs queued or "
+                                 f"running (its limit is {tok.max_concurrent})")
+    if tok.query_budget is None:
+        return None
+    reserved = sum(int((o or {}).get("query_budget") or 0) for o in live)
+    left = tok.query_budget - tok.queries_used - reserved
+    if left <= 0:
+        if reserved:
+            raise HTTPException(429, f"the rest of this token's query budget is held "
+                                     f"by its {len(live)} queued or running runs")
+        raise HTTPException(403, f"this token's query budget of {tok.query_budget} "
+                                 "model queries is spent")
+    return left
+
+
+def admit(s: Session, fields: dict[str, Any]) -> dict[str, Any]:
+    """The token's limits, checked again inside the transaction that inserts its run
+    (:func:`certify.service.queue.enqueue`): the check and the insert are one step.
+
+    The token's row is updated first (to itself): that takes the row's lock on PostgreSQL and
+    the database's write lock on SQLite, so concurrent submissions of one token queue here and
+    each counts the runs the ones before it committed. The run holds the budget left now (the
+    early check's figure may be stale).
+    """
+    token_id = fields["token_id"]
+    s.execute(update(Token).where(Token.id == token_id)
+              .values(max_concurrent=Token.max_concurrent))
+    budget = token_limits(s, token_id)
+    return {**fields, "options": {**fields["options"], "query_budget": budget}}
+
+
 class _Submission:
     """Collects what a submission stored: each upload is recorded when it is stored, kept for
     the retention period once the submission is accepted, and deleted if it is refused."""
@@ -108,10 +157,13 @@ class _Submission:
                                 )
 
     def _record_pending(self, digest: str, kind: str, size: int) -> None:
+        """Record this token's upload of ``digest`` (pending until the submission is
+        accepted). The file is stored once, but each token has its own record: whether another
+        token sent the same bytes changes nothing this token sees or may do."""
         from sqlalchemy.exc import IntegrityError
 
         with self.svc.factory() as s:
-            if s.get(Upload, digest) is not None:
+            if s.get(Upload, (digest, self.who.token_id)) is not None:
                 return
             s.add(Upload(digest=digest, kind=kind, size=size, created=utcnow(),
                          token_id=self.who.token_id, expires=utcnow() + PENDING, paths=[]))
@@ -129,13 +181,13 @@ class _Submission:
 
         for digest in sorted(self.new):
             with self.svc.factory() as s:
-                row = s.get(Upload, digest)
+                row = s.get(Upload, (digest, self.who.token_id))
                 if row is None:
                     continue
                 row.paths = sorted(set(row.paths or []) | set(self.uploads[digest][2]))
                 s.commit()
             with contextlib.suppress(Exception):  # a sweep must not hide the refusal
-                delete_upload(self.svc.factory, self.svc.store, digest)
+                delete_upload(self.svc.factory, self.svc.store, digest, self.who.token_id)
 
     def made(self, digest: str, rel: str) -> None:
         """Record that ``rel`` (store-relative) was made from upload ``digest``."""
@@ -144,27 +196,10 @@ class _Submission:
             paths.append(rel)
 
     def limits_for_token(self) -> int | None:
+        """The early check of the token's limits (a fast refusal before any upload is read);
+        :func:`admit` checks them again as the run is inserted, which is what holds."""
         with self.svc.factory() as s:
-            tok = s.get(Token, self.who.token_id)
-            assert tok is not None
-            live = list(s.scalars(select(Run.options).where(
-                Run.token_id == tok.id, Run.state.in_((QUEUED, RUNNING)))))
-            if len(live) >= tok.max_concurrent:
-                raise HTTPException(429, f"this token already has {len(live)} runs queued or "
-                                         f"running (its limit is {tok.max_concurrent})")
-            if tok.query_budget is None:
-                return None
-            # Live runs hold the budget they were given until they end and are charged
-            # what they spent: runs at once never spend more than the token's budget.
-            reserved = sum(int((o or {}).get("query_budget") or 0) for o in live)
-            left = tok.query_budget - tok.queries_used - reserved
-            if left <= 0:
-                if reserved:
-                    raise HTTPException(429, f"the rest of this token's query budget is held "
-                                             f"by its {len(live)} queued or running runs")
-                raise HTTPException(403, f"this token's query budget of {tok.query_budget} "
-                                         "model queries is spent")
-            return left
+            return token_limits(s, self.who.token_id)
 
     def suite(self, name: str | None, file: UploadFile | None) -> tuple[str, str]:
         from certify.service.uploads import check_suite_yaml
@@ -243,8 +278,9 @@ class _Submission:
             shutil.rmtree(work, ignore_errors=True)
 
     def record_uploads(self) -> None:
-        """Record the uploads (or extend them): concurrent first uploads of the same file
-        race on its digest; the loser retries as an update."""
+        """Record this token's uploads (or extend its records) for the retention period:
+        concurrent first uploads of the same file by this token race on (digest, token); the
+        loser retries as an update."""
         from sqlalchemy.exc import IntegrityError
 
         expires = utcnow() + dt.timedelta(days=self.svc.cfg.retention_days)
@@ -252,7 +288,7 @@ class _Submission:
             with self.svc.factory() as s:
                 try:
                     for digest, (kind, size, paths) in self.uploads.items():
-                        row = s.get(Upload, digest)
+                        row = s.get(Upload, (digest, self.who.token_id))
                         if row is None:
                             s.add(Upload(digest=digest, kind=kind, size=size,
                                          created=utcnow(), token_id=self.who.token_id,
@@ -268,11 +304,14 @@ class _Submission:
         raise HTTPException(503, "the upload could not be recorded; retry")
 
 
-def _check(svc: Any, who: auth.Principal, **kw: Any) -> dict[str, Any]:
-    """The submission's static checks; a refused submission's uploads are deleted."""
+def _check(svc: Any, who: auth.Principal, then: Callable[[dict[str, Any]], Any] | None = None,
+           **kw: Any) -> Any:
+    """The submission's static checks, then ``then`` of the Run fields (the insert); a
+    refused submission's uploads are deleted, whether the checks or the insert refused it."""
     sub = _Submission(svc, who)
     try:
-        return _check_with(sub, svc, who, **kw)
+        fields = _check_with(sub, svc, who, **kw)
+        return fields if then is None else then(fields)
     except BaseException:
         sub.sweep()
         raise
@@ -336,10 +375,13 @@ def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[Upl
 
 async def validate_submission(svc: Any, who: auth.Principal, **kw: Any) -> dict[str, Any]:
     """Check a submission statically; the Run fields to enqueue (HTTPException otherwise)."""
-    from certify.errors import CertifyError
+    return dict(await _checked(svc, who, None, **kw))
 
+
+async def _checked(svc: Any, who: auth.Principal, then: Callable[[dict[str, Any]], Any] | None,
+                   **kw: Any) -> Any:
     try:
-        return await asyncio.to_thread(_check, svc, who, **kw)
+        return await asyncio.to_thread(_check, svc, who, then, **kw)
     except CertifyError as exc:
         status = int(getattr(exc, "status", 422))
         detail = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
@@ -347,21 +389,26 @@ async def validate_submission(svc: Any, who: auth.Principal, **kw: Any) -> dict[
 
 
 async def accept_submission(svc: Any, who: auth.Principal, **kw: Any) -> Any:
-    """Check a submission and queue it (its endpoint secret encrypted); returns the Run."""
+    """Check a submission and queue it (its endpoint secret encrypted); returns the Run.
+
+    The token's limits are checked twice: early, as a fast refusal before any upload is read,
+    and again in the transaction that inserts the run (:func:`admit`), which is what holds
+    under concurrent submissions. The secret is encrypted before the insert (with the run's
+    id), so the run is never claimable without it.
+    """
+    import uuid
+
     from certify.service import queue
     from certify.service.secrets import pack
 
-    fields = await validate_submission(svc, who, **kw)
     header, url = kw.get("endpoint_secret"), kw.get("endpoint")
     url = url if url and has_credentials(url) else None
 
-    def enqueue() -> Any:
+    def enqueue(fields: dict[str, Any]) -> Any:
+        run_id = uuid.uuid4().hex
+        if header or url:
+            fields = {**fields, "secret_enc": svc.secrets.encrypt(pack(header, url), run_id)}
         with svc.factory() as s:
-            run = queue.enqueue(s, **fields)
-            if header or url:
-                run.secret_enc = svc.secrets.encrypt(pack(header, url), run.id)
-                s.merge(run)
-                s.commit()
-            return run
+            return queue.enqueue(s, admit=admit, run_id=run_id, **fields)
 
-    return await asyncio.to_thread(enqueue)
+    return await _checked(svc, who, enqueue, **kw)

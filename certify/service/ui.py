@@ -1,9 +1,11 @@
 """The web UI: server-rendered Jinja2 pages over the same logic as the API, no build step.
 
-Log in with an API token (kept only as a signed session cookie naming the token), list runs
-with verdict badges and filters, submit a model, watch a run's progress live (server-sent
-events from the API), open its card, and verify a card. Every page but login and verify needs a
-session; every POST but login and verify carries the session's CSRF token.
+Log in with an API token (a session row in the database; the cookie holds only its random id),
+list your runs with verdict badges and filters, submit a model, watch a run's progress live
+(server-sent events from the API), open its card, share it (public to every token, or a share
+link that needs no token), and verify a card. Every page but login, verify and share links needs
+a session; every POST but login and verify carries the session's CSRF token. Another token's
+private run answers 404, as a missing one does.
 """
 
 from __future__ import annotations
@@ -18,13 +20,26 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from certify.model_card import FIELDS as MODEL_CARD_FIELDS
 from certify.service import auth
 from certify.service.db import Run
-from certify.service.sessions import SESSION_S, check_csrf, csrf_token, make_session
+from certify.service.sessions import (
+    SESSION_S,
+    check_csrf,
+    csrf_token,
+    end_session,
+    new_session,
+)
 from certify.service.shared import (
     SESSION_COOKIE,
+    artefact_response,
     find_run,
+    new_share_link,
+    owns,
     principal_from,
+    revoke_share_links,
     run_json,
     runs_query,
+    set_public,
+    share_links,
+    shared_run,
     verify_upload,
 )
 
@@ -96,7 +111,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
             return page(request, "login.html.j2", 401,
                         error="That token is unknown, revoked or expired.")
         resp = RedirectResponse("/runs", 303)
-        resp.set_cookie(SESSION_COOKIE, make_session(who.token_id, svc.session_key),
+        resp.set_cookie(SESSION_COOKIE, new_session(svc.factory, who.token_id),
                         max_age=SESSION_S, httponly=True, samesite="strict",
                         secure=_secure(request))
         return resp
@@ -104,6 +119,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
     @r.post("/logout")
     async def logout(request: Request) -> Response:
         await (await form_with_csrf(request)).close()
+        end_session(svc.factory, request.cookies.get(SESSION_COOKIE))  # a copy ends too
         resp = RedirectResponse("/login", 303)
         resp.delete_cookie(SESSION_COOKIE)
         return resp
@@ -114,17 +130,88 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
         who = login_needed(request)
         if who is None:
             return RedirectResponse("/login", 303)
-        q = runs_query(model, suite, verdict)
+        q = runs_query(who, model, suite, verdict)
         with svc.factory() as s:
             rows = [run_json(x) for x in s.scalars(q.order_by(Run.seq.desc()).limit(200))]
         return page(request, "runs.html.j2", runs=rows, verdicts=VERDICTS,
                     filters={"model": model, "suite": suite, "verdict": verdict})
 
+    def run_view(request: Request, who: auth.Principal, run_id: str,
+                 new_link: str | None = None) -> HTMLResponse:
+        try:
+            run = find_run(svc, run_id, who)
+        except HTTPException as exc:  # another token's private run: as a missing one
+            return page(request, "error.html.j2", 404, message=str(exc.detail))
+        mine = owns(who, run)
+        return page(request, "run.html.j2", run=run_json(run), owner=mine,
+                    share_links=share_links(svc, run.id) if mine else [], new_link=new_link)
+
     @r.get("/runs/{run_id}")
     def run_page(request: Request, run_id: str) -> Response:
-        if login_needed(request) is None:
+        who = login_needed(request)
+        if who is None:
             return RedirectResponse("/login", 303)
-        return page(request, "run.html.j2", run=run_json(find_run(svc, run_id)))
+        return run_view(request, who, run_id)
+
+    async def sharing(request: Request, run_id: str) -> tuple[auth.Principal | None, Any]:
+        """The caller of a sharing form, and the form (CSRF checked); None for a caller who
+        may not change the run (404 page) or has no session (the login page)."""
+        who = login_needed(request)
+        if who is None:
+            return None, RedirectResponse("/login", 303)
+        form = await form_with_csrf(request)
+        try:
+            find_run(svc, run_id, who, own=True)
+        except HTTPException as exc:
+            await form.close()
+            return None, page(request, "error.html.j2", 404, message=str(exc.detail))
+        return who, form
+
+    @r.post("/runs/{run_id}/share")
+    async def share(request: Request, run_id: str) -> Response:
+        who, form = await sharing(request, run_id)
+        if who is None:
+            return form
+        set_public(svc, run_id, str(form.get("public") or "") == "1")
+        await form.close()
+        return RedirectResponse(f"/runs/{run_id}", 303)
+
+    @r.post("/runs/{run_id}/links")
+    async def create_link(request: Request, run_id: str) -> Response:
+        who, form = await sharing(request, run_id)
+        if who is None:
+            return form
+        await form.close()
+        link = new_share_link(svc, run_id, who)
+        # shown once: only the secret's sha256 is kept
+        return run_view(request, who, run_id,
+                        new_link=str(request.base_url).rstrip("/") + link["path"])
+
+    @r.post("/runs/{run_id}/links/revoke")
+    async def revoke_links(request: Request, run_id: str) -> Response:
+        who, form = await sharing(request, run_id)
+        if who is None:
+            return form
+        link = str(form.get("link") or "")  # a link's id, or "all"
+        await form.close()
+        if link == "all":
+            revoke_share_links(svc, run_id)
+        elif link.isdigit() and len(link) < 18:
+            revoke_share_links(svc, run_id, int(link))
+        return RedirectResponse(f"/runs/{run_id}", 303)
+
+    @r.get("/shared/{secret}")
+    def shared_card(secret: str) -> Response:
+        """A share link: the run's card, without a token."""
+        return shared_file(secret, "card.html")
+
+    @r.get("/shared/{secret}/{name}")
+    def shared_file(secret: str, name: str) -> Response:
+        """A share link's files: card.html, card.pdf, results.json, results.json.sig."""
+        run = shared_run(svc, secret)
+        if run is None:
+            raise HTTPException(404, "no such share link (it may have been revoked)")
+        return artefact_response(svc, run, name)
 
     def submit_page(request: Request, status: int = 200, error: str | None = None
                     ) -> HTMLResponse:
@@ -203,8 +290,6 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
             return await _verify_form(request, form)
 
     async def _verify_form(request: Request, form: Any) -> HTMLResponse:
-        import asyncio
-
         from starlette.datastructures import UploadFile
 
         card = form.get("file")
@@ -212,7 +297,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
             return page(request, "verify.html.j2", 422, result=None,
                         error="Choose a card.html, card.pdf or results.json to verify.")
         try:
-            result = await asyncio.to_thread(verify_upload, svc, card, None)  # type: ignore[arg-type]
+            result = await verify_upload(svc, card, None)  # type: ignore[arg-type]
         except HTTPException as exc:
             return page(request, "verify.html.j2", exc.status_code, result=None,
                         error=str(exc.detail))

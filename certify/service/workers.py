@@ -79,6 +79,10 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
         "sign_key": str(cfg.sign_key), "passphrase_env": cfg.passphrase_env,
         "executor": cfg.executor, "ray_address": cfg.ray_address,
         "allow_endpoints": list(cfg.allow_endpoints),
+        # folders the run's error message must not show (certify.service.job._no_server_paths)
+        "server_paths": sorted({str(p) for p in (
+            cfg.home, store_root, *cfg.datasets.values(),
+            *(Path(d).parent for d in cfg.datasets.values()))}),
     }
 
 
@@ -251,21 +255,12 @@ class WorkerPool:
         progress["checks"] = outcome.get("checks", {})
         if "files" in outcome:  # the run page and API link only what was written
             progress["files"] = outcome["files"]
-        if queue.finish(self.factory, run.id, self.owner, state=DONE,
-                        verdict=outcome["verdict"], exit_code=outcome["exit_code"],
-                        log_index=index, progress=progress):
-            self._charge(run, int(outcome.get("queries", 0)))
+        # the queries are charged as the run stops holding its budget (one transaction)
+        queue.finish(self.factory, run.id, self.owner, state=DONE,
+                     verdict=outcome["verdict"], exit_code=outcome["exit_code"],
+                     log_index=index, progress=progress,
+                     charge=int(outcome.get("queries", 0)))
         log.info("run %s: %s (log entry %d)", run.id, outcome["verdict"], index)
-
-    def _charge(self, run: Run, queries: int) -> None:
-        from certify.service.db import Token
-
-        if run.token_id is None or not queries:
-            return
-        with self.factory() as s:
-            s.execute(update(Token).where(Token.id == run.token_id)
-                      .values(queries_used=Token.queries_used + queries))
-            s.commit()
 
 
 class _Abandoned(Exception):

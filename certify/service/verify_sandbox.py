@@ -1,0 +1,534 @@
+"""Card verification in bounded child processes, for the service's public verify route.
+
+The API process never parses an uploaded card. It writes the upload into a private folder and
+hands the job to the *verifier*: one process per service process
+(``python -m certify.service.verify_sandbox``), started at the first verification, that has
+imported the verification code (certify's report package pulls in torch through the check
+registry; with pypdf and Pillow, 2 to 5 s of CPU and about 220 MB). For each card the verifier
+forks a child, which
+
+- lowers its priority (nice 10), so that the API process keeps the CPU it needs to answer;
+- caps its address space at the verifier's own plus ``--verify-memory-mb`` (``RLIMIT_AS``: an
+  allocation beyond it fails) and its CPU time at ``--verify-timeout`` (``RLIMIT_CPU``);
+- moves into the upload's folder and verifies the file by its own name (so that no message
+  names a server path), with ``max_inflated_bytes`` for embedded attachments;
+- writes ``answer.json`` beside that folder and exits.
+
+The verifier kills a child at the wall-clock limit and reports how each one ended (with its
+peak RSS, from ``wait4``). A child lives for one card: whatever a card did to the heap is
+given back when it exits. Forking a child costs tens of milliseconds where a fresh interpreter
+per card would pay those seconds of imports each time (``benchmarks/verify_load.py`` measures
+both).
+
+The protocol is one JSON object a line: jobs on the verifier's stdin, outcomes on its stdout.
+When the service process ends, the verifier reads end-of-file, kills its children and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import json
+import logging
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The child's answer, written beside the folder holding the upload.
+ANSWER = "answer.json"
+#: The folder (inside the job's private folder) holding the upload under its own name.
+INBOX = "in"
+#: Largest answer the service reads back (a card certify wrote answers in a few KB).
+MAX_ANSWER_BYTES = 1 << 20
+#: Largest file a verification child may write.
+MAX_WRITE_BYTES = 64 << 20
+#: Exit status of a child whose allocation failed at its memory limit.
+EXIT_MEMORY = 3
+#: Exit status of a child that failed before or after verifying (a bug, not the card).
+EXIT_BROKEN = 70
+#: Seconds the service gives the verifier to start (import the verification code).
+START_ALLOWANCE_S = 120.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one verification may take (``certify serve --verify-*``)."""
+
+    #: Address space beyond the verifier's own (its imported code and libraries), in MB.
+    memory_mb: int = 1024
+    #: Wall-clock and CPU seconds.
+    timeout_s: float = 30.0
+    #: Most bytes an embedded attachment may inflate to (``--max-verify-mb``).
+    max_inflated_bytes: int = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a verification child ended, as the verifier reports it."""
+
+    #: ``answered`` (answer.json written), ``memory``, ``time``, ``signal`` or ``failed``.
+    how: str
+    #: Peak resident set of the child (KB), from ``wait4``; 0 where it never started.
+    maxrss_kb: int = 0
+    #: The child's CPU seconds (user + system).
+    cpu_s: float = 0.0
+    #: The signal that ended it, or its exit status.
+    code: int = 0
+
+
+class Busy(RuntimeError):
+    """Every verification slot stayed busy for as long as an upload may wait."""
+
+
+class VerifierUnavailable(RuntimeError):
+    """The verifier process stopped or did not answer in time (not the card's fault)."""
+
+
+# --- the service's side ------------------------------------------------------------------
+
+class Verifier:
+    """The service process's handle on its verifier process (started on first use).
+
+    Thread-safe: jobs may be submitted from any thread or event loop; a reader thread resolves
+    each job's future from the verifier's report.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        #: job id -> (the verifier process it was sent to, its future)
+        self._pending: dict[int, tuple[subprocess.Popen[bytes], Future[Outcome]]] = {}
+        self._ids = itertools.count(1)
+        self._ready = threading.Event()
+
+    @property
+    def pid(self) -> int | None:
+        """The verifier's process id (None before the first verification)."""
+        proc = self._proc
+        return None if proc is None or proc.poll() is not None else proc.pid
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        # one thread per library: the verifier forks, and a child has no use for thread pools
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(var, "1")
+        proc = subprocess.Popen([sys.executable, "-m", "certify.service.verify_sandbox"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                close_fds=True)
+        self._ready.clear()
+        threading.Thread(target=self._read, args=(proc,), name="certify-verifier-reader",
+                         daemon=True).start()
+        return proc
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("ready"):
+                self._ready.set()
+                continue
+            with self._lock:
+                entry = self._pending.pop(int(msg.get("id", -1)), None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(Outcome(str(msg["how"]), int(msg.get("maxrss_kb", 0)),
+                                            float(msg.get("cpu_s", 0.0)),
+                                            int(msg.get("code", 0))))
+        proc.wait()
+        with self._lock:
+            if self._proc is proc:
+                self._proc = None
+            lost = [jid for jid, (p, _) in self._pending.items() if p is proc]
+            futures = [self._pending.pop(jid)[1] for jid in lost]
+        for fut in futures:
+            if not fut.done():
+                fut.set_exception(VerifierUnavailable(
+                    f"the verifier process ended (status {proc.returncode})"))
+
+    def submit(self, folder: Path, name: str, public_pem: bytes, limits: Limits
+               ) -> Future[Outcome]:
+        """Ask for ``folder/in/name`` to be verified; the future holds how the child ended."""
+        fut: Future[Outcome] = Future()
+        job = {"folder": str(folder), "name": name, "key": public_pem.decode("ascii"),
+               "memory_mb": limits.memory_mb, "timeout_s": limits.timeout_s,
+               "max_inflated_bytes": limits.max_inflated_bytes}
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
+            job["id"] = jid = next(self._ids)
+            self._pending[jid] = (self._proc, fut)
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(json.dumps(job).encode() + b"\n")
+                self._proc.stdin.flush()
+            except OSError as exc:
+                self._pending.pop(jid, None)
+                raise VerifierUnavailable(f"cannot reach the verifier: {exc}") from None
+        return fut
+
+    async def run(self, folder: Path, name: str, public_pem: bytes, limits: Limits) -> Outcome:
+        """Verify ``folder/in/name`` in a child; wait for it without holding a thread."""
+        fut = self.submit(folder, name, public_pem, limits)
+        # the verifier enforces the limit; this bound only catches a verifier that hangs
+        grace = limits.timeout_s + 15.0 + (0.0 if self._ready.is_set() else START_ALLOWANCE_S)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), grace)
+        except asyncio.TimeoutError:
+            self.restart()
+            raise VerifierUnavailable("the verifier did not answer in time") from None
+
+    def restart(self) -> None:
+        """Kill the verifier and its children; the next job starts a new one."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # its children die with it (parent-death signal)
+
+    def close(self) -> None:
+        """Stop the verifier: end of file on its stdin; it kills its children and exits."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+_VERIFIER: Verifier | None = None
+_VERIFIER_LOCK = threading.Lock()
+
+
+def verifier() -> Verifier:
+    """This process's verifier handle (one per process, whatever the number of services)."""
+    global _VERIFIER
+    with _VERIFIER_LOCK:
+        if _VERIFIER is None:
+            import atexit
+
+            _VERIFIER = Verifier()
+            atexit.register(_VERIFIER.close)
+        return _VERIFIER
+
+
+class Gate:
+    """At most ``slots`` verifications at once; a caller waits at most ``wait_s`` for one.
+
+    Waiting is asynchronous: a queue of waiting uploads holds no thread (the routes' thread
+    pool stays free for ``/health`` and the rest of the API)."""
+
+    def __init__(self, slots: int, wait_s: float) -> None:
+        self.slots, self.wait_s = slots, wait_s
+        self._sem: asyncio.Semaphore | None = None
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> Any:
+        """Hold one slot; raise :class:`Busy` when none frees within ``wait_s``."""
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.slots)
+        try:
+            await asyncio.wait_for(self._sem.acquire(), self.wait_s)
+        except asyncio.TimeoutError:
+            raise Busy(f"no verification slot free within {self.wait_s:g} s") from None
+        try:
+            yield
+        finally:
+            self._sem.release()
+
+
+def limit_reason(outcome: Outcome, limits: Limits) -> str:
+    """What the service says of a child that its limits (or a signal) ended."""
+    if outcome.how == "memory":
+        said = f"memory: more than {limits.memory_mb} MB"
+    elif outcome.how == "time":
+        said = f"time: more than {limits.timeout_s:g} s"
+    elif outcome.how == "signal":
+        sig = outcome.code
+        with contextlib.suppress(ValueError):
+            sig = signal.Signals(outcome.code).name  # type: ignore[assignment]
+        said = f"memory/time: its process was ended by {sig}"
+    else:  # not a limit: the child failed on its own (the service's log has its traceback)
+        return (f"the card could not be verified: its verification process failed (status "
+                f"{outcome.code})")
+    return f"the card could not be verified within the service's limits ({said})"
+
+
+# --- the verifier's side -----------------------------------------------------------------
+
+def _preload() -> None:
+    """Import what a verification needs, once, before any child is forked (what it does not
+    need, the card's PDF renderer and pyHanko's signer, stays out: a child imports it if ever
+    it must)."""
+    import certify.report.sign
+    import certify.report.visible
+    import certify.results  # noqa: F401
+
+    for optional in ("pypdf", "asn1crypto.cms", "PIL.Image", "PIL.PngImagePlugin"):
+        with contextlib.suppress(Exception):  # absent or unloadable: the child says so
+            __import__(optional)
+    # the renderer's identity (digests of the templates and code) that an HTML card's check
+    # compares; computed once here rather than in every child
+    with contextlib.suppress(Exception):
+        from certify.report.card import html_renderer
+
+        html_renderer()
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _vm_bytes() -> int:
+    """This process's address space now (VmSize)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _limit_self(job: dict[str, Any]) -> None:
+    import resource
+
+    os.nice(10)
+    cap = _vm_bytes() + int(job["memory_mb"]) * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    cpu = max(1, math.ceil(float(job["timeout_s"])))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    # the child writes one small answer (libraries may write a font cache): nothing a card
+    # does may fill the disk; a write past the limit fails (EFBIG) instead of killing it
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_WRITE_BYTES, MAX_WRITE_BYTES))
+
+
+def answer_for(path: Path, key_pem: bytes, max_inflated_bytes: int) -> dict[str, Any]:
+    """Verify ``path`` (relative: messages name the file, not a folder) and say what the API
+    answers of it: valid or not, why, and what a valid card states."""
+    import dataclasses
+    import inspect
+
+    from cryptography.hazmat.primitives import serialization
+
+    from certify.errors import CertifyError
+    from certify.report.sign import fingerprint, verify_file
+
+    key = serialization.load_pem_public_key(key_pem)
+    kw: dict[str, Any] = {}
+    if "max_inflated_bytes" in inspect.signature(verify_file).parameters:
+        kw["max_inflated_bytes"] = max_inflated_bytes
+    try:
+        v = verify_file(path, key, **kw)  # type: ignore[arg-type]
+    except CertifyError as exc:
+        return {"valid": False, "reason": exc.message, "hint": exc.hint,
+                "service_key": fingerprint(key)}  # type: ignore[arg-type]
+    except RecursionError:
+        return {"valid": False, "reason": f"{path}: the card could not be verified within the "
+                "service's limits (nesting depth)", "hint": "do not trust this card",
+                "service_key": fingerprint(key)}  # type: ignore[arg-type]
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a hostile file is invalid, not a server error
+        return {"valid": False, "reason": f"{path}: the card could not be read "
+                f"({type(exc).__name__})", "hint": "is it a card certify wrote?",
+                "service_key": fingerprint(key)}  # type: ignore[arg-type]
+    out: dict[str, Any] = {"valid": True, "key_fingerprint": v.signature.key_fingerprint,
+                           "signed": v.signature.signed, "visible": v.visible,
+                           "model": None, "suite": None, "verdict": None, "checks": {},
+                           "run_id": None}
+    if v.result is not None:  # None: an older results format, whose figures are not re-read
+        m = v.result.measurement
+        service = (v.result.provenance.model_extra or {}).get("service") or {}
+        out.update(model=m.model.name, suite=m.suite.name, verdict=m.verdict,
+                   checks={c.id: c.status for c in m.checks},
+                   run_id=service.get("run_id") if isinstance(service, dict) else None)
+    # what else the verifier established (whether the visible layer was compared, the
+    # results format, a PDF's standard signature ...), as plain values
+    for f in dataclasses.fields(v):
+        if f.name not in out and f.name not in ("result", "signature"):
+            value = _plain(getattr(v, f.name))
+            if value is not _SKIP:
+                out[f.name] = value
+    note = getattr(v, "format_note", None)
+    if callable(note):
+        with contextlib.suppress(Exception):
+            out["note"] = note()
+    return out
+
+
+_SKIP = object()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON (scalars, sequences of them, dataclasses of them), else ``_SKIP``."""
+    import dataclasses
+
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)) and all(
+            isinstance(x, (str, bool, int, float)) for x in value):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {k: x for k, x in fields.items() if x is not _SKIP}
+    return _SKIP
+
+
+def _child(job: dict[str, Any]) -> None:
+    """The forked child: limit itself, verify, write the answer; never returns."""
+    status = EXIT_BROKEN
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)  # stdout is the verifier's report channel
+        os.closerange(3, 1024)
+        _die_with_parent()
+        # a hostile file makes parsers warn by the thousand: the answer says what matters
+        logging.disable(logging.CRITICAL)
+        import warnings
+
+        warnings.simplefilter("ignore")
+        _limit_self(job)
+        folder = Path(job["folder"])
+        os.chdir(folder / INBOX)
+        try:
+            answer = answer_for(Path(job["name"]), job["key"].encode("ascii"),
+                                int(job["max_inflated_bytes"]))
+            data = json.dumps(answer).encode()
+        except MemoryError:
+            status = EXIT_MEMORY
+            raise
+        if len(data) > MAX_ANSWER_BYTES - 1:
+            data = json.dumps({"valid": False, "reason": f"{job['name']}: the card states more "
+                               "than this service reports", "hint": "do not trust this card"}
+                              ).encode()
+        tmp = folder / (ANSWER + ".part")
+        tmp.write_bytes(data)
+        tmp.rename(folder / ANSWER)
+        status = 0
+    except BaseException:  # noqa: BLE001 - the status says it; nothing may escape a fork
+        pass
+    finally:
+        os._exit(status)
+
+
+def _report(out: Any, msg: dict[str, Any]) -> None:
+    out.write(json.dumps(msg).encode() + b"\n")
+    out.flush()
+
+
+def _ended(status: int, timed_out: bool) -> tuple[str, int]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if timed_out or sig == signal.SIGXCPU:
+            return "time", sig
+        return "signal", sig
+    code = os.WEXITSTATUS(status)
+    if code == 0:
+        return "answered", 0
+    if code == EXIT_MEMORY:
+        return "memory", code
+    return "failed", code
+
+
+def serve(stdin: Any = None, stdout: Any = None) -> None:
+    """The verifier's loop: fork a child per job line, kill it at its deadline, report."""
+    stdin = stdin or sys.stdin.buffer
+    stdout = stdout or sys.stdout.buffer
+    # the service ends this process (end of file on stdin), not a Ctrl-C sent to the group
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _preload()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    fd = stdin.fileno()
+    #: pid -> [job id, deadline, killed for time]
+    running: dict[int, list[Any]] = {}
+    buf = b""
+    _report(stdout, {"ready": True, "pid": os.getpid()})
+    open_ = True
+    while open_ or running:
+        now = time.monotonic()
+        wait = min((r[1] for r in running.values()), default=now + 3600) - now
+        watch = [fd, wake_r] if open_ else [wake_r]
+        try:
+            ready, _, _ = select.select(watch, [], [], max(0.0, wait))
+        except InterruptedError:
+            ready = []
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+        if fd in ready:
+            data = os.read(fd, 1 << 16)
+            if not data:  # the service ended: so do its verifications
+                open_ = False
+                for pid in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                job = json.loads(line)
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    _report(stdout, {"id": job["id"], "how": "failed", "code": exc.errno})
+                    continue
+                if pid == 0:
+                    _child(job)
+                running[pid] = [job["id"], time.monotonic() + float(job["timeout_s"]), False]
+        while running:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            entry = running.pop(pid, None)
+            if entry is None:
+                continue
+            how, code = _ended(status, entry[2])
+            _report(stdout, {"id": entry[0], "pid": pid, "how": how, "code": code,
+                             "maxrss_kb": usage.ru_maxrss,
+                             "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
+        now = time.monotonic()
+        for pid, entry in running.items():
+            if not entry[2] and now >= entry[1]:
+                entry[2] = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def main() -> int:
+    """Entry point of the verifier process."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        serve()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
