@@ -12,7 +12,8 @@ code    meaning
         verdict); ``verify``, ``verify-bundle``: valid; ``compare``: no resolved regression;
         other commands: done
 1       FAIL: ``run``: a check failed (card written); ``verify``, ``verify-bundle``: invalid
-        or tampered; ``compare``: a resolved regression on a check with a threshold
+        or tampered; ``compare``: a resolved regression on a gating row with a threshold (a
+        threat model, or a check that is not an attack row)
 2       usage, suite or data error (nothing measured)
 3       the model could not be loaded, reached or used (an endpoint failing beyond retries)
 4       ``compare``: the two runs are not comparable (suite, data digest, threat model,
@@ -57,16 +58,18 @@ EXIT_INTERRUPTED = 130
 #: Every exit code of every command, with its meaning (the README's table says the same).
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "OK: run: every check PASS/INFO; demo: card written; verify: valid; compare: "
-             "every check with a threshold unchanged or non-inferior; others: done",
+             "every gating row with a threshold unchanged or non-inferior; others: done",
     EXIT_FAIL: "FAIL: run: a check failed (card written); verify, verify-bundle: invalid; "
-               "compare: a resolved regression on a check with a threshold",
+               "compare: a resolved regression on a gating row (a threat model, or a check "
+               "that is not an attack row) with a threshold",
     EXIT_USAGE: "usage, suite or data error",
     EXIT_MODEL: "the model could not be loaded, reached or used",
     EXIT_NOT_COMPARABLE: "compare: the runs are not comparable (source data or reference "
                          "model differ, or no check in common)",
     EXIT_ERROR: "run: a check ERRORed (card written)",
     EXIT_INCONCLUSIVE: "run: a check is INCONCLUSIVE (card written); compare: neither a "
-                       "regression nor non-inferiority shown for a check with a threshold",
+                       "regression nor non-inferiority shown for a gating row with a "
+                       "threshold",
     EXIT_WARN: "run: a check passed with a WARNing (card written)",
     EXIT_VISIBLE_NOT_COMPARED: "verify: the signature and the signed payload are intact but "
                                "the visible layer was not compared (a card from another "

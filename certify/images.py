@@ -69,13 +69,35 @@ def png_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+#: The most pixels a card image may have when it is decoded (a card's images are sample
+#: thumbnails of a few hundred pixels a side). Pillow's own limit (89 M pixels, 265 MB as RGB,
+#: copied once more by the conversion) let a genuine card with one huge image added to its
+#: visible part cost the verifier over 1 GB before it compared anything.
+MAX_IMAGE_PIXELS = 4096 * 4096
+
+
 def decode_png(data: bytes) -> np.ndarray:
-    """The ``[H, W, 3]`` uint8 pixels of an encoded image (raises ValueError if unreadable)."""
+    """The ``[H, W, 3]`` uint8 pixels of an encoded image (raises ValueError if unreadable, or
+    larger than :data:`MAX_IMAGE_PIXELS`: the size is read from the header before decoding)."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with warnings.catch_warnings():
+            # Pillow warns between its limit and twice it, and raises beyond: the size is
+            # checked against this module's smaller limit here instead
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+        with im:
+            width, height = im.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ValueError(f"an image of {width}×{height} pixels is larger than a card "
+                                 f"image may be ({MAX_IMAGE_PIXELS:,} pixels)")
             return np.ascontiguousarray(np.asarray(im.convert("RGB")))
+    except Image.DecompressionBombError:
+        raise ValueError(f"an image is larger than a card image may be ({MAX_IMAGE_PIXELS:,} "
+                         "pixels)") from None
     except (UnidentifiedImageError, OSError) as exc:
         raise ValueError(f"not a readable image: {exc}") from None
 

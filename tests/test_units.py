@@ -180,3 +180,30 @@ def test_cpu_onnx_calls_are_chunked_without_changing_outputs(model_path):
     assert calls == [onnx_model.CPU_CHUNK, onnx_model.CPU_CHUNK, 3]
     m._cpu_chunk = 0  # noqa: SLF001
     assert torch.allclose(chunked, m.predict(x), atol=1e-5)
+
+
+def test_an_image_larger_than_a_card_image_is_refused_from_its_header():
+    """A card image is decoded only within MAX_IMAGE_PIXELS: the size is read from the PNG's
+    header, before any pixel is decoded (a genuine card with a huge image added to its visible
+    part once cost the verifier over 1 GB)."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    from certify.images import MAX_IMAGE_PIXELS, decode_png, png_bytes
+
+    buf = io.BytesIO()
+    Image.new("RGB", (1, 1)).save(buf, format="PNG")
+    png = bytearray(buf.getvalue())
+    # IHDR starts at byte 8 (length, type, width, height, ...); give it 20,000 x 20,000 pixels
+    # (10,000: where Pillow only warns; 20,000: where it raises its own error)
+    for side in (5_000, 10_000, 20_000):
+        png[16:24] = struct.pack(">II", side, side)
+        png[29:33] = struct.pack(">I", zlib.crc32(bytes(png[12:29])))
+        assert side ** 2 > MAX_IMAGE_PIXELS
+        with pytest.raises(ValueError, match="larger than a card image may be"):
+            decode_png(bytes(png))
+    small = np.zeros((64, 48, 3), np.uint8)
+    assert decode_png(png_bytes(small)).shape == (64, 48, 3)
