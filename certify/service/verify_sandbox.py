@@ -470,7 +470,10 @@ def serve(stdin: Any = None, stdout: Any = None) -> None:
     open_ = True
     while open_ or running:
         now = time.monotonic()
-        wait = min((r[1] for r in running.values()), default=now + 3600) - now
+        # a child killed for time is waited for at a short tick, not at its past deadline
+        # (which would spin this loop until the kernel reaps it)
+        wait = min((now + 0.05 if r[2] else r[1] for r in running.values()),
+                   default=now + 3600) - now
         watch = [fd, wake_r] if open_ else [wake_r]
         try:
             ready, _, _ = select.select(watch, [], [], max(0.0, wait))
