@@ -926,10 +926,14 @@ def suites_show(name: str) -> None:
     click.echo(resolve_suite_path(name).read_text(encoding="utf-8"), nl=False)
 
 
-from certify.service.cli import serve, submit  # noqa: E402 - the service's commands
+from certify.service.cli import serve, submit, worker  # noqa: E402 - the service's commands
 
 main.add_command(serve)
 main.add_command(submit)
+main.add_command(worker)
+from certify.service.store_cli import store  # noqa: E402 - `certify store migrate`
+
+main.add_command(store)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -152,3 +152,22 @@ def demo_run(tmp_path_factory) -> Path:
     assert proc.returncode == 0, proc.stderr
     (out / "stdout.txt").write_text(proc.stdout)
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server for the session (started by the first test that asks), with a bucket
+    ``certify-test`` and its dummy credentials in ``os.environ`` until the session ends."""
+    from s3server import create_bucket, moto_server
+
+    with moto_server() as server, server.credentials():
+        create_bucket(server, "certify-test")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_url(s3_server) -> str:
+    """``s3://certify-test/<fresh prefix>?endpoint=...`` on the session's moto server."""
+    import uuid
+
+    return s3_server.url("certify-test", f"session-{uuid.uuid4().hex[:12]}")

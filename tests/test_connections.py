@@ -164,7 +164,7 @@ def test_a_submission_is_refused_from_its_headers_before_its_body(server, connec
     elapsed, got = _closed_after(s)
     assert got.startswith(f"HTTP/1.1 {status}".encode())
     assert elapsed < 0.8 * HEADER_S  # answered and ended at once, not at a deadline
-    assert _files_under(server.home / "store" / "tmp") == []
+    assert _files_under(server.home / "work" / "uploads") == []
     # requests, which sends the whole body, reads the refusal too
     r = requests.post(f"{server.url}/api/v1/runs", files={"model": ("m.onnx", b"\0" * 2**22)},
                       data={"dataset": "small", "suite": "gtsrb"}, timeout=10,

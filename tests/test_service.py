@@ -213,7 +213,7 @@ def test_bad_inputs_are_refused_with_4xx_and_nothing_is_written_outside_the_stor
     assert all(service.home in p.parents or p.parent == service.home.parent
                for p in after - before), sorted(map(str, after - before))
     assert not Path("/etc/passwd").with_name("passwd.onnx").exists()
-    tmp = service.home / "store" / "tmp"
+    tmp = service.home / "work" / "uploads"  # where this node spools uploads
     assert not tmp.exists() or not any(tmp.iterdir())
 
 

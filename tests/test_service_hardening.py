@@ -236,7 +236,7 @@ def test_a_refused_submission_leaves_no_file_and_tokens_have_upload_quotas(tmp_p
     svc = InProcess(tmp_path / "home", token_uploads_per_hour=3, token_storage_mb=1,
                     datasets={"d": tmp_path})
     try:
-        root = svc.app.state.services.store.root
+        root = svc.app.state.services.cfg.store_root  # the default local store
         token = svc.token("submit")
         auth = {"Authorization": f"Bearer {token}"}
         model = demo_model_path("standard").read_bytes()  # 0.8 MB
@@ -336,7 +336,7 @@ def test_credentials_stored_in_clear_by_an_older_service_are_migrated(tmp_path):
         run.secret_enc = svc.secrets.encrypt("Bearer head3r-secret", run.id)
         s.commit()
         rid = run.id
-    folder = svc.store.run_dir(rid)
+    folder = cfg.store_root / "runs" / rid  # a run folder from before issue 39
     folder.mkdir(parents=True)
     (folder / "job.json").write_text(json.dumps({"model": url}))
     svc = open_services(cfg)  # a restart with the new code

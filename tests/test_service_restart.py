@@ -44,11 +44,16 @@ def _comparable(m: dict) -> dict:
 
 
 def _await_records(svc: Service, ids: list[str], n: int) -> None:
-    """Wait until ``n`` of the runs have records on disk."""
+    """Wait until ``n`` of the runs have records: in their worker's scratch folder while they
+    run, in the store once they ended."""
+    def has_records(run_id: str) -> bool:
+        scratch = svc.home / "work" / "runs" / run_id / "out" / "records.jsonl"
+        stored = svc.home / "store" / "runs" / run_id / "out" / "records.jsonl"
+        return any(p.exists() and p.stat().st_size > 0 for p in (scratch, stored))
+
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        recs = [svc.home / "store" / "runs" / i / "out" / "records.jsonl" for i in ids]
-        if sum(p.exists() and p.stat().st_size > 0 for p in recs) >= n:
+        if sum(has_records(i) for i in ids) >= n:
             return
         time.sleep(0.1)
     pytest.fail("no run started\n" + svc.log())

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from certify.service.secrets import SecretBox, load_secret_box
-from certify.service.store import Store
+from certify.service.store import LocalStore, digest_key, read_bytes, run_prefix, spool_upload
 from certify.service.uploads import (
     Limits,
     UploadError,
@@ -183,18 +183,22 @@ def test_suite_yaml_is_validated_like_certify_run(tmp_path: Path) -> None:
 
 
 def test_store_limits_and_digests(tmp_path: Path) -> None:
-    store = Store(tmp_path / "store")
-    f = store.put_stream(io.BytesIO(b"abc"), 10, "model")
-    assert f.digest.startswith("sha256:ba7816bf") and f.path.read_bytes() == b"abc"
+    store = LocalStore(tmp_path / "store")
+    spool = tmp_path / "spool"
+    f = spool_upload(store, io.BytesIO(b"abc"), 10, spool, "model")
+    assert f.digest.startswith("sha256:ba7816bf") and f.local.read_bytes() == b"abc"
+    assert read_bytes(store, f.key) == b"abc" and f.key == digest_key(f.digest)
+    f.local.unlink()
     with pytest.raises(UploadError) as exc:
-        store.put_stream(io.BytesIO(b"x" * 11), 10, "model")
+        spool_upload(store, io.BytesIO(b"x" * 11), 10, spool, "model")
     assert exc.value.status == 413
-    assert list((tmp_path / "store" / "tmp").iterdir()) == []
-    for bad in ("sha256:../../etc/passwd", "md5:abc", "sha256:" + "g" * 64):
+    assert list(spool.iterdir()) == [] and store.list("") == [f.key]
+    for bad in ("sha256:../../etc/passwd", "md5:abc", "sha256:" + "g" * 64,
+                "sha256:" + "a" * 64 + "\n"):
         with pytest.raises(ValueError):
-            store.path(bad)
+            digest_key(bad)
     with pytest.raises(ValueError):
-        store.run_dir("../x")
+        run_prefix("../x")
 
 
 def test_secrets_round_trip_bound_to_their_run(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
+from cryptography.hazmat.primitives import serialization
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -50,17 +51,19 @@ from certify.service.shared import (
 
 log = logging.getLogger("certify.service")
 
-def open_services(cfg: ServeConfig) -> Services:
-    """Open (and migrate) the database, the store, the keys and the log."""
-    from cryptography.hazmat.primitives import serialization
+def open_services(cfg: ServeConfig, rotate_identity: bool = False) -> Services:
+    """Open (and migrate) the database, the store, the keys and the log.
+
+    Every node of one service (API nodes and ``certify worker`` processes) calls this with
+    the same database and store; its keys are checked against the service's recorded identity
+    (:mod:`certify.service.identity`)."""
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from certify.errors import UsageError
     from certify.redact import redact
-    from certify.report.sign import load_private_key
-    from certify.service import keys
     from certify.service.db import make_engine, migrate, sessions
-    from certify.service.store import Store
+    from certify.service.identity import load_identity
+    from certify.service.store import StoreError, open_store
     from certify.service.tlog import TransparencyLog
     from certify.service.uploads import Limits
 
@@ -78,35 +81,42 @@ def open_services(cfg: ServeConfig) -> Services:
                          hint="check --db (postgresql+psycopg://USER@HOST/DB) and that the "
                               "server is up") from None
     factory = sessions(engine)
-    key_path = keys.signing_key_path(cfg.home, cfg.sign_key)
+    try:
+        store = open_store(cfg.store, cfg.home)
+        store.ping()
+    except StoreError as exc:
+        raise UsageError(f"cannot use the store {redact(cfg.store or str(cfg.store_root))}: "
+                         f"{exc}", hint="check --store (s3://BUCKET[/PREFIX]?endpoint=URL, "
+                                        "credentials in the environment) and that the "
+                                        "server is up") from None
     passphrase = (os.environ.get(cfg.passphrase_env, "").encode() or None
                   if cfg.passphrase_env else None)
-    private = load_private_key(key_path, passphrase)
-    keys.ensure_certificate(key_path, private)  # card.pdf's PDF signatures name it
-    public_pem = private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     box = None
     if cfg.secrets_key is not None or os.environ.get("CERTIFY_SECRETS_KEY"):
         from certify.service.secrets import load_secret_box
 
         box = load_secret_box(cfg.secrets_key, cfg.home)
+    ident = load_identity(factory, cfg.home, cfg.sign_key, passphrase, cfg.session_secret,
+                          None if box is None else box.fingerprint, rotate_identity)
+    public_pem = ident.private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     limits = Limits(max_model_bytes=cfg.max_upload_mb * 2**20,
                     max_total_bytes=cfg.max_upload_mb * 2**20,
                     max_dataset_bytes=cfg.max_dataset_mb * 2**20,
                     allowed_domains=Limits().allowed_domains + tuple(cfg.allow_domains))
-    cfg2 = dataclasses.replace(cfg, sign_key=key_path)
-    store = Store(cfg.store_root)
+    cfg2 = dataclasses.replace(cfg, sign_key=ident.sign_key)
     from certify.service.secrets import migrate_url_credentials
 
     migrate_url_credentials(factory, box, store)
-    return Services(cfg2, factory, store, TransparencyLog(factory, private),
-                    box, public_pem, keys.session_secret(cfg.home), limits)
+    return Services(cfg2, factory, store, TransparencyLog(factory, ident.private),
+                    box, public_pem, ident.session_secret, limits,
+                    spool_dir=cfg.scratch / "uploads")
 
 
 def create_app(cfg: ServeConfig, services: Services | None = None,
-               start_workers: bool = True) -> FastAPI:
+               start_workers: bool = True, rotate_identity: bool = False) -> FastAPI:
     """The service's ASGI application."""
-    svc = services or open_services(cfg)
+    svc = services or open_services(cfg, rotate_identity)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -302,27 +312,39 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
     @app.get(f"{API}/ready", tags=["service"],
              responses={503: {"model": ErrorBody, "description": "Not ready"}})
     def ready() -> JSONResponse:
-        """Readiness (distinct from liveness): the database answers, the service is not
-        shutting down, and its workers run (when it has any). 503 otherwise."""
+        """Readiness (distinct from liveness): the database and the store answer, the
+        service is not shutting down, and its workers run (when it has any). 503 otherwise."""
+        import time
+
         why = None
         try:
             with svc.factory() as s:
                 s.execute(select(1))
         except Exception:  # noqa: BLE001 - any database failure means not ready
             why = "the database does not answer"
+        started = time.perf_counter()
+        try:
+            svc.store.ping()
+        except Exception:  # noqa: BLE001 - any store failure means not ready
+            why = why or "the store does not answer"
+        else:
+            if svc.counters is not None:
+                svc.counters.store_latency(time.perf_counter() - started)
         if svc.stopping.is_set():
             why = "the service is shutting down"
         elif svc.cfg.workers > 0 and start_workers and svc.workers is None:
             why = "the workers have not started"
         if why is not None:
             return JSONResponse({"detail": why}, status_code=503)
-        return JSONResponse({"status": "ready", "workers": svc.cfg.workers})
+        return JSONResponse({"status": "ready", "workers": svc.cfg.workers,
+                             "store": svc.store.description.split("://", 1)[0]})
 
     @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
     def metrics(request: Request) -> PlainTextResponse:
         """The service's metrics (Prometheus text format): runs by state, queue depth, run
-        durations, HTTP responses by status class, verifications. Needs an admin token, or a
-        request from the loopback address (not through a --trusted-proxy)."""
+        durations, HTTP responses by status class, verifications, every worker's heartbeat
+        age and slots, the store's latency. Needs an admin token, or a request from the
+        loopback address (not through a --trusted-proxy)."""
         import ipaddress
 
         from certify.service.metrics import exposition
@@ -340,7 +362,7 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         if not local and (who is None or not who.allows("admin")):
             raise HTTPException(401 if who is None else 403,
                                 "metrics need an admin token, or a request from this host")
-        return PlainTextResponse(exposition(svc.factory, svc.counters),
+        return PlainTextResponse(exposition(svc.factory, svc.counters, svc.store),
                                  media_type="text/plain; version=0.0.4")
 
     @app.post(f"{API}/runs", status_code=202, tags=["runs"])
@@ -375,6 +397,9 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         intended_use: Annotated[str | None, Form(
             description="Model card: what the model is for (the card says 'not stated' "
                         "without it)")] = None,
+        device: Annotated[str | None, Form(
+            description="auto (default), cpu, or cuda: a cuda run waits for a worker with a "
+                        "GPU")] = None,
     ) -> dict[str, Any]:
         """Submit a run: 202 with its id once the static checks pass."""
         from certify.service.submit_checks import accept_submission
@@ -385,7 +410,7 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
             suite_file=suite_file, dataset=dataset, dataset_file=dataset_file,
             reference=reference, surrogate=surrogate, samples=samples, seed=seed,
             card={"model_name": model_name, "model_version": model_version, "owner": owner,
-                  "license": license, "intended_use": intended_use})
+                  "license": license, "intended_use": intended_use}, device=device)
         log.info("run %s queued by token %d (%s)", run.id, who.token_id, run.model_name)
         return run_json(run)
 

@@ -22,7 +22,7 @@ log = logging.getLogger("certify.service")
 
 
 def _home_options(f: Any) -> Any:
-    f = click.option("--db", metavar="URL",
+    f = click.option("--db", "--database", "db", metavar="URL",
                      help="Database URL [default: SQLite in --home]; PostgreSQL: "
                           "postgresql+psycopg://USER@HOST/DB.")(f)
     return click.option("--home", type=click.Path(file_okay=False, path_type=Path),
@@ -45,81 +45,151 @@ def _datasets(values: tuple[str, ...]) -> dict[str, Path]:
     return out
 
 
+def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    """``--config FILE``: a YAML mapping of option names to values, read before the other
+    options, which it gives defaults (the command line wins)."""
+    if value is None:
+        return
+    import yaml
+
+    try:
+        doc = yaml.safe_load(value.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise click.BadParameter(f"{value} is not YAML: {str(exc).splitlines()[0]}") from None
+    if doc is None:
+        return
+    if not isinstance(doc, dict):
+        raise click.BadParameter(f"{value} must be a mapping of option names to values")
+    by_name: dict[str, str] = {}
+    for p in ctx.command.params:
+        if isinstance(p, click.Option) and p.name and p.name != "config":
+            by_name[p.name] = p.name
+            for opt in p.opts:
+                by_name[opt.lstrip("-")] = p.name
+    defaults = dict(ctx.default_map or {})
+    for key, v in doc.items():
+        name = by_name.get(str(key))
+        if name is None:
+            valid = sorted(k for k in by_name if "-" in k or k == by_name[k])
+            raise click.BadParameter(f"{value}: unknown option {key!r}; valid: "
+                                     f"{', '.join(valid)}")
+        defaults[name] = v
+    ctx.default_map = defaults
+
+
+_SERVE_OPTIONS: list[Any] = [
+    _home_options,
+    click.option("--host", default="127.0.0.1", show_default=True,
+                  help="Address to listen on (put a TLS reverse proxy in front for other hosts)."),
+    click.option("--port", type=click.IntRange(1, 65535), default=8470, show_default=True,
+                  help="Port to listen on."),
+    click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True,
+                  help="Runs at once, each in its own process (0: accept runs, run none)."),
+    click.option("--sign-key", type=click.Path(dir_okay=False, path_type=Path),
+                  help="The service's signing key (mode 0600) [default: made in --home/keys]."),
+    click.option("--passphrase-env", metavar="VAR", help="Variable holding its passphrase."),
+    click.option("--secrets-key", type=click.Path(dir_okay=False, path_type=Path),
+                  help="Key file (0600, outside --home) encrypting endpoint secrets; or set "
+                       "CERTIFY_SECRETS_KEY. Without one, endpoints with secrets are refused."),
+    click.option("--dataset", "datasets", multiple=True, metavar="NAME=PATH",
+                  help="Register a dataset submissions may name (repeatable)."),
+    click.option("--allow-endpoint", "allow_endpoints", multiple=True, metavar="HOST[:PORT]",
+                  help="An endpoint host runs may reach even on a private address (repeatable)."),
+    click.option("--allow-domain", "allow_domains", multiple=True, metavar="DOMAIN",
+                  help="A custom ONNX operator domain uploads may use (repeatable)."),
+    click.option("--max-upload-mb", type=click.IntRange(min=1), default=200, show_default=True,
+                  help="Largest model upload accepted."),
+    click.option("--max-dataset-mb", type=click.IntRange(min=1), default=64, show_default=True,
+                  help="Largest dataset (.npz) upload accepted."),
+    click.option("--max-samples", type=click.IntRange(min=1), default=5000, show_default=True,
+                  help="Samples a submission may ask for at most."),
+    click.option("--max-verify-mb", type=click.IntRange(min=1), default=16, show_default=True,
+                  help="Largest card the public verify page and API accept."),
+    click.option("--verify-per-minute", type=click.IntRange(min=1), default=30, show_default=True,
+                  help="Verifications a minute per client address without a token."),
+    click.option("--verify-memory-mb", type=click.IntRange(min=16), default=1024,
+                  show_default=True, help="Memory one card verification may take, beyond the "
+                                          "verifier's own code (its child process's address-space "
+                                          "limit)."),
+    click.option("--verify-timeout", "verify_timeout_s", type=click.FloatRange(min=0.1),
+                  default=30.0, show_default=True,
+                  help="Seconds (wall clock and CPU) one card verification may take."),
+    click.option("--verify-concurrency", type=click.IntRange(min=1), default=2, show_default=True,
+                  help="Card verifications at once, each in its own child process."),
+    click.option("--verify-wait", "verify_wait_s", type=click.FloatRange(min=0), default=10.0,
+                  show_default=True, help="Seconds an upload waits for a free verification; "
+                                          "then 503 with Retry-After."),
+    click.option("--token-storage-mb", type=click.IntRange(min=1), default=2048, show_default=True,
+                  help="Most a token's stored uploads may take."),
+    click.option("--token-uploads-per-hour", type=click.IntRange(min=1), default=60,
+                  show_default=True, help="Uploads a token may store an hour."),
+    click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDRESS",
+                  help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
+                       "from any other peer the header is ignored."),
+    click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0.1),
+                  default=10.0, show_default=True,
+                  help="Seconds a request's headers may take, from the connection's start or the "
+                       "previous response (idle connections are closed then)."),
+    click.option("--min-body-rate", "min_body_rate_kb", type=click.IntRange(min=0), default=64,
+                  show_default=True, help="KB/s a request body must arrive at, after --body-grace "
+                                          "(0: no minimum)."),
+    click.option("--body-grace", "body_grace_s", type=click.FloatRange(min=0), default=5.0,
+                  show_default=True, help="Seconds of credit a body has before --min-body-rate."),
+    click.option("--max-connections-per-client", "max_connections_per_client",
+                  type=click.IntRange(min=1), default=32, show_default=True,
+                  help="Connections open at once per client address (not for --trusted-proxy "
+                       "peers); more are closed at once."),
+    click.option("--run-timeout", type=click.FloatRange(min=1), default=4 * 3600.0,
+                  show_default=True, help="Seconds one run may take."),
+    click.option("--run-memory-mb", type=click.IntRange(min=256), default=16 * 1024,
+                  show_default=True, help="Address-space limit of one run's process."),
+    click.option("--lease", type=click.FloatRange(min=1), default=30.0, show_default=True,
+                  help="Seconds a claimed run stays claimed without a heartbeat."),
+    click.option("--heartbeat", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+                  help="Seconds between renewals of a running run's lease."),
+    click.option("--retention-days", type=click.IntRange(min=1), default=30, show_default=True,
+                  help="Uploads no run refers to are deleted after this many days."),
+    click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+                  show_default=True, help="Where a run's checks execute."),
+    click.option("--ray-address", metavar="ADDRESS", help="Ray: an existing cluster."),
+    click.option("--store", "store", metavar="URL",
+                  help="Where uploads and runs' files live, shared by every node: "
+                       "s3://BUCKET[/PREFIX]?endpoint=URL (credentials from the environment) or "
+                       "a folder [default: --home/store]."),
+    click.option("--presigned-downloads", is_flag=True,
+                  help="Answer card downloads with a redirect to the store's presigned URL (S3) "
+                       "instead of streaming them through this node."),
+    click.option("--session-secret", type=click.Path(dir_okay=False, path_type=Path),
+                  help="File (0600) with the key of UI session cookies, shared by every API "
+                       "node; or set CERTIFY_SESSION_SECRET (hex) [default: made in --home/keys]."),
+    click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                  show_default=True,
+                  help="The device this node's workers advertise (auto: CUDA where a GPU "
+                       "answers); runs that ask for cuda go only to a worker with one."),
+    click.option("--new-identity", is_flag=True,
+                  help="Accept this node's keys as the service's new ones (a deliberate key "
+                       "change; without it a node with other keys than the recorded ones is "
+                       "refused)."),
+    click.option("--config", type=click.Path(dir_okay=False, path_type=Path), is_eager=True,
+                  expose_value=False, callback=_load_config,
+                  help="A YAML file of these options (their long names, e.g. store: s3://...), "
+                       "read by every node: `certify serve` and `certify worker` alike. Options "
+                       "given on the command line win."),
+]
+
+
+def _serve_options(f: Any) -> Any:
+    """The options `certify serve` and `certify worker` share: one configuration, which a
+    ``--config`` file may hold."""
+    for deco in reversed(_SERVE_OPTIONS):
+        f = deco(f)
+    return f
+
+
 @click.group("serve", invoke_without_command=True)
-@_home_options
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (put a TLS reverse proxy in front for other hosts).")
-@click.option("--port", type=click.IntRange(1, 65535), default=8470, show_default=True,
-              help="Port to listen on.")
-@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Runs at once, each in its own process (0: accept runs, run none).")
-@click.option("--sign-key", type=click.Path(dir_okay=False, path_type=Path),
-              help="The service's signing key (mode 0600) [default: made in --home/keys].")
-@click.option("--passphrase-env", metavar="VAR", help="Variable holding its passphrase.")
-@click.option("--secrets-key", type=click.Path(dir_okay=False, path_type=Path),
-              help="Key file (0600, outside --home) encrypting endpoint secrets; or set "
-                   "CERTIFY_SECRETS_KEY. Without one, endpoints with secrets are refused.")
-@click.option("--dataset", "datasets", multiple=True, metavar="NAME=PATH",
-              help="Register a dataset submissions may name (repeatable).")
-@click.option("--allow-endpoint", "allow_endpoints", multiple=True, metavar="HOST[:PORT]",
-              help="An endpoint host runs may reach even on a private address (repeatable).")
-@click.option("--allow-domain", "allow_domains", multiple=True, metavar="DOMAIN",
-              help="A custom ONNX operator domain uploads may use (repeatable).")
-@click.option("--max-upload-mb", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Largest model upload accepted.")
-@click.option("--max-dataset-mb", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Largest dataset (.npz) upload accepted.")
-@click.option("--max-samples", type=click.IntRange(min=1), default=5000, show_default=True,
-              help="Samples a submission may ask for at most.")
-@click.option("--max-verify-mb", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Largest card the public verify page and API accept.")
-@click.option("--verify-per-minute", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Verifications a minute per client address without a token.")
-@click.option("--verify-memory-mb", type=click.IntRange(min=16), default=1024,
-              show_default=True, help="Memory one card verification may take, beyond the "
-                                      "verifier's own code (its child process's address-space "
-                                      "limit).")
-@click.option("--verify-timeout", "verify_timeout_s", type=click.FloatRange(min=0.1),
-              default=30.0, show_default=True,
-              help="Seconds (wall clock and CPU) one card verification may take.")
-@click.option("--verify-concurrency", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Card verifications at once, each in its own child process.")
-@click.option("--verify-wait", "verify_wait_s", type=click.FloatRange(min=0), default=10.0,
-              show_default=True, help="Seconds an upload waits for a free verification; "
-                                      "then 503 with Retry-After.")
-@click.option("--token-storage-mb", type=click.IntRange(min=1), default=2048, show_default=True,
-              help="Most a token's stored uploads may take.")
-@click.option("--token-uploads-per-hour", type=click.IntRange(min=1), default=60,
-              show_default=True, help="Uploads a token may store an hour.")
-@click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="ADDRESS",
-              help="A reverse proxy whose X-Forwarded-For names the client (repeatable); "
-                   "from any other peer the header is ignored.")
-@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0.1),
-              default=10.0, show_default=True,
-              help="Seconds a request's headers may take, from the connection's start or the "
-                   "previous response (idle connections are closed then).")
-@click.option("--min-body-rate", "min_body_rate_kb", type=click.IntRange(min=0), default=64,
-              show_default=True, help="KB/s a request body must arrive at, after --body-grace "
-                                      "(0: no minimum).")
-@click.option("--body-grace", "body_grace_s", type=click.FloatRange(min=0), default=5.0,
-              show_default=True, help="Seconds of credit a body has before --min-body-rate.")
-@click.option("--max-connections-per-client", "max_connections_per_client",
-              type=click.IntRange(min=1), default=32, show_default=True,
-              help="Connections open at once per client address (not for --trusted-proxy "
-                   "peers); more are closed at once.")
-@click.option("--run-timeout", type=click.FloatRange(min=1), default=4 * 3600.0,
-              show_default=True, help="Seconds one run may take.")
-@click.option("--run-memory-mb", type=click.IntRange(min=256), default=16 * 1024,
-              show_default=True, help="Address-space limit of one run's process.")
-@click.option("--lease", type=click.FloatRange(min=1), default=30.0, show_default=True,
-              help="Seconds a claimed run stays claimed without a heartbeat.")
-@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds between renewals of a running run's lease.")
-@click.option("--retention-days", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Uploads no run refers to are deleted after this many days.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
-              show_default=True, help="Where a run's checks execute.")
-@click.option("--ray-address", metavar="ADDRESS", help="Ray: an existing cluster.")
+@_serve_options
 @click.pass_context
 def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
           datasets: tuple[str, ...], allow_endpoints: tuple[str, ...],
@@ -137,17 +207,10 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
     import uvicorn
 
     from certify.service.app import create_app
-    from certify.service.config import ServeConfig
 
-    if rest.get("executor") == "ray" and not rest.get("ray_address"):
-        raise UsageError("--executor ray needs --ray-address",
-                         hint="the service sends runs to an existing Ray cluster")
-    if heartbeat >= lease:
-        raise UsageError(f"--heartbeat {heartbeat} must be shorter than --lease {lease}")
-    cfg = ServeConfig(home=home, db=db, host=host, port=port, datasets=_datasets(datasets),
-                      allow_endpoints=allow_endpoints, allow_domains=allow_domains,
-                      run_timeout_s=run_timeout, lease_s=lease, heartbeat_s=heartbeat,
-                      **rest)
+    rotate = bool(rest.pop("new_identity", False))
+    cfg = _config(home, db, host, port, datasets, allow_endpoints, allow_domains,
+                  run_timeout, lease, heartbeat, rest)
     import socket
 
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
@@ -158,7 +221,7 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}",
                              hint="choose another --port or --host") from None
     _service_logging()
-    app = create_app(cfg)
+    app = create_app(cfg, rotate_identity=rotate)
     svc = app.state.services
     from cryptography.hazmat.primitives import serialization
 
@@ -193,6 +256,78 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
     Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                           proxy_headers=False, http=protocol_class(deadlines), ws="none",
                           timeout_graceful_shutdown=max(1, int(cfg.lease_s)))).run()
+
+
+def _config(home: Path, db: str | None, host: str, port: int, datasets: tuple[str, ...],
+            allow_endpoints: tuple[str, ...], allow_domains: tuple[str, ...],
+            run_timeout: float, lease: float, heartbeat: float, rest: dict[str, Any]) -> Any:
+    """The ServeConfig of `certify serve` and `certify worker` (one configuration)."""
+    from certify.service.config import ServeConfig
+
+    if rest.get("executor") == "ray" and not rest.get("ray_address"):
+        raise UsageError("--executor ray needs --ray-address",
+                         hint="the service sends runs to an existing Ray cluster")
+    if heartbeat >= lease:
+        raise UsageError(f"--heartbeat {heartbeat} must be shorter than --lease {lease}")
+    return ServeConfig(home=home, db=db, host=host, port=port, datasets=_datasets(datasets),
+                       allow_endpoints=tuple(allow_endpoints),
+                       allow_domains=tuple(allow_domains), run_timeout_s=run_timeout,
+                       lease_s=lease, heartbeat_s=heartbeat,
+                       **_tuples(rest))
+
+
+def _tuples(options: dict[str, Any]) -> dict[str, Any]:
+    """Lists (from a --config file) as the tuples ServeConfig holds."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+
+
+@click.command("worker")
+@_serve_options
+def worker(home: Path, db: str | None, host: str, port: int, datasets: tuple[str, ...],
+           allow_endpoints: tuple[str, ...], allow_domains: tuple[str, ...],
+           run_timeout: float, lease: float, heartbeat: float, **rest: Any) -> None:
+    """Claim and run queued runs on this machine, for a service on a shared database and store.
+
+    Takes the same options (and --config file) as `certify serve`; the HTTP ones are not
+    used. --workers is how many runs this machine computes at once; --device what it
+    advertises (a run submitted with --device cuda is claimed only by a worker with a GPU).
+    Stops at SIGTERM or SIGINT: its running runs go back on the queue and resume elsewhere.
+
+    \b
+    Example:
+      certify worker --database postgresql+psycopg://certify@db/certify \\
+          --store 's3://certify-cards?endpoint=https://minio.internal:9000' --workers 1
+    """
+    import signal
+    import threading
+
+    from certify.service.app import open_services
+    from certify.service.workers import WorkerPool
+
+    rotate = bool(rest.pop("new_identity", False))
+    cfg = _config(home, db, host, port, datasets, allow_endpoints, allow_domains,
+                  run_timeout, lease, heartbeat, rest)
+    if cfg.workers < 1:
+        raise UsageError("certify worker needs --workers 1 or more")
+    _service_logging()
+    svc = open_services(cfg, rotate_identity=rotate)
+    pool = WorkerPool(svc.cfg, svc.factory, svc.store, svc.tlog, svc.secrets)
+    done = threading.Event()
+
+    def stop(_sig: int, _frame: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    from certify.redact import redact
+
+    log.info("certify worker: database %s, store %s", redact(cfg.db_url),
+             redact(svc.store.description))
+    pool.start()
+    while not done.wait(1.0):
+        pass
+    log.info("certify worker: stopping; running runs go back on the queue")
+    pool.stop()
 
 
 def _service_logging() -> None:
@@ -304,6 +439,9 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
               help="Endpoint: variable holding the secret the service sends to it.")
 @click.option("--auth-header", metavar="NAME", help="Endpoint: header for that secret.")
 @model_card_options
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True,
+              help="Where the run computes: cuda waits in the queue for a worker with a GPU.")
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Follow the run and download its card.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -313,7 +451,7 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
            extra: tuple[Path, ...], token_env: str,
            auth_env: str | None, auth_header: str | None, model_name: str | None,
            model_version: str | None, owner: str | None, license: str | None,
-           intended_use: str | None, wait: bool, out: Path | None) -> int:
+           intended_use: str | None, device: str, wait: bool, out: Path | None) -> int:
     """Submit MODEL (.onnx or endpoint URL) to a certify service; exit codes as `certify run`.
 
     \b
@@ -342,7 +480,8 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
                         reference=reference, extra_files=extra, endpoint_secret=secret,
                         endpoint_header=auth_header,
                         model_version=None if stated is None else stated.version,
-                        surrogate=surrogate, card={k: v for k, v in card.items() if v})
+                        surrogate=surrogate, card={k: v for k, v in card.items() if v},
+                        device=device)
     click.echo(f"run {run['id']} queued ({server.rstrip('/')}/runs/{run['id']})", err=True)
     if not wait:
         click.echo(run["id"])

@@ -68,10 +68,14 @@ class Client:
                extra_files: tuple[Path, ...] = (), endpoint_secret: str | None = None,
                endpoint_header: str | None = None, model_version: str | None = None,
                surrogate: Path | None = None,
-               card: dict[str, str] | None = None) -> dict[str, Any]:
+               card: dict[str, str] | None = None, device: str | None = None
+               ) -> dict[str, Any]:
         """POST /runs; returns the queued run. ``card``: the model-card fields stated
-        (model_name, owner, license, intended_use; the version is ``model_version``)."""
+        (model_name, owner, license, intended_use; the version is ``model_version``).
+        ``device``: ``cuda`` for a run only a GPU worker may take."""
         data: dict[str, Any] = {k: v for k, v in (card or {}).items() if v}
+        if device and device != "auto":
+            data["device"] = device
         if model_version:
             data["model_version"] = model_version
         with ExitStack() as stack:

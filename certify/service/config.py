@@ -14,6 +14,17 @@ class ServeConfig:
     home: Path
     #: SQLAlchemy URL; None means SQLite in ``home``.
     db: str | None = None
+    #: Where uploads, suites and run folders live (:func:`certify.service.store.open_store`):
+    #: ``s3://BUCKET[/PREFIX]?endpoint=URL`` or a folder; None means ``home/store``.
+    store: str | None = None
+    #: Answer card downloads with a redirect to the store's presigned URL (S3) instead of
+    #: streaming them through the API.
+    presigned_downloads: bool = False
+    #: The session-cookie key, shared by every API node: a file (mode 0600); None means
+    #: ``CERTIFY_SESSION_SECRET`` (hex) if set, else ``home/keys/session.key``.
+    session_secret: Path | None = None
+    #: The device this process's workers advertise (``auto``: CUDA where the driver answers).
+    device: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8470
     workers: int = 2
@@ -77,5 +88,10 @@ class ServeConfig:
 
     @property
     def store_root(self) -> Path:
-        """Where uploads and run folders live."""
+        """The default local store's folder (``home/store``)."""
         return self.home / "store"
+
+    @property
+    def scratch(self) -> Path:
+        """This node's own working folder: uploads being checked, runs being computed."""
+        return self.home / "work"

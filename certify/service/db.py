@@ -66,7 +66,7 @@ class Run(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     updated: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
-    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     #: ``onnx`` (model_ref = upload digest) or ``http`` (model_ref = endpoint URL).
     model_kind: Mapped[str] = mapped_column(String(8))
     model_ref: Mapped[str] = mapped_column(Text)
@@ -91,6 +91,8 @@ class Run(Base):
     log_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     #: Readable by every token (set by the run's owner or an admin); private by default.
     public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: ``cuda``: only a worker with a GPU claims the run; None: any worker.
+    device: Mapped[str | None] = mapped_column(String(8), nullable=True)
 
 
 class Upload(Base):
@@ -147,6 +149,45 @@ class LogEntry(Base):
     statement: Mapped[dict[str, Any]] = mapped_column(JSON)
     run_id: Mapped[str] = mapped_column(String(32))
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Worker(Base):
+    """A worker process (an API node's ``--workers`` or ``certify worker``): its device and
+    its last heartbeat, on the database's clock (:func:`db_now`)."""
+
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    device: Mapped[str] = mapped_column(String(8))
+    started: Mapped[dt.datetime] = mapped_column(DateTime)
+    last_seen: Mapped[dt.datetime] = mapped_column(DateTime)
+    #: Runs it may hold at once, and holds now.
+    slots: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int] = mapped_column(Integer)
+
+
+class Identity(Base):
+    """What every node of one service must share, by fingerprint (``sign_key``,
+    ``session_secret``, ``secrets_key``) or value (``certificate``: the signing key's PEM
+    certificate, made by the first node)."""
+
+    __tablename__ = "identity"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+def db_now(session: Any) -> dt.datetime:
+    """Now on the database's clock, as naive UTC: leases and heartbeats are compared on one
+    clock however many machines write them. PostgreSQL answers ``now()``; SQLite is a local
+    file, so every process using it shares this machine's clock."""
+    bind = session.get_bind()
+    if bind.dialect.name == "postgresql":
+        from sqlalchemy import text
+
+        value = session.scalar(text("SELECT now() AT TIME ZONE 'UTC'"))
+        return value.replace(tzinfo=None)
+    return utcnow()
 
 
 def sqlite_url(home: Path) -> str:

@@ -86,7 +86,7 @@ def _options(spec: dict[str, Any], out: Path) -> Any:
         reference=spec.get("reference"), surrogate=spec.get("surrogate"), pdf=True,
         sign_key=Path(spec["sign_key"]), passphrase=passphrase, http=http,
         query_budget=spec.get("query_budget"), executor=spec.get("executor", "local"),
-        ray_address=spec.get("ray_address"),
+        ray_address=spec.get("ray_address"), device=spec.get("device") or "auto",
         service={"run_id": spec["run_id"], **(spec.get("public") or {})},
         model_card=ModelCardDoc(**spec["model_card"]) if spec.get("model_card") else None)
 
@@ -156,7 +156,7 @@ def _no_server_paths(text: str, folder: Path, spec: dict[str, Any]) -> str:
 
     import certify
 
-    store = folder.resolve().parent.parent  # <store>/runs/<run id>
+    store = folder.resolve().parent.parent  # <scratch>/runs/<run id>
     given: list[str | Path] = [*spec.get("server_paths", []), store, sys.prefix,
                                sys.base_prefix, Path(certify.__file__).parent.parent]
     data = spec.get("data")

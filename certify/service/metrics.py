@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from certify.service.db import DONE, ERROR, FINAL_STATES, QUEUED, RUNNING, Run
+from certify.service.db import DONE, ERROR, FINAL_STATES, QUEUED, RUNNING, Run, Worker, db_now
 
 #: Upper bounds (seconds) of the run-duration histogram's buckets.
 DURATION_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
@@ -28,6 +28,8 @@ class Counters:
         self._lock = threading.Lock()
         self.responses: Counter[str] = Counter()
         self.verifications: Counter[str] = Counter()
+        #: the last probe's round trip to the store, in seconds
+        self.store_seconds: float | None = None
 
     def response(self, status: int) -> None:
         """Count one HTTP response."""
@@ -38,6 +40,11 @@ class Counters:
         """Count one card verification (``valid``, ``invalid`` or ``refused``)."""
         with self._lock:
             self.verifications[outcome] += 1
+
+    def store_latency(self, seconds: float) -> None:
+        """Record one round trip to the store (a readiness or metrics probe)."""
+        with self._lock:
+            self.store_seconds = seconds
 
     def snapshot(self) -> tuple[dict[str, int], dict[str, int]]:
         """(responses by status class, verifications by outcome) as of now."""
@@ -68,8 +75,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def exposition(factory: Any, counters: Counters) -> str:
-    """The metrics document."""
+def exposition(factory: Any, counters: Counters, store: Any = None) -> str:
+    """The metrics document; with ``store``, one probe of it gives the store's latency."""
     lines: list[str] = []
 
     def metric(name: str, kind: str, text: str,
@@ -83,6 +90,8 @@ def exposition(factory: Any, counters: Counters) -> str:
         by_state = dict(s.execute(select(Run.state, func.count()).group_by(Run.state)).all())
         ended = list(s.execute(select(Run.created, Run.updated).where(
             Run.state.in_((DONE, ERROR)))).all())
+        now = db_now(s)
+        workers = list(s.scalars(select(Worker).order_by(Worker.id)))
     metric("certify_runs", "gauge", "Runs by state.",
            [({"state": st}, float(by_state.get(st, 0))) for st in STATES])
     metric("certify_queue_depth", "gauge", "Runs waiting to be claimed.",
@@ -106,4 +115,28 @@ def exposition(factory: Any, counters: Counters) -> str:
            "Card verifications by outcome since the service started.",
            [({"outcome": o}, float(verifications.get(o, 0)))
             for o in ("valid", "invalid", "refused")])
+    metric("certify_worker_heartbeat_age_seconds", "gauge",
+           "Seconds since each worker's last heartbeat, on the database's clock (a worker "
+           "that stopped cleanly is not listed; a lost one ages until its row is removed).",
+           [({"worker": w.id, "host": w.host, "device": w.device},
+             max(0.0, (now - w.last_seen).total_seconds())) for w in workers])
+    metric("certify_worker_slots", "gauge", "Runs each worker may hold at once.",
+           [({"worker": w.id}, float(w.slots)) for w in workers])
+    metric("certify_worker_running", "gauge", "Runs each worker holds now.",
+           [({"worker": w.id}, float(w.running)) for w in workers])
+    if store is not None:
+        import time
+
+        started = time.perf_counter()
+        try:
+            store.ping()
+            up, latency = 1.0, time.perf_counter() - started
+            counters.store_latency(latency)
+        except Exception:  # noqa: BLE001 - any failure means the store is down
+            up, latency = 0.0, time.perf_counter() - started
+        metric("certify_store_up", "gauge", "Whether the store answered this scrape's probe.",
+               [({"store": store.description.split("://", 1)[0]}, up)])
+        metric("certify_store_latency_seconds", "gauge",
+               "Seconds of this scrape's probe of the store (a list of one key).",
+               [({}, latency)])
     return "\n".join(lines) + "\n"

@@ -23,7 +23,17 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from certify.service.db import CANCELLED, FINAL_STATES, QUEUED, RUNNING, Run, Token, utcnow
+from certify.service.db import (
+    CANCELLED,
+    FINAL_STATES,
+    QUEUED,
+    RUNNING,
+    Run,
+    Token,
+    Worker,
+    db_now,
+    utcnow,
+)
 
 #: Called inside the insert's transaction before the row is added: it may lock rows, check
 #: limits (raising to refuse: the transaction is rolled back) and return the fields to insert.
@@ -57,12 +67,18 @@ def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = N
     raise RuntimeError("could not allocate a run number after 20 tries")
 
 
-def _claimable(now: dt.datetime) -> Any:
-    return or_(Run.state == QUEUED,
-               and_(Run.state == RUNNING, Run.lease_expires < now))
+def _claimable(now: dt.datetime, device: str | None = None) -> Any:
+    """Queued runs, and running ones whose lease expired; with ``device``, only those a
+    worker with that device may run (a ``cuda`` run needs a ``cuda`` worker; a GPU worker
+    runs anything)."""
+    live = or_(Run.state == QUEUED, and_(Run.state == RUNNING, Run.lease_expires < now))
+    if device is None or device == "cuda":
+        return live
+    return and_(live, or_(Run.device.is_(None), Run.device == device))
 
 
-def _claim_order(s: Session, now: dt.datetime, limit: int = 8) -> list[str]:
+def _claim_order(s: Session, now: dt.datetime, limit: int = 8, device: str | None = None
+                 ) -> list[str]:
     """Ids of the claimable runs in the order workers take them, at most ``limit``.
 
     Fair across tokens rather than first in, first out: first the runs of the token with the
@@ -74,7 +90,7 @@ def _claim_order(s: Session, now: dt.datetime, limit: int = 8) -> list[str]:
     order alone would not do: the same token's next run would tie on both and be older).
     """
     cands = s.execute(select(Run.id, Run.token_id, Run.seq)
-                      .where(_claimable(now), Run.cancel_requested.is_(False))
+                      .where(_claimable(now, device), Run.cancel_requested.is_(False))
                       .order_by(Run.seq)).all()
     tokens = {c.token_id for c in cands}
     if len(tokens) <= 1:  # one token (or none): its own submission order
@@ -99,19 +115,21 @@ def _claim_order(s: Session, now: dt.datetime, limit: int = 8) -> list[str]:
     return [rid for _key, rid in keyed[:limit]]
 
 
-def claim(factory: sessionmaker[Any], owner: str, lease_s: float) -> Run | None:
-    """Take the next run in the fair order (:func:`_claim_order`): a queued one, or a running
-    one whose lease expired; None if there is none."""
+def claim(factory: sessionmaker[Any], owner: str, lease_s: float, device: str | None = None
+          ) -> Run | None:
+    """Take the next run in the fair order (:func:`_claim_order`) that a worker with
+    ``device`` may run (None: any): a queued one, or a running one whose lease expired; None
+    if there is none. Times are the database's (:func:`certify.service.db.db_now`)."""
     with factory() as s:
-        now = utcnow()
+        now = db_now(s)
         # A run cancelled while its worker was gone (server killed) ends now.
         s.execute(update(Run).where(Run.state == RUNNING, Run.lease_expires < now,
                                     Run.cancel_requested.is_(True))
                   .values(state=CANCELLED, lease_owner=None, lease_expires=None, updated=now,
                           error="cancelled while its server was down"))
         s.commit()
-        for rid in _claim_order(s, now):
-            res = s.execute(update(Run).where(Run.id == rid, _claimable(now),
+        for rid in _claim_order(s, now, device=device):
+            res = s.execute(update(Run).where(Run.id == rid, _claimable(now, device),
                                               Run.cancel_requested.is_(False))
                             .values(state=RUNNING, lease_owner=owner, attempts=Run.attempts + 1,
                                     lease_expires=now + dt.timedelta(seconds=lease_s),
@@ -126,7 +144,7 @@ def heartbeat(factory: sessionmaker[Any], run_id: str, owner: str, lease_s: floa
               progress: dict[str, Any] | None = None) -> tuple[bool, bool]:
     """Renew the lease (and store progress); returns (still held, cancel requested)."""
     with factory() as s:
-        now = utcnow()
+        now = db_now(s)
         values: dict[str, Any] = {"lease_expires": now + dt.timedelta(seconds=lease_s),
                                   "updated": now}
         if progress is not None:
@@ -149,7 +167,7 @@ def finish(factory: sessionmaker[Any], run_id: str, owner: str, charge: int = 0,
     with factory() as s:
         res = s.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner,
                                           Run.state == RUNNING)
-                        .values(lease_owner=None, lease_expires=None, updated=utcnow(),
+                        .values(lease_owner=None, lease_expires=None, updated=db_now(s),
                                 **values))
         held = res.rowcount == 1
         if held and charge:
@@ -175,3 +193,24 @@ def request_cancel(session: Session, run_id: str) -> str:
                         .values(cancel_requested=True, updated=now))
     session.commit()
     return str(session.scalar(select(Run.state).where(Run.id == run_id)))
+
+
+def worker_heartbeat(factory: sessionmaker[Any], worker_id: str, host: str, device: str,
+                     slots: int, running: int) -> None:
+    """Record that worker ``worker_id`` is alive (its slots, and the runs it holds), on the
+    database's clock; the first heartbeat registers it."""
+    with factory() as s:
+        now = db_now(s)
+        res = s.execute(update(Worker).where(Worker.id == worker_id)
+                        .values(last_seen=now, running=running, slots=slots, device=device))
+        if res.rowcount == 0:
+            s.add(Worker(id=worker_id, host=host[:200], device=device, started=now,
+                         last_seen=now, slots=slots, running=running))
+        s.commit()
+
+
+def worker_gone(factory: sessionmaker[Any], worker_id: str) -> None:
+    """Remove a worker that stopped cleanly (a killed one ages out of ``/metrics``)."""
+    with factory() as s:
+        s.execute(Worker.__table__.delete().where(Worker.id == worker_id))  # type: ignore[attr-defined]
+        s.commit()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from typing import Any
 
 from sqlalchemy import select
@@ -50,19 +49,20 @@ def delete_upload(factory: Any, store: Any, digest: str, token_id: int | None = 
         s.commit()
         others = {p for r in s.scalars(select(Upload)) for p in (r.paths or [])}
         last = s.scalar(select(Upload.token_id).where(Upload.digest == digest).limit(1)) is None
+    from certify.service.store import check_key, delete_prefix, digest_key
+
     for rel in sorted(paths):
         if rel in others:  # the same suite or model folder came from another record too
             continue
-        target = (store.root / rel).resolve()
-        if store.root.resolve() not in target.parents:
+        try:
+            check_key(rel)
+        except ValueError:
             continue
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
+        store.delete(rel)  # a suite's .yaml, a dataset's .npz
+        delete_prefix(store, rel + "/")  # a model's folder
     if last:  # another token's record keeps the stored file
-        with contextlib.suppress(FileNotFoundError):
-            store.delete(digest)
+        with contextlib.suppress(ValueError):
+            store.delete(digest_key(digest))
     return True
 
 

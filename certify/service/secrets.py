@@ -9,6 +9,7 @@ so a ciphertext copied to another run does not decrypt.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ class SecretBox:
             raise UsageError(f"the secrets key must be 32 bytes, not {len(key)}",
                              hint="make one with: head -c 32 /dev/urandom > secrets.key")
         self._aead = AESGCM(key)
+        #: Names the key without revealing it (every node of a service must hold the same).
+        self.fingerprint = "sha256:" + hashlib.sha256(b"certify secrets key\0" + key).hexdigest()
 
     def encrypt(self, plaintext: str, context: str) -> bytes:
         """``version || nonce || ciphertext+tag``."""
@@ -120,14 +123,17 @@ def migrate_url_credentials(factory: Any, box: SecretBox | None, store: Any) -> 
                 continue
             run.model_ref = redact(url)
             changed += 1
-            job = store.run_dir(run.id) / "job.json"
+            # a run folder from before issue 39 kept its job.json in the store
+            from certify.service.store import NotInStore, put_bytes, read_bytes, run_prefix
+
+            key = f"{run_prefix(run.id)}/job.json"
             try:
-                spec = json.loads(job.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                spec = json.loads(read_bytes(store, key, 1 << 20))
+            except (NotInStore, ValueError):
                 continue
             if isinstance(spec, dict) and has_credentials(str(spec.get("model", ""))):
                 spec["model"] = redact(str(spec["model"]))
-                job.write_text(json.dumps(spec, indent=1), encoding="utf-8")
+                put_bytes(store, key, json.dumps(spec, indent=1).encode())
         s.commit()
     if changed:
         log.info("kept the credentials of %d endpoint URL(s) encrypted", changed)

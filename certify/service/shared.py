@@ -44,6 +44,8 @@ class Services:
     public_pem: bytes
     session_key: bytes
     limits: Any  # certify.service.uploads.Limits
+    #: node-local folder where uploads are spooled while their submission is checked
+    spool_dir: Path = Path("/nonexistent")
     workers: Any = None  # certify.service.workers.WorkerPool
     #: set when the service begins to shut down (see :func:`begin_shutdown`)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -128,7 +130,7 @@ def run_json(run: Run) -> dict[str, Any]:
         "created": run.created.isoformat() + "Z", "updated": run.updated.isoformat() + "Z",
         "attempts": run.attempts, "progress": run.progress or {}, "verdict": run.verdict,
         "exit_code": run.exit_code, "error": run.error, "log_index": run.log_index,
-        "public": bool(run.public), "links": links,
+        "public": bool(run.public), "device": run.device or "auto", "links": links,
     }
 
 
@@ -203,13 +205,21 @@ def verified_results(svc: Services, run: Run) -> bytes:
     from certify.canonical import canonical_json
     from certify.errors import VerificationError
     from certify.report.sign import Signature, verify
-    from certify.service.job import OUT_DIR
+    from certify.service.store import NotInStore, StoreError, read_bytes
 
-    folder = svc.store.run_dir(run.id) / OUT_DIR
+    out = out_key(run.id)
     try:
-        raw = (folder / "results.json").read_bytes()
-        sig = Signature.from_json((folder / "results.json.sig").read_text(encoding="utf-8"),
-                                  "results.json.sig")
+        try:
+            raw = read_bytes(svc.store, f"{out}/results.json")
+            sig = Signature.from_json(
+                read_bytes(svc.store, f"{out}/results.json.sig", 1 << 16).decode("utf-8"),
+                "results.json.sig")
+        except NotInStore:
+            raise OSError("missing") from None
+        except StoreError as exc:
+            log.error("run %s: the store did not answer: %s", run.id, exc)
+            raise HTTPException(503, "the service's store did not answer; retry",
+                                headers={"Retry-After": "5"}) from None
         doc = json.loads(raw)
         if not isinstance(doc, dict):
             raise VerificationError("the results are not a JSON document")
@@ -232,9 +242,9 @@ def verified_results(svc: Services, run: Run) -> bytes:
 def artefact_response(svc: Services, run: Run, name: str) -> Response:
     """A finished run's file (API and share links): 404 for an unknown name, 409 before the
     run is done, and only once its stored results pass their signature check."""
-    from fastapi.responses import FileResponse
+    from fastapi.responses import RedirectResponse, StreamingResponse
 
-    from certify.service.job import OUT_DIR
+    from certify.service.store import NotInStore, StoreError, iter_chunks
 
     if name not in ARTEFACTS:
         raise HTTPException(404, f"no such file {name[:80]!r}; one of {', '.join(ARTEFACTS)}")
@@ -245,11 +255,38 @@ def artefact_response(svc: Services, run: Run, name: str) -> Response:
     headers = {"Content-Disposition": f'inline; filename="{name}"'}
     if name == "results.json":  # the very bytes that were checked
         return Response(raw, media_type=ARTEFACTS[name], headers=headers)
-    path = svc.store.run_dir(run.id) / OUT_DIR / name
-    if not path.is_file():
-        raise HTTPException(404, f"{name} is missing from run {run.id}")
-    return FileResponse(path, media_type=ARTEFACTS[name], filename=name,
-                        content_disposition_type="inline")
+    key = f"{out_key(run.id)}/{name}"
+    try:
+        size = svc.store.size(key)
+        if size is None:
+            raise NotInStore(key)
+        if svc.cfg.presigned_downloads:
+            url = svc.store.download_url(key, name, ARTEFACTS[name])
+            if url is not None:
+                return RedirectResponse(url, status_code=307)
+        chunks = iter_chunks(svc.store, key)
+        first = next(chunks, b"")  # a store failure answers 503 here, not mid-stream
+    except NotInStore:
+        raise HTTPException(404, f"{name} is missing from run {run.id}") from None
+    except StoreError as exc:
+        log.error("run %s: the store did not answer: %s", run.id, exc)
+        raise HTTPException(503, "the service's store did not answer; retry",
+                            headers={"Retry-After": "5"}) from None
+
+    def body() -> Any:
+        yield first
+        yield from chunks
+
+    return StreamingResponse(body(), media_type=ARTEFACTS[name],
+                             headers={**headers, "Content-Length": str(size)})
+
+
+def out_key(run_id: str) -> str:
+    """The key prefix of a run's written files (its card, results and signature)."""
+    from certify.service.job import OUT_DIR
+    from certify.service.store import run_prefix
+
+    return f"{run_prefix(run_id)}/{OUT_DIR}"
 
 
 def set_public(svc: Services, run_id: str, public: bool) -> Run:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -34,18 +33,13 @@ def _hex(digest: str) -> str:
     return digest.split(":", 1)[1]
 
 
-def _place(src: Path, dest: Path) -> None:
-    """Put a stored blob at its named place (hard link when possible)."""
-    if dest.exists():
+def _place(svc: Any, spooled: Any, key: str) -> None:
+    """Store a spooled upload again under the key the service names it by (a suite's
+    ``.yaml``, a dataset's ``.npz``); content-addressed, so an object already there is it."""
+    if svc.store.size(key) == spooled.size:
         return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    with spooled.local.open("rb") as f:
+        svc.store.put(key, f)
 
 
 def _folder_digest(folder: Path) -> str:
@@ -124,10 +118,15 @@ class _Submission:
         self.uploads: dict[str, tuple[str, int, list[str]]] = {}
         #: uploads this submission recorded first (swept if it is refused)
         self.new: set[str] = set()
+        #: node-local spooled copies of the uploads (the static checks read them)
+        self.spooled: list[Path] = []
 
     def put(self, upload: UploadFile, limit: int, kind: str) -> Any:
+        from certify.service.store import spool_upload
+
         self._quota_before()
-        stored = self.svc.store.put_stream(upload.file, limit, kind)
+        stored = spool_upload(self.svc.store, upload.file, limit, self.svc.spool_dir, kind)
+        self.spooled.append(stored.local)
         self.uploads.setdefault(stored.digest, (kind, stored.size, []))
         self._record_pending(stored.digest, kind, stored.size)
         self._quota_after()
@@ -189,6 +188,11 @@ class _Submission:
             with contextlib.suppress(Exception):  # a sweep must not hide the refusal
                 delete_upload(self.svc.factory, self.svc.store, digest, self.who.token_id)
 
+    def cleanup(self) -> None:
+        """Delete the node-local spooled copies (the store keeps the uploads)."""
+        for path in self.spooled:
+            path.unlink(missing_ok=True)
+
     def made(self, digest: str, rel: str) -> None:
         """Record that ``rel`` (store-relative) was made from upload ``digest``."""
         paths = self.uploads[digest][2]
@@ -216,9 +220,9 @@ class _Submission:
             return name, name
         assert file is not None
         stored = self.put(file, self.svc.limits.max_suite_bytes, "suite")
-        suite_name = check_suite_yaml(stored.path.read_bytes(), self.svc.limits)
+        suite_name = check_suite_yaml(stored.local.read_bytes(), self.svc.limits)
         rel = f"suites/{_hex(stored.digest)}.yaml"
-        _place(stored.path, self.svc.store.root / rel)
+        _place(self.svc, stored, rel)
         self.made(stored.digest, rel)
         return f"store:{rel}", suite_name
 
@@ -235,9 +239,9 @@ class _Submission:
             return name
         assert file is not None
         stored = self.put(file, self.svc.limits.max_dataset_bytes, "dataset")
-        check_npz(stored.path, self.svc.limits)
+        check_npz(stored.local, self.svc.limits)
         rel = f"datasets/{_hex(stored.digest)}.npz"
-        _place(stored.path, self.svc.store.root / rel)
+        _place(self.svc, stored, rel)
         self.made(stored.digest, rel)
         return f"store:{rel}"
 
@@ -255,22 +259,18 @@ class _Submission:
             if total > self.svc.limits.max_total_bytes:
                 raise HTTPException(413, "the model's files together exceed "
                                          f"{self.svc.limits.max_total_bytes // 2**20} MB")
-            named.append((f.filename or "model.onnx", stored.path))
-        tmp_root = self.svc.store.root / "tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=tmp_root))
+            named.append((f.filename or "model.onnx", stored.local))
+        self.svc.spool_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=self.svc.spool_dir))
         try:
             main = prepare_model(named, work / "m", self.svc.limits)
             check_onnx(main, self.svc.limits)
             rel = f"models/{_folder_digest(work / 'm')}"
-            dest = self.svc.store.root / rel
-            if not dest.exists():
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(FileExistsError, OSError):
-                    os.replace(work / "m", dest)
-            if not (dest / main.name).is_file():
-                raise HTTPException(409, "the model is being stored by another submission; "
-                                         "retry")
+            for p in sorted((work / "m").iterdir()):  # content-addressed: the same folder
+                key = f"{rel}/{p.name}"
+                if self.svc.store.size(key) != p.stat().st_size:
+                    with p.open("rb") as fh:
+                        self.svc.store.put(key, fh)
             for d in digests:
                 self.made(d, rel)
             return f"{rel}/{main.name}", main.name.removesuffix(".onnx")
@@ -315,6 +315,8 @@ def _check(svc: Any, who: auth.Principal, then: Callable[[dict[str, Any]], Any] 
     except BaseException:
         sub.sweep()
         raise
+    finally:
+        sub.cleanup()
 
 
 def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[UploadFile],
@@ -323,7 +325,8 @@ def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[Upl
                 dataset: str | None, dataset_file: UploadFile | None,
                 reference: UploadFile | None, samples: int | None, seed: int | None,
                 surrogate: UploadFile | None = None,
-                card: dict[str, str | None] | None = None) -> dict[str, Any]:
+                card: dict[str, str | None] | None = None,
+                device: str | None = None) -> dict[str, Any]:
     from certify.service.endpoints import EndpointRefused, check_endpoint
 
     budget = sub.limits_for_token()
@@ -359,6 +362,8 @@ def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[Upl
     else:
         kind = "onnx"
         ref, name = sub.onnx(model)
+    if device not in (None, "", "auto", "cpu", "cuda"):
+        raise HTTPException(422, f"device must be auto, cpu or cuda, not {str(device)[:20]!r}")
     if surrogate is not None and not endpoint:
         raise HTTPException(422, "a surrogate is for endpoints: an uploaded model is attacked "
                                  "through its own graph")
@@ -370,7 +375,9 @@ def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[Upl
     sub.record_uploads()
     return {"token_id": who.token_id, "model_kind": kind, "model_ref": ref,
             "model_name": name[:300], "suite": suite_ref, "suite_name": suite_name,
-            "dataset": dataset_ref, "options": options}
+            "dataset": dataset_ref, "options": options,
+            # a run that asks for a GPU waits for a worker that has one
+            "device": device if device in ("cpu", "cuda") else None}
 
 
 async def validate_submission(svc: Any, who: auth.Principal, **kw: Any) -> dict[str, Any]:

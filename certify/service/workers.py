@@ -15,7 +15,9 @@ import ctypes
 import json
 import logging
 import os
+import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,11 +31,135 @@ from sqlalchemy import update
 from sqlalchemy.orm import sessionmaker
 
 from certify.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
+from certify.rundir import RECORDS_FILE, RUN_FILE
 from certify.service import job, queue
 from certify.service.config import ServeConfig
 from certify.service.db import CANCELLED, DONE, ERROR, QUEUED, RUNNING, Run, utcnow
+from certify.service.store import (
+    NotInStore,
+    Store,
+    StoreError,
+    fetch_file,
+    fetch_tree,
+    read_bytes,
+    run_prefix,
+)
 
 log = logging.getLogger("certify.service")
+
+#: What a run's process never inherits from its worker: the node's keys.
+_NODE_SECRETS = frozenset({"CERTIFY_SECRETS_KEY", "CERTIFY_SIGN_KEY", "CERTIFY_SIGN_CERT",
+                           "CERTIFY_SESSION_SECRET"})
+#: A run's records go to the store in a new segment every this many records or seconds.
+SEGMENT_RECORDS, SEGMENT_SECONDS = 256, 10.0
+_SEGMENT_NAME = re.compile(r"^[0-9]{8}\.jsonl$")
+
+
+class RecordSegments:
+    """A run's records in the store as numbered segments, ``runs/<id>/records/<n>.jsonl``.
+
+    While the run's process appends to ``records.jsonl`` in this node's scratch folder,
+    :meth:`poll` sends the complete lines written since the last segment as the next segment
+    once there are :data:`SEGMENT_RECORDS` of them or :data:`SEGMENT_SECONDS` have passed: a
+    worker lost with its machine loses at most the records of its last segment, and the run
+    resumes on another worker from the segments (:meth:`restore`). ``run.json`` (the run's
+    fingerprint) goes with the first poll. :meth:`publish` sends the finished run's files.
+    """
+
+    def __init__(self, store: Store, run_id: str, out: Path,
+                 every: int = SEGMENT_RECORDS, seconds: float = SEGMENT_SECONDS) -> None:
+        self.store, self.out, self.every, self.seconds = store, out, every, seconds
+        self.base = run_prefix(run_id)
+        self.next = 0
+        self.offset = 0
+        self._last = time.monotonic()
+        self._run_sent: bytes | None = None
+
+    def _segment(self, n: int) -> str:
+        return f"{self.base}/records/{n:08d}.jsonl"
+
+    def restore(self) -> int:
+        """Rebuild ``records.jsonl`` and ``run.json`` from the store; the records restored.
+        Segments are read in order up to the first gap; a run folder from before segments
+        (``out/records.jsonl``) is read whole."""
+        names = {k.rsplit("/", 1)[1] for k in self.store.list(f"{self.base}/records/")}
+        names = {n for n in names if _SEGMENT_NAME.match(n)}
+        records = self.out / RECORDS_FILE
+        with records.open("wb") as f:
+            while f"{self.next:08d}.jsonl" in names:
+                data = read_bytes(self.store, self._segment(self.next))
+                f.write(data)
+                self.offset += len(data)
+                self.next += 1
+            if self.next == 0 and self.store.size(f"{self.base}/{job.OUT_DIR}/{RECORDS_FILE}"):
+                fetch_file(self.store, f"{self.base}/{job.OUT_DIR}/{RECORDS_FILE}", records)
+        try:
+            fetch_file(self.store, f"{self.base}/{job.OUT_DIR}/{RUN_FILE}",
+                       self.out / RUN_FILE)
+            self._run_sent = (self.out / RUN_FILE).read_bytes()
+        except NotInStore:
+            pass
+        if records.stat().st_size == 0:
+            records.unlink()  # nothing to resume
+            self.offset = 0
+        else:
+            self.offset = records.stat().st_size
+        n = sum(1 for _ in records.open("rb")) if records.exists() else 0
+        if n:
+            log.info("%s: resuming from %d records in the store", self.base, n)
+        return n
+
+    def poll(self, force: bool = False) -> None:
+        """Send ``run.json`` if it changed, and the next segment if it is due (``force``:
+        whatever complete lines there are)."""
+        run_file = self.out / RUN_FILE
+        if run_file.exists():
+            data = run_file.read_bytes()
+            if data != self._run_sent:
+                from certify.service.store import put_bytes
+
+                put_bytes(self.store, f"{self.base}/{job.OUT_DIR}/{RUN_FILE}", data)
+                self._run_sent = data
+        records = self.out / RECORDS_FILE
+        try:
+            size = records.stat().st_size
+        except FileNotFoundError:
+            return
+        if size <= self.offset:
+            return
+        due = force or time.monotonic() - self._last >= self.seconds
+        with records.open("rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(size - self.offset)
+        chunk = chunk[:chunk.rfind(b"\n") + 1]  # complete lines only: one may be in flight
+        lines = chunk.count(b"\n")
+        if lines == 0 or not (due or lines >= self.every):
+            return
+        from certify.service.store import put_bytes
+
+        put_bytes(self.store, self._segment(self.next), chunk)
+        self.offset += len(chunk)
+        self.next += 1
+        self._last = time.monotonic()
+
+    def flush(self) -> None:
+        """Send what is left (the run's process has ended); a store that does not answer is
+        logged: the records are then lost with this node, as the segments allow."""
+        try:
+            self.poll(force=True)
+        except StoreError as exc:
+            log.warning("%s: the last records did not reach the store: %s", self.base, exc)
+
+    def publish(self) -> None:
+        """Send the finished run's written files (card, results, signature, the whole
+        records file) to ``runs/<id>/out/``, then drop the segments they supersede."""
+        for path in sorted(self.out.rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                rel = path.relative_to(self.out).as_posix()
+                with path.open("rb") as f:
+                    self.store.put(f"{self.base}/{job.OUT_DIR}/{rel}", f)
+        for n in range(self.next):
+            self.store.delete(self._segment(n))
 
 _PR_SET_PDEATHSIG = 1
 
@@ -49,8 +175,24 @@ def _child_setup(memory_bytes: int) -> Any:
     return setup
 
 
+def input_keys(run: Run) -> list[str]:
+    """The store keys (or key prefixes, ending in ``/``) a run reads: its model's folder, its
+    uploaded suite and dataset, its reference and surrogate models' folders."""
+    opts = dict(run.options or {})
+    keys = []
+    for ref in (run.model_ref if run.model_kind == "onnx" else None, opts.get("reference"),
+                opts.get("surrogate")):
+        if ref:  # models/<digest>/<name>.onnx: the whole folder (external data)
+            keys.append(ref.rsplit("/", 1)[0] + "/")
+    for ref in (run.suite, run.dataset):
+        if ref.startswith("store:"):
+            keys.append(ref.removeprefix("store:"))
+    return keys
+
+
 def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
-    """The job.json of a run: everything its process needs, no secret."""
+    """The job.json of a run: everything its process needs, no secret. ``store_root`` is the
+    node-local folder the run's inputs (:func:`input_keys`) were copied into, by key."""
     opts = dict(run.options or {})
     if run.model_kind == "onnx":
         model = str(store_root / run.model_ref)
@@ -77,23 +219,32 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
         "http": opts.get("http"), "has_secret": run.secret_enc is not None,
         "query_budget": opts.get("query_budget"), "model_card": opts.get("model_card"),
         "sign_key": str(cfg.sign_key), "passphrase_env": cfg.passphrase_env,
+        "device": run.device or cfg.device,
         "executor": cfg.executor, "ray_address": cfg.ray_address,
         "allow_endpoints": list(cfg.allow_endpoints),
         # folders the run's error message must not show (certify.service.job._no_server_paths)
         "server_paths": sorted({str(p) for p in (
-            cfg.home, store_root, *cfg.datasets.values(),
+            cfg.home, store_root, cfg.scratch, *cfg.datasets.values(),
             *(Path(d).parent for d in cfg.datasets.values()))}),
     }
 
 
 class WorkerPool:
-    """``cfg.workers`` threads that run queued runs until :meth:`stop`."""
+    """``cfg.workers`` threads that run queued runs until :meth:`stop`.
+
+    Each thread is a worker of its own (a row in ``workers``, heartbeating on the database's
+    clock) that advertises this machine's device: a run that asks for ``cuda`` is claimed
+    only by a worker that has one. The pool may live in an API node (``certify serve
+    --workers N``) or alone (``certify worker``); either way runs read their inputs from, and
+    write their records and cards to, the shared store.
+    """
 
     def __init__(self, cfg: ServeConfig, factory: sessionmaker[Any], store: Any, tlog: Any,
                  secrets: Any) -> None:
         self.cfg, self.factory, self.store, self.tlog, self.secrets = (
             cfg, factory, store, tlog, secrets)
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.device = worker_device(cfg.device)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -101,10 +252,15 @@ class WorkerPool:
 
     def start(self) -> None:
         """Start the worker threads."""
+        log.info("worker %s: %d slot(s), device %s", self.owner, self.cfg.workers, self.device)
         for i in range(self.cfg.workers):
             t = threading.Thread(target=self._loop, name=f"certify-worker-{i}", daemon=True)
             t.start()
             self._threads.append(t)
+        beat = threading.Thread(target=self._beat_loop, name="certify-worker-beat",
+                                daemon=True)
+        beat.start()
+        self._threads.append(beat)
 
     def stop_claiming(self) -> None:
         """Claim no more runs (the first step of a shutdown; running runs go on until
@@ -134,10 +290,27 @@ class WorkerPool:
                               updated=utcnow()))
             s.commit()
 
+    def _beat_loop(self) -> None:
+        """This pool's heartbeat as a worker (``/metrics`` shows it), on the database's
+        clock, every heartbeat; a failure is only logged. The row goes at a clean stop; a
+        killed worker's row ages (its runs are re-queued when their leases expire)."""
+        host = os.uname().nodename
+        while not self._stop.is_set():
+            with self._lock:
+                running = len(self._procs)
+            try:
+                queue.worker_heartbeat(self.factory, self.owner, host, self.device,
+                                       self.cfg.workers, running)
+            except Exception:  # noqa: BLE001 - the database may be briefly away
+                log.warning("worker heartbeat failed", exc_info=True)
+            self._stop.wait(self.cfg.heartbeat_s)
+        with contextlib.suppress(Exception):
+            queue.worker_gone(self.factory, self.owner)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                run = queue.claim(self.factory, self.owner, self.cfg.lease_s)
+                run = queue.claim(self.factory, self.owner, self.cfg.lease_s, self.device)
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the worker
                 log.exception("claiming a run failed; retrying")
                 self._stop.wait(2.0)
@@ -149,6 +322,16 @@ class WorkerPool:
                 self._run(run)
             except _Abandoned:
                 log.info("run %s: given up by this worker; it will be resumed", run.id)
+            except NotInStore as exc:
+                log.error("run %s: %s", run.id, exc)
+                queue.finish(self.factory, run.id, self.owner, state=ERROR, exit_code=3,
+                             error=f"an input of this run is no longer in the service's store "
+                                   f"({exc}); submit it again")
+            except StoreError as exc:  # the store is away: the run waits for it
+                log.error("run %s: the store did not answer (%s); back on the queue", run.id,
+                          exc)
+                self._requeue(run.id)
+                self._stop.wait(5.0)
             except Exception as exc:  # noqa: BLE001 - the run fails, the worker goes on
                 log.exception("run %s failed in the service", run.id)
                 queue.finish(self.factory, run.id, self.owner, state=ERROR,
@@ -156,15 +339,34 @@ class WorkerPool:
                              error=f"internal error in the service: {type(exc).__name__}")
 
     def _run(self, run: Run) -> None:
-        folder = self.store.run_dir(run.id)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / job.OUTCOME_FILE).unlink(missing_ok=True)
-        spec = job_spec(run, self.cfg, self.store.root)
+        """Run one claimed run: its inputs and any records a lost worker left are copied from
+        the store into this node's scratch folder, its process computes there, its records go
+        to the store as segments while it runs, and its written files at the end."""
+        folder = self.cfg.scratch / "runs" / run.id
+        shutil.rmtree(folder, ignore_errors=True)
+        (folder / job.OUT_DIR).mkdir(parents=True)
+        try:
+            self._run_in(run, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _run_in(self, run: Run, folder: Path) -> None:
+        inputs = folder / "in"
+        for key in input_keys(run):
+            if key.endswith("/"):
+                got = fetch_tree(self.store, key, inputs / key)
+                if not got:
+                    raise NotInStore(f"{key} is not in the store")
+            else:
+                fetch_file(self.store, key, inputs / key)
+        segments = RecordSegments(self.store, run.id, folder / job.OUT_DIR)
+        segments.restore()
+        spec = job_spec(run, self.cfg, inputs)
         (folder / job.JOB_FILE).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         secret = ""
         if run.secret_enc is not None:
             secret = self.secrets.decrypt(run.secret_enc, run.id)
-        env = {k: v for k, v in os.environ.items() if k != "CERTIFY_SECRETS_KEY"}
+        env = {k: v for k, v in os.environ.items() if k not in _NODE_SECRETS}
         log.info("run %s: starting (attempt %d)", run.id, run.attempts)
         with (folder / job.LOG_FILE).open("ab") as logf:
             proc = subprocess.Popen(
@@ -180,29 +382,42 @@ class WorkerPool:
                 proc.stdin.write(secret.encode() + b"\n")
                 proc.stdin.close()
             del secret
-            ended = self._watch(run, proc, folder)
+            ended = self._watch(run, proc, folder, segments)
         finally:
             with self._lock:
                 self._procs.pop(run.id, None)
         if ended is not None:
+            segments.flush()
             queue.finish(self.factory, run.id, self.owner, **ended)
             return
         if self._stop.is_set() and proc.returncode < 0:
             # killed by the shutdown, not by its model: back on the queue, never an error
+            segments.flush()
             self._requeue(run.id)
             raise _Abandoned
-        self._record_outcome(run, proc.returncode, folder)
+        segments.flush()
+        self._record_outcome(run, proc.returncode, folder, segments)
 
-    def _watch(self, run: Run, proc: subprocess.Popen[bytes], folder: Path
-               ) -> dict[str, Any] | None:
-        """Wait for the process, renewing the lease; the final values if it had to be killed."""
-        started = time.monotonic()
+    def _watch(self, run: Run, proc: subprocess.Popen[bytes], folder: Path,
+               segments: RecordSegments) -> dict[str, Any] | None:
+        """Wait for the process, renewing the lease every heartbeat and sending its new
+        records to the store (:class:`RecordSegments`); the final values if it had to be
+        killed."""
+        started = last_beat = time.monotonic()
         while True:
             try:
-                proc.wait(timeout=self.cfg.heartbeat_s)
+                proc.wait(timeout=min(1.0, self.cfg.heartbeat_s))
                 return None
             except subprocess.TimeoutExpired:
                 pass
+            if not self._stop.is_set():
+                try:
+                    segments.poll()
+                except StoreError as exc:  # kept locally; sent at the next poll
+                    log.warning("run %s: records not yet in the store: %s", run.id, exc)
+            if time.monotonic() - last_beat < self.cfg.heartbeat_s and not self._stop.is_set():
+                continue
+            last_beat = time.monotonic()
             held, cancel = queue.heartbeat(self.factory, run.id, self.owner, self.cfg.lease_s,
                                            _read_json(folder / job.PROGRESS_FILE))
             reason: dict[str, Any] | None = None
@@ -223,13 +438,18 @@ class WorkerPool:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 if not reason:  # stopping or lease lost: the run is someone else's now
-                    if self._stop.is_set():
+                    if self._stop.is_set() and held:  # still ours: its records go first
+                        segments.flush()
                         self._requeue(run.id)
                     raise _Abandoned
                 return reason
 
-    def _record_outcome(self, run: Run, returncode: int, folder: Path) -> None:
+    def _record_outcome(self, run: Run, returncode: int, folder: Path,
+                        segments: RecordSegments) -> None:
         outcome = _read_json(folder / job.OUTCOME_FILE)
+        with contextlib.suppress(OSError, StoreError):  # the run's log, for its operator
+            with (folder / job.LOG_FILE).open("rb") as f:
+                self.store.put(f"{run_prefix(run.id)}/{job.LOG_FILE}", f)
         progress = _read_json(folder / job.PROGRESS_FILE) or {}
         if outcome is None:
             if returncode < 0:
@@ -251,6 +471,7 @@ class WorkerPool:
         sig = _read_json(folder / job.OUT_DIR / "results.json.sig")
         if sig is None:
             raise RuntimeError("the finished run has no signature")
+        segments.publish()  # the card, results and signature, before the run is done
         index = self.tlog.append(sig["signed"], run.id)
         progress["checks"] = outcome.get("checks", {})
         if "files" in outcome:  # the run page and API link only what was written
@@ -272,3 +493,19 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def worker_device(choice: str = "auto") -> str:
+    """The device a worker advertises: ``cuda`` where asked or where the NVIDIA driver
+    answers with a device (``auto``), else ``cpu`` (the decision is certify.device's)."""
+    if choice == "cpu":
+        return "cpu"
+    from certify.device import cuda_driver_devices
+
+    has = cuda_driver_devices() > 0
+    if choice == "cuda" and not has:
+        from certify.errors import UsageError
+
+        raise UsageError("--device cuda: this machine has no usable NVIDIA GPU",
+                         hint="start the worker with --device auto or cpu")
+    return "cuda" if has else "cpu"
