@@ -29,12 +29,16 @@ def free_port() -> int:
 class Service:
     """``certify serve`` in a subprocess, with its own home folder and log file."""
 
-    def __init__(self, home: Path, *args: str, db: str | None = None) -> None:
+    def __init__(self, home: Path, *args: str, db: str | None = None,
+                 env: dict[str, str] | None = None, command: str = "serve") -> None:
         self.home, self.args, self.db = home, list(args), db
+        #: added to this process's environment; ``command``: ``serve``, or ``worker`` (no
+        #: HTTP: :meth:`start` waits for its first heartbeat line instead)
+        self.env, self.command = dict(env or {}), command
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = home.parent / f"{home.name}-serve.log"
+        self.log_path = home.parent / f"{home.name}-{command}.log"
 
     def _db_args(self) -> list[str]:
         return ["--db", self.db] if self.db else []
@@ -44,19 +48,25 @@ class Service:
         self.home.mkdir(parents=True, exist_ok=True)
         logf = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [CERTIFY, "serve", "--home", str(self.home), "--port", str(self.port),
+            [CERTIFY, self.command, "--home", str(self.home), "--port", str(self.port),
              *self._db_args(), *self.args],
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **self.env})
         logf.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"certify serve exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                if requests.get(f"{self.url}/api/v1/health", timeout=2).ok:
+                raise RuntimeError(f"certify {self.command} exited {self.proc.returncode}:\n"
+                                   f"{self.log()}")
+            if self.command == "worker":
+                if "slot(s), device" in self.log():
                     return self
-            except requests.RequestException:
-                pass
+            else:
+                try:
+                    if requests.get(f"{self.url}/api/v1/health", timeout=2).ok:
+                        return self
+                except requests.RequestException:
+                    pass
             time.sleep(0.2)
         raise RuntimeError(f"certify serve did not come up in {timeout} s:\n{self.log()}")
 
@@ -68,7 +78,8 @@ class Service:
         """A new API token (through the CLI, as an operator makes one)."""
         out = subprocess.run([CERTIFY, "serve", "token", "create", "--home", str(self.home),
                               *self._db_args(), "--role", role, *extra],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, check=True,
+                             env={**os.environ, **self.env})
         return out.stdout.strip()
 
     def kill(self) -> None:
