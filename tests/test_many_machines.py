@@ -14,12 +14,13 @@ import time
 import uuid
 from pathlib import Path
 
-import builders as b
 import pytest
 import requests
 from pg import postgres_cluster
 from service_fixture import Service, post_run, small_inputs
 from sqlalchemy import select
+
+import builders as b
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -117,7 +117,7 @@ def exposition(factory: Any, counters: Counters, store: Any = None) -> str:
             for o in ("valid", "invalid", "refused")])
     metric("certify_worker_heartbeat_age_seconds", "gauge",
            "Seconds since each worker's last heartbeat, on the database's clock (a worker "
-           "that stopped cleanly is not listed; a lost one ages until its row is removed).",
+           "that stopped cleanly is not listed; a lost one ages for an hour, then goes).",
            [({"worker": w.id, "host": w.host, "device": w.device},
              max(0.0, (now - w.last_seen).total_seconds())) for w in workers])
     metric("certify_worker_slots", "gauge", "Runs each worker may hold at once.",

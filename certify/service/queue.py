@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -195,12 +195,18 @@ def request_cancel(session: Session, run_id: str) -> str:
     return str(session.scalar(select(Run.state).where(Run.id == run_id)))
 
 
+#: A worker that has not sent a heartbeat for this long is no longer listed in ``/metrics``.
+WORKER_FORGOTTEN = dt.timedelta(hours=1)
+
+
 def worker_heartbeat(factory: sessionmaker[Any], worker_id: str, host: str, device: str,
                      slots: int, running: int) -> None:
     """Record that worker ``worker_id`` is alive (its slots, and the runs it holds), on the
-    database's clock; the first heartbeat registers it."""
+    database's clock; the first heartbeat registers it. Workers silent for
+    :data:`WORKER_FORGOTTEN` (lost with their machine) are forgotten."""
     with factory() as s:
         now = db_now(s)
+        s.execute(delete(Worker).where(Worker.last_seen < now - WORKER_FORGOTTEN))
         res = s.execute(update(Worker).where(Worker.id == worker_id)
                         .values(last_seen=now, running=running, slots=slots, device=device))
         if res.rowcount == 0:
@@ -212,5 +218,5 @@ def worker_heartbeat(factory: sessionmaker[Any], worker_id: str, host: str, devi
 def worker_gone(factory: sessionmaker[Any], worker_id: str) -> None:
     """Remove a worker that stopped cleanly (a killed one ages out of ``/metrics``)."""
     with factory() as s:
-        s.execute(Worker.__table__.delete().where(Worker.id == worker_id))  # type: ignore[attr-defined]
+        s.execute(delete(Worker).where(Worker.id == worker_id))
         s.commit()

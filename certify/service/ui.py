@@ -275,7 +275,7 @@ def ui_router(svc: Any) -> APIRouter:  # noqa: C901 - the pages, in one place
                 dataset=None if file("dataset_file") else text("dataset"),
                 dataset_file=file("dataset_file"), reference=file("reference"),
                 surrogate=file("surrogate"), samples=number("samples"), seed=number("seed"),
-                card={k: text(k) for k in MODEL_CARD_FIELDS})
+                card={k: text(k) for k in MODEL_CARD_FIELDS}, device=text("device"))
         except HTTPException as exc:
             return submit_page(request, exc.status_code, str(exc.detail))
         return RedirectResponse(f"/runs/{run.id}", 303)

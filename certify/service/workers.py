@@ -190,17 +190,17 @@ def input_keys(run: Run) -> list[str]:
     return keys
 
 
-def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
-    """The job.json of a run: everything its process needs, no secret. ``store_root`` is the
+def job_spec(run: Run, cfg: ServeConfig, inputs: Path) -> dict[str, Any]:
+    """The job.json of a run: everything its process needs, no secret. ``inputs`` is the
     node-local folder the run's inputs (:func:`input_keys`) were copied into, by key."""
     opts = dict(run.options or {})
     if run.model_kind == "onnx":
-        model = str(store_root / run.model_ref)
+        model = str(inputs / run.model_ref)
     else:
         model = run.model_ref
-    data = (str(store_root / run.dataset.removeprefix("store:"))
+    data = (str(inputs / run.dataset.removeprefix("store:"))
             if run.dataset.startswith("store:") else str(cfg.datasets[run.dataset]))
-    suite = (str(store_root / run.suite.removeprefix("store:"))
+    suite = (str(inputs / run.suite.removeprefix("store:"))
              if run.suite.startswith("store:") else run.suite)
     reference, surrogate = opts.get("reference"), opts.get("surrogate")
     # what the signed card says of the data and suite: names, never the server's paths
@@ -214,8 +214,8 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
         "public": public,
         "run_id": run.id, "model_kind": run.model_kind, "model": model, "suite": suite,
         "data": data, "samples": opts.get("samples"), "seed": opts.get("seed"),
-        "reference": None if reference is None else str(store_root / reference),
-        "surrogate": None if surrogate is None else str(store_root / surrogate),
+        "reference": None if reference is None else str(inputs / reference),
+        "surrogate": None if surrogate is None else str(inputs / surrogate),
         "http": opts.get("http"), "has_secret": run.secret_enc is not None,
         "query_budget": opts.get("query_budget"), "model_card": opts.get("model_card"),
         "sign_key": str(cfg.sign_key), "passphrase_env": cfg.passphrase_env,
@@ -224,7 +224,7 @@ def job_spec(run: Run, cfg: ServeConfig, store_root: Path) -> dict[str, Any]:
         "allow_endpoints": list(cfg.allow_endpoints),
         # folders the run's error message must not show (certify.service.job._no_server_paths)
         "server_paths": sorted({str(p) for p in (
-            cfg.home, store_root, cfg.scratch, *cfg.datasets.values(),
+            cfg.home, inputs, cfg.scratch, *cfg.datasets.values(),
             *(Path(d).parent for d in cfg.datasets.values()))}),
     }
 
