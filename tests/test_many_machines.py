@@ -47,8 +47,9 @@ def test_two_apis_and_workers_share_postgresql_an_s3_store_and_one_identity(
     with postgres_cluster() as pg:
         common = ("--store", store_url, "--sign-key", str(key), "--dataset", f"small={data}",
                   "--lease", "3", "--heartbeat", "0.5")
-        apis = [Service(tmp_path / f"api-{n}", "--workers", "0", *common, db=pg, env=env)
-                for n in "ab"]
+        # B answers card downloads with a redirect to a presigned GET of the store
+        apis = [Service(tmp_path / f"api-{n}", "--workers", "0", *common, *extra, db=pg,
+                        env=env) for n, extra in (("a", ()), ("b", ("--presigned-downloads",)))]
         workers = [Service(tmp_path / f"worker-{n}", "--workers", "1", *common, db=pg,
                            env=env, command="worker") for n in (1, 2)]
         nodes = [*apis, *workers]
@@ -116,6 +117,8 @@ def test_two_apis_and_workers_share_postgresql_an_s3_store_and_one_identity(
                 pdfs = [api.get(f"/runs/{run_id}/card.pdf", token) for api in apis]
                 assert all(r.status_code == 200 for r in pdfs), [r.text[:200] for r in pdfs]
                 assert pdfs[0].content == pdfs[1].content
+                assert not pdfs[0].history and pdfs[1].history[0].status_code == 307
+                assert pdfs[1].url.startswith(s3_server.endpoint)
                 if n % 5 == 0:  # the in-process verifier; a sample of the 22 keeps it short
                     card = tmp_path / f"card-{run_id}.pdf"
                     card.write_bytes(pdfs[0].content)

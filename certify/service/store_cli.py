@@ -71,7 +71,8 @@ def migrate(home: Path, target_url: str, dry_run: bool, progress_every: int) -> 
                          hint="check --to's endpoint and bucket, and the credentials in the "
                               "environment") from None
 
-    keys = source.list("")
+    # a home from before issue 39 spooled uploads in store/tmp/: partial files, never objects
+    keys = [k for k in source.list("") if not k.startswith("tmp/")]
     click.echo(f"{len(keys)} objects in {source.description}; copying to "
                f"{target.description}" + (" (dry run: nothing is copied)" if dry_run else ""))
     copied = copied_bytes = present = present_bytes = gone = 0
