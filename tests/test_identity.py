@@ -51,6 +51,22 @@ def test_nodes_must_share_the_recorded_keys(tmp_path: Path, factory, monkeypatch
     with pytest.raises(UsageError, match="secrets key"):
         load_identity(factory, tmp_path / "node-a", key, None, secret, "sha256:" + "0" * 64)
         load_identity(factory, tmp_path / "node-a", key, None, secret, "sha256:" + "1" * 64)
+    # a node without the secrets key the service has cannot read the runs' endpoint secrets
+    with pytest.raises(UsageError, match="secrets key .* this node was not given"):
+        load_identity(factory, tmp_path / "node-a", key, None, secret, None)
+    # a node that made its own certificate for the same key takes the service's
+    from certify.report.pades import write_certificate
+
+    own = tmp_path / "k3"
+    own.mkdir()
+    (own / "service.key").write_bytes(key.read_bytes())
+    (own / "service.key").chmod(0o600)
+    write_certificate(first.private, own / "service.crt")
+    assert (own / "service.crt").read_bytes() != first.certificate_pem
+    third = load_identity(factory, tmp_path / "node-f", own / "service.key", None, secret,
+                          "sha256:" + "0" * 64)
+    assert third.certificate_pem == first.certificate_pem
+    assert (own / "service.crt").read_bytes() == first.certificate_pem
     # the same key from the environment (PEM text), and the session secret as hex
     monkeypatch.setenv("CERTIFY_SIGN_KEY", key.read_text())
     monkeypatch.setenv("CERTIFY_SESSION_SECRET", secret.read_bytes().hex())
@@ -79,6 +95,9 @@ def test_one_config_file_for_serve_and_worker(tmp_path: Path) -> None:
     r = b.run_cli("serve", "--config", cfg)
     assert r.returncode == 2 and "unknown option 'bogus-option'" in r.stderr
     assert "sign-key" in r.stderr
+    cfg.write_text("new-identity: true\n")  # would switch the refusal off on every node
+    r = b.run_cli("worker", "--config", cfg)
+    assert r.returncode == 2 and "command-line flag only" in r.stderr
     cfg.write_text("- a list\n")
     r = b.run_cli("worker", "--config", cfg)
     assert r.returncode == 2 and "mapping" in r.stderr

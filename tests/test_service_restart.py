@@ -209,7 +209,9 @@ def test_model_refusals_time_limit_and_revocation(tmp_path: Path) -> None:
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
               str(wrong))
     svc = Service(tmp_path / "home", "--workers", "1", "--dataset", f"small={data}",
-                  "--run-timeout", "4", "--heartbeat", "0.5").start()
+                  # long enough for a run's process to start and refuse the model on a loaded
+                  # machine (two test workers, one of them running many service processes)
+                  "--run-timeout", "12", "--heartbeat", "0.5").start()
     try:
         token = svc.token("submit")
         with wrong.open("rb") as m, suite.open("rb") as s:
@@ -226,7 +228,7 @@ def test_model_refusals_time_limit_and_revocation(tmp_path: Path) -> None:
         assert message and message in " ".join(cli.stderr.split()), (doc["error"], cli.stderr)
         long = _submit(svc, token, slow, samples=40, seed=0)
         doc = svc.wait_run(long, token)
-        assert doc["state"] == "error" and "time limit of 4 s" in doc["error"]
+        assert doc["state"] == "error" and "time limit of 12 s" in doc["error"]
         assert not job_processes(svc.home, long)
         listed = subprocess.run([CERTIFY, "serve", "token", "list", "--home", str(svc.home)],
                                 capture_output=True, text=True, check=True).stdout

@@ -169,6 +169,15 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
         detail = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
         return JSONResponse({"detail": detail}, status_code=status)
 
+    from certify.service.store import StoreError
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_req: Request, exc: StoreError) -> JSONResponse:
+        # the store is another server: its failure is this service's 503, never a traceback
+        log.error("the store did not answer: %s", exc)
+        return JSONResponse({"detail": "the service's store did not answer; retry"},
+                            status_code=503, headers={"Retry-After": "5"})
+
     from certify.report.pades import certificate_path
     from certify.service.log_routes import log_router
 

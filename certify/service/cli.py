@@ -70,6 +70,9 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: Path | None
                 by_name[opt.lstrip("-")] = p.name
     defaults = dict(ctx.default_map or {})
     for key, v in doc.items():
+        if str(key) in ("new-identity", "new_identity"):  # one node, once: never configuration
+            raise click.BadParameter(f"{value}: new-identity is a command-line flag only "
+                                     "(start one node with it to change the service's keys)")
         name = by_name.get(str(key))
         if name is None:
             valid = sorted(k for k in by_name if "-" in k or k == by_name[k])

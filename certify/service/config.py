@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+#: What the processes a node starts (runs, card verifications) never inherit: the node's keys,
+#: and the store's and the database's credentials (a run reads only its scratch folder).
+NODE_SECRETS = frozenset({"CERTIFY_SECRETS_KEY", "CERTIFY_SIGN_KEY", "CERTIFY_SIGN_CERT",
+                          "CERTIFY_SESSION_SECRET", "PGPASSWORD", "PGPASSFILE"})
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment without :data:`NODE_SECRETS` and the S3 store's
+    variables (``AWS_*``, ``CERTIFY_S3_*``)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in NODE_SECRETS and not k.startswith(("AWS_", "CERTIFY_S3_"))}
 
 
 @dataclass(frozen=True)

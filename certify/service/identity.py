@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 
 from certify.errors import UsageError
@@ -77,9 +78,13 @@ def _signing_key_file(home: Path, given: Path | None) -> Path:
 def _session_secret(home: Path, given: Path | None) -> bytes:
     from certify.service import keys
 
-    if given is not None:
+    if given is not None:  # hex text (as in the environment), or raw bytes
         keys.check_private(given, "session secret")
-        data = given.read_bytes().strip()
+        raw = given.read_bytes().strip()
+        try:
+            data = bytes.fromhex(raw.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            data = raw
     elif os.environ.get(SESSION_ENV):
         try:
             data = bytes.fromhex(os.environ[SESSION_ENV].strip())
@@ -167,6 +172,21 @@ def load_identity(factory: Any, home: Path, sign_key: Path | None, passphrase: b
     _agree(factory, "session_secret", _fingerprint(b"certify session secret", secret), rotate)
     if secrets_fingerprint is not None:
         _agree(factory, "secrets_key", secrets_fingerprint, rotate)
+    else:
+        with factory() as s:
+            row = s.get(Identity, "secrets_key")
+            recorded_box = None if row is None else str(row.value)
+        if recorded_box is not None and not rotate:
+            raise UsageError(f"the service keeps endpoint secrets encrypted with a secrets key "
+                             f"({recorded_box[:23]}…) that this node was not given",
+                             hint="give every node the same --secrets-key (or "
+                                  "CERTIFY_SECRETS_KEY); to drop it on purpose, start one "
+                                  "node with --new-identity")
+        if recorded_box is not None:
+            log.warning("--new-identity: the service no longer has a secrets key")
+            with factory() as s:
+                s.execute(delete(Identity).where(Identity.name == "secrets_key"))
+                s.commit()
     # the certificate: beside the key if there is one, else the service's recorded one (made
     # by the first node), so that every node's card.pdf names the same certificate
     crt = certificate_path(key_path)
@@ -192,8 +212,15 @@ def load_identity(factory: Any, home: Path, sign_key: Path | None, passphrase: b
         other = x509.load_pem_x509_certificate(recorded_pem.encode())
         if other.public_key() != private.public_key():
             _replace(factory, "certificate", pem.decode())  # the key rotated (checked above)
-        else:
+        else:  # two nodes made one at once, or this one was given another: the service's wins
             log.warning("this node's certificate %s differs from the service's recorded one "
-                        "for the same key; card.pdf files made here name this one", crt.name)
+                        "for the same key; using the recorded one", crt.name)
+            try:
+                crt.write_bytes(recorded_pem.encode())
+            except OSError as exc:
+                raise UsageError(f"cannot write the service's certificate to {crt}: "
+                                 f"{exc.strerror}",
+                                 hint="give this node the service's certificate "
+                                      "(GET /api/v1/certificate) beside its key") from None
     return NodeIdentity(key_path, private, certificate_pem(load_certificate(crt, private)),
                         secret)

@@ -69,10 +69,11 @@ def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = N
 
 def _claimable(now: dt.datetime, device: str | None = None) -> Any:
     """Queued runs, and running ones whose lease expired; with ``device``, only those a
-    worker with that device may run (a ``cuda`` run needs a ``cuda`` worker; a GPU worker
-    runs anything)."""
+    worker with that device may run: a run that asked for none, or for that device. A run's
+    first claim pins it to its worker's device (:func:`claim`), so that a resumed run goes on
+    where its records were computed."""
     live = or_(Run.state == QUEUED, and_(Run.state == RUNNING, Run.lease_expires < now))
-    if device is None or device == "cuda":
+    if device is None:
         return live
     return and_(live, or_(Run.device.is_(None), Run.device == device))
 
@@ -132,6 +133,7 @@ def claim(factory: sessionmaker[Any], owner: str, lease_s: float, device: str | 
             res = s.execute(update(Run).where(Run.id == rid, _claimable(now, device),
                                               Run.cancel_requested.is_(False))
                             .values(state=RUNNING, lease_owner=owner, attempts=Run.attempts + 1,
+                                    device=func.coalesce(Run.device, device),
                                     lease_expires=now + dt.timedelta(seconds=lease_s),
                                     updated=now))
             s.commit()

@@ -7,7 +7,8 @@ caller names a key and hands over or receives a stream, so the API, the workers 
 ``certify store migrate`` work the same on the local folder (:class:`LocalStore`, the default,
 ``home/store``) and on an S3-compatible object store (:class:`certify.service.store_s3.S3Store`).
 
-Keys are ``/``-separated segments of ``[A-Za-z0-9._-]`` that do not start with a dot,
+Keys are ``/``-separated segments of ``[A-Za-z0-9._+-]`` that do not start with a dot (the
+characters of the file names the service makes, :func:`certify.service.uploads.safe_name`),
 checked by :func:`check_key` in every store, so a key can never name something outside the
 store. A client's file name never becomes a key; uploads are named by their sha256.
 """
@@ -29,7 +30,7 @@ _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 #: A key's segment; one that starts with a dot is refused (the local store's own temporary
 #: files start with one, and are never listed).
-_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_SEGMENT = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*")
 CHUNK = 1 << 20
 
 

@@ -121,7 +121,9 @@ class Verifier:
         return None if proc is None or proc.poll() is not None else proc.pid
 
     def _start(self) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
+        from certify.service.config import child_env
+
+        env = child_env()  # a verification never needs the node's keys or credentials
         # one thread per library: the verifier forks, and a child has no use for thread pools
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")

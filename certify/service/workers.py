@@ -33,7 +33,7 @@ from sqlalchemy.orm import sessionmaker
 from certify.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from certify.rundir import RECORDS_FILE, RUN_FILE
 from certify.service import job, queue
-from certify.service.config import ServeConfig
+from certify.service.config import ServeConfig, child_env
 from certify.service.db import CANCELLED, DONE, ERROR, QUEUED, RUNNING, Run, utcnow
 from certify.service.store import (
     NotInStore,
@@ -47,77 +47,90 @@ from certify.service.store import (
 
 log = logging.getLogger("certify.service")
 
-#: What a run's process never inherits from its worker: the node's keys.
-_NODE_SECRETS = frozenset({"CERTIFY_SECRETS_KEY", "CERTIFY_SIGN_KEY", "CERTIFY_SIGN_CERT",
-                           "CERTIFY_SESSION_SECRET"})
 #: A run's records go to the store in a new segment every this many records or seconds.
 SEGMENT_RECORDS, SEGMENT_SECONDS = 256, 10.0
-_SEGMENT_NAME = re.compile(r"^[0-9]{8}\.jsonl$")
+_PR_SET_PDEATHSIG = 1
+_ATTEMPT_DIR = re.compile(r"[0-9]{4,}")
+_SEGMENT_NAME = re.compile(r"([0-9]{8})\.jsonl")
 
 
 class RecordSegments:
-    """A run's records in the store as numbered segments, ``runs/<id>/records/<n>.jsonl``.
+    """A run's records in the store as numbered segments,
+    ``runs/<id>/records/<attempt>/<n>.jsonl``: each attempt (each claim of the run) writes
+    its own series, so a worker that lost its lease and still writes cannot spoil the series
+    that another worker resumes from.
 
-    While the run's process appends to ``records.jsonl`` in this node's scratch folder,
+    :meth:`restore` rebuilds ``records.jsonl`` from the latest earlier attempt's series (its
+    segments from 0 up to the first gap; or a finished or pre-segment run's
+    ``out/records.jsonl``), cut to its last complete line, and the first :meth:`poll` sends
+    that as this attempt's segment 0. While the run's process appends to ``records.jsonl``,
     :meth:`poll` sends the complete lines written since the last segment as the next segment
     once there are :data:`SEGMENT_RECORDS` of them or :data:`SEGMENT_SECONDS` have passed: a
-    worker lost with its machine loses at most the records of its last segment, and the run
-    resumes on another worker from the segments (:meth:`restore`). ``run.json`` (the run's
-    fingerprint) goes with the first poll. :meth:`publish` sends the finished run's files.
+    worker lost with its machine loses at most the records of its last segment. ``run.json``
+    (the run's fingerprint) goes with the first poll. :meth:`publish` sends the finished run's
+    files; :meth:`cleanup` drops the series once the run's end is recorded.
     """
 
-    def __init__(self, store: Store, run_id: str, out: Path,
+    def __init__(self, store: Store, run_id: str, attempt: int, out: Path,
                  every: int = SEGMENT_RECORDS, seconds: float = SEGMENT_SECONDS) -> None:
         self.store, self.out, self.every, self.seconds = store, out, every, seconds
         self.base = run_prefix(run_id)
+        self.attempt = attempt
         self.next = 0
         self.offset = 0
         self._last = time.monotonic()
         self._run_sent: bytes | None = None
 
-    def _segment(self, n: int) -> str:
-        return f"{self.base}/records/{n:08d}.jsonl"
+    def _segment(self, n: int, attempt: int | None = None) -> str:
+        return f"{self.base}/records/{attempt or self.attempt:04d}/{n:08d}.jsonl"
+
+    def _series(self) -> dict[int, set[int]]:
+        found: dict[int, set[int]] = {}
+        for key in self.store.list(f"{self.base}/records/"):
+            parts = key.split("/")
+            m = _SEGMENT_NAME.fullmatch(parts[-1])
+            if len(parts) >= 2 and _ATTEMPT_DIR.fullmatch(parts[-2]) and m:
+                found.setdefault(int(parts[-2]), set()).add(int(m.group(1)))
+        return found
 
     def restore(self) -> int:
-        """Rebuild ``records.jsonl`` and ``run.json`` from the store; the records restored.
-        Segments are read in order up to the first gap; a run folder from before segments
-        (``out/records.jsonl``) is read whole."""
-        names = {k.rsplit("/", 1)[1] for k in self.store.list(f"{self.base}/records/")}
-        names = {n for n in names if _SEGMENT_NAME.match(n)}
+        """Rebuild ``records.jsonl`` and ``run.json`` from the store; the records restored."""
         records = self.out / RECORDS_FILE
+        series = self._series()
+        earlier = [a for a, ns in series.items() if a < self.attempt and 0 in ns]
         with records.open("wb") as f:
-            while f"{self.next:08d}.jsonl" in names:
-                data = read_bytes(self.store, self._segment(self.next))
-                f.write(data)
-                self.offset += len(data)
-                self.next += 1
-            if self.next == 0 and self.store.size(f"{self.base}/{job.OUT_DIR}/{RECORDS_FILE}"):
-                fetch_file(self.store, f"{self.base}/{job.OUT_DIR}/{RECORDS_FILE}", records)
+            if earlier:
+                best, n = max(earlier), 0
+                while n in series[best]:
+                    f.write(read_bytes(self.store, self._segment(n, best)))
+                    n += 1
+        if not earlier and self.store.size(f"{self.base}/{job.OUT_DIR}/{RECORDS_FILE}"):
+            fetch_file(self.store, f"{self.base}/{job.OUT_DIR}/{RECORDS_FILE}", records)
+        data = records.read_bytes()
+        complete = data[:data.rfind(b"\n") + 1]  # a torn last line is the job's to redo
+        if complete != data:
+            records.write_bytes(complete)
         try:
             fetch_file(self.store, f"{self.base}/{job.OUT_DIR}/{RUN_FILE}",
                        self.out / RUN_FILE)
-            self._run_sent = (self.out / RUN_FILE).read_bytes()
         except NotInStore:
             pass
-        if records.stat().st_size == 0:
+        if not complete:
             records.unlink()  # nothing to resume
-            self.offset = 0
-        else:
-            self.offset = records.stat().st_size
-        n = sum(1 for _ in records.open("rb")) if records.exists() else 0
-        if n:
-            log.info("%s: resuming from %d records in the store", self.base, n)
+            return 0
+        n = complete.count(b"\n")
+        log.info("%s: resuming from %d records in the store", self.base, n)
         return n
 
     def poll(self, force: bool = False) -> None:
         """Send ``run.json`` if it changed, and the next segment if it is due (``force``:
         whatever complete lines there are)."""
+        from certify.service.store import put_bytes
+
         run_file = self.out / RUN_FILE
         if run_file.exists():
             data = run_file.read_bytes()
             if data != self._run_sent:
-                from certify.service.store import put_bytes
-
                 put_bytes(self.store, f"{self.base}/{job.OUT_DIR}/{RUN_FILE}", data)
                 self._run_sent = data
         records = self.out / RECORDS_FILE
@@ -135,8 +148,6 @@ class RecordSegments:
         lines = chunk.count(b"\n")
         if lines == 0 or not (due or lines >= self.every):
             return
-        from certify.service.store import put_bytes
-
         put_bytes(self.store, self._segment(self.next), chunk)
         self.offset += len(chunk)
         self.next += 1
@@ -152,16 +163,22 @@ class RecordSegments:
 
     def publish(self) -> None:
         """Send the finished run's written files (card, results, signature, the whole
-        records file) to ``runs/<id>/out/``, then drop the segments they supersede."""
+        records file) to ``runs/<id>/out/``."""
         for path in sorted(self.out.rglob("*")):
             if path.is_file() and not path.name.startswith("."):
                 rel = path.relative_to(self.out).as_posix()
                 with path.open("rb") as f:
                     self.store.put(f"{self.base}/{job.OUT_DIR}/{rel}", f)
-        for n in range(self.next):
-            self.store.delete(self._segment(n))
 
-_PR_SET_PDEATHSIG = 1
+    def cleanup(self) -> None:
+        """Drop every attempt's segments (the run's end is recorded; ``out/records.jsonl``
+        holds them all)."""
+        from certify.service.store import delete_prefix
+
+        try:
+            delete_prefix(self.store, f"{self.base}/records")
+        except StoreError as exc:
+            log.warning("%s: its records segments stay in the store: %s", self.base, exc)
 
 
 def _child_setup(memory_bytes: int) -> Any:
@@ -229,6 +246,53 @@ def job_spec(run: Run, cfg: ServeConfig, inputs: Path) -> dict[str, Any]:
     }
 
 
+class _RunRefused(Exception):
+    """This worker cannot run this run (a registered dataset or a key it lacks): the run ends
+    ``error`` with this message."""
+
+
+class _Lease:
+    """A claimed run's lease, renewed from claim to finish by its own thread on the database's
+    clock (store transfers and a slow process never delay it). ``held`` turns False when a
+    heartbeat finds another owner, or when none has succeeded for a whole lease (the database
+    away: another worker may claim the run then); ``cancel`` when a cancel was requested."""
+
+    def __init__(self, pool: WorkerPool, run_id: str, progress: Path) -> None:
+        self.pool, self.run_id, self.progress = pool, run_id, progress
+        self.held, self.cancel = True, False
+        self._ok = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"certify-lease-{run_id[:8]}",
+                                        daemon=True)
+
+    def start(self) -> None:  # noqa: D102
+        self._thread.start()
+
+    def stop(self) -> None:  # noqa: D102
+        self._done.set()
+        self._thread.join(10)
+
+    def beat(self) -> bool:
+        """One renewal now; whether the run is still held."""
+        cfg = self.pool.cfg
+        try:
+            held, cancel = queue.heartbeat(self.pool.factory, self.run_id, self.pool.owner,
+                                           cfg.lease_s, _read_json(self.progress))
+        except Exception:  # noqa: BLE001 - the database may be briefly away
+            log.warning("run %s: lease renewal failed", self.run_id, exc_info=True)
+            if time.monotonic() - self._ok > cfg.lease_s:
+                self.held = False
+            return self.held
+        self._ok = time.monotonic()
+        self.held, self.cancel = held, cancel
+        return held
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.pool.cfg.heartbeat_s):
+            if not self.beat():
+                return
+
+
 class WorkerPool:
     """``cfg.workers`` threads that run queued runs until :meth:`stop`.
 
@@ -243,7 +307,8 @@ class WorkerPool:
                  secrets: Any) -> None:
         self.cfg, self.factory, self.store, self.tlog, self.secrets = (
             cfg, factory, store, tlog, secrets)
-        self.owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # at most 58 characters: the lease_owner and workers.id columns hold 64
+        self.owner = f"{os.uname().nodename[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.device = worker_device(cfg.device)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -322,35 +387,55 @@ class WorkerPool:
                 self._run(run)
             except _Abandoned:
                 log.info("run %s: given up by this worker; it will be resumed", run.id)
-            except NotInStore as exc:
+            except (NotInStore, _RunRefused) as exc:
                 log.error("run %s: %s", run.id, exc)
-                queue.finish(self.factory, run.id, self.owner, state=ERROR, exit_code=3,
-                             error=f"an input of this run is no longer in the service's store "
-                                   f"({exc}); submit it again")
+                why = (f"an input of this run is no longer in the service's store ({exc}); "
+                       "submit it again") if isinstance(exc, NotInStore) else str(exc)
+                self._end(run.id, state=ERROR, exit_code=3, error=why)
             except StoreError as exc:  # the store is away: the run waits for it
                 log.error("run %s: the store did not answer (%s); back on the queue", run.id,
                           exc)
-                self._requeue(run.id)
+                with contextlib.suppress(Exception):
+                    self._requeue(run.id)
                 self._stop.wait(5.0)
             except Exception as exc:  # noqa: BLE001 - the run fails, the worker goes on
                 log.exception("run %s failed in the service", run.id)
-                queue.finish(self.factory, run.id, self.owner, state=ERROR,
-                             exit_code=EXIT_INTERNAL,
-                             error=f"internal error in the service: {type(exc).__name__}")
+                self._end(run.id, state=ERROR, exit_code=EXIT_INTERNAL,
+                          error=f"internal error in the service: {type(exc).__name__}")
+
+    def _end(self, run_id: str, **values: Any) -> None:
+        """Record a run's end; a database that is away is logged (the lease then expires
+        and the run is taken up again), never the end of this worker."""
+        try:
+            queue.finish(self.factory, run_id, self.owner, **values)
+        except Exception:  # noqa: BLE001
+            log.exception("run %s: its end could not be recorded", run_id)
 
     def _run(self, run: Run) -> None:
         """Run one claimed run: its inputs and any records a lost worker left are copied from
         the store into this node's scratch folder, its process computes there, its records go
-        to the store as segments while it runs, and its written files at the end."""
+        to the store as segments while it runs, and its written files at the end. The lease
+        is renewed by its own thread from the claim to the end."""
         folder = self.cfg.scratch / "runs" / run.id
         shutil.rmtree(folder, ignore_errors=True)
         (folder / job.OUT_DIR).mkdir(parents=True)
+        lease = _Lease(self, run.id, folder / job.PROGRESS_FILE)
+        lease.start()
         try:
-            self._run_in(run, folder)
+            self._run_in(run, folder, lease)
         finally:
+            lease.stop()
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _run_in(self, run: Run, folder: Path) -> None:
+    def _run_in(self, run: Run, folder: Path, lease: _Lease) -> None:
+        if run.dataset and not run.dataset.startswith("store:") \
+                and run.dataset not in self.cfg.datasets:
+            raise _RunRefused(f"the worker that took this run has no registered dataset "
+                              f"{run.dataset!r} (every worker needs --dataset "
+                              f"{run.dataset}=PATH)")
+        if run.secret_enc is not None and self.secrets is None:
+            raise _RunRefused("the worker that took this run has no secrets key to read the "
+                              "endpoint's secret (every worker needs --secrets-key)")
         inputs = folder / "in"
         for key in input_keys(run):
             if key.endswith("/"):
@@ -359,14 +444,17 @@ class WorkerPool:
                     raise NotInStore(f"{key} is not in the store")
             else:
                 fetch_file(self.store, key, inputs / key)
-        segments = RecordSegments(self.store, run.id, folder / job.OUT_DIR)
+        segments = RecordSegments(self.store, run.id, run.attempts, folder / job.OUT_DIR)
         segments.restore()
+        segments.poll(force=True)  # this attempt's series starts with what it resumes from
+        if not lease.held:
+            raise _Abandoned
         spec = job_spec(run, self.cfg, inputs)
         (folder / job.JOB_FILE).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         secret = ""
         if run.secret_enc is not None:
             secret = self.secrets.decrypt(run.secret_enc, run.id)
-        env = {k: v for k, v in os.environ.items() if k not in _NODE_SECRETS}
+        env = child_env()
         log.info("run %s: starting (attempt %d)", run.id, run.attempts)
         with (folder / job.LOG_FILE).open("ab") as logf:
             proc = subprocess.Popen(
@@ -382,13 +470,17 @@ class WorkerPool:
                 proc.stdin.write(secret.encode() + b"\n")
                 proc.stdin.close()
             del secret
-            ended = self._watch(run, proc, folder, segments)
+            ended = self._watch(run, proc, segments, lease)
         finally:
             with self._lock:
                 self._procs.pop(run.id, None)
+            if proc.poll() is None:  # whatever went wrong here, the process goes with it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         if ended is not None:
             segments.flush()
-            queue.finish(self.factory, run.id, self.owner, **ended)
+            self._end(run.id, **ended)
             return
         if self._stop.is_set() and proc.returncode < 0:
             # killed by the shutdown, not by its model: back on the queue, never an error
@@ -396,37 +488,31 @@ class WorkerPool:
             self._requeue(run.id)
             raise _Abandoned
         segments.flush()
-        self._record_outcome(run, proc.returncode, folder, segments)
+        self._record_outcome(run, proc.returncode, folder, segments, lease)
 
-    def _watch(self, run: Run, proc: subprocess.Popen[bytes], folder: Path,
-               segments: RecordSegments) -> dict[str, Any] | None:
-        """Wait for the process, renewing the lease every heartbeat and sending its new
-        records to the store (:class:`RecordSegments`); the final values if it had to be
-        killed."""
-        started = last_beat = time.monotonic()
+    def _watch(self, run: Run, proc: subprocess.Popen[bytes], segments: RecordSegments,
+               lease: _Lease) -> dict[str, Any] | None:
+        """Wait for the process, sending its new records to the store
+        (:class:`RecordSegments`); the final values if it had to be killed."""
+        started = time.monotonic()
         while True:
             try:
-                proc.wait(timeout=min(1.0, self.cfg.heartbeat_s))
+                proc.wait(timeout=1.0)
                 return None
             except subprocess.TimeoutExpired:
                 pass
-            if not self._stop.is_set():
+            if not self._stop.is_set() and lease.held:
                 try:
                     segments.poll()
                 except StoreError as exc:  # kept locally; sent at the next poll
                     log.warning("run %s: records not yet in the store: %s", run.id, exc)
-            if time.monotonic() - last_beat < self.cfg.heartbeat_s and not self._stop.is_set():
-                continue
-            last_beat = time.monotonic()
-            held, cancel = queue.heartbeat(self.factory, run.id, self.owner, self.cfg.lease_s,
-                                           _read_json(folder / job.PROGRESS_FILE))
             reason: dict[str, Any] | None = None
             if self._stop.is_set():
                 reason = {}
-            elif not held:
+            elif not lease.held:
                 log.warning("run %s: lease lost; stopping its process", run.id)
                 reason = {}
-            elif cancel:
+            elif lease.cancel:
                 reason = {"state": CANCELLED, "error": "cancelled while running",
                           "exit_code": EXIT_INTERRUPTED}
             elif time.monotonic() - started > self.cfg.run_timeout_s:
@@ -438,14 +524,14 @@ class WorkerPool:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 if not reason:  # stopping or lease lost: the run is someone else's now
-                    if self._stop.is_set() and held:  # still ours: its records go first
+                    if self._stop.is_set() and lease.beat():  # still ours: records first
                         segments.flush()
                         self._requeue(run.id)
                     raise _Abandoned
                 return reason
 
     def _record_outcome(self, run: Run, returncode: int, folder: Path,
-                        segments: RecordSegments) -> None:
+                        segments: RecordSegments, lease: _Lease) -> None:
         outcome = _read_json(folder / job.OUTCOME_FILE)
         with contextlib.suppress(OSError, StoreError):  # the run's log, for its operator
             with (folder / job.LOG_FILE).open("rb") as f:
@@ -460,27 +546,29 @@ class WorkerPool:
                 why = (f"the run's process exited with code {returncode} without a result "
                        f"(a model exceeding the {self.cfg.run_memory_mb} MB memory limit ends "
                        "like this)")
-            queue.finish(self.factory, run.id, self.owner, state=ERROR, exit_code=3, error=why,
-                         progress=progress)
+            self._end(run.id, state=ERROR, exit_code=3, error=why, progress=progress)
             return
         if outcome["state"] != "done":
-            queue.finish(self.factory, run.id, self.owner, state=ERROR,
-                         exit_code=outcome["exit_code"], error=outcome["error"],
-                         progress=progress)
+            self._end(run.id, state=ERROR, exit_code=outcome["exit_code"],
+                      error=outcome["error"], progress=progress)
             return
         sig = _read_json(folder / job.OUT_DIR / "results.json.sig")
         if sig is None:
             raise RuntimeError("the finished run has no signature")
+        if not lease.beat():  # another worker has the run now: it publishes, not this one
+            raise _Abandoned
         segments.publish()  # the card, results and signature, before the run is done
         index = self.tlog.append(sig["signed"], run.id)
         progress["checks"] = outcome.get("checks", {})
         if "files" in outcome:  # the run page and API link only what was written
             progress["files"] = outcome["files"]
         # the queries are charged as the run stops holding its budget (one transaction)
-        queue.finish(self.factory, run.id, self.owner, state=DONE,
-                     verdict=outcome["verdict"], exit_code=outcome["exit_code"],
-                     log_index=index, progress=progress,
-                     charge=int(outcome.get("queries", 0)))
+        held = queue.finish(self.factory, run.id, self.owner, state=DONE,
+                            verdict=outcome["verdict"], exit_code=outcome["exit_code"],
+                            log_index=index, progress=progress,
+                            charge=int(outcome.get("queries", 0)))
+        if held:
+            segments.cleanup()
         log.info("run %s: %s (log entry %d)", run.id, outcome["verdict"], index)
 
 
