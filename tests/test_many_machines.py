@@ -38,7 +38,7 @@ def test_two_apis_and_workers_share_postgresql_an_s3_store_and_one_identity(
         tmp_path: Path, s3_server) -> None:
     from certify.report.sign import keygen
     from certify.service.db import Run, make_engine, sessions
-    from certify.service.store import open_store
+    from certify.service.store_url import open_store
 
     suite, data = small_inputs(tmp_path / "in", per_class=4)
     key, _pub = keygen(tmp_path / "keys", "service")  # writes service.crt beside it too

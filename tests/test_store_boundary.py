@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 SERVICE = Path(certify.service.__file__).parent
 #: The store's own modules, which alone know where objects live.
-STORES = {"store.py", "store_s3.py"}
+STORES = {"store.py", "store_s3.py", "store_url.py"}
 
 
 def _mentions_path(hint: object) -> bool:
@@ -72,10 +72,9 @@ def test_no_service_module_reaches_past_the_store_to_a_path() -> None:
 
 def test_the_store_module_keeps_its_paths_inside_the_local_store() -> None:
     """In store.py, local paths appear only in the local store, the node-local helpers that
-    copy objects to a worker's scratch folder, the upload spool and the store's opening."""
+    copy objects to a worker's scratch folder and the upload spool."""
     tree = ast.parse(Path(store_mod.__file__).read_text(encoding="utf-8"))
-    allowed = {"LocalStore", "fetch_tree", "fetch_file", "spool_upload", "Spooled",
-               "open_store"}
+    allowed = {"LocalStore", "fetch_tree", "fetch_file", "spool_upload", "Spooled"}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in allowed:
             names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}

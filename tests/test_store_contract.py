@@ -29,7 +29,6 @@ from certify.service.store import (
     fetch_file,
     fetch_tree,
     iter_chunks,
-    open_store,
     put_bytes,
     read_bytes,
     spool_upload,
@@ -339,6 +338,8 @@ def test_s3_unreachable_and_missing_bucket(s3_server):
 
 
 def test_open_store_urls(tmp_path, monkeypatch):
+    from certify.service.store_url import open_store
+
     home = tmp_path / "home"
     default = open_store(None, home)
     assert isinstance(default, LocalStore) and (home / "store").is_dir()

@@ -63,7 +63,8 @@ def open_services(cfg: ServeConfig, rotate_identity: bool = False) -> Services:
     from certify.redact import redact
     from certify.service.db import make_engine, migrate, sessions
     from certify.service.identity import load_identity
-    from certify.service.store import StoreError, open_store
+    from certify.service.store import StoreError
+    from certify.service.store_url import open_store
     from certify.service.tlog import TransparencyLog
     from certify.service.uploads import Limits
 

@@ -27,7 +27,7 @@ class ServeConfig:
     home: Path
     #: SQLAlchemy URL; None means SQLite in ``home``.
     db: str | None = None
-    #: Where uploads, suites and run folders live (:func:`certify.service.store.open_store`):
+    #: Where uploads, suites and run folders live (:func:`certify.service.store_url.open_store`):
     #: ``s3://BUCKET[/PREFIX]?endpoint=URL`` or a folder; None means ``home/store``.
     store: str | None = None
     #: Answer card downloads with a redirect to the store's presigned URL (S3) instead of

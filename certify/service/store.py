@@ -322,30 +322,3 @@ class LocalStore:
     def ping(self) -> None:  # noqa: D102
         if not os.access(self._root, os.W_OK | os.X_OK):
             raise StoreError("the store folder is not writable")
-
-
-def open_store(url: str | None, home: Path) -> Store:
-    """The store a ``--store`` URL names: ``file:///PATH`` or a plain path (local), or
-    ``s3://BUCKET[/PREFIX]`` with ``?endpoint=URL&region=NAME`` (credentials from the
-    environment); None means ``home/store``."""
-    from urllib.parse import urlsplit
-
-    if url is None:
-        return LocalStore(home / "store")
-    from urllib.parse import unquote
-
-    parts = urlsplit(url)
-    if parts.scheme in ("", "file"):
-        if parts.scheme and parts.netloc not in ("", "localhost"):
-            raise StoreError(f"the store URL {url!r} names a host: a file store is a local "
-                             "folder (file:///PATH)")
-        path = unquote(parts.path) if parts.scheme else url
-        if not path:
-            raise StoreError(f"the store URL {url!r} names no folder")
-        return LocalStore(Path(path))
-    if parts.scheme == "s3":
-        from certify.service.store_s3 import S3Store
-
-        return S3Store.from_url(url)
-    raise StoreError(f"unknown store URL scheme {parts.scheme!r}: use file:///PATH or "
-                     "s3://BUCKET[/PREFIX]")

@@ -48,7 +48,8 @@ def migrate(home: Path, target_url: str, dry_run: bool, progress_every: int) -> 
         certify store migrate --home certify-service \\
           --to 's3://certify/prod?endpoint=https://minio.example.org'
     """
-    from certify.service.store import LocalStore, NotInStore, StoreError, open_store
+    from certify.service.store import LocalStore, NotInStore, StoreError
+    from certify.service.store_url import open_store
 
     folder = home / "store"
     if not home.is_dir():
