@@ -12,5 +12,4 @@ echo "ruff: checking certify tests benchmarks scripts"
 .venv/bin/ruff check certify tests benchmarks scripts
 echo "mypy: checking certify (pyproject.toml [tool.mypy])"
 .venv/bin/mypy
-# --no-loadscope-reorder: the groups go out longest first, as tests/conftest.py orders them
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"

@@ -30,17 +30,6 @@ DEMO_FIXTURES = {"demo_run", "demo_card"}
 RAY_MODULES = {"test_ray.py", "test_wheel.py"}
 
 
-#: Groups that take longest on 2 cores (in this order, measured: the clean-clone run of
-#: c1eba66), handed to the two workers first: the longest jobs first leave no long group alone
-#: at the end (xdist's own order, by number of tests, put the one-test many-machines module
-#: last). scripts/test.sh passes --no-loadscope-reorder so that xdist keeps this order.
-LONGEST_FIRST = ("demo", "ray", "test_white_box.py", "test_convergence.py",
-                 "test_service_restart.py", "test_service.py", "test_many_machines.py",
-                 "test_corruption.py", "test_binarization_power.py", "test_skipped.py",
-                 "test_ci_action.py", "test_service_ui.py", "test_http_faults.py",
-                 "test_service_pg.py", "test_demo.py", "test_nonfinite.py")
-
-
 def worker_group(item: pytest.Item) -> str:
     """The xdist group a test runs in: ``demo``, ``ray``, or its module's file name."""
     if DEMO_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -70,9 +59,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if untiered:
         raise pytest.UsageError("tests in no tier (mark them unit or e2e): "
                                 + ", ".join(untiered[:5]))
-    if parallel:  # the longest groups first; otherwise collection order (a stable sort)
-        rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda it: rank.get(worker_group(it), len(rank)))
 
 
 def pytest_configure(config: pytest.Config) -> None:

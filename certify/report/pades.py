@@ -154,8 +154,26 @@ class PdfSigningKey:
         return cls(key, self_issued_certificate(key))
 
 
+def _cms() -> Any:
+    """asn1crypto's ``cms`` module with every CMS attribute type registered.
+
+    ``asn1crypto.tsp`` adds ``signing_certificate_v2`` (which pyHanko signs with) to
+    ``cms.CMSAttributeType`` at its import, but ``cms`` builds its name-to-OID map once, at
+    its first use: a signature checked before ``tsp`` was imported would leave pyHanko's next
+    signing in the same process failing with "invalid literal for int(): signing_certificate_v2".
+    So ``tsp`` is imported first, and a map built without its names is built again (asn1crypto
+    builds it once per class, so it is rebuilt here rather than dropped)."""
+    from asn1crypto import cms, tsp  # noqa: F401 - tsp registers its attribute types
+
+    names = cms.CMSAttributeType
+    if names._reverse_map is not None and set(names._map.values()) - set(names._reverse_map):
+        names._reverse_map = {name: oid for oid, name in names._map.items()}
+    return cms
+
+
 def sign_pdf(pdf: bytes, signer: PdfSigningKey) -> bytes:
     """``pdf`` with a PAdES B-B signature by ``signer`` over the whole file (no timestamp)."""
+    _cms()
     from asn1crypto import keys as asn1_keys
     from asn1crypto import x509 as asn1_x509
     from pyhanko.pdf_utils.incremental_writer import IncrementalPdfFileWriter
@@ -254,7 +272,7 @@ def verify_pdf_signature(data: bytes, key: ec.EllipticCurvePublicKey, where: str
 def _check_cms(der: bytes, digest: bytes, key: ec.EllipticCurvePublicKey, refuse: Any
                ) -> tuple[str, str]:
     """Check a detached CMS SignedData over ``digest``; returns (key fingerprint, subject)."""
-    from asn1crypto import cms
+    cms = _cms()
 
     try:
         info = cms.ContentInfo.load(der, strict=True)
