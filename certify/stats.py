@@ -82,3 +82,162 @@ def samples_to_decide(p: float, bound: float, confidence: float = 0.95) -> int |
         else:
             lo = mid
     return hi
+
+
+def _log_pmf(n: int, p: float) -> list[float]:
+    """log P(X = i) for i = 0..n, X ~ Binomial(n, p), 0 < p < 1."""
+    lp, lq, top = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    return [top - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+            for i in range(n + 1)]
+
+
+def _log_sum(terms: list[float]) -> float:
+    m = max(terms)
+    return m + math.log(sum(math.exp(t - m) for t in terms)) if m > -math.inf else -math.inf
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """``P(X <= k)`` for ``X ~ Binomial(n, p)`` (exact, summed in log space)."""
+    if k < 0:
+        return 0.0
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    return min(1.0, math.exp(_log_sum(_log_pmf(n, p)[: k + 1])))
+
+
+def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
+    """The one-sided exact (Clopper–Pearson) upper confidence bound at level ``1 - alpha`` on a
+    binomial proportion after ``k`` successes in ``n`` trials: the ``p`` with
+    ``P(X <= k; n, p) = alpha`` (1 when ``k == n``), by bisection."""
+    if n <= 0 or k >= n:
+        return 1.0
+    lo, hi = k / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if binomial_cdf(k, n, mid) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
+    """The one-sided exact lower confidence bound at level ``1 - alpha`` (0 when ``k == 0``)."""
+    if n <= 0 or k <= 0:
+        return 0.0
+    return 1.0 - clopper_pearson_upper(n - k, n, alpha)
+
+
+class SequentialBinomialTest:
+    """Decide per sample whether its failure probability ``p`` is at most ``delta``, from
+    failures seen in draws that stop as soon as the answer is known.
+
+    Looks happen after a schedule of draw counts fixed before any draw (``looks``). At a look
+    the sample is *not robust* when the exact one-sided binomial test rejects ``p <= delta``
+    (equivalently, the one-sided Clopper–Pearson lower bound on ``p`` exceeds ``delta``); at
+    a look of ``robust_looks`` it is *robust* when the test rejects ``p > delta`` (the upper
+    bound is at most ``delta``); otherwise it goes on, and after the last look it stays
+    undecided. With ``alpha = 1 - confidence``, the not-robust side tests at
+    ``alpha / len(looks)`` at every look and the robust side at ``alpha / len(robust_looks)``
+    at its own looks (Bonferroni over each side's looks), so a sample whose ``p`` exceeds
+    ``delta`` is called robust, or one whose ``p`` is at most ``delta`` is called not robust,
+    with probability at most ``alpha`` whatever look decides it.
+
+    The thresholds are integer failure counts per look (``robust_max``: at most this many
+    failures decides robust, -1 when no count does; ``not_robust_min``: at least this many
+    decides not robust, ``n + 1`` when none does), computed once from the binomial
+    distribution at ``delta``.
+    """
+
+    def __init__(self, delta: float, confidence: float, looks: tuple[int, ...],
+                 robust_looks: tuple[int, ...] | None = None) -> None:
+        if not 0 < delta < 1 or not 0 < confidence < 1:
+            raise ValueError("delta and confidence must lie in (0, 1)")
+        if not looks or any(b <= a for a, b in zip(looks, looks[1:], strict=False)) \
+                or looks[0] < 1:
+            raise ValueError(f"looks must be increasing positive draw counts, got {looks}")
+        robust_looks = looks if robust_looks is None else robust_looks
+        if not robust_looks or not set(robust_looks) <= set(looks):
+            raise ValueError("the robust side's looks must be looks of the schedule")
+        self.delta = delta
+        self.confidence = confidence
+        self.looks = looks
+        self.robust_looks = tuple(sorted(robust_looks))
+        alpha = 1.0 - confidence
+        self.alpha_per_look = alpha / len(looks)
+        self.alpha_robust = alpha / len(self.robust_looks)
+        self.robust_max: list[int] = []
+        self.not_robust_min: list[int] = []
+        for n in looks:
+            terms = _log_pmf(n, delta)
+            k = -1
+            if n in self.robust_looks:  # the largest k with P(X <= k) <= alpha_robust
+                acc = -math.inf
+                while k + 1 <= n:
+                    nxt = _log_sum([acc, terms[k + 1]])
+                    if math.exp(nxt) > self.alpha_robust:
+                        break
+                    k, acc = k + 1, nxt
+            self.robust_max.append(k)
+            j, acc = n + 1, -math.inf  # the smallest j with P(X >= j) <= alpha_per_look
+            while j - 1 >= 0:
+                nxt = _log_sum([acc, terms[j - 1]])
+                if math.exp(nxt) > self.alpha_per_look:
+                    break
+                j, acc = j - 1, nxt
+            self.not_robust_min.append(j)
+
+    @classmethod
+    def schedule(cls, delta: float, confidence: float, first: int, budget: int
+                 ) -> SequentialBinomialTest:
+        """The schedule certify uses: the robust side looks first at the fewest draws ``m``
+        after which a sample without failures is robust, then at ``2m``, ``4m``, ... while at
+        most half the budget, and at the budget; the not-robust side also looks earlier, at
+        ``first``, ``2 * first``, ... below ``m`` (a sample that fails often stops there)."""
+        alpha = 1.0 - confidence
+        looks_r = 1
+        for _ in range(64):  # the robust looks' count and the first robust look agree
+            m = max(1, math.ceil(math.log(alpha / looks_r) / math.log1p(-delta) - 1e-9))
+            robust = [m] if m < budget else []
+            while robust and robust[-1] * 2 <= budget // 2:
+                robust.append(robust[-1] * 2)
+            robust = [n for n in robust if n < budget] + [budget]
+            if len(robust) <= looks_r:
+                break
+            looks_r = len(robust)
+        early, n = [], first
+        while n < robust[0]:
+            early.append(n)
+            n *= 2
+        return cls(delta, confidence, tuple(early + robust), tuple(robust))
+
+    def decide(self, look: int, failures: int) -> str | None:
+        """``"robust"``, ``"not_robust"`` or ``None`` (undecided) at look number ``look``."""
+        if failures <= self.robust_max[look]:
+            return "robust"
+        if failures >= self.not_robust_min[look]:
+            return "not_robust"
+        return None
+
+    def can_decide_robust(self) -> bool:
+        """Whether any look can decide a sample robust (no failure in the last look's draws)."""
+        return max(self.robust_max) >= 0
+
+    def fewest_robust_draws(self) -> int | None:
+        """The fewest draws of the schedule after which a sample without failures is robust."""
+        return next((n for n, k in zip(self.looks, self.robust_max, strict=True) if k >= 0),
+                    None)
+
+    def describe(self) -> str:
+        """The rule in words (for the card)."""
+        return (f"exact one-sided binomial tests (Clopper–Pearson) at looks after "
+                f"{', '.join(str(n) for n in self.looks)} draws: not robust at every look at "
+                f"level {self.alpha_per_look:.2g} = (1 − {self.confidence:g}) / "
+                f"{len(self.looks)}, robust at the looks after "
+                f"{', '.join(str(n) for n in self.robust_looks)} draws at level "
+                f"{self.alpha_robust:.2g} = (1 − {self.confidence:g}) / "
+                f"{len(self.robust_looks)} (Bonferroni over each side's looks): a sample is "
+                f"decided wrongly in either direction with probability at most "
+                f"{1 - self.confidence:.2g}")

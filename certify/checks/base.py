@@ -23,7 +23,7 @@ from certify.canonical import JSONLike
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.models.base import Model, ModelInfo
-from certify.perturbations.base import mix_seed
+from certify.perturbations.base import mix_seed, mix_seeds
 from certify.rundir import SampleRecord
 from certify.validation import expect
 
@@ -105,6 +105,10 @@ class Settlement(BaseModel):
     short_of_floor: bool = Field(
         default=False, description="a black-box attack short of what a PASS on its own needs "
         "(its query floor, two doubled rounds, the binarization test): evidence, not a PASS")
+    statistical: bool = Field(
+        default=False, description="a random corruption decided per sample at a stated "
+        "confidence from noise draws at its bound (issue 40): its figure is a statement about "
+        "the noise's distribution, not a worst case")
 
     def converged(self) -> bool | None:
         """Whether the figure's search converged: ``False`` when a search or an attack had not
@@ -162,6 +166,12 @@ class CheckContext:
         other samples were processed with it.
         """
         return mix_seed(self.check_seed, sample_index, *more)
+
+    def seeds(self, samples: Sequence[int], *more: int | Sequence[int]) -> torch.Tensor:
+        """:meth:`seed` for many draws at once (``samples`` and any sequence in ``more`` of
+        equal length, scalars broadcast), as an int64 tensor."""
+        return mix_seeds(self.check_seed, list(samples), *(m if isinstance(m, int) else list(m)
+                                                           for m in more))
 
 
 def pct(v: float | None) -> str:

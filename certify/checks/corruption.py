@@ -31,6 +31,7 @@ per round plus that round's candidates.
 from __future__ import annotations
 
 import copy
+import math
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -38,6 +39,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import torch
 
 from certify.canonical import JSONLike
+from certify.checks import noise
 from certify.checks.attack import CONVERGENCE_SHARE
 from certify.checks.base import (
     Check,
@@ -120,6 +122,16 @@ class CorruptionRecord(ConfidenceRecord, total=False):
     round_queries: list[int]
     broken_round: int
     clean_changed: bool
+    # a random corruption's draws (issue 40): at the bound, the deciding look, the first
+    # draw's failure, the correct answers among the first look's draws, one draw per level
+    # below the bound
+    draws: int
+    failures: int
+    decided_look: int
+    fail0: bool
+    first_correct: int
+    first_draws: int
+    below_failed: list[bool]
 
 
 class PairRecord(CorruptionRecord, total=False):
@@ -127,6 +139,9 @@ class PairRecord(CorruptionRecord, total=False):
 
     outcome_first: str
     outcome_second: str
+    # a pair with a random corruption: the other transform's worst point and its seed
+    other_params: list[float]
+    other_seed: int
 
 
 CR = TypeVar("CR", bound=CorruptionRecord)
@@ -181,6 +196,8 @@ class FullSearch(NamedTuple):
     worst_prob: torch.Tensor
     least_conf: torch.Tensor
     least_prob: torch.Tensor
+    #: the least confident correct answer's candidate (-1 if none)
+    least: torch.Tensor
 
 
 def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.Tensor,
@@ -197,11 +214,12 @@ def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.T
     worst_prob = torch.full((b,), float("nan"))
     least_conf = torch.full((b,), float("inf"))
     least_prob = torch.full((b,), float("nan"))
+    least = torch.full((b,), -1, dtype=torch.long)
     ai = searched.cpu().nonzero().flatten()
     output = model.info.output
     if len(ai) == 0:
         return FullSearch(first, first_pred, worst, worst_pred, worst_conf.fill_(float("nan")),
-                          worst_prob, least_conf.fill_(float("nan")), least_prob)
+                          worst_prob, least_conf.fill_(float("nan")), least_prob, least)
     xs, ys = x[ai.to(x.device)], y[ai.to(y.device)].cpu()
     for t in range(len(candidates)):
         params = candidates[t].expand(len(ai), -1).to(x.device)
@@ -222,10 +240,11 @@ def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.T
         less = ~bad & (c < least_conf[ai])
         least_conf[ai[less]] = c[less]
         least_prob[ai[less]] = prob[less]
+        least[ai[less]] = t
     worst_conf[worst < 0] = float("nan")
     least_conf[least_conf.isinf()] = float("nan")
     return FullSearch(first, first_pred, worst, worst_pred, worst_conf, worst_prob, least_conf,
-                      least_prob)
+                      least_prob, least)
 
 
 #: The default query budget per sample, in round 0's candidates.
@@ -259,6 +278,17 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         Metric("rounds", "search rounds run", unit="count", optional=True),
         Metric("late_breaks", "samples first broken by the last round", unit="count",
                optional=True),
+        # random corruptions (issue 40): decided per sample at a stated confidence
+        Metric("n_undecided", "samples neither shown robust nor not robust within max_draws "
+               "draws (a random corruption)", unit="count", optional=True),
+        Metric("mean_accuracy_under_noise", "average accuracy under the noise at the bound "
+               "over all samples (each sample's first draws; a random corruption)", "higher",
+               threshold=True, optional=True),
+        Metric("delta", "the failure probability a robust sample may have under the noise",
+               optional=True),
+        Metric("confidence", "the confidence of each sample's decision", optional=True),
+        Metric("mean_draws", "noise draws per searched sample at the bound, on average",
+               unit="queries", optional=True),
     )
     compare_outcomes = {"robustness_score": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
@@ -267,21 +297,41 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                              "most confident mistake")
 
     def __init__(self, property: str, bound: float | None = None, steps: int | None = None,
-                 tries: int = 4, max_queries: int | None = None, max_examples: int = 4) -> None:
+                 tries: int | None = None, max_queries: int | None = None,
+                 max_examples: int = 4, delta: float | None = None,
+                 confidence: float | None = None, max_draws: int | None = None) -> None:
         self.property = property
         self.bound = bound
         self.steps = steps
         self.tries = tries
         self.max_queries = max_queries
         self.max_examples = max_examples
+        self.delta = delta
+        self.confidence = confidence
+        self.max_draws = max_draws
         self._round = 0
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
         prop = _property(self.property, where)
         _bound_steps(prop, self.bound, self.steps, where)
-        if not isinstance(self.tries, int) or isinstance(self.tries, bool) or self.tries < 1 \
-                or self.tries > 1 << 16:
+        if prop.statistical:
+            given = [k for k in ("tries", "max_queries") if getattr(self, k) is not None]
+            if given:
+                raise SuiteError(
+                    f"{where}: {prop.name} is a random corruption, decided per sample from "
+                    f"noise draws at its bound, not searched: {' and '.join(given)} no longer "
+                    "apply", hint="set delta (default 0.05), confidence (default 0.99) and "
+                    f"max_draws (default {noise.DEFAULT_MAX_DRAWS}) instead")
+            noise.draw_plan(self.delta, self.confidence, self.max_draws, where)
+            return
+        given = [k for k in ("delta", "confidence", "max_draws") if getattr(self, k) is not None]
+        if given:
+            raise SuiteError(f"{where}: {' and '.join(given)} apply to random corruptions "
+                             f"only; {prop.name} is searched for its worst case",
+                             hint="use max_queries to set its search's budget")
+        if not isinstance(self.tries, int | None) or isinstance(self.tries, bool) or \
+                self._tries() < 1 or self._tries() > 1 << 16:
             raise SuiteError(f"{where}: tries must be an integer from 1 to 65536",
                              hint="e.g. tries: 4")
         if self.max_queries is not None:
@@ -299,9 +349,21 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         bound, steps = _bound_steps(prop, self.bound, self.steps, self.kind)
         return prop, bound, steps
 
+    def _tries(self) -> int:
+        return 4 if self.tries is None else int(self.tries)
+
     def _round_candidates(self, r: int) -> RoundCandidates:
         prop, bound, steps = self._prop()
-        return prop.round_candidates(bound, steps, self.tries, r)
+        return prop.round_candidates(bound, steps, self._tries(), r)
+
+    def statistical(self) -> bool:
+        """Whether the property is a random corruption decided per sample at a stated
+        confidence (:mod:`certify.checks.noise`) rather than searched."""
+        return PROPERTIES[self.property].statistical
+
+    def plan(self) -> noise.DrawPlan:
+        """A random corruption's draw plan (δ, confidence, draws per sample at most)."""
+        return noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
 
     def searched(self) -> bool:
         """Whether the check searches in rounds: random_linf and random_l0 stay one round of
@@ -309,7 +371,11 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         return self.property not in RANDOM_PIXEL_NORMS
 
     def budget(self) -> int:
-        """The search's queries per sample at most (clean queries excluded)."""
+        """The search's queries per sample at most (clean queries excluded); for a random
+        corruption its draws at the bound and one below it per lower level."""
+        if self.statistical():
+            prop, bound, steps = self._prop()
+            return self.plan().max_draws + len(prop.lower_rows(bound, steps))
         if not self.searched():
             return len(self._round_candidates(0).rows)
         if self.max_queries is not None:
@@ -332,6 +398,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
 
     def max_queries_per_sample(self) -> int:
         """Every round that fits the budget, each with its clean query."""
+        if self.statistical():
+            return 1 + self.budget()
         planned = self.planned()
         return sum(planned) + max(1, len(planned))
 
@@ -391,6 +459,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                    ) -> tuple[Corruption, list[int]] | None:
         """Round ``done + 1`` on the samples still robust, unless the search converged, is
         exhaustive, or the round would pass the budget (see :meth:`search_state`)."""
+        if self.statistical():
+            return None  # decided per sample inside its batch (sequential draws)
         rows = list(records.values())
         todo = sorted(i for i, r in records.items() if r["outcome"] == "robust")
         if not todo:
@@ -439,6 +509,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[CorruptionRecord]:
         prop = self._prop()[0]
+        if prop.statistical:
+            return self._run_draws(model, x, y, index, ctx)
         cands = self._round_candidates(self._round)
         pred, correct, applicable, clean_conf, clean_prob = self._clean(model, x, y, ctx,
                                                                         prop.name == "flip")
@@ -486,10 +558,159 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
             out.append(rec)
         return out
 
+    # -- random corruptions: decided per sample from sequential draws (issue 40) -------------
+    def _run_draws(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+                   ctx: CheckContext) -> list[CorruptionRecord]:
+        prop, bound, steps = self._prop()
+        plan = self.plan()
+        top, lower = prop.bound_rows(bound, steps), prop.lower_rows(bound, steps)
+        below = _levels_of(prop, lower)
+        pred, correct, _, clean_conf, clean_prob = self._clean(model, x, y, ctx, False)
+        ids = [int(i) for i in index]
+
+        ids_t = torch.tensor(ids, dtype=torch.long)
+
+        def at_bound(rows: torch.Tensor, ts: torch.Tensor) -> torch.Tensor:
+            # draw t of sample i uses the bound's row (t + i) mod R (random_linf: inside the
+            # ball and on its corners, alternately)
+            who = ids_t[rows]
+            params = top[(ts + who) % len(top)]
+            seeds = noise.seeds_at_bound(ctx, who.tolist(), ts.tolist())
+            return prop.apply(x[rows.to(x.device)], params.to(x.device), seeds)
+
+        def at_level(rows: torch.Tensor, lvs: torch.Tensor) -> torch.Tensor:
+            who = ids_t[rows]
+            params = torch.stack([below[a][i % len(below[a])]
+                                  for i, a in zip(who.tolist(), lvs.tolist(), strict=True)])
+            seeds = noise.seeds_below(ctx, who.tolist(), lvs.tolist())
+            return prop.apply(x[rows.to(x.device)], params.to(x.device), seeds)
+
+        everyone = torch.ones(len(y), dtype=torch.bool)
+        drawn = noise.sequential_draws(model, y, correct, everyone, at_bound, plan,
+                                       x[0].numel() * x.element_size())
+        ci = correct.nonzero().flatten().tolist()
+        curve = noise.level_failures(model, y, ci, at_level, len(below))
+        below_of = dict(zip(ci, curve, strict=True))
+        out = []
+        for j, i in enumerate(ids):
+            c = bool(correct[j])
+            decision = drawn.decision[j]
+            outcome = ("misclassified" if not c else "robust" if decision == "robust"
+                       else "broken" if decision == "not_robust" else "undecided")
+            rec: CorruptionRecord = {
+                "outcome": outcome, "label": int(y[j]), "pred": int(pred[j]),
+                "queries": 1 + drawn.draws[j] + len(below_of.get(j, [])),
+                "draws": drawn.draws[j], "failures": drawn.failures[j],
+                "first_correct": drawn.first_correct[j],
+                "first_draws": min(drawn.draws[j], plan.test.looks[0]),
+            }
+            if c:
+                rec.update({"decided_look": drawn.look[j], "fail0": drawn.fail0[j],
+                            "below_failed": below_of[j]})
+            w = drawn.worst[j]
+            if c and w >= 0:  # the most confident mistake among the draws
+                rec.update({"confidence": drawn.worst_conf[j],
+                            "probability": drawn.worst_prob[j]})
+            elif c and not math.isnan(drawn.least_conf[j]) and \
+                    drawn.least_conf[j] < float(clean_conf[j]):
+                rec.update({"confidence": drawn.least_conf[j],
+                            "probability": drawn.least_prob[j]})
+            else:
+                rec.update({"confidence": float(clean_conf[j]),
+                            "probability": float(clean_prob[j])})
+            worst_pred = drawn.worst_pred[j] if c and w >= 0 else int(pred[j])
+            if ctx.abstain_class is not None and ctx.abstain_class == worst_pred:
+                rec["abstained"] = True
+            t = drawn.first_fail[j]
+            if c and t >= 0:  # the first failing draw regenerates the gallery's example
+                rec.update({"break_intensity": float(bound),
+                            "break_params": [float(v) for v in top[(t + i) % len(top)]],
+                            "break_pred": drawn.first_pred[j],
+                            "break_seed": noise.seed_at_bound(ctx, i, t),
+                            "worst_params": [float(v) for v in top[(w + i) % len(top)]],
+                            "worst_pred": drawn.worst_pred[j],
+                            "worst_seed": noise.seed_at_bound(ctx, i, w)})
+            out.append(rec)
+        return out
+
+    def _summarize_draws(self, records: list[CorruptionRecord], data: Dataset) -> Measurement:
+        prop, bound, steps = self._prop()
+        plan = self.plan()
+        sink = ImageSink()
+        robust = sum(r["outcome"] == "robust" for r in records)
+        broken = sum(r["outcome"] == "broken" for r in records)
+        undecided = sum(r["outcome"] == "undecided" for r in records)
+        n = robust + broken + undecided
+        searched = [r for r in records if r["outcome"] in ("robust", "broken", "undecided")]
+        levels = [float(v) for v in _levels_intensity(prop, prop.lower_rows(bound, steps))]
+        curve = noise.failure_curve(
+            [*levels, bound],
+            [[*r.get("below_failed", []), bool(r.get("fail0"))] for r in searched],
+            plan.confidence)
+        acc, acc_iv = noise.mean_accuracy([int(r.get("first_correct", 0)) for r in records],
+                                          [int(r.get("first_draws", 0)) for r in records])
+        draws = [int(r.get("draws", 0)) for r in searched]
+        warnings: list[str] = []
+        unsettled = None
+        if undecided:
+            unsettled = (f"{undecided} sample(s) undecided after {plan.max_draws:,} noise draws "
+                         "each: a larger max_draws would decide them")
+        # examples: the first failing draw of the samples shown not robust
+        shown = [r for r in records if r["outcome"] == "broken"]
+        details: dict[str, JSONLike] = {
+            "property": prop.name, "family": prop.family, "description": prop.description,
+            "unit": prop.unit, "param_names": [*prop.params, *prop.design_params],
+            "bound": bound, "search": "statistical",
+            "statistical": {**plan.to_details(), "robust": robust, "not_robust": broken,
+                            "undecided": undecided, "evaluated": n,
+                            "draws": sum(draws), "most_draws": max(draws, default=0),
+                            "decided_by_look": [sum(int(r.get("decided_look", -1)) == k
+                                                    for r in searched)
+                                                for k in range(len(plan.test.looks))]},
+            "reading": plan.reading(),
+            "curve": curve,
+            "examples": self._examples(prop.apply, shown, data, sink),
+            "method": ("3: random corruption decided per sample at the bound by sequential "
+                       f"exact binomial tests (delta {plan.delta:g}, confidence "
+                       f"{plan.confidence:g}); undecided samples on both sides of the interval"),
+        }
+        return Measurement(
+            metrics={
+                "robustness_score": robust / n if n else 0.0,
+                **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
+                "n_evaluated": n, "n_robust": robust, "n_undecided": undecided,
+                "n_misclassified": sum(r["outcome"] == "misclassified" for r in records),
+                "n_not_applicable": 0,
+                "candidates": max(draws, default=0) + len(levels),
+                "mean_accuracy_under_noise": acc,
+                "delta": plan.delta, "confidence": plan.confidence,
+                "mean_draws": sum(draws) / len(draws) if draws else 0.0,
+            },
+            intervals={"robustness_score": noise.share_interval(robust, undecided, n),
+                       "mean_accuracy_under_noise": acc_iv},
+            details=details,
+            warnings=warnings,
+            images=sink.images,
+            unsettled=unsettled,
+            settled=Settlement(random_draw=not self.searched(), statistical=True),
+        )
+
     @classmethod
     def headline(cls, result: ResultView) -> str:
         """Score with its interval, the bound, the sample count and the search."""
         m, d = result.metrics, result.details
+        st = d.get("statistical")
+        if st:
+            text = (f"robust at δ = {pct(st['delta'])} with confidence {pct(st['confidence'])}: "
+                    f"{pct(m.robustness_score)} (95% CI "
+                    f"{interval_text(result.intervals['robustness_score'])}, undecided counted "
+                    f"both ways) at {d['bound']:g} {d['unit']}, n={m.n_evaluated}, "
+                    f"{st['undecided']} undecided; average accuracy under the noise "
+                    f"{pct(m.mean_accuracy_under_noise)}")
+            for c in d.get("worst_case_comparison") or ():
+                text += (f"; {pct(c['surviving_share'])} survive the worst-case search "
+                         f"{c['attack_check']} at the same bound")
+            return text
         text = (f"robustness {pct(m.robustness_score)} (95% CI "
                 f"{interval_text(result.intervals['robustness_score'])}) within "
                 f"{d['bound']:g} {d['unit']}, n={m.n_evaluated}")
@@ -521,6 +742,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
 
     def summarize(self, records: list[CorruptionRecord], data: Dataset) -> Measurement:
         prop, bound, _ = self._prop()
+        if prop.statistical:
+            return self._summarize_draws(records, data)
         sink = ImageSink()
         robust, evaluated = self._score([r["outcome"] for r in records])
         state = self.search_state(records)
@@ -536,6 +759,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         ]
         warnings: list[str] = []
         unsettled = None
+        reading = ("worst case within the bound (searched, converged)" if state["converged"]
+                   else "worst case (search not converged)")
         if not state["converged"] and self.searched():
             warnings.append(f"{prop.name}: the search {state['why']}; a stronger search can only "
                             "lower this robustness score, so it cannot PASS")
@@ -567,6 +792,7 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                 "search": ("design" if prop.design is not None else "random") if prop.random
                 else "grid",
                 "search_rounds": state,
+                "reading": reading,
                 "curve": curve,
                 "examples": self._examples(prop.apply, records, data, sink),
             },
@@ -626,17 +852,23 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
         Metric("n_robust", "samples robust to the combination", unit="count"),
         Metric("joint_only_failures", "samples only the combination breaks", unit="count"),
         Metric("candidates", "transforms tried per sample at most", unit="count"),
+        Metric("n_undecided", "samples undecided within max_draws draws (a pair with a random "
+               "corruption)", unit="count", optional=True),
     )
     compare_outcomes = {"robustness_score": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
                                                          "Joint robustness score")
 
     def __init__(self, first: dict[str, Any], second: dict[str, Any], tries: int = 2,
-                 max_examples: int = 4) -> None:
+                 max_examples: int = 4, delta: float | None = None,
+                 confidence: float | None = None, max_draws: int | None = None) -> None:
         self.first = first
         self.second = second
         self.tries = tries
         self.max_examples = max_examples
+        self.delta = delta
+        self.confidence = confidence
+        self.max_draws = max_draws
 
     def _spec(self, part: Any, where: str) -> tuple[Property, float, int]:
         if not isinstance(part, dict) or set(part) - {"property", "bound", "steps"}:
@@ -651,10 +883,29 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
-        self._spec(self.first, f"{where}.params.first")
-        self._spec(self.second, f"{where}.params.second")
+        pa = self._spec(self.first, f"{where}.params.first")[0]
+        pb = self._spec(self.second, f"{where}.params.second")[0]
         if not isinstance(self.tries, int) or self.tries < 1:
             raise SuiteError(f"{where}: tries must be a positive integer", hint="e.g. tries: 2")
+        if pa.statistical and pb.statistical:
+            raise SuiteError(f"{where}: {pa.name} and {pb.name} are both random corruptions; "
+                             "a pair decides one of them by draws with the other at its "
+                             "searched worst case", hint="pair a random corruption with a "
+                             "bounded transform (blur, rotation, ...)")
+        if pa.statistical or pb.statistical:
+            noise.draw_plan(self.delta, self.confidence, self.max_draws, where)
+        else:
+            given = [k for k in ("delta", "confidence", "max_draws")
+                     if getattr(self, k) is not None]
+            if given:
+                raise SuiteError(f"{where}: {' and '.join(given)} apply to pairs with a random "
+                                 "corruption only", hint="leave them out for two bounded "
+                                 "transforms, which are searched over their joint grid")
+
+    def statistical(self) -> bool:
+        """Whether one part is a random corruption (the pair is then decided by draws)."""
+        return (PROPERTIES[self._spec(self.first, "first")[0].name].statistical
+                or PROPERTIES[self._spec(self.second, "second")[0].name].statistical)
 
     def _grids(self) -> dict[str, Any]:
         pa, ba, sa = self._spec(self.first, "first")
@@ -679,6 +930,8 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[PairRecord]:
+        if self.statistical():
+            return self._run_draws(model, x, y, index, ctx)
         g = self._grids()
         pred, correct, _, clean_conf, _ = self._clean(model, x, y, ctx, False)
         # every part is searched whole on every correct sample, so that the worst case is the
@@ -723,10 +976,173 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
             out.append(rec)
         return out
 
+    # -- a pair with a random corruption (issue 40) ---------------------------------------------
+    def _parts(self) -> tuple[Property, float, int, Property, float, int, bool]:
+        """(noise, its bound and steps, the other transform, its bound and steps, whether the
+        noise is the first part)."""
+        pa, ba, sa = self._spec(self.first, "first")
+        pb, bb, sb = self._spec(self.second, "second")
+        if pa.statistical:
+            return pa, ba, sa, pb, bb, sb, True
+        return pb, bb, sb, pa, ba, sa, False
+
+    def _run_draws(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
+                   ctx: CheckContext) -> list[PairRecord]:
+        """The other transform searched over its grid alone; the noise decided alone and on
+        top of the other transform at its searched worst case (the grid point with the
+        smallest margin), both by sequential draws at the noise's bound."""
+        sp, sbound, ssteps, gp, gbound, gsteps, noise_first = self._parts()
+        plan = noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
+        top = sp.bound_rows(sbound, ssteps)
+        grid = gp.candidates(gbound, gsteps, self.tries)[0]
+        ids = [int(i) for i in index]
+        pred, correct, _, clean_conf, _ = self._clean(model, x, y, ctx, False)
+        found = search_all(model, x, y, correct, grid, gp.apply,
+                           lambda i, t: ctx.seed(i, 1, t), index)
+        g_broken = found.first >= 0
+        at = found.least.clamp(min=0)  # the other transform's worst point (correct samples)
+
+        ids_t = torch.tensor(ids, dtype=torch.long)
+        other_seeds = ctx.seeds(ids, 1, at.tolist())
+
+        def noisy(xs: torch.Tensor, rows: torch.Tensor, ts: torch.Tensor, part: int
+                  ) -> torch.Tensor:
+            who = ids_t[rows]
+            params = top[(ts + who) % len(top)]
+            seeds = noise.seeds_at_bound(ctx, who.tolist(), ts.tolist(), part)
+            return sp.apply(xs, params.to(x.device), seeds)
+
+        def other(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            return gp.apply(xs, grid[at[rows]].to(x.device), other_seeds[rows])
+
+        def alone(rows: torch.Tensor, ts: torch.Tensor) -> torch.Tensor:
+            return noisy(x[rows.to(x.device)], rows, ts, 1)
+
+        def joint(rows: torch.Tensor, ts: torch.Tensor) -> torch.Tensor:
+            xs = x[rows.to(x.device)]
+            if noise_first:
+                return other(noisy(xs, rows, ts, 2), rows)
+            return noisy(other(xs, rows), rows, ts, 2)
+
+        size = x[0].numel() * x.element_size()
+        da = noise.sequential_draws(model, y, correct, correct, alone, plan, size)
+        todo = correct & ~g_broken
+        dj = noise.sequential_draws(model, y, todo, todo, joint, plan, size)
+
+        def said(d: str | None) -> str:
+            return "robust" if d == "robust" else "broken" if d == "not_robust" else "undecided"
+
+        out = []
+        for j, i in enumerate(ids):
+            c = bool(correct[j])
+            s_out = said(da.decision[j]) if c else "misclassified"
+            g_out = self._outcome(c, True, bool(g_broken[j]))
+            joint_out = ("misclassified" if not c else "broken" if bool(g_broken[j])
+                         or s_out == "broken" else said(dj.decision[j]))
+            if joint_out == "robust" and s_out == "undecided":
+                joint_out = "undecided"  # robust together needs the noise alone decided too
+            rec: PairRecord = {
+                "outcome": joint_out,
+                "outcome_first": s_out if noise_first else g_out,
+                "outcome_second": g_out if noise_first else s_out,
+                "label": int(y[j]), "pred": int(pred[j]),
+                "queries": 1 + (len(grid) if c else 0) + da.draws[j] + dj.draws[j],
+                "confidence": float(clean_conf[j]),
+                "draws": da.draws[j] + dj.draws[j],
+                "failures": da.failures[j] + dj.failures[j],
+            }
+            mistakes = [v for v in (float(found.worst_conf[j]), da.worst_conf[j],
+                                    dj.worst_conf[j]) if not math.isnan(v)]
+            if c and mistakes:  # the most confident mistake of the search and the draws
+                rec["confidence"] = max(mistakes)
+            elif c:  # the least confident correct answer
+                seen = [v for v in (float(found.least_conf[j]), da.least_conf[j],
+                                    dj.least_conf[j]) if not math.isnan(v)]
+                rec["confidence"] = min([float(clean_conf[j]), *seen])
+            t = dj.first_fail[j]
+            if c and joint_out == "broken" and g_out == "robust" and s_out == "robust" \
+                    and t >= 0:  # only the combination breaks it: its first failing draw
+                rec.update({"break_params": [float(v) for v in top[(t + i) % len(top)]],
+                            "break_pred": dj.first_pred[j],
+                            "break_seed": noise.seed_at_bound(ctx, i, t, 2),
+                            "other_params": [float(v) for v in grid[int(at[j])]],
+                            "other_seed": ctx.seed(i, 1, int(at[j]))})
+            out.append(rec)
+        return out
+
+    def _summarize_draws(self, records: list[PairRecord], data: Dataset) -> Measurement:
+        sp, sbound, ssteps, gp, gbound, gsteps, noise_first = self._parts()
+        plan = noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
+        grid = gp.candidates(gbound, gsteps, self.tries)[0]
+        sink = ImageSink()
+        evaluated = [r for r in records if r["outcome"] != "misclassified"]
+        n = len(evaluated)
+        rj = sum(r["outcome"] == "robust" for r in evaluated)
+        uj = sum(r["outcome"] == "undecided" for r in evaluated)
+        ra = sum(r["outcome_first"] == "robust" for r in evaluated)
+        rb = sum(r["outcome_second"] == "robust" for r in evaluated)
+        sj, sa, sb = (v / n if n else 0.0 for v in (rj, ra, rb))
+        only_joint = [r for r in records if "break_params" in r]
+        examples: list[dict[str, JSONLike]] = []
+        names = data.class_names
+        for r in sorted(only_joint, key=lambda r: r["i"])[: self.max_examples]:
+            x = data.x[r["i"] : r["i"] + 1]
+            xg = torch.tensor([r["other_params"]], dtype=torch.float32)
+            sg = torch.tensor([r["other_seed"]], dtype=torch.long)
+            xs = torch.tensor([r["break_params"]], dtype=torch.float32)
+            ss = torch.tensor([r["break_seed"]], dtype=torch.long)
+            xt = (gp.apply(sp.apply(x, xs, ss), xg, sg) if noise_first
+                  else sp.apply(gp.apply(x, xg, sg), xs, ss))
+            examples.append({
+                "id": r["id"], "label": r["label"], "label_name": names[r["label"]],
+                "pred": r["break_pred"], "pred_name": names[r["break_pred"]]
+                if 0 <= r["break_pred"] < len(names) else str(r["break_pred"]),
+                "params": [*r["break_params"], *r["other_params"]] if noise_first
+                else [*r["other_params"], *r["break_params"]],
+                "seed": r["break_seed"], "index": r["i"],
+                "original": sink.add(x[0]), "perturbed": sink.add(xt[0]),
+            })
+        draws = [int(r.get("draws", 0)) for r in evaluated]
+        how = (f"{gp.name} at its searched worst case (of its {len(grid)} grid points, the one "
+               f"with the smallest margin; a point that breaks it alone breaks the pair), "
+               f"{sp.name} drawn at its bound")
+        unsettled = None
+        if uj:
+            unsettled = (f"{uj} sample(s) undecided after {plan.max_draws:,} noise draws each: "
+                         "a larger max_draws would decide them")
+        a_name, b_name = (sp.name, gp.name) if noise_first else (gp.name, sp.name)
+        a_bound, b_bound = (sbound, gbound) if noise_first else (gbound, sbound)
+        a_params, b_params = (sp.params, gp.params) if noise_first else (gp.params, sp.params)
+        return Measurement(
+            metrics={"robustness_score": sj, "score_first": sa, "score_second": sb,
+                     **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
+                     "change_vs_weaker": sj - min(sa, sb), "n_evaluated": n,
+                     "n_robust": rj, "joint_only_failures": len(only_joint),
+                     "candidates": len(grid) + max(draws, default=0), "n_undecided": uj},
+            intervals={"robustness_score": noise.share_interval(rj, uj, n)},
+            details={"first": a_name, "second": b_name, "first_bound": a_bound,
+                     "second_bound": b_bound, "param_names": [*a_params, *b_params],
+                     "examples": examples, "how": how, "reading": plan.reading(),
+                     "statistical": {**plan.to_details(), "undecided": uj, "evaluated": n,
+                                     "draws": sum(draws)},
+                     "method": "3: the random corruption decided by sequential draws with the "
+                               "other transform at its searched worst case"},
+            images=sink.images, unsettled=unsettled,
+            settled=Settlement(statistical=True),
+        )
+
     @classmethod
     def headline(cls, result: ResultView) -> str:
         """Joint score, each property alone, and the change against the weaker."""
         m = result.metrics
+        st = result.details.get("statistical")
+        if st:
+            return (f"joint robustness at δ = {pct(st['delta'])} with confidence "
+                    f"{pct(st['confidence'])}: {pct(m.robustness_score)} (95% CI "
+                    f"{interval_text(result.intervals['robustness_score'])}, "
+                    f"{st['undecided']} undecided); alone {pct(m.score_first)} and "
+                    f"{pct(m.score_second)}; change vs weaker "
+                    f"{100 * m.change_vs_weaker:+.1f} points; {result.details['how']}")
         return (f"joint robustness {pct(m.robustness_score)}; alone "
                 f"{pct(m.score_first)} and {pct(m.score_second)}; change vs weaker "
                 f"{100 * m.change_vs_weaker:+.1f} points")
@@ -748,6 +1164,8 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
         return bits
 
     def summarize(self, records: list[PairRecord], data: Dataset) -> Measurement:
+        if self.statistical():
+            return self._summarize_draws(records, data)
         g = self._grids()
         sink = ImageSink()
         rj, n = self._score([r["outcome"] for r in records])
@@ -781,6 +1199,19 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
                      "examples": examples},
             images=sink.images,
         )
+
+
+def _levels_of(prop: Property, rows: torch.Tensor) -> list[torch.Tensor]:
+    """``rows`` grouped by intensity, weakest first (random_linf: two rows per level)."""
+    inten = prop.intensity(rows.double())
+    out: list[torch.Tensor] = []
+    for v in sorted({round(float(a), 9) for a in inten.tolist()}):
+        out.append(rows[(inten - v).abs() < 1e-9])
+    return out
+
+
+def _levels_intensity(prop: Property, rows: torch.Tensor) -> list[float]:
+    return sorted({round(float(a), 9) for a in prop.intensity(rows.double()).tolist()})
 
 
 #: Random-noise pixel properties and the threat model of the attacks that search their worst

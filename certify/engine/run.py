@@ -322,7 +322,8 @@ def _summarize(spec: CheckSpec, records: dict[int, SampleRecord], data: Dataset,
         diagnose(m)
     queries = [int(r.get("queries", 0)) for r in ordered]
     verdict = judge(spec, m.metrics, m.warnings, len(errored), m.intervals, m.unsettled)
-    details = {**m.details, "method": spec.check.method} if spec.check.method else m.details
+    # a measurement that states its own method (a random corruption's) keeps it
+    details = {"method": spec.check.method, **m.details} if spec.check.method else m.details
     return _typed(spec, {
         "metrics": m.metrics,
         "intervals": {k: list(v) for k, v in m.intervals.items()},

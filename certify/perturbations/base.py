@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import math
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 MASK64 = (1 << 64) - 1
@@ -32,6 +33,26 @@ def mix_seed(*parts: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
         h = z ^ (z >> 31)
     return h & ((1 << 63) - 1)
+
+
+def mix_seeds(*parts: int | Sequence[int] | np.ndarray) -> torch.Tensor:
+    """:func:`mix_seed` element-wise over equal-length sequences (scalars broadcast), as an
+    int64 tensor: the same values, computed with numpy's wrapping uint64 arithmetic."""
+    arrays = [np.asarray(p, dtype=np.int64).astype(np.uint64) if not isinstance(p, int)
+              else np.uint64(int(p) & MASK64) for p in parts]
+    n = max((a.size for a in arrays if isinstance(a, np.ndarray)), default=1)
+    h = np.full(n, 0x9E3779B97F4A7C15, dtype=np.uint64)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    m1, m2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
+    with np.errstate(over="ignore"):
+        for a in arrays:
+            h = h ^ a
+            h = h + golden
+            z = (h ^ (h >> s30)) * m1
+            z = (z ^ (z >> s27)) * m2
+            h = z ^ (z >> s31)
+    return torch.from_numpy((h & np.uint64((1 << 63) - 1)).astype(np.int64))
 
 
 def generators(seeds: torch.Tensor) -> list[torch.Generator]:
@@ -129,6 +150,26 @@ class Property:
     #: each sample's seed; ``apply`` reads them after the level parameters when present.
     design_params: tuple[str, ...] = ()
     design: DesignFn | None = None
+    #: A random corruption (noise) with no worst case within its bound: decided per sample as
+    #: a statement about its distribution at the bound, with a stated confidence, rather than
+    #: searched (a large enough draw breaks anything, so no search converges on it).
+    statistical: bool = False
+
+    def bound_rows(self, bound: float, steps: int) -> torch.Tensor:
+        """The level rows at the bound (the highest intensity), ``[R, P]``: a statistical
+        property's draws cycle through them (``random_linf``: inside the ball and on its
+        corners)."""
+        rows = self._grid_rows(bound, steps)
+        inten = self.intensity(rows)
+        return rows[inten >= inten.max() - 1e-12].float()
+
+    def lower_rows(self, bound: float, steps: int) -> torch.Tensor:
+        """The level rows below the bound, weakest first (a statistical property's curve)."""
+        rows = self._grid_rows(bound, steps)
+        inten = self.intensity(rows)
+        keep = inten < inten.max() - 1e-12
+        order = torch.argsort(inten[keep], stable=True)
+        return rows[keep][order].float()
 
     def round_candidates(self, bound: float, steps: int, tries: int, r: int
                          ) -> RoundCandidates:

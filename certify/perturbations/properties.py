@@ -132,8 +132,15 @@ def _l0(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # k pixel locations, every channel set to 0 or 1 (the extremes change a pixel the most)
     n, c, h, w = x.shape
     u = per_image(seeds, (h * w + c * h * w,), "rand", x.device)
-    rank = u[:, : h * w].argsort(dim=1).argsort(dim=1)
-    chosen = (rank < p[:, 0].round().view(-1, 1).to(x.device)).view(n, 1, h, w)
+    ks = p[:, 0].round().to(torch.long)
+    if n and bool((ks == ks[0]).all()):  # one k (a draw at the bound): the k smallest, no sort
+        k = max(0, min(int(ks[0]), h * w))
+        chosen = torch.zeros(n, h * w, dtype=torch.bool, device=x.device)
+        chosen.scatter_(1, u[:, : h * w].topk(k, dim=1, largest=False).indices, True)
+        chosen = chosen.view(n, 1, h, w)
+    else:
+        rank = u[:, : h * w].argsort(dim=1).argsort(dim=1)
+        chosen = (rank < ks.view(-1, 1).to(x.device)).view(n, 1, h, w)
     values = (u[:, h * w :] < 0.5).to(x.dtype).view(n, c, h, w)
     return _identity_where_zero(x, torch.where(chosen, values, x), p[:, 0])
 
@@ -356,23 +363,24 @@ PROPERTIES: dict[str, Property] = {
     for p in (
         Property("gaussian_noise", "noise", "sigma", "Gaussian noise of standard deviation "
                  "sigma on every value", ("sigma",), positive_grid, _abs0, _gaussian,
-                 random=True, default_bound=0.1, default_steps=5),
+                 random=True, default_bound=0.1, default_steps=5, statistical=True),
         Property("uniform_noise", "noise", "half-width", "uniform noise in [-a, a] on every "
                  "value", ("a",), positive_grid, _abs0, _uniform, random=True,
-                 default_bound=0.15, default_steps=5),
+                 default_bound=0.15, default_steps=5, statistical=True),
         Property("impulse_noise", "noise", "probability", "salt-and-pepper noise: each value "
                  "set to 0 or 1 with probability p", ("p",), positive_grid, _abs0, _impulse,
-                 random=True, default_bound=0.05, default_steps=5, max_bound=1.0),
+                 random=True, default_bound=0.05, default_steps=5, max_bound=1.0,
+                 statistical=True),
         Property("random_linf", "pixel", "epsilon", "random sign noise: every value "
                  "changed by at most epsilon, uniform in the ball and on its corners (a random "
                  "draw, not a worst case: the square_linf attack searches the worst case)",
                  ("epsilon", "corner"), _linf_levels, _abs0, _linf, random=True,
-                 default_bound=8 / 255, default_steps=4),
+                 default_bound=8 / 255, default_steps=4, statistical=True),
         Property("random_l0", "pixel", "pixels", "random pixel changes: k random pixels "
                  "set to extreme values (a random draw, not a worst case: the sparse_rs_l0 "
                  "attack searches the worst case)",
                  ("k",), _l0_levels, _abs0, _l0, random=True, default_bound=10,
-                 default_steps=5),
+                 default_steps=5, statistical=True),
         Property("rotation", "geometric", "degrees", "rotation about the image centre",
                  ("angle",), symmetric_grid, _abs0, _rotation, default_bound=15,
                  default_steps=5),
