@@ -72,6 +72,32 @@ def curve_svg(curve: list[dict[str, Any]], unit: str) -> str:
         return _svg(fig, ax, title)
 
 
+def failure_bound_svg(curve: list[dict[str, Any]], unit: str, confidence: float) -> str:
+    """A random corruption's failure probability per intensity: its estimate and its upper
+    bound at ``confidence`` (one draw per sample at each intensity)."""
+    import matplotlib
+
+    pts = [(p["intensity"], p["failure_share"], p["failure_upper"]) for p in curve
+           if p.get("failure_share") is not None]
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure((2.6, 1.6))
+        if pts:
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [p[2] for p in pts], marker="o", markersize=2.5, color="#c62828",
+                    linewidth=1.2, label=f"upper bound ({100 * confidence:g}%)")
+            ax.plot(xs, [p[1] for p in pts], marker="o", markersize=2, color="#1565c0",
+                    linewidth=0.9, linestyle="--", label="observed")
+            ax.legend(frameon=False, fontsize=5)
+        ax.set_ylim(-0.02, max([0.1, *(p[2] for p in pts)]) * 1.05)
+        ax.set_xlabel(unit)
+        ax.set_ylabel("failure probability")
+        title = (f"Failure probability under the noise against its intensity ({unit}), "
+                 f"observed and its {100 * confidence:g}% upper bound: "
+                 + ("; ".join(f"{x:g} {unit}: {100 * f:.1f}% (at most {100 * u:.1f}%)"
+                              for x, f, u in pts) or "no points"))
+        return _svg(fig, ax, title)
+
+
 def queries_curve_svg(curve: list[dict[str, Any]], totals: list[int]) -> str:
     """Robust accuracy against queries per sample (log scale), the rounds' totals dashed."""
     import matplotlib

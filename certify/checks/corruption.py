@@ -39,7 +39,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import torch
 
 from certify.canonical import JSONLike
-from certify.checks import noise
+from certify.checks import field_search, noise
 from certify.checks.attack import CONVERGENCE_SHARE
 from certify.checks.base import (
     Check,
@@ -132,6 +132,10 @@ class CorruptionRecord(ConfidenceRecord, total=False):
     first_correct: int
     first_draws: int
     below_failed: list[bool]
+    # the gradient search over a design (adaptive_brightness on a model with a torch copy):
+    # what it did ("ran", "broken", or "not run: why") and its gradient evaluations
+    field_search: str
+    gradients: int
 
 
 class PairRecord(CorruptionRecord, total=False):
@@ -155,6 +159,12 @@ class _CorruptionBase(Check[CR]):
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Clean predictions, correctness, applicability, confidence (margin) and top
         probability ``[B]`` each."""
+        return self._clean_scored(model, x, y, ctx, flip_only)[1:]
+
+    def _clean_scored(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
+                      flip_only: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_clean` with the clean scores ``[B, K]`` first."""
         scores = model.predict(x)
         pred = scores.argmax(1)
         conf = confidences(scores.cpu(), model.info.output)
@@ -164,7 +174,7 @@ class _CorruptionBase(Check[CR]):
         if flip_only:
             allowed = torch.tensor(sorted(ctx.flip_invariant_classes), dtype=torch.long)
             applicable = torch.isin(y.cpu(), allowed)
-        return pred.cpu(), correct, applicable, conf, prob
+        return scores.detach(), pred.cpu(), correct, applicable, conf, prob
 
     @staticmethod
     def _outcome(correct: bool, applicable: bool, broken: bool) -> str:
@@ -401,7 +411,10 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         if self.statistical():
             return 1 + self.budget()
         planned = self.planned()
-        return sum(planned) + max(1, len(planned))
+        extra = 0
+        if PROPERTIES[self.property].gradient_design:  # the gradient search's judged points
+            extra = sum(field_search.starts_in_round(r) for r in range(len(planned)))
+        return sum(planned) + max(1, len(planned)) + extra
 
     def for_round(self, r: int) -> Corruption:
         """A copy that runs round ``r`` of the search."""
@@ -487,6 +500,10 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
             merged["round_queries"] = [*old.get("round_queries", [int(old["queries"])]),
                                        int(rec["queries"])]
             merged["queries"] = int(old["queries"]) + int(rec["queries"])
+            if "gradients" in rec or "gradients" in old:
+                merged["gradients"] = int(old.get("gradients", 0)) + int(rec.get("gradients", 0))
+            if "field_search" in rec:
+                merged["field_search"] = rec["field_search"]
             if rec["outcome"] == "broken":
                 for k in ("outcome", "confidence", "probability", "abstained", "break_intensity",
                           "break_params", "break_pred", "break_seed", "worst_params",
@@ -512,8 +529,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         if prop.statistical:
             return self._run_draws(model, x, y, index, ctx)
         cands = self._round_candidates(self._round)
-        pred, correct, applicable, clean_conf, clean_prob = self._clean(model, x, y, ctx,
-                                                                        prop.name == "flip")
+        scores, pred, correct, applicable, clean_conf, clean_prob = self._clean_scored(
+            model, x, y, ctx, prop.name == "flip")
         keys = cands.keys.tolist()
 
         def seed_of(i: int, t: int) -> int:
@@ -522,6 +539,9 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         found = search_all(model, x, y, correct & applicable, cands.rows, prop.apply, seed_of,
                            index)
         n_cand = len(cands.rows)
+        grad = self._field_search(model, x, y, scores, index, ctx,
+                                  correct & applicable & (found.first < 0), cands,
+                                  found) if prop.gradient_design else None
         out = []
         for j, i in enumerate(index):
             searched = bool(correct[j]) and bool(applicable[j])
@@ -555,8 +575,64 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                             "worst_seed": seed_of(int(i), w)})
                 if self._round:
                     rec["broken_round"] = self._round
+            if grad is not None and searched:
+                self._fold_field(rec, grad, j, ctx)
             out.append(rec)
         return out
+
+    def _field_search(self, model: Model, x: torch.Tensor, y: torch.Tensor,
+                      scores: torch.Tensor, index: Sequence[int], ctx: CheckContext,
+                      todo: torch.Tensor,
+                      cands: RoundCandidates, found: FullSearch
+                      ) -> tuple[dict[int, tuple[bool, list[float], int, float, float]], int,
+                                 str | None]:
+        """The gradient search over the design parameters on the samples ``todo`` (still
+        robust after this round's design points), from :func:`field_search.starts_in_round`
+        starts each (:mod:`certify.checks.field_search`). Returns per batch row (broken,
+        params, prediction, margin, probability), the starts per sample, and why the search
+        did not run (``None`` when it did)."""
+        prop, bound, _ = self._prop()
+        starts = field_search.starts_in_round(self._round)
+        rows = todo.nonzero().flatten()
+        why = field_search.unavailable(model, x, scores)
+        if why is not None or len(rows) == 0:
+            return {}, starts, why
+        first = cands.rows[found.least[rows].clamp(min=0)][:, 1:]
+        seeds = [ctx.seed(int(index[j]), 0xF1E1D, self._round) for j in rows.tolist()]
+        dev = x.device
+        res = field_search.search_field(model, prop.apply, x[rows.to(dev)], y[rows.to(dev)],
+                                        bound, first, seeds, starts, model.info.output)
+        per = {int(j): (res.broken[k], res.params[k], res.pred[k], res.conf[k], res.prob[k])
+               for k, j in enumerate(rows.tolist())}
+        return per, starts, None
+
+    def _fold_field(self, rec: CorruptionRecord,
+                    grad: tuple[dict[int, tuple[bool, list[float], int, float, float]], int,
+                                str | None], j: int, ctx: CheckContext) -> None:
+        """Fold the gradient search's finding for batch row ``j`` into its record."""
+        per, starts, why = grad
+        if why is not None:
+            rec["field_search"] = f"not run: {why}"
+            return
+        if j not in per:
+            return
+        broken, params, pred, conf, prob = per[j]
+        rec["queries"] += starts
+        rec["gradients"] = starts * field_search.STEPS
+        rec["field_search"] = "broken" if broken else "ran"
+        if broken:
+            _, bound, _ = self._prop()
+            rec.update({"outcome": "broken", "confidence": conf, "probability": prob,
+                        "break_intensity": float(bound), "break_params": params,
+                        "break_pred": pred, "break_seed": 0, "worst_params": params,
+                        "worst_pred": pred, "worst_seed": 0})
+            rec.pop("abstained", None)
+            if ctx.abstain_class is not None and ctx.abstain_class == pred:
+                rec["abstained"] = True
+            if self._round:
+                rec["broken_round"] = self._round
+        elif conf < rec["confidence"]:
+            rec["confidence"], rec["probability"] = conf, prob
 
     # -- random corruptions: decided per sample from sequential draws (issue 40) -------------
     def _run_draws(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
@@ -727,8 +803,12 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
     @classmethod
     def figures(cls, result: ResultView) -> dict[str, str]:
         """The robustness curve over the bound, and over the search's queries."""
-        from certify.figures import curve_svg, queries_curve_svg
+        from certify.figures import curve_svg, failure_bound_svg, queries_curve_svg
 
+        st = result.details.get("statistical")
+        if st:  # a random corruption: the failure probability's bound per intensity
+            return {"curve": failure_bound_svg(result.details["curve"], result.details["unit"],
+                                               float(st["confidence"]))}
         out = {"curve": curve_svg(result.details["curve"], result.details["unit"])}
         st = result.details.get("search_rounds")
         if st and len(st["rounds"]) > 1 and st.get("evaluated"):
@@ -765,6 +845,7 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
             warnings.append(f"{prop.name}: the search {state['why']}; a stronger search can only "
                             "lower this robustness score, so it cannot PASS")
             unsettled = "the search has not converged: a stronger search can only lower it"
+        field = self._field_summary(records) if prop.gradient_design else None
         changed = sum(bool(r.get("clean_changed")) for r in records)
         if changed:
             warnings.append(f"{changed} sample(s) changed their clean answer between search "
@@ -793,6 +874,7 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                 else "grid",
                 "search_rounds": state,
                 "reading": reading,
+                **({"gradient_search": field} if field is not None else {}),
                 "curve": curve,
                 "examples": self._examples(prop.apply, records, data, sink),
             },
@@ -803,6 +885,20 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                                search_converged=bool(state["converged"]) if self.searched()
                                else None),
         )
+
+    @staticmethod
+    def _field_summary(records: list[CorruptionRecord]) -> dict[str, JSONLike]:
+        """What the gradient search over the design did: samples it searched and broke,
+        gradient evaluations, and why it did not run where it did not."""
+        ran = [r for r in records if r.get("field_search") in ("ran", "broken")]
+        skipped = sorted({str(r["field_search"])[len("not run: "):] for r in records
+                          if str(r.get("field_search", "")).startswith("not run: ")})
+        return {"searched": len(ran), "broken": sum(r["field_search"] == "broken" for r in ran),
+                "gradients": sum(int(r.get("gradients", 0)) for r in records),
+                "steps": field_search.STEPS,
+                "starts": [field_search.starts_in_round(k) for k in range(8)][:max(
+                    (len(r.get("round_queries", [0])) for r in ran), default=1)],
+                "not_run": skipped}
 
     def _examples(self, apply: Apply, records: list[CorruptionRecord], data: Dataset,
                   sink: ImageSink) -> list[dict[str, Any]]:

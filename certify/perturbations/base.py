@@ -154,6 +154,9 @@ class Property:
     #: a statement about its distribution at the bound, with a stated confidence, rather than
     #: searched (a large enough draw breaks anything, so no search converges on it).
     statistical: bool = False
+    #: ``apply`` is differentiable in the design parameters: a model with a torch copy adds
+    #: a gradient search over them (:mod:`certify.checks.field_search`).
+    gradient_design: bool = False
 
     def bound_rows(self, bound: float, steps: int) -> torch.Tensor:
         """The level rows at the bound (the highest intensity), ``[R, P]``: a statistical

@@ -422,7 +422,8 @@ PROPERTIES: dict[str, Property] = {
                  "brighter or darker first, then the grid's corners and points inside)",
                  ("delta",), positive_grid, _abs0, _adaptive_brightness, random=True,
                  default_bound=0.3, default_steps=3,
-                 design_params=tuple(f"c{k}" for k in range(16)), design=_field_design),
+                 design_params=tuple(f"c{k}" for k in range(16)), design=_field_design,
+                 gradient_design=True),
         Property("sticker", "task", "side (fraction)", "one square sticker on the sign, its "
                  "position, orientation and colour searched (a Sobol design that covers the "
                  "central region ever more finely)", ("size",), positive_grid, _abs0,

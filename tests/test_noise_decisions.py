@@ -1,0 +1,455 @@
+"""Random corruptions decided per sample with a stated confidence (issue 40, point 1).
+
+Planted models whose failure probability under Gaussian noise is known by construction: a
+sample that fails on about 20% of the draws at the bound is decided *not robust* at δ = 5%,
+one that never fails *robust*; one that fails on about 1% is never *not robust* and mostly
+*robust*. Two check seeds agree on the samples both decided. The sequential test's
+thresholds and its confidence are checked against scipy's binomial and beta distributions and
+by a Monte-Carlo simulation of the looks. Suites that mix the search's parameters with the
+draws' are refused. A pair with a noise part is decided the same way, and every record's
+queries are the images the model saw.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from builders import export
+from certify.api import demo_model_path
+from certify.checks.base import CheckContext
+from certify.checks.corruption import Corruption, CorruptionPair
+from certify.data.loaders import Dataset
+from certify.demo.synthetic import generate
+from certify.device import choose_device
+from certify.errors import SuiteError
+from certify.models import load_model
+from certify.models.base import Model, QueryCounter
+from certify.stats import (
+    SequentialBinomialTest,
+    binomial_cdf,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+)
+
+pytestmark = pytest.mark.unit
+
+SIGMA = 0.1  # the Gaussian noise's bound in the planted tests
+DELTA, CONFIDENCE, MAX_DRAWS = 0.05, 0.99, 256  # the packaged suite parameters
+#: Standard-normal upper quantiles: P(N > z) = 20% and 1%.
+Z20, Z01 = 0.8416212335729143, 2.3263478740408408
+NAMES = ["kept", "wrong"]
+BLOCK = (slice(8, 16), slice(8, 16))  # the marker block, in channel 1
+
+
+class Planted(nn.Module):
+    """Two classes: class 0 answers 0.1; class 1 answers ``1000 * gate * (x[0, 0, 0] - thr)``,
+    where ``gate = 2 * relu(mean of the marker block - 0.5)``: about 1 for a marked image (its
+    block is 1.0; noise clamped to [0, 1] keeps the mean above 0.9) and exactly 0 for an
+    unmarked one (its block is 0.0; clamped noise keeps the mean below 0.1). A marked image
+    whose corner pixel (0.5 before the noise) is pushed above ``thr`` turns to class 1, so it
+    fails with probability P(N > (thr - 0.5) / sigma); an unmarked image never fails."""
+
+    def __init__(self, thr: float) -> None:
+        super().__init__()
+        self.thr = thr
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.relu(x[:, 1, BLOCK[0], BLOCK[1]].mean(dim=(1, 2)) - 0.5) * 2
+        wrong = 1000.0 * gate * (x[:, 0, 0, 0] - self.thr)
+        return torch.stack([wrong * 0 + 0.1, wrong], dim=1)
+
+
+def planted_images(marked: int, unmarked: int, seed: int = 0) -> tuple[torch.Tensor,
+                                                                       torch.Tensor]:
+    """``marked`` then ``unmarked`` images ``[N, 3, 32, 32]`` (0.5 grey, the marker block 1.0
+    or 0.0, channel 2 random: the model ignores it) and their labels (all class 0)."""
+    g = torch.Generator().manual_seed(seed)
+    n = marked + unmarked
+    x = torch.full((n, 3, 32, 32), 0.5)
+    x[:, 2] = torch.rand(n, 32, 32, generator=g)
+    x[:marked, 1, BLOCK[0], BLOCK[1]] = 1.0
+    x[marked:, 1, BLOCK[0], BLOCK[1]] = 0.0
+    return x, torch.zeros(n, dtype=torch.long)
+
+
+def noisy_failures(net: nn.Module, x: torch.Tensor, draws: int, seed: int) -> torch.Tensor:
+    """Plain torch, no certify: whether each of ``draws`` Gaussian draws (sigma SIGMA,
+    clamped to [0, 1]) of the one image ``x`` ``[3, H, W]`` turns the answer from class 0."""
+    g = torch.Generator().manual_seed(seed)
+    xs = (x + SIGMA * torch.randn((draws, *x.shape), generator=g)).clamp(0, 1)
+    with torch.no_grad():
+        return net(xs).argmax(1) != 0
+
+
+def onnx_failures(path: Path, x: torch.Tensor, draws: int, seed: int) -> torch.Tensor:
+    """:func:`noisy_failures` through onnxruntime on the exported file (the same draws)."""
+    g = torch.Generator().manual_seed(seed)
+    xs = (x + SIGMA * torch.randn((draws, *x.shape), generator=g)).clamp(0, 1)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    out = sess.run(None, {"input": xs.numpy()})[0]
+    return torch.from_numpy(out).argmax(1) != 0
+
+
+def context(seed: int) -> CheckContext:
+    return CheckContext(check_seed=seed, device=torch.device("cpu"), class_names=NAMES)
+
+
+def run_check(check: Corruption | CorruptionPair, model: Model, x: torch.Tensor,
+              y: torch.Tensor, seed: int) -> tuple[list[Any], int]:
+    """Validate the check as a suite would, run it on one batch of every sample through a
+    query counter: its records (with ``i`` and ``id``) and the images the model saw."""
+    check.check_params("test")
+    counter = QueryCounter(model)
+    idx = list(range(len(y)))
+    recs: list[Any] = check.run_batch(counter, x, y, idx, context(seed))
+    for i, r in enumerate(recs):
+        r.update({"i": i, "id": str(i)})
+    return recs, counter.queries
+
+
+def dataset(x: torch.Tensor, y: torch.Tensor) -> Dataset:
+    return Dataset(x=x, y=y, ids=[str(i) for i in range(len(y))], class_names=NAMES,
+                   source="planted", layout="NCHW")
+
+
+def gaussian(**kw: Any) -> Corruption:
+    return Corruption("gaussian_noise", bound=SIGMA, steps=2, delta=DELTA,
+                      confidence=CONFIDENCE, **kw)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Planted]]:
+    """The 20% and the 1% planted models, exported to ONNX."""
+    tmp = tmp_path_factory.mktemp("planted")
+    out = {}
+    for name, z in (("p20", Z20), ("p01", Z01)):
+        net = Planted(0.5 + z * SIGMA).eval()
+        out[name] = (export(net, tmp / f"{name}.onnx"), net)
+    return out
+
+
+def load(path: Path) -> Model:
+    return load_model(str(path), choose_device("cpu"))
+
+
+# -- 1. a planted 20% failure rate: not robust; never failing: robust ---------------------
+
+N20 = 20  # marked and unmarked samples each
+
+
+@pytest.fixture(scope="module")
+def run20(planted: dict[str, tuple[Path, Planted]]) -> dict[str, Any]:
+    x, y = planted_images(N20, N20)
+    model = load(planted["p20"][0])
+    check = gaussian()
+    recs, seen = run_check(check, model, x, y, seed=20)
+    return {"x": x, "y": y, "model": model, "check": check, "recs": recs, "seen": seen}
+
+
+def test_planted_20_percent_model_fails_as_built(planted: dict[str, tuple[Path, Planted]]
+                                                 ) -> None:
+    """Without certify: a marked image fails on 20% of the draws at sigma 0.1 (4000 draws,
+    within 2 points: 3.2 standard errors), an unmarked one on none; the ONNX file answers
+    as the torch module on every draw."""
+    path, net = planted["p20"]
+    x, _ = planted_images(1, 1)
+    marked = noisy_failures(net, x[0], 4000, seed=1)
+    assert abs(float(marked.float().mean()) - 0.2) < 0.02
+    assert not bool(noisy_failures(net, x[1], 4000, seed=2).any())
+    assert torch.equal(onnx_failures(path, x[0], 4000, seed=1), marked)
+    assert not bool(onnx_failures(path, x[1], 4000, seed=2).any())
+
+
+def test_planted_20_percent_samples_are_decided_not_robust(run20: dict[str, Any]) -> None:
+    """Every marked sample is *broken* (decided not robust at δ = 5%) and every unmarked one
+    *robust*; the unmarked ones stop at the fewest draws that can show a sample robust (104)
+    without a failure, the marked ones at an earlier look; the first look's 16 draws of the
+    marked samples fail at about the planted rate."""
+    recs = run20["recs"]
+    test = run20["check"].plan().test
+    marked, unmarked = recs[:N20], recs[N20:]
+    assert [r["outcome"] for r in marked] == ["broken"] * N20
+    assert [r["outcome"] for r in unmarked] == ["robust"] * N20
+    fewest = test.fewest_robust_draws()
+    assert fewest == 104
+    for r in unmarked:
+        assert (r["draws"], r["failures"], r["decided_look"]) == (fewest, 0, 3)
+        assert "break_seed" not in r
+    for r in marked:
+        look = r["decided_look"]
+        assert r["draws"] == test.looks[look] < fewest
+        assert r["failures"] >= test.not_robust_min[look]
+        assert r["break_pred"] == 1 and r["break_intensity"] == SIGMA
+    first = sum(r["first_draws"] - r["first_correct"] for r in marked)
+    assert abs(first / (16 * N20) - 0.2) < 0.08  # 320 draws: 3.6 standard errors
+
+
+def test_planted_20_percent_summary(run20: dict[str, Any]) -> None:
+    """The measurement: half the samples robust, none undecided (the interval is the Wilson
+    interval of 20 / 40 on both sides), the average accuracy under the noise about
+    1 - 0.2 / 2, and the plan's δ and confidence."""
+    check, x, y = run20["check"], run20["x"], run20["y"]
+    m = check.summarize(run20["recs"], dataset(x, y))
+    assert m.metrics["robustness_score"] == 0.5
+    assert (m.metrics["n_robust"], m.metrics["n_undecided"], m.metrics["n_evaluated"]) == \
+        (N20, 0, 2 * N20)
+    lo, hi = m.intervals["robustness_score"]
+    assert 0.3 < lo < 0.5 < hi < 0.7
+    assert abs(m.metrics["mean_accuracy_under_noise"] - 0.9) < 0.04
+    assert (m.metrics["delta"], m.metrics["confidence"]) == (DELTA, CONFIDENCE)
+    assert m.unsettled is None
+    st = m.details["statistical"]
+    assert (st["robust"], st["not_robust"], st["undecided"]) == (N20, N20, 0)
+
+
+# -- 2. a planted 1% failure rate: never not robust, mostly robust ------------------------
+
+N01 = 40  # marked samples (and 8 unmarked)
+
+
+def test_planted_1_percent_samples_are_not_called_not_robust(
+        planted: dict[str, tuple[Path, Planted]]) -> None:
+    """A marked image fails on 1% of the draws (20000 draws, within 0.25 points: 3.6
+    standard errors). Of 40 such samples none is decided not robust at δ = 5% and at least
+    75% are decided robust (the rest undecided after 256 draws); the unmarked ones are
+    robust."""
+    path, net = planted["p01"]
+    x, y = planted_images(N01, 8)
+    rate = float(noisy_failures(net, x[0], 20000, seed=3).float().mean())
+    assert abs(rate - 0.01) < 0.0025
+    recs, _ = run_check(gaussian(), load(path), x, y, seed=1)
+    marked = [r["outcome"] for r in recs[:N01]]
+    assert "broken" not in marked
+    assert set(marked) <= {"robust", "undecided"}
+    robust = marked.count("robust") / N01
+    print(f"planted 1%: {marked.count('robust')}/{N01} = {robust:.1%} decided robust")
+    assert robust >= 0.75
+    for r in recs[:N01]:
+        if r["outcome"] == "undecided":
+            assert r["draws"] == MAX_DRAWS
+    assert [r["outcome"] for r in recs[N01:]] == ["robust"] * 8
+
+
+# -- 3. two check seeds agree on the samples both decided ----------------------------------
+
+def test_two_seeds_agree_on_the_demo_model() -> None:
+    """The demo's standard model, Gaussian noise at 0.08 on 80 synthetic signs, check seeds
+    1 and 2: the draws differ, and of the samples both runs decided (robust or not robust),
+    at least 97% get the same decision."""
+    x8, y8 = generate(2, seed=5, classes=list(range(40)))
+    x = torch.from_numpy(x8.transpose(0, 3, 1, 2).copy()).float() / 255
+    y = torch.from_numpy(y8).long()
+    model = load(demo_model_path("standard"))
+    check = Corruption("gaussian_noise", bound=0.08, steps=2)
+    a, _ = run_check(check, model, x, y, seed=1)
+    b, _ = run_check(check, model, x, y, seed=2)
+    assert [r["outcome"] == "misclassified" for r in a] == \
+        [r["outcome"] == "misclassified" for r in b]
+    assert any((ra["draws"], ra["failures"]) != (rb["draws"], rb["failures"])
+               for ra, rb in zip(a, b, strict=True) if ra["outcome"] != "misclassified")
+    decided = {"robust", "broken"}
+    both = [(ra["outcome"], rb["outcome"]) for ra, rb in zip(a, b, strict=True)
+            if ra["outcome"] in decided and rb["outcome"] in decided]
+    evaluated = sum(r["outcome"] != "misclassified" for r in a)
+    agree = sum(p == q for p, q in both) / len(both)
+    counts = {o: sum(r["outcome"] == o for r in a) for o in ("robust", "broken", "undecided")}
+    print(f"two seeds: {len(both)}/{evaluated} decided by both, agreement {agree:.1%}; "
+          f"seed 1: {counts}")
+    assert len(both) >= 0.5 * evaluated
+    assert agree >= 0.97
+
+
+# -- 4. the statistics against scipy ----------------------------------------------------------
+
+def test_clopper_pearson_and_binomial_cdf_match_scipy() -> None:
+    """The exact bounds are beta quantiles: upper = Beta(k + 1, n - k).ppf(1 - α), lower =
+    Beta(k, n - k + 1).ppf(α); the binomial CDF is scipy's."""
+    stats = pytest.importorskip("scipy.stats")
+    for n in (1, 5, 16, 50, 104, 256, 1000):
+        for k in sorted({0, 1, 2, n // 20, n // 2, n - 1, n}):
+            assert binomial_cdf(k, n, 0.05) == pytest.approx(stats.binom.cdf(k, n, 0.05),
+                                                             rel=1e-9, abs=1e-15)
+            for alpha in (0.05, 0.01, 0.002):
+                up = 1.0 if k == n else stats.beta.ppf(1 - alpha, k + 1, n - k)
+                lo = 0.0 if k == 0 else stats.beta.ppf(alpha, k, n - k + 1)
+                assert clopper_pearson_upper(k, n, alpha) == pytest.approx(up, rel=1e-7,
+                                                                           abs=1e-12)
+                assert clopper_pearson_lower(k, n, alpha) == pytest.approx(lo, rel=1e-7,
+                                                                           abs=1e-12)
+
+
+def test_schedule_thresholds_keep_the_level_per_side() -> None:
+    """The packaged schedule (δ 5%, confidence 99%, first look 16, 256 draws): looks after
+    16, 32, 64, 104, 256 draws, the robust side at 104 and 256. Each threshold is the
+    extreme count whose binomial tail at p = δ stays within its look's level (scipy), and the
+    tails summed over each side's looks stay within 1 - confidence (Bonferroni)."""
+    stats = pytest.importorskip("scipy.stats")
+    t = SequentialBinomialTest.schedule(DELTA, CONFIDENCE, 16, MAX_DRAWS)
+    alpha = 1 - CONFIDENCE
+    assert t.looks == (16, 32, 64, 104, 256) and t.robust_looks == (104, 256)
+    # 104 is the fewest draws whose no-failure tail is within α / 2
+    assert stats.binom.pmf(0, 104, DELTA) <= alpha / 2 < stats.binom.pmf(0, 103, DELTA)
+    robust_tails, not_robust_tails = 0.0, 0.0
+    for n, k, j in zip(t.looks, t.robust_max, t.not_robust_min, strict=True):
+        if n in t.robust_looks:
+            assert k >= 0
+            assert stats.binom.cdf(k, n, DELTA) <= t.alpha_robust < \
+                stats.binom.cdf(k + 1, n, DELTA)
+            robust_tails += stats.binom.cdf(k, n, DELTA)
+        else:
+            assert k == -1
+        assert j <= n  # every look can decide not robust
+        assert stats.binom.sf(j - 1, n, DELTA) <= t.alpha_per_look < \
+            stats.binom.sf(j - 2, n, DELTA)
+        not_robust_tails += stats.binom.sf(j - 1, n, DELTA)
+    assert t.alpha_robust == pytest.approx(alpha / 2)
+    assert t.alpha_per_look == pytest.approx(alpha / 5)
+    assert robust_tails <= alpha and not_robust_tails <= alpha
+    print(f"schedule tails at p = δ: robust side {robust_tails:.2e}, not-robust side "
+          f"{not_robust_tails:.2e} (level {alpha:g})")
+
+
+def simulate(t: SequentialBinomialTest, p: float, n: int, seed: int) -> np.ndarray:
+    """Decisions of ``n`` simulated samples of failure probability ``p`` under the test's
+    looks (vectorised): 1 robust, -1 not robust, 0 undecided."""
+    rng = np.random.default_rng(seed)
+    steps = np.diff(np.array((0, *t.looks)))
+    fails = rng.binomial(steps, p, size=(n, len(steps))).cumsum(axis=1)
+    robust = fails <= np.array(t.robust_max)
+    not_robust = fails >= np.array(t.not_robust_min)
+    decided = robust | not_robust
+    first = decided.argmax(axis=1)
+    rows = np.arange(n)
+    out = np.where(robust[rows, first], 1, -1)
+    out[~decided.any(axis=1)] = 0
+    return out
+
+
+def test_sequential_test_keeps_its_confidence_in_simulation() -> None:
+    """20000 simulated samples per failure probability: at p = δ neither side errs in more
+    than 1% of samples; at p = 6% (above δ) at most 1% are called robust, at p = 4% (below)
+    at most 1% not robust (0.25 points of Monte-Carlo tolerance, 3.5 standard errors). The
+    simulation takes the test's own decision on 300 samples replayed look by look."""
+    t = SequentialBinomialTest.schedule(DELTA, CONFIDENCE, 16, MAX_DRAWS)
+    alpha, tol = 1 - CONFIDENCE, 0.0025
+    steps = np.diff(np.array((0, *t.looks)))
+    for p in (0.02, 0.05, 0.1):
+        sim = simulate(t, p, 300, seed=int(p * 1000))
+        # the same draws as the simulation's (same generator, seed and shape)
+        fails = np.random.default_rng(int(p * 1000)).binomial(steps, p, size=(300, len(steps)))
+        for row, got in zip(fails.cumsum(axis=1), sim, strict=True):
+            want = next((d for look, f in enumerate(row.tolist())
+                         if (d := t.decide(look, f)) is not None), None)
+            assert got == {"robust": 1, "not_robust": -1, None: 0}[want]
+    rates = {}
+    for p in (DELTA, 0.06, 0.04):
+        d = simulate(t, p, 20000, seed=int(p * 10000))
+        rates[p] = (float((d == 1).mean()), float((d == -1).mean()))
+    print(f"simulated (robust, not robust) shares by p: {rates}")
+    assert rates[DELTA][0] <= alpha + tol and rates[DELTA][1] <= alpha + tol
+    assert rates[0.06][0] <= alpha + tol
+    assert rates[0.04][1] <= alpha + tol
+    # and the test decides: most samples far from δ are decided the right way
+    assert (simulate(t, 0.2, 2000, seed=1) == -1).mean() > 0.99
+    assert (simulate(t, 0.0, 2000, seed=2) == 1).all()
+
+
+# -- 5. suites that mix the search's parameters with the draws' are refused -----------------
+
+@pytest.mark.parametrize(("check", "words"), [
+    (Corruption("gaussian_noise", tries=4), ("tries", "delta", "max_draws")),
+    (Corruption("uniform_noise", max_queries=100), ("max_queries", "delta", "max_draws")),
+    (Corruption("gaussian_noise", delta=1.5), ("delta", "(0, 1)")),
+    (Corruption("gaussian_noise", delta=0), ("delta",)),
+    (Corruption("gaussian_noise", confidence=1.0), ("confidence",)),
+    (Corruption("gaussian_noise", max_draws=0), ("max_draws",)),
+    (Corruption("gaussian_noise", max_draws=2.5), ("max_draws",)),  # type: ignore[arg-type]
+    (Corruption("rotation", delta=0.05), ("delta", "rotation")),
+    (Corruption("blur", max_draws=64), ("max_draws", "blur")),
+    (CorruptionPair({"property": "gaussian_noise"}, {"property": "impulse_noise"}),
+     ("gaussian_noise", "impulse_noise", "random corruptions")),
+    (CorruptionPair({"property": "blur"}, {"property": "rotation"}, delta=0.05),
+     ("delta",)),
+], ids=lambda v: getattr(v, "property", None) or getattr(v, "kind", None) or "")
+def test_suite_refusals(check: Corruption | CorruptionPair, words: tuple[str, ...]) -> None:
+    with pytest.raises(SuiteError) as err:
+        check.check_params("checks[0]")
+    text = f"{err.value.message} {err.value.hint}"
+    assert err.value.message.startswith("checks[0]")
+    assert err.value.hint
+    for w in words:
+        assert w in text
+
+
+def test_too_few_draws_are_refused_with_the_fewest_that_decide() -> None:
+    """max_draws 50 cannot show a sample robust at δ 5% with 99% confidence (even without a
+    failure): refused, with a hint naming the fewest draws that can (90 = ⌈log 0.01 /
+    log 0.95⌉); that many are accepted, one fewer refused."""
+    with pytest.raises(SuiteError) as err:
+        gaussian(max_draws=50).check_params("checks[0]")
+    assert "50 draws cannot show any sample robust" in err.value.message
+    assert err.value.hint and "max_draws" in err.value.hint
+    m = re.search(r"at least (\d+)", err.value.hint)
+    assert m and int(m.group(1)) == math.ceil(math.log(0.01) / math.log(0.95)) == 90
+    gaussian(max_draws=90).check_params("checks[0]")
+    with pytest.raises(SuiteError):
+        gaussian(max_draws=89).check_params("checks[0]")
+
+
+# -- 6. a pair with a noise part, and the queries the model saw ---------------------------------
+
+def pair() -> CorruptionPair:
+    return CorruptionPair(first={"property": "blur", "bound": 1.0, "steps": 2},
+                          second={"property": "gaussian_noise", "bound": SIGMA, "steps": 2},
+                          delta=DELTA, confidence=CONFIDENCE)
+
+
+@pytest.fixture(scope="module")
+def pair20(run20: dict[str, Any]) -> dict[str, Any]:
+    check = pair()
+    recs, seen = run_check(check, run20["model"], run20["x"], run20["y"], seed=21)
+    return {"check": check, "recs": recs, "seen": seen}
+
+
+def test_pair_with_noise_is_decided_by_draws(run20: dict[str, Any], pair20: dict[str, Any]
+                                             ) -> None:
+    """Blur (up to sigma 1 px) then Gaussian noise on the planted 20% model: the marked
+    samples' joint outcome is *broken* and the unmarked ones' *robust*; blur alone breaks
+    none, the noise alone breaks the marked ones; the summary says how the pair was
+    decided."""
+    recs = pair20["recs"]
+    assert [r["outcome"] for r in recs] == ["broken"] * N20 + ["robust"] * N20
+    assert [r["outcome_first"] for r in recs] == ["robust"] * (2 * N20)
+    assert [r["outcome_second"] for r in recs] == ["broken"] * N20 + ["robust"] * N20
+    m = pair20["check"].summarize(recs, dataset(run20["x"], run20["y"]))
+    assert m.metrics["robustness_score"] == 0.5
+    assert (m.metrics["score_first"], m.metrics["score_second"]) == (1.0, 0.5)
+    assert m.metrics["n_undecided"] == 0
+    assert "blur at its searched worst case" in m.details["how"]
+
+
+@pytest.mark.parametrize("which", ["single", "pair"])
+def test_records_claim_the_queries_the_model_saw(run20: dict[str, Any], pair20: dict[str, Any],
+                                                 which: str) -> None:
+    """The records' queries add up to the images the query counter saw; per record, one
+    clean query plus its draws and (single) one draw per level below the bound or (pair)
+    the blur grid."""
+    run = run20 if which == "single" else pair20
+    recs = run["recs"]
+    assert sum(r["queries"] for r in recs) == run["seen"]
+    if which == "single":
+        levels = len(run["check"]._prop()[0].lower_rows(SIGMA, 2))
+        assert levels == 1
+        assert all(r["queries"] == 1 + r["draws"] + levels for r in recs)
+    else:
+        grid = len(run["check"]._parts()[3].candidates(1.0, 2, 2)[0])
+        assert all(r["queries"] == 1 + grid + r["draws"] for r in recs)
