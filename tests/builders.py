@@ -244,7 +244,7 @@ def measurement(out: Path) -> bytes:
 #: every kind the demo runs (the reference model's brittleness, an attack with budget rounds and
 #: the binarization test, the spatial grid, a pair), shrunk to run in seconds.
 DEMO_SMALL = {"sanity": {"samples": 43}, "clean": {}, "coverage": {},
-              "gaussian_noise": {"params": {"steps": 2, "tries": 2}},
+              "gaussian_noise": {"params": {"steps": 2, "max_draws": 128}},
               "square_linf": {"samples": 24, "params": {
                   "initial_queries": 40, "query_cap": 160, "confident_queries": 10,
                   "binarization": {"samples": 2}}},
@@ -290,7 +290,7 @@ def write_small_suite(path: Path, name: str, extra: list[dict] | None = None) ->
         {"id": "clean", "kind": "clean_accuracy",
          "threshold": {"metric": "accuracy", "min": 0.0}},
         {"id": "noise", "kind": "corruption",
-         "params": {"property": "gaussian_noise", "bound": 0.08, "steps": 2, "tries": 1},
+         "params": {"property": "gaussian_noise", "bound": 0.08, "steps": 2, "max_draws": 128},
          "threshold": {"min": 0.0}},
         *(extra or []),
     ]

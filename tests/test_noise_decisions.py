@@ -6,8 +6,8 @@ one that never fails *robust*; one that fails on about 1% is never *not robust* 
 *robust*. Two check seeds agree on the samples both decided. The sequential test's
 thresholds and its confidence are checked against scipy's binomial and beta distributions and
 by a Monte-Carlo simulation of the looks. Suites that mix the search's parameters with the
-draws' are refused. A pair with a noise part is decided the same way, and every record's
-queries are the images the model saw.
+draws' are refused. A pair with a noise part is decided the same way; every record's
+queries are the images the model saw, and no record depends on how the samples were batched.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import pytest
 import torch
 from torch import nn
 
-from builders import export
 from certify.api import demo_model_path
+from certify.checks import noise
 from certify.checks.base import CheckContext
 from certify.checks.corruption import Corruption, CorruptionPair
 from certify.data.loaders import Dataset
@@ -33,12 +33,15 @@ from certify.device import choose_device
 from certify.errors import SuiteError
 from certify.models import load_model
 from certify.models.base import Model, QueryCounter
+from certify.perturbations import PROPERTIES
 from certify.stats import (
     SequentialBinomialTest,
     binomial_cdf,
     clopper_pearson_lower,
     clopper_pearson_upper,
 )
+
+from builders import export
 
 pytestmark = pytest.mark.unit
 
@@ -159,7 +162,8 @@ def test_planted_20_percent_model_fails_as_built(planted: dict[str, tuple[Path, 
                                                  ) -> None:
     """Without certify: a marked image fails on 20% of the draws at sigma 0.1 (4000 draws,
     within 2 points: 3.2 standard errors), an unmarked one on none; the ONNX file answers
-    as the torch module on every draw."""
+    as the torch module on every draw. The check's own draws at its bound (its seeds, the
+    property's transform, the loaded model) fail at the same rate."""
     path, net = planted["p20"]
     x, _ = planted_images(1, 1)
     marked = noisy_failures(net, x[0], 4000, seed=1)
@@ -167,13 +171,21 @@ def test_planted_20_percent_model_fails_as_built(planted: dict[str, tuple[Path, 
     assert not bool(noisy_failures(net, x[1], 4000, seed=2).any())
     assert torch.equal(onnx_failures(path, x[0], 4000, seed=1), marked)
     assert not bool(onnx_failures(path, x[1], 4000, seed=2).any())
+    prop, model, ctx = PROPERTIES["gaussian_noise"], load(path), context(20)
+    for i, rate in ((0, 0.2), (1, 0.0)):
+        seeds = noise.seeds_at_bound(ctx, [i] * 4000, list(range(4000)))
+        xs = prop.apply(x[i : i + 1].expand(4000, -1, -1, -1), torch.full((4000, 1), SIGMA),
+                        seeds)
+        drawn = float((model.predict(xs).argmax(1) != 0).float().mean())
+        assert abs(drawn - rate) < 0.02 if rate else drawn == 0.0
 
 
 def test_planted_20_percent_samples_are_decided_not_robust(run20: dict[str, Any]) -> None:
     """Every marked sample is *broken* (decided not robust at δ = 5%) and every unmarked one
     *robust*; the unmarked ones stop at the fewest draws that can show a sample robust (104)
-    without a failure, the marked ones at an earlier look; the first look's 16 draws of the
-    marked samples fail at about the planted rate."""
+    without a failure, at least 75% of the marked ones at an earlier look (an unlucky one may
+    need all 256); the first look's 16 draws of the marked samples fail at about the planted
+    rate."""
     recs = run20["recs"]
     test = run20["check"].plan().test
     marked, unmarked = recs[:N20], recs[N20:]
@@ -186,9 +198,12 @@ def test_planted_20_percent_samples_are_decided_not_robust(run20: dict[str, Any]
         assert "break_seed" not in r
     for r in marked:
         look = r["decided_look"]
-        assert r["draws"] == test.looks[look] < fewest
+        assert r["draws"] == test.looks[look] <= MAX_DRAWS
         assert r["failures"] >= test.not_robust_min[look]
         assert r["break_pred"] == 1 and r["break_intensity"] == SIGMA
+    print("planted 20%: marked samples stop after", sorted(r["draws"] for r in marked),
+          "draws")
+    assert sum(r["draws"] < fewest for r in marked) >= 0.75 * N20
     first = sum(r["first_draws"] - r["first_correct"] for r in marked)
     assert abs(first / (16 * N20) - 0.2) < 0.08  # 320 draws: 3.6 standard errors
 
@@ -242,14 +257,15 @@ def test_planted_1_percent_samples_are_not_called_not_robust(
 # -- 3. two check seeds agree on the samples both decided ----------------------------------
 
 def test_two_seeds_agree_on_the_demo_model() -> None:
-    """The demo's standard model, Gaussian noise at 0.08 on 80 synthetic signs, check seeds
+    """The demo's standard model, Gaussian noise at 0.15 on 80 synthetic signs (a bound where
+    both decisions are common: at the packaged 0.08 nearly every sign is robust), check seeds
     1 and 2: the draws differ, and of the samples both runs decided (robust or not robust),
     at least 97% get the same decision."""
     x8, y8 = generate(2, seed=5, classes=list(range(40)))
     x = torch.from_numpy(x8.transpose(0, 3, 1, 2).copy()).float() / 255
     y = torch.from_numpy(y8).long()
     model = load(demo_model_path("standard"))
-    check = Corruption("gaussian_noise", bound=0.08, steps=2)
+    check = Corruption("gaussian_noise", bound=0.15, steps=2)
     a, _ = run_check(check, model, x, y, seed=1)
     b, _ = run_check(check, model, x, y, seed=2)
     assert [r["outcome"] == "misclassified" for r in a] == \
@@ -265,6 +281,7 @@ def test_two_seeds_agree_on_the_demo_model() -> None:
     print(f"two seeds: {len(both)}/{evaluated} decided by both, agreement {agree:.1%}; "
           f"seed 1: {counts}")
     assert len(both) >= 0.5 * evaluated
+    assert counts["robust"] >= 10 and counts["broken"] >= 10
     assert agree >= 0.97
 
 
@@ -274,8 +291,8 @@ def test_clopper_pearson_and_binomial_cdf_match_scipy() -> None:
     """The exact bounds are beta quantiles: upper = Beta(k + 1, n - k).ppf(1 - α), lower =
     Beta(k, n - k + 1).ppf(α); the binomial CDF is scipy's."""
     stats = pytest.importorskip("scipy.stats")
-    for n in (1, 5, 16, 50, 104, 256, 1000):
-        for k in sorted({0, 1, 2, n // 20, n // 2, n - 1, n}):
+    for n in (1, 5, 16, 50, 104, 256):
+        for k in sorted({0, 1, 2, n // 20, n // 2, n - 1, n} & set(range(n + 1))):
             assert binomial_cdf(k, n, 0.05) == pytest.approx(stats.binom.cdf(k, n, 0.05),
                                                              rel=1e-9, abs=1e-15)
             for alpha in (0.05, 0.01, 0.002):
@@ -352,8 +369,8 @@ def test_sequential_test_keeps_its_confidence_in_simulation() -> None:
             assert got == {"robust": 1, "not_robust": -1, None: 0}[want]
     rates = {}
     for p in (DELTA, 0.06, 0.04):
-        d = simulate(t, p, 20000, seed=int(p * 10000))
-        rates[p] = (float((d == 1).mean()), float((d == -1).mean()))
+        sims = simulate(t, p, 20000, seed=int(p * 10000))
+        rates[p] = (float((sims == 1).mean()), float((sims == -1).mean()))
     print(f"simulated (robust, not robust) shares by p: {rates}")
     assert rates[DELTA][0] <= alpha + tol and rates[DELTA][1] <= alpha + tol
     assert rates[0.06][0] <= alpha + tol
@@ -379,7 +396,9 @@ def test_sequential_test_keeps_its_confidence_in_simulation() -> None:
      ("gaussian_noise", "impulse_noise", "random corruptions")),
     (CorruptionPair({"property": "blur"}, {"property": "rotation"}, delta=0.05),
      ("delta",)),
-], ids=lambda v: getattr(v, "property", None) or getattr(v, "kind", None) or "")
+], ids=["tries", "max_queries", "delta-1.5", "delta-0", "confidence-1", "max_draws-0",
+        "max_draws-float", "rotation-delta", "blur-max_draws", "pair-two-noises",
+        "pair-no-noise-delta"])
 def test_suite_refusals(check: Corruption | CorruptionPair, words: tuple[str, ...]) -> None:
     with pytest.raises(SuiteError) as err:
         check.check_params("checks[0]")
@@ -441,8 +460,8 @@ def test_pair_with_noise_is_decided_by_draws(run20: dict[str, Any], pair20: dict
 def test_records_claim_the_queries_the_model_saw(run20: dict[str, Any], pair20: dict[str, Any],
                                                  which: str) -> None:
     """The records' queries add up to the images the query counter saw; per record, one
-    clean query plus its draws and (single) one draw per level below the bound or (pair)
-    the blur grid."""
+    clean query plus its draws and (single) one draw per level below the bound, within the
+    check's announced most queries per sample, or (pair) the blur grid."""
     run = run20 if which == "single" else pair20
     recs = run["recs"]
     assert sum(r["queries"] for r in recs) == run["seen"]
@@ -450,6 +469,28 @@ def test_records_claim_the_queries_the_model_saw(run20: dict[str, Any], pair20: 
         levels = len(run["check"]._prop()[0].lower_rows(SIGMA, 2))
         assert levels == 1
         assert all(r["queries"] == 1 + r["draws"] + levels for r in recs)
+        most = run["check"].max_queries_per_sample()
+        assert most == 1 + MAX_DRAWS + levels
+        assert max(r["queries"] for r in recs) <= most
     else:
         grid = len(run["check"]._parts()[3].candidates(1.0, 2, 2)[0])
         assert all(r["queries"] == 1 + grid + r["draws"] for r in recs)
+
+
+@pytest.mark.parametrize("which", ["single", "pair"])
+def test_decisions_do_not_depend_on_the_batches(run20: dict[str, Any], pair20: dict[str, Any],
+                                                which: str) -> None:
+    """The runner splits the samples into batches: three uneven batches give every sample
+    the records of the one-batch run (its draws are seeded by the sample, not its place)."""
+    run = run20 if which == "single" else pair20
+    seed = 20 if which == "single" else 21
+    x, y, ctx = run20["x"], run20["y"], context(seed)
+    counter = QueryCounter(run20["model"])
+    recs: list[Any] = []
+    for part in ([*range(0, 7)], [*range(7, 26)], [*range(26, 2 * N20)]):
+        recs += run["check"].run_batch(counter, x[part], y[part], part, ctx)
+    keys = ("outcome", "draws", "failures", "queries", "first_correct", "break_seed",
+            "below_failed", "outcome_first", "outcome_second", "decided_look")
+    for got, want in zip(recs, run["recs"], strict=True):
+        assert {k: got.get(k) for k in keys} == {k: want.get(k) for k in keys}
+    assert counter.queries == run["seen"]

@@ -212,10 +212,10 @@ def test_card_puts_the_attack_beside_the_random_pixel_property_at_the_same_bound
     suite.write_text(yaml.safe_dump({"name": "a", "classes": [f"c{i}" for i in range(43)],
                                      "checks": [
         {"id": "rl0", "kind": "corruption",
-         "params": {"property": "random_l0", "bound": 6, "steps": 2, "tries": 2},
+         "params": {"property": "random_l0", "bound": 6, "steps": 2, "max_draws": 128},
          "threshold": {"metric": "robustness_score", "min": 0.0}},
         {"id": "rlinf", "kind": "corruption",
-         "params": {"property": "random_linf", "bound": 0.05, "steps": 1, "tries": 2}},
+         "params": {"property": "random_linf", "bound": 0.05, "steps": 1, "max_draws": 128}},
         {"id": "srs", "kind": "attack",
          "params": {"attack": "sparse_rs", "epsilon": 6, "max_queries": 60}},
         {"id": "srs_other_k", "kind": "attack",

@@ -47,7 +47,7 @@ def suite(tmp_path_factory) -> Path:
             "attack": "square_linf", "epsilon": 0.15, "max_queries": "auto",
             "initial_queries": 40, "query_cap": 320, "binarization": False}},
         {"id": "noise", "kind": "corruption",
-         "params": {"property": "gaussian_noise", "bound": 0.1, "steps": 3, "tries": 3}},
+         "params": {"property": "gaussian_noise", "bound": 0.1, "steps": 3, "max_draws": 128}},
     ]}))
     return path
 

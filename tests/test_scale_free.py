@@ -24,7 +24,7 @@ SUITE = {"name": "scale", "classes": CLASSES, "seed": 0, "checks": [
     {"id": "fixed", "kind": "coverage", "params": {"coverage": 0.8,
                                                     "confidence_threshold": 0.9}},
     {"id": "noise", "kind": "corruption", "samples": 80,
-     "params": {"property": "gaussian_noise", "bound": 0.1, "steps": 2, "tries": 2}},
+     "params": {"property": "gaussian_noise", "bound": 0.1, "steps": 2, "max_draws": 128}},
     {"id": "rotation", "kind": "corruption", "samples": 80,
      "params": {"property": "rotation", "bound": 20, "steps": 2}},
     {"id": "spatial", "kind": "attack", "samples": 60,
