@@ -1,31 +1,38 @@
 """Corruption properties (Berghoff et al. 2021, §3.3–§4.3) and their robustness score.
 
-A sample is *robust* to a property when the model's prediction stays correct for every
-transform within the bound; the **robustness score** is the share of robust samples among the
-correctly classified ones (§3.4). "Every transform" is a search, not a sample: the check
-escalates its search in rounds under the attacks' convergence rule until the robust share stops
-falling, within a stated query budget per sample:
+A sample is *robust* to a bounded, parameterised property when the model's prediction stays
+correct for every transform within the bound; the **robustness score** is the share of robust
+samples among the correctly classified ones (§3.4). "Every transform" is a search, not a
+sample: the check escalates its search in rounds under the attacks' convergence rule until the
+robust share stops falling, within a stated query budget per sample:
 
 - a grid property (rotation, translation, blur, ...) refines its grid: round ``r`` tries the
   points of the grid of ``steps * 2**r`` steps that earlier rounds did not (sub-pixel
   translations from round 1); a grid that cannot get finer (whole bits, a flip) is exhaustive
   after round 0;
-- a random property doubles its draws per intensity level each round: seeded noise draws, or
-  for stickers (position, angle, colour) and the adaptive-brightness field (its 16 control
-  points) the next points of a fixed search design that covers their space ever more finely.
+- a property with a search design (stickers: position, angle and colour; the adaptive-
+  brightness field: its 16 control points) doubles its design points per intensity level each
+  round, the next points of a fixed design that covers their space ever more finely; on a
+  model with a torch copy, the brightness field's control points are also searched along the
+  model's gradient (:mod:`certify.checks.field_search`).
 
 Round 0 and round 1 always run (convergence is judged across a doubling); a later round runs on
 the samples still robust while the last round broke more than max(1, 1% of the evaluated
 samples) and the next round fits in ``max_queries`` per sample (default: 8 times round 0's
 candidates, or rounds 0-2 if more: a 2-D grid's refinements grow fourfold). A search that stops
-on its budget has not converged: the check cannot PASS, and the card says so. ``random_linf``
-and ``random_l0`` stay single rounds of random draws: INFO rows beside the attacks of the same
-bound, which search their worst case. Within a round every candidate is tried on every searched
-sample, so each record keeps the weakest break (the card's intensity curve) and the most
-confident mistake found (the worst case the coverage figures read, Brown et al. 2018).
+on its budget has not converged: the check cannot PASS, and the card says so. Within a round
+every candidate is tried on every searched sample, so each record keeps the weakest break (the
+card's intensity curve) and the most confident mistake found (the worst case the coverage
+figures read, Brown et al. 2018).
+
+Random corruptions (Gaussian, uniform and impulse noise; ``random_linf`` and ``random_l0``,
+INFO rows beside the attacks of the same bound) have no worst case within their bound: they are
+decided per sample from noise draws at a stated confidence (:mod:`certify.checks.noise`), and a
+pair with one of them decides it with the other transform at its searched worst case.
 
 Threat model: natural corruptions, not adversarial ones. Queries per sample: one clean query
-per round plus that round's candidates.
+per round plus that round's candidates (and the gradient search's judged points), or the clean
+query plus the draws.
 """
 
 from __future__ import annotations
