@@ -241,7 +241,8 @@ def _unsettled(c: Any) -> dict[str, bool]:
             "search": s.search_converged is False,
             "attack": s.attack_converged is False,
             "weak": s.binarization_failed,
-            "evidence": s.short_of_floor}
+            "evidence": s.short_of_floor,
+            "statistical": s.statistical}
 
 
 def summary_result(c: Any, r: glance.Row) -> str:
@@ -256,7 +257,9 @@ def summary_result(c: Any, r: glance.Row) -> str:
         return full if len(full) <= 160 else _first_clause(full, 160)
     text = _value_words(r)
     state = _unsettled(c)
-    flags = [words for key, words in (("random", "random draw, not a worst case"),
+    flags = [words for key, words in (("statistical", "random corruption, decided per sample "
+                                                      "at a stated confidence"),
+                                      ("random", "random draw, not a worst case"),
                                       ("search", "search not converged"),
                                       ("attack", "not converged"),
                                       ("weak", "binarization test failed")) if state[key]]
@@ -293,6 +296,19 @@ def limitations(result: RunResult) -> list[str]:
     if random:
         out.append(f"Random draws, not worst cases: {', '.join(random)} (the attack rows at "
                    "the same bound say what an adversary finds).")
+    statistical = [c for c in result.checks if state[c.id]["statistical"]
+                   and c.status not in ("ERROR", "SKIPPED")]
+    if statistical:
+        undecided = []
+        for c in statistical:
+            st = c.details.get("statistical")
+            left = st.get("undecided", 0) if isinstance(st, dict) else 0
+            if isinstance(left, int) and left:
+                undecided.append(f"{c.id} ({left})")
+        out.append(f"Random corruptions, statements about a noise distribution at the stated "
+                   f"confidence per sample, not worst cases: {', '.join(c.id for c in statistical)}"
+                   + (f"; samples undecided within their draws, counted on both sides of the "
+                      f"interval: {', '.join(undecided)}" if undecided else "") + ".")
     out += list(m.data.notes or [])  # resizing, a sample cap, skipped files
     pre = m.model.preprocessing
     out.append(
