@@ -70,6 +70,7 @@ from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.images import ImageSink
 from certify.models.base import Model
+from certify.models.torchcopy import WhiteBoxUnavailable
 from certify.perturbations import PROPERTIES, Property
 from certify.perturbations.base import RoundCandidates
 from certify.stats import wilson_interval
@@ -142,6 +143,7 @@ class CorruptionRecord(ConfidenceRecord, total=False):
     # the gradient search over a design (adaptive_brightness on a model with a torch copy):
     # what it did ("ran", "broken", or "not run: why") and its gradient evaluations
     field_search: str
+    field_search_skipped: str
     gradients: int
 
 
@@ -213,7 +215,8 @@ class FullSearch(NamedTuple):
     worst_prob: torch.Tensor
     least_conf: torch.Tensor
     least_prob: torch.Tensor
-    #: the least confident correct answer's candidate (-1 if none)
+    #: the least confident correct answer's candidate, the strongest of equal margins (-1 if
+    #: none: a labels-only model's margins are all equal, so its strongest candidate)
     least: torch.Tensor
 
 
@@ -232,6 +235,7 @@ def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.T
     least_conf = torch.full((b,), float("inf"))
     least_prob = torch.full((b,), float("nan"))
     least = torch.full((b,), -1, dtype=torch.long)
+    least_at = torch.full((b,), float("inf"))  # ties of the least margin: the later candidate
     ai = searched.cpu().nonzero().flatten()
     output = model.info.output
     if len(ai) == 0:
@@ -257,7 +261,9 @@ def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.T
         less = ~bad & (c < least_conf[ai])
         least_conf[ai[less]] = c[less]
         least_prob[ai[less]] = prob[less]
-        least[ai[less]] = t
+        tie = ~bad & (c <= least_at[ai])
+        least[ai[tie]] = t
+        least_at[ai[tie]] = c[tie]
     worst_conf[worst < 0] = float("nan")
     least_conf[least_conf.isinf()] = float("nan")
     return FullSearch(first, first_pred, worst, worst_pred, worst_conf, worst_prob, least_conf,
@@ -327,6 +333,21 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         self.confidence = confidence
         self.max_draws = max_draws
         self._round = 0
+
+    def get_params(self) -> dict[str, Any]:
+        """The parameters as the suite gave them, with ``tries`` at its default of 4 for a
+        searched property (as results before issue 40 recorded it) and the random
+        corruptions' ``delta``, ``confidence`` and ``max_draws`` only when given."""
+        params = super().get_params()
+        for k in ("delta", "confidence", "max_draws"):
+            if params.get(k) is None:
+                params.pop(k, None)
+        if params.get("tries") is None:
+            if self.property in PROPERTIES and PROPERTIES[self.property].statistical:
+                params.pop("tries", None)
+            else:
+                params["tries"] = self._tries()
+        return params
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
@@ -509,8 +530,12 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
             merged["queries"] = int(old["queries"]) + int(rec["queries"])
             if "gradients" in rec or "gradients" in old:
                 merged["gradients"] = int(old.get("gradients", 0)) + int(rec.get("gradients", 0))
-            if "field_search" in rec:
-                merged["field_search"] = rec["field_search"]
+            if "field_search" in rec:  # a later round's "not run" keeps what ran before
+                ran = str(old.get("field_search", "")) in ("ran", "broken")
+                if rec["field_search"] in ("ran", "broken") or not ran:
+                    merged["field_search"] = rec["field_search"]
+                else:
+                    merged["field_search_skipped"] = str(rec["field_search"])
             if rec["outcome"] == "broken":
                 for k in ("outcome", "confidence", "probability", "abstained", "break_intensity",
                           "break_params", "break_pred", "break_seed", "worst_params",
@@ -592,34 +617,43 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                       todo: torch.Tensor,
                       cands: RoundCandidates, found: FullSearch
                       ) -> tuple[dict[int, tuple[bool, list[float], int, float, float]], int,
-                                 str | None]:
+                                 dict[int, str]]:
         """The gradient search over the design parameters on the samples ``todo`` (still
         robust after this round's design points), from :func:`field_search.starts_in_round`
         starts each (:mod:`certify.checks.field_search`). Returns per batch row (broken,
-        params, prediction, margin, probability), the starts per sample, and why the search
-        did not run (``None`` when it did)."""
+        params, prediction, margin, probability), the starts per sample, and per batch row
+        why the search did not run there."""
         prop, bound, _ = self._prop()
         starts = field_search.starts_in_round(self._round)
-        rows = todo.nonzero().flatten()
-        why = field_search.unavailable(model, x, scores)
-        if why is not None or len(rows) == 0:
-            return {}, starts, why
-        first = cands.rows[found.least[rows].clamp(min=0)][:, 1:]
-        seeds = [ctx.seed(int(index[j]), 0xF1E1D, self._round) for j in rows.tolist()]
+        rows = todo.nonzero().flatten().tolist()
+        if not rows:
+            return {}, starts, {}
+        whys = field_search.unavailable(model, x[torch.tensor(rows).to(x.device)],
+                                        scores[torch.tensor(rows).to(scores.device)])
+        skipped = {j: w for j, w in zip(rows, whys, strict=True) if w is not None}
+        rows = [j for j in rows if j not in skipped]
+        if not rows:
+            return {}, starts, skipped
+        at = torch.tensor(rows, dtype=torch.long)
+        first = cands.rows[found.least[at].clamp(min=0)][:, 1:]
+        seeds = [ctx.seed(int(index[j]), 0xF1E1D, self._round) for j in rows]
         dev = x.device
-        res = field_search.search_field(model, prop.apply, x[rows.to(dev)], y[rows.to(dev)],
-                                        bound, first, seeds, starts, model.info.output)
-        per = {int(j): (res.broken[k], res.params[k], res.pred[k], res.conf[k], res.prob[k])
-               for k, j in enumerate(rows.tolist())}
-        return per, starts, None
+        try:
+            res = field_search.search_field(model, prop.apply, x[at.to(dev)], y[at.to(dev)],
+                                            bound, first, seeds, starts, model.info.output)
+        except WhiteBoxUnavailable as exc:  # an operation failed on the gradient's path
+            return {}, starts, {**skipped, **{j: f"the torch copy failed: {exc}" for j in rows}}
+        per = {j: (res.broken[k], res.params[k], res.pred[k], res.conf[k], res.prob[k])
+               for k, j in enumerate(rows)}
+        return per, starts, skipped
 
     def _fold_field(self, rec: CorruptionRecord,
                     grad: tuple[dict[int, tuple[bool, list[float], int, float, float]], int,
-                                str | None], j: int, ctx: CheckContext) -> None:
+                                dict[int, str]], j: int, ctx: CheckContext) -> None:
         """Fold the gradient search's finding for batch row ``j`` into its record."""
-        per, starts, why = grad
-        if why is not None:
-            rec["field_search"] = f"not run: {why}"
+        per, starts, skipped = grad
+        if j in skipped:
+            rec["field_search"] = f"not run: {skipped[j]}"
             return
         if j not in per:
             return
@@ -725,7 +759,8 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         undecided = sum(r["outcome"] == "undecided" for r in records)
         n = robust + broken + undecided
         searched = [r for r in records if r["outcome"] in ("robust", "broken", "undecided")]
-        levels = [float(v) for v in _levels_intensity(prop, prop.lower_rows(bound, steps))]
+        levels = [float(prop.intensity(g[:1].double())[0])
+                  for g in _levels_of(prop, prop.lower_rows(bound, steps))]
         curve = noise.failure_curve(
             [*levels, bound],
             [[*r.get("below_failed", []), bool(r.get("fail0"))] for r in searched],
@@ -733,11 +768,11 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         acc, acc_iv = noise.mean_accuracy([int(r.get("first_correct", 0)) for r in records],
                                           [int(r.get("first_draws", 0)) for r in records])
         draws = [int(r.get("draws", 0)) for r in searched]
-        warnings: list[str] = []
         unsettled = None
         if undecided:
             unsettled = (f"{undecided} sample(s) undecided after {plan.max_draws:,} noise draws "
-                         "each: a larger max_draws would decide them")
+                         "each count on both sides of the interval: a larger max_draws decides "
+                         "them, more samples narrow it")
         # examples: the first failing draw of the samples shown not robust
         shown = [r for r in records if r["outcome"] == "broken"]
         details: dict[str, JSONLike] = {
@@ -760,7 +795,10 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         return Measurement(
             metrics={
                 "robustness_score": robust / n if n else 0.0,
-                **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
+                # each record's worst case is its most confident mistake among the draws, if
+                # any: right only where no draw failed
+                **worst_case_coverage(records, lambda r: r["outcome"] == "robust"
+                                      and not r.get("failures")),
                 "n_evaluated": n, "n_robust": robust, "n_undecided": undecided,
                 "n_misclassified": sum(r["outcome"] == "misclassified" for r in records),
                 "n_not_applicable": 0,
@@ -772,7 +810,6 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
             intervals={"robustness_score": noise.share_interval(robust, undecided, n),
                        "mean_accuracy_under_noise": acc_iv},
             details=details,
-            warnings=warnings,
             images=sink.images,
             unsettled=unsettled,
             settled=Settlement(random_draw=not self.searched(), statistical=True),
@@ -853,6 +890,14 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                             "lower this robustness score, so it cannot PASS")
             unsettled = "the search has not converged: a stronger search can only lower it"
         field = self._field_summary(records) if prop.gradient_design else None
+        if field is not None and field["samples_not_run"] and not field["no_graph"]:
+            # the model has a graph, but the copy could not search some samples: a search
+            # certify should have run is missing, so the row cannot PASS
+            warnings.append(f"{prop.name}: the gradient search over the field did not run on "
+                            f"{field['samples_not_run']} sample(s) ("
+                            f"{'; '.join(str(w) for w in typing.cast(list[str], field['not_run']))}"
+                            "): there, only the design search stands, which misses fields it "
+                            "does not visit")
         changed = sum(bool(r.get("clean_changed")) for r in records)
         if changed:
             warnings.append(f"{changed} sample(s) changed their clean answer between search "
@@ -881,7 +926,11 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
                 else "grid",
                 "search_rounds": state,
                 "reading": reading,
-                **({"gradient_search": field} if field is not None else {}),
+                **({"gradient_search": field,
+                    "method": "4: searched in rounds under the convergence rule, the design "
+                              "points with a gradient search over them where the model has a "
+                              "graph; worst case the most confident mistake"}
+                   if field is not None else {}),
                 "curve": curve,
                 "examples": self._examples(prop.apply, records, data, sink),
             },
@@ -898,14 +947,18 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         """What the gradient search over the design did: samples it searched and broke,
         gradient evaluations, and why it did not run where it did not."""
         ran = [r for r in records if r.get("field_search") in ("ran", "broken")]
-        skipped = sorted({str(r["field_search"])[len("not run: "):] for r in records
-                          if str(r.get("field_search", "")).startswith("not run: ")})
+        notes = [str(r.get(k, "")) for r in records
+                 for k in ("field_search", "field_search_skipped")]
+        skipped = sorted({n[len("not run: "):] for n in notes if n.startswith("not run: ")})
+        rounds = max((len(r.get("round_queries", [0])) for r in ran), default=1)
+        missed = sum(any(str(r.get(k, "")).startswith("not run: ")
+                         for k in ("field_search", "field_search_skipped")) for r in records)
         return {"searched": len(ran), "broken": sum(r["field_search"] == "broken" for r in ran),
                 "gradients": sum(int(r.get("gradients", 0)) for r in records),
                 "steps": field_search.STEPS,
-                "starts": [field_search.starts_in_round(k) for k in range(8)][:max(
-                    (len(r.get("round_queries", [0])) for r in ran), default=1)],
-                "not_run": skipped}
+                "starts": [field_search.starts_in_round(k) for k in range(rounds)],
+                "not_run": skipped, "samples_not_run": missed,
+                "no_graph": skipped == [field_search.NO_GRAPH]}
 
     def _examples(self, apply: Apply, records: list[CorruptionRecord], data: Dataset,
                   sink: ImageSink) -> list[dict[str, Any]]:
@@ -1004,6 +1057,15 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
                 raise SuiteError(f"{where}: {' and '.join(given)} apply to pairs with a random "
                                  "corruption only", hint="leave them out for two bounded "
                                  "transforms, which are searched over their joint grid")
+
+    def max_queries_per_sample(self) -> int:
+        """The clean query, the grids, and with a random corruption both draw budgets."""
+        if self.statistical():
+            _, _, _, gp, gbound, gsteps, _ = self._parts()
+            plan = noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
+            return 1 + len(gp.candidates(gbound, gsteps, self.tries)[0]) + 2 * plan.max_draws
+        g = self._grids()
+        return 1 + len(g["ra"]) + len(g["rb"]) + len(g["joint"])
 
     def statistical(self) -> bool:
         """Whether one part is a random corruption (the pair is then decided by draws)."""
@@ -1207,18 +1269,21 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
             })
         draws = [int(r.get("draws", 0)) for r in evaluated]
         how = (f"{gp.name} at its searched worst case (of its {len(grid)} grid points, the one "
-               f"with the smallest margin; a point that breaks it alone breaks the pair), "
-               f"{sp.name} drawn at its bound")
+               f"with the smallest margin, the strongest of equal margins; a point that breaks "
+               f"it alone breaks the pair), {sp.name} drawn at its bound: the pair is decided at "
+               f"that one point of {gp.name}, not over its whole grid")
         unsettled = None
         if uj:
-            unsettled = (f"{uj} sample(s) undecided after {plan.max_draws:,} noise draws each: "
-                         "a larger max_draws would decide them")
+            unsettled = (f"{uj} sample(s) undecided after {plan.max_draws:,} noise draws each "
+                         "count on both sides of the interval: a larger max_draws decides them, "
+                         "more samples narrow it")
         a_name, b_name = (sp.name, gp.name) if noise_first else (gp.name, sp.name)
         a_bound, b_bound = (sbound, gbound) if noise_first else (gbound, sbound)
         a_params, b_params = (sp.params, gp.params) if noise_first else (gp.params, sp.params)
         return Measurement(
             metrics={"robustness_score": sj, "score_first": sa, "score_second": sb,
-                     **worst_case_coverage(records, lambda r: r["outcome"] == "robust"),
+                     **worst_case_coverage(records, lambda r: r["outcome"] == "robust"
+                                           and not r.get("failures")),
                      "change_vs_weaker": sj - min(sa, sb), "n_evaluated": n,
                      "n_robust": rj, "joint_only_failures": len(only_joint),
                      "candidates": len(grid) + max(draws, default=0), "n_undecided": uj},
@@ -1311,10 +1376,6 @@ def _levels_of(prop: Property, rows: torch.Tensor) -> list[torch.Tensor]:
     for v in sorted({round(float(a), 9) for a in inten.tolist()}):
         out.append(rows[(inten - v).abs() < 1e-9])
     return out
-
-
-def _levels_intensity(prop: Property, rows: torch.Tensor) -> list[float]:
-    return sorted({round(float(a), 9) for a in prop.intensity(rows.double()).tolist()})
 
 
 #: Random-noise pixel properties and the threat model of the attacks that search their worst

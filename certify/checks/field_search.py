@@ -54,19 +54,29 @@ class FieldFound:
     gradients: int
 
 
-def unavailable(model: Model, x: torch.Tensor, clean_scores: torch.Tensor) -> str | None:
-    """Why the gradient search cannot run on ``model`` for this batch, or ``None``."""
+#: Why the search did not run on a model without a graph (an endpoint).
+NO_GRAPH = "the model's graph is not available (an endpoint): the design search only"
+
+
+def unavailable(model: Model, x: torch.Tensor, clean_scores: torch.Tensor
+                ) -> list[str | None]:
+    """Per sample of the batch, why the gradient search cannot run on it, or ``None``: the
+    model has no graph, the graph has no torch copy, or the copy's answer to that sample's
+    clean image differs from the model's (each sample is compared on its own, so the answer
+    does not depend on the batch)."""
     source = white_box_of(model)
     if source is None:
-        return "the model's graph is not available (an endpoint): the design search only"
+        return [NO_GRAPH] * len(x)
     try:
         copy = source.torch_copy()
-        eq = equivalence(copy.scores(x), clean_scores, copy.quantised)
+        copy_scores = copy.scores(x)
     except WhiteBoxUnavailable as exc:
-        return f"no torch copy of the graph: {exc}"
-    if not eq.ok:
-        return eq.why()
-    return None
+        return [f"no torch copy of the graph: {exc}"] * len(x)
+    out: list[str | None] = []
+    for j in range(len(x)):
+        eq = equivalence(copy_scores[j : j + 1], clean_scores[j : j + 1], copy.quantised)
+        out.append(None if eq.ok else eq.why())
+    return out
 
 
 def search_field(model: Model, apply: Apply, x: torch.Tensor, y: torch.Tensor,
@@ -85,34 +95,36 @@ def search_field(model: Model, apply: Apply, x: torch.Tensor, y: torch.Tensor,
     copy = source.torch_copy()
     b, dim = len(y), first.shape[1]
     rand = [torch.Generator().manual_seed(int(s)) for s in seeds]
-    inits = [first.float()]
-    for _ in range(starts - 1):
-        inits.append(torch.stack([torch.rand(dim, generator=g) * 2 - 1 for g in rand]))
-    c = torch.cat(inits).to(x.device)  # start-major: [starts * B, 16]
-    xs = x.repeat(starts, 1, 1, 1)
-    ys = y.repeat(starts)
-    level = torch.full((len(c), 1), float(bound), device=x.device)
-    no_seeds = torch.zeros(len(c), dtype=torch.long)
+    level = torch.full((b, 1), float(bound), device=x.device)
+    no_seeds = torch.zeros(b, dtype=torch.long)
 
     def margin(z: torch.Tensor) -> torch.Tensor:
-        true = z.gather(1, ys.view(-1, 1)).squeeze(1)
+        true = z.gather(1, y.view(-1, 1)).squeeze(1)
         other = z.clone()
-        other.scatter_(1, ys.view(-1, 1), -math.inf)
+        other.scatter_(1, y.view(-1, 1), -math.inf)
         return other.max(1).values - true  # > 0: a wrong class leads
 
     gradients = 0
-    for k in range(STEPS):
-        cg = c.detach().clone().requires_grad_(True)
-        with torch.enable_grad():
-            xt = apply(xs, torch.cat([level, cg], 1), no_seeds)
-        _, _, _, gx = copy.value_and_grad(xt.detach(), margin)
-        gradients += len(c)
-        (gc,) = torch.autograd.grad(xt, cg, grad_outputs=gx)
-        step = 0.5 * (1 - k / STEPS) + 0.02  # large steps first, then fine ones
-        c = (c + step * torch.sign(gc)).clamp_(-1.0, 1.0)
+    finals = []
+    for start in range(starts):  # one start of every sample at a time (bounded memory)
+        if start == 0:
+            c = first.float().to(x.device)
+        else:
+            c = torch.stack([torch.rand(dim, generator=g) * 2 - 1 for g in rand]).to(x.device)
+        for k in range(STEPS):
+            cg = c.detach().clone().requires_grad_(True)
+            with torch.enable_grad():
+                xt = apply(x, torch.cat([level, cg], 1), no_seeds)
+            _, _, _, gx = copy.value_and_grad(xt.detach(), margin)
+            gradients += b
+            (gc,) = torch.autograd.grad(xt, cg, grad_outputs=gx)
+            step = 0.5 * (1 - k / STEPS) + 0.02  # large steps first, then fine ones
+            c = (c + step * torch.sign(gc)).clamp_(-1.0, 1.0)
+        finals.append(torch.cat([level, c], 1))
     # the real model judges every final point (one query per start)
-    params = torch.cat([level, c], 1)
-    scores = model.predict(apply(xs, params, no_seeds)).cpu()
+    params = torch.cat(finals)  # start-major: [starts * B, 17]
+    ys = y.repeat(starts)
+    scores = torch.cat([model.predict(apply(x, f, no_seeds)).cpu() for f in finals])
     pred = scores.argmax(1)
     conf = confidences(scores, output)
     prob = top_probability(scores, output)

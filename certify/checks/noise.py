@@ -108,8 +108,9 @@ def draw_plan(delta: Any, confidence: Any, max_draws: Any, where: str) -> DrawPl
         raise SuiteError(
             f"{where}: {m} draws cannot show any sample robust at delta {plan.delta:g} with "
             f"confidence {plan.confidence:g} (not even without a failure)",
-            hint=f"raise max_draws to at least {need} (a few times that decides samples that "
-                 "fail now and then), or delta")
+            hint=(f"raise max_draws to at least {need} (a few times that decides samples that "
+                  "fail now and then), or delta" if need <= MAX_DRAWS_LIMIT else
+                  f"no max_draws up to {MAX_DRAWS_LIMIT} can: raise delta or lower confidence"))
     return plan
 
 
@@ -238,10 +239,11 @@ def level_failures(model: Model, y: torch.Tensor, rows: Sequence[int], perturb: 
     if not rows or not levels:
         return [[] for _ in rows]
     idx = torch.tensor(list(rows), dtype=torch.long)
-    lv = torch.arange(levels).repeat_interleave(len(idx))
-    rr = idx.repeat(levels)
-    bad = model.predict(perturb(rr, lv)).cpu().argmax(1) != y.cpu()[rr]
-    return bad.view(levels, len(idx)).t().tolist()
+    out = torch.zeros(levels, len(idx), dtype=torch.bool)
+    for lv in range(levels):  # one model call per level: the batch's size at most
+        bad = model.predict(perturb(idx, torch.full_like(idx, lv))).cpu().argmax(1)
+        out[lv] = bad != y.cpu()[idx]
+    return out.t().tolist()
 
 
 def share_interval(robust: int, undecided: int, n: int) -> tuple[float, float]:
@@ -272,7 +274,8 @@ def failure_curve(intensities: Sequence[float], failed: Sequence[Sequence[bool]]
     independent): its estimate and exact one-sided upper bound at ``confidence``, and the
     share kept correct at that bound (``score``)."""
     out: list[dict[str, Any]] = [{"intensity": 0.0, "failures": 0, "n": len(failed),
-                                  "failure_share": 0.0, "failure_upper": 0.0, "score": 1.0}]
+                                  "failure_share": 0.0, "failure_lower": 0.0,
+                                  "failure_upper": 0.0, "score": 1.0}]
     for k, lv in enumerate(intensities):
         col = [bool(f[k]) for f in failed if len(f) > k]
         n, fails = len(col), sum(col)

@@ -257,12 +257,14 @@ def summary_result(c: Any, r: glance.Row) -> str:
         return full if len(full) <= 160 else _first_clause(full, 160)
     text = _value_words(r)
     state = _unsettled(c)
-    flags = [words for key, words in (("statistical", "random corruption, decided per sample "
+    flags = [words for key, words in (("random", "random draw, not a worst case"),
+                                      ("statistical", "random corruption, decided per sample "
                                                       "at a stated confidence"),
-                                      ("random", "random draw, not a worst case"),
                                       ("search", "search not converged"),
                                       ("attack", "not converged"),
                                       ("weak", "binarization test failed")) if state[key]]
+    if state["random"] and state["statistical"]:  # random_linf, random_l0: one flag
+        flags.remove("random corruption, decided per sample at a stated confidence")
     if c.sample_errors:
         flags.append(f"{c.sample_errors} sample(s) errored")
     return text + ("; " + ", ".join(flags) if flags else "")
@@ -297,7 +299,7 @@ def limitations(result: RunResult) -> list[str]:
         out.append(f"Random draws, not worst cases: {', '.join(random)} (the attack rows at "
                    "the same bound say what an adversary finds).")
     statistical = [c for c in result.checks if state[c.id]["statistical"]
-                   and c.status not in ("ERROR", "SKIPPED")]
+                   and not state[c.id]["random"] and c.status not in ("ERROR", "SKIPPED")]
     if statistical:
         undecided = []
         for c in statistical:
@@ -309,6 +311,16 @@ def limitations(result: RunResult) -> list[str]:
                    f"confidence per sample, not worst cases: {', '.join(c.id for c in statistical)}"
                    + (f"; samples undecided within their draws, counted on both sides of the "
                       f"interval: {', '.join(undecided)}" if undecided else "") + ".")
+    no_gradient = []
+    for c in result.checks:
+        gs = c.details.get("gradient_search") if c.status not in ("ERROR", "SKIPPED") else None
+        if isinstance(gs, dict) and gs.get("samples_not_run"):
+            no_gradient.append(f"{c.id} ({gs.get('samples_not_run')} sample(s))")
+    if no_gradient:
+        out.append("Searched only by their design, without the gradient search over their "
+                   f"parameters (no graph of the model, or its copy disagreed): "
+                   f"{', '.join(no_gradient)}. A gradient search may find fields the design "
+                   "does not visit.")
     out += list(m.data.notes or [])  # resizing, a sample cap, skipped files
     pre = m.model.preprocessing
     out.append(
