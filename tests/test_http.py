@@ -38,8 +38,8 @@ def _suite(path: Path, attacks: bool = True, binarization: bool = False) -> Path
         {"id": "coverage", "kind": "coverage"},
         {"id": "rotation", "kind": "corruption", "params": {"property": "rotation",
                                                             "bound": 15, "steps": 3}},
-        {"id": "noise", "kind": "corruption", "params": {"property": "gaussian_noise",
-                                                         "bound": 0.1, "steps": 2, "max_draws": 96}},
+        {"id": "noise", "kind": "corruption", "params": {
+            "property": "gaussian_noise", "bound": 0.1, "steps": 2, "max_draws": 96}},
         {"id": "brittle", "kind": "brittleness", "samples": 4, "params": {"num_masks": 60}},
     ]
     if attacks:
