@@ -258,3 +258,41 @@ class Coverage(Check[CoverageRecord]):
 #: What "confidence" means on the card.
 CONFIDENCE_TEXT = ("the margin between the top two logits (log-probabilities for a probability "
                    "output); a positive scaling of the logits keeps its order")
+
+
+class WorstSeen:
+    """Per sample of a batch, over the candidates (or draws) tried in order: the first that
+    broke it (-1 if none) and its prediction, the most confident mistake (-1 if none) with its
+    prediction, margin and top probability, and the least confident correct answer's margin
+    and probability. What a corruption search and a random corruption's draws both keep."""
+
+    def __init__(self, b: int) -> None:
+        self.first = torch.full((b,), -1, dtype=torch.long)
+        self.first_pred = torch.full((b,), -1, dtype=torch.long)
+        self.worst = torch.full((b,), -1, dtype=torch.long)
+        self.worst_pred = torch.full((b,), -1, dtype=torch.long)
+        self.worst_conf = torch.full((b,), -math.inf)
+        self.worst_prob = torch.full((b,), math.nan)
+        self.least_conf = torch.full((b,), math.inf)
+        self.least_prob = torch.full((b,), math.nan)
+
+    def update(self, rows: torch.Tensor, t: int, bad: torch.Tensor, conf: torch.Tensor,
+               pred: torch.Tensor, prob: torch.Tensor) -> None:
+        """Candidate ``t``'s answers for the samples ``rows``: failed, margin, prediction and
+        top probability, each ``[len(rows)]``."""
+        new = bad & (self.first[rows] < 0)
+        self.first[rows[new]] = t
+        self.first_pred[rows[new]] = pred[new]
+        more = bad & (conf > self.worst_conf[rows])
+        self.worst[rows[more]] = t
+        self.worst_pred[rows[more]] = pred[more]
+        self.worst_conf[rows[more]] = conf[more]
+        self.worst_prob[rows[more]] = prob[more]
+        less = ~bad & (conf < self.least_conf[rows])
+        self.least_conf[rows[less]] = conf[less]
+        self.least_prob[rows[less]] = prob[less]
+
+    def finish(self) -> None:
+        """NaN margins where no mistake, or no correct answer, was seen."""
+        self.worst_conf[self.worst < 0] = math.nan
+        self.least_conf[self.least_conf.isinf()] = math.nan

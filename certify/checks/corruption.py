@@ -62,6 +62,7 @@ from certify.checks.base import (
 from certify.checks.confidence import (
     WORST_CASE_METRICS,
     ConfidenceRecord,
+    WorstSeen,
     confidences,
     top_probability,
     worst_case_coverage,
@@ -226,48 +227,26 @@ def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.T
     """Try every candidate (weakest first) on the ``searched`` samples, keeping the first
     break and the most confident mistake (largest top-two margin of a wrong answer)."""
     b = len(y)
-    first = torch.full((b,), -1, dtype=torch.long)
-    first_pred = torch.full((b,), -1, dtype=torch.long)
-    worst = torch.full((b,), -1, dtype=torch.long)
-    worst_pred = torch.full((b,), -1, dtype=torch.long)
-    worst_conf = torch.full((b,), float("-inf"))
-    worst_prob = torch.full((b,), float("nan"))
-    least_conf = torch.full((b,), float("inf"))
-    least_prob = torch.full((b,), float("nan"))
+    seen = WorstSeen(b)
     least = torch.full((b,), -1, dtype=torch.long)
     least_at = torch.full((b,), float("inf"))  # ties of the least margin: the later candidate
     ai = searched.cpu().nonzero().flatten()
     output = model.info.output
-    if len(ai) == 0:
-        return FullSearch(first, first_pred, worst, worst_pred, worst_conf.fill_(float("nan")),
-                          worst_prob, least_conf.fill_(float("nan")), least_prob, least)
     xs, ys = x[ai.to(x.device)], y[ai.to(y.device)].cpu()
-    for t in range(len(candidates)):
+    for t in range(len(candidates) if len(ai) else 0):
         params = candidates[t].expand(len(ai), -1).to(x.device)
         seeds = torch.tensor([seed_of(int(index[i]), t) for i in ai.tolist()], dtype=torch.long)
         scores = model.predict(apply(xs, params, seeds)).cpu()
         pred = scores.argmax(1)
         c = confidences(scores, output)
-        prob = top_probability(scores, output)
         bad = pred != ys
-        new_first = bad & (first[ai] < 0)
-        first[ai[new_first]] = t
-        first_pred[ai[new_first]] = pred[new_first]
-        more = bad & (c > worst_conf[ai])
-        worst[ai[more]] = t
-        worst_pred[ai[more]] = pred[more]
-        worst_conf[ai[more]] = c[more]
-        worst_prob[ai[more]] = prob[more]
-        less = ~bad & (c < least_conf[ai])
-        least_conf[ai[less]] = c[less]
-        least_prob[ai[less]] = prob[less]
+        seen.update(ai, t, bad, c, pred, top_probability(scores, output))
         tie = ~bad & (c <= least_at[ai])
         least[ai[tie]] = t
         least_at[ai[tie]] = c[tie]
-    worst_conf[worst < 0] = float("nan")
-    least_conf[least_conf.isinf()] = float("nan")
-    return FullSearch(first, first_pred, worst, worst_pred, worst_conf, worst_prob, least_conf,
-                      least_prob, least)
+    seen.finish()
+    return FullSearch(seen.first, seen.first_pred, seen.worst, seen.worst_pred,
+                      seen.worst_conf, seen.worst_prob, seen.least_conf, seen.least_prob, least)
 
 
 #: The default query budget per sample, in round 0's candidates.

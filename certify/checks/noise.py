@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import torch
 
 from certify.checks.base import CheckContext, pct
-from certify.checks.confidence import confidences, top_probability
+from certify.checks.confidence import WorstSeen, confidences, top_probability
 from certify.errors import SuiteError
 from certify.models.base import Model
 from certify.stats import (
@@ -164,14 +164,7 @@ def sequential_draws(model: Model, y: torch.Tensor, decide: torch.Tensor,
     failures = torch.zeros(b, dtype=torch.long)
     first_correct = torch.zeros(b, dtype=torch.long)
     look_of = torch.full((b,), -1, dtype=torch.long)
-    first_fail = torch.full((b,), -1, dtype=torch.long)
-    first_pred = torch.full((b,), -1, dtype=torch.long)
-    worst = torch.full((b,), -1, dtype=torch.long)
-    worst_pred = torch.full((b,), -1, dtype=torch.long)
-    worst_conf = torch.full((b,), -math.inf)
-    worst_prob = torch.full((b,), math.nan)
-    least_conf = torch.full((b,), math.inf)
-    least_prob = torch.full((b,), math.nan)
+    seen = WorstSeen(b)
     fail0 = torch.zeros(b, dtype=torch.bool)
     decision: list[str | None] = [None] * b
     active = decide.cpu().nonzero().flatten()
@@ -202,18 +195,7 @@ def sequential_draws(model: Model, y: torch.Tensor, decide: torch.Tensor,
             # ties of confidence keep the earliest draw (a stable scan of the entries)
             for k in range(t1 - t0):
                 sl = slice(k * len(rows), (k + 1) * len(rows))
-                bk, ck, pk, qk = bad[sl], conf[sl], pred[sl], prob[sl]
-                new = bk & (first_fail[rows] < 0)
-                first_fail[rows[new]] = t0 + k
-                first_pred[rows[new]] = pk[new]
-                more = bk & (ck > worst_conf[rows])
-                worst[rows[more]] = t0 + k
-                worst_pred[rows[more]] = pk[more]
-                worst_conf[rows[more]] = ck[more]
-                worst_prob[rows[more]] = qk[more]
-                less = ~bk & (ck < least_conf[rows])
-                least_conf[rows[less]] = ck[less]
-                least_prob[rows[less]] = qk[less]
+                seen.update(rows, t0 + k, bad[sl], conf[sl], pred[sl], prob[sl])
         drawn = upto
         still = []
         for j in active.tolist():
@@ -224,12 +206,12 @@ def sequential_draws(model: Model, y: torch.Tensor, decide: torch.Tensor,
                 decision[j] = d
                 look_of[j] = look
         active = torch.tensor(still, dtype=torch.long)
-    worst_conf[worst < 0] = math.nan
-    least_conf[least_conf.isinf()] = math.nan
+    seen.finish()
     return Drawn(decision, draws.tolist(), failures.tolist(), look_of.tolist(),
-                 first_fail.tolist(), first_pred.tolist(), worst.tolist(), worst_pred.tolist(),
-                 worst_conf.tolist(), worst_prob.tolist(), least_conf.tolist(),
-                 least_prob.tolist(), fail0.tolist(), first_correct.tolist())
+                 seen.first.tolist(), seen.first_pred.tolist(), seen.worst.tolist(),
+                 seen.worst_pred.tolist(), seen.worst_conf.tolist(), seen.worst_prob.tolist(),
+                 seen.least_conf.tolist(), seen.least_prob.tolist(), fail0.tolist(),
+                 first_correct.tolist())
 
 
 def level_failures(model: Model, y: torch.Tensor, rows: Sequence[int], perturb: Perturb,
