@@ -154,9 +154,8 @@ def certify_model(
         if run is not None:
             run.close()
         for m in (model, reference):
-            close = getattr(m, "close", None)
-            if close is not None:
-                close()
+            if m is not None:
+                m.close()
     result = outcome.result
     extra: dict[str, Any] = {"renderer": renderer_info(), "evaluated_at": _now_utc()}
     if opts.provenance != "full":

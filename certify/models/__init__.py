@@ -7,6 +7,7 @@ from pathlib import Path
 
 from certify.device import DeviceChoice
 from certify.errors import ModelError, UsageError
+from certify.models import registry
 from certify.models.base import (
     WHITE_BOX,
     FeatureModel,
@@ -18,6 +19,7 @@ from certify.models.base import (
     transfer_text,
 )
 from certify.models.http import HttpOptions
+from certify.models.registry import LoadRequest
 from certify.redact import redact
 
 __all__ = [
@@ -42,38 +44,27 @@ def load_model(
     threads: int = 0,
     surrogate: str | None = None,
 ) -> Model:
-    """Load a model from a path (``.onnx``) or an endpoint URL (``http(s)://…``).
+    """Load a model in any format the registry reads (:mod:`certify.models.registry`: an
+    ONNX file, a PyTorch program, an endpoint URL).
 
-    ``threads`` caps onnxruntime's CPU threads (0: its default). ``surrogate``: an ONNX file
-    whose graph the white-box attacks use on an endpoint (:func:`attach_surrogate`). Raises
-    :class:`ModelError` when the model cannot be loaded, reached or used as a classifier.
+    ``threads`` caps onnxruntime's CPU threads (0: its default). ``surrogate``: a local model
+    file whose graph the white-box attacks use on an endpoint (:func:`attach_surrogate`).
+    Raises :class:`ModelError` when the model cannot be loaded, reached or used as a
+    classifier, or is refused (a pickle, an archive with a member that could run code).
     """
-    if spec.startswith(("http://", "https://")):
-        from certify.models.http import HttpModel
-
-        model: Model = HttpModel(spec, device, preprocessing, input_size=input_size,
-                                 num_classes=num_classes, options=http)
-    else:
-        model = _onnx(spec, device, preprocessing, input_size, num_classes, threads)
+    request = LoadRequest(device, preprocessing, input_size, num_classes, http, threads)
+    model = registry.load(spec, request)
     if surrogate is not None:
-        attach_surrogate(model, spec, _onnx(surrogate, device, preprocessing, input_size,
-                                            num_classes, threads, role="the surrogate"))
+        if registry.is_endpoint(surrogate):
+            raise UsageError(f"the surrogate must be a model file, not an endpoint "
+                             f"({redact(surrogate)})",
+                             hint="white-box attacks need the surrogate's graph")
+        try:
+            attach_surrogate(model, spec, registry.load(surrogate, request))
+        except BaseException:
+            model.close()
+            raise
     return model
-
-
-def _onnx(spec: str, device: DeviceChoice, preprocessing: Preprocessing | None,
-          input_size: tuple[int, int] | None, num_classes: int | None, threads: int,
-          role: str = "") -> Model:
-    if role and spec.startswith(("http://", "https://")):
-        raise UsageError(f"{role} must be an ONNX file, not an endpoint ({redact(spec)})",
-                         hint="white-box attacks need the surrogate's graph")
-    path = Path(spec)
-    if path.is_dir():
-        raise ModelError(f"{spec} is a directory, not a model file", hint="pass a .onnx file")
-    from certify.models.onnx import OnnxModel
-
-    return OnnxModel(path, device, preprocessing, input_size=input_size, num_classes=num_classes,
-                     threads=threads)
 
 
 def attach_surrogate(model: Model, spec: str, surrogate: Model) -> None:

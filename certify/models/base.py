@@ -96,6 +96,11 @@ class Model(Protocol):
         """Scores for a batch, on the same device as ``x``."""
         ...
 
+    def close(self) -> None:
+        """Release what the model holds (sessions, connections, programs); the model is not
+        asked again afterwards."""
+        ...
+
 
 @runtime_checkable
 class FeatureModel(Model, Protocol):
@@ -200,8 +205,17 @@ class QueryCounter:
         self.shared = shared
         self.queries = 0
         self._budgets = (Budget(budget), *shared)
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop this counter: a later query is refused. The wrapped model is shared with
+        other counters and stays open (whoever loaded it closes it)."""
+        self._closed = True
 
     def _spend(self, x: torch.Tensor) -> None:
+        if self._closed:
+            raise ModelError("the model was asked after its counter was closed",
+                             hint="report this as a bug in certify")
         n = int(x.shape[0])
         with _SPEND:  # budgets are shared by the in-process executor's lanes (threads)
             for b in self._budgets:

@@ -460,6 +460,13 @@ class OnnxModel:
         feats = self._run(arr, self._feature_session, self.feature_name).reshape(len(arr), -1)
         return torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)).to(x.device)
 
+    def close(self) -> None:
+        """Drop this model's onnxruntime sessions and torch copy (a view made by
+        :meth:`with_preprocessing` keeps its own references)."""
+        self._feature_session = None
+        self._torch_copy = None
+        self.session = None
+
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
         out = self._run(self._to_model_input(x))

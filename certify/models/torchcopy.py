@@ -40,6 +40,10 @@ HEAD_OPS = frozenset({"Round", "Floor", "Ceil", "Mul", "Div", "Add", "Sub", "Sof
                       "QuantizeLinear", "DequantizeLinear", "Relu", "Neg", "Exp", "Log"})
 #: Operations that quantise scores: a head holding one is reported on the card.
 QUANTISING = frozenset({"Round", "Floor", "Ceil", "ArgMax", "TopK", "QuantizeLinear", "Cast"})
+#: The same, as the operation names of a PyTorch program's head (aten operations).
+QUANTISING_NAMES = frozenset({"round", "floor", "ceil", "argmax", "topk", "sign", "trunc",
+                              "quantize_per_tensor", "quantize_per_channel",
+                              "fake_quantize_per_tensor_affine"})
 #: Largest |score difference| (relative to the scores' scale) the copy may have from the model.
 TOLERANCE = 1e-4
 #: With a quantising head, float rounding before it can move a score by one step on a few
@@ -99,12 +103,41 @@ def equivalence(copy_scores: torch.Tensor, model_scores: torch.Tensor,
         decisions_differ=int((a.argmax(1) != b.argmax(1)).sum()), quantised=quantised)
 
 
+class Differentiable(Protocol):
+    """What the white-box attacks differentiate: :class:`TorchCopy` for an ONNX graph, the
+    program itself for a PyTorch program (:class:`~certify.models.torchprog.ProgramGradients`).
+    Scores come from the whole model, gradients from the cut (BPDA)."""
+
+    #: the operations after the cut (empty: the cut is the output)
+    head: tuple[str, ...]
+    #: whether the head quantises scores (rounding, arg-max, ...)
+    quantised: bool
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole model's answer ``[N, K]`` (one-hot for labels)."""
+        ...
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`scores` (the predictor interface)."""
+        ...
+
+    def apply_head(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head applied to ``logits`` in place of the cut."""
+        ...
+
+    def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(scores, cut logits, ``loss(cut)``, its input gradient), detached."""
+        ...
+
+
 @runtime_checkable
 class WhiteBoxModel(Model, Protocol):
-    """A model whose graph certify holds: white-box attacks take gradients of its copy."""
+    """A model whose graph certify holds: white-box attacks take its gradients."""
 
-    def torch_copy(self) -> TorchCopy:
-        """The graph as a torch module (built once; raises ``WhiteBoxUnavailable``)."""
+    def torch_copy(self) -> Differentiable:
+        """What the attacks differentiate (built once; raises ``WhiteBoxUnavailable``): a
+        torch copy of an ONNX graph, or a PyTorch program itself."""
         ...
 
 

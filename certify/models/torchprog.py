@@ -1,0 +1,722 @@
+"""PyTorch programs as models: ``torch.export`` archives (``.pt2``), TorchScript files and
+``torch.nn.Module`` objects in memory (the Python API), plus black-box ``predict`` objects.
+
+A program is run as it was saved, with its own operations and weights: ``predict`` is one
+forward pass, and the white-box attacks take the program's own gradients (no ONNX conversion,
+no torch copy). As on the ONNX path (:mod:`certify.models.torchcopy`), the gradient is taken at
+the output of the program's last linear layer (the *cut*) and the decisions after the whole
+program, so a rounding or arg-max head does not starve the attacks of gradients (BPDA):
+
+- an exported program is an FX graph of aten operations: the cut is found in it and read with an
+  interpreter (:class:`FxProgram`);
+- a TorchScript program's graph is inlined and given the cut as a second output, a TorchScript
+  function of the same operations (:class:`ScriptProgram`);
+- a module that ``torch.export`` cannot trace is run as it is, its gradient taken at its output
+  (:class:`ModuleProgram`; the card says so).
+
+Files are checked by :mod:`certify.models.torchsafety` before torch loads them. Shapes:
+``x`` ``[N, C, H, W]`` float32 in ``[0, 1]`` (certify's convention); the program gets it after
+the suite's preprocessing (scale, mean/std, channel order, layout), like an ONNX model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from certify.device import DeviceChoice
+from certify.errors import ModelError
+from certify.models.base import (
+    WHITE_BOX,
+    ModelInfo,
+    OutputKind,
+    Preprocessing,
+    image_layout,
+    output_kind,
+    preprocess,
+    probe_images,
+    require_finite_probe,
+)
+from certify.models.torchcopy import QUANTISING_NAMES, WhiteBoxUnavailable
+
+#: Operations that are a linear layer (the cut is the last one's output).
+_LINEAR = frozenset({"linear", "addmm", "mm", "matmul"})
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Silence torch's own warnings while it loads or traces a program (``torch.jit.*`` is
+    deprecated in torch 2.13 and says so on every call; the test configuration makes warnings
+    errors). certify's own messages say what matters."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _first_tensor(out: Any) -> torch.Tensor:
+    """The first tensor of a program's output (a tensor, a tuple, a list or a dict)."""
+    leaves, _ = torch.utils._pytree.tree_flatten(out)
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    raise ModelError("the program's output holds no tensor",
+                     hint="certify needs class scores [N, K] or labels [N]")
+
+
+def _op_name(target: Any) -> str:
+    """``aten.round.default`` → ``round``; a Python callable → its name."""
+    name = getattr(target, "_opname", None) or getattr(target, "__name__", None) or str(target)
+    return str(name).split(".")[-1] if "." in str(name) else str(name)
+
+
+class Program(Protocol):
+    """A loaded program: its answer, its answer with the cut, and its head on its own."""
+
+    #: the operations after the cut, in order (empty: the cut is the output)
+    head: tuple[str, ...]
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The program's answer (its first output tensor) for a model-convention input."""
+        ...
+
+    def run_cut(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the cut's tensor, the program's answer), gradients flowing."""
+        ...
+
+    def run_head(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head applied to ``logits`` in place of the cut; raises WhiteBoxUnavailable when
+        the head needs more than the cut."""
+        ...
+
+
+class FxProgram:
+    """An exported program's graph (``ExportedProgram.module()``), with its cut."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        nodes = list(gm.graph.nodes)
+        self._output = next(n for n in nodes if n.op == "output")
+        out_leaves, _ = torch.utils._pytree.tree_flatten(self._output.args[0])
+        answer = next((a for a in out_leaves if isinstance(a, torch.fx.Node)), None)
+        if answer is None:
+            raise ModelError("the exported program returns no tensor",
+                             hint="certify needs class scores [N, K] or labels [N]")
+        self._answer: torch.fx.Node = answer
+        linear = [n for n in nodes if n.op == "call_function" and _op_name(n.target) in _LINEAR
+                  and any(a.op == "get_attr" for a in n.all_input_nodes)]
+        self._cut: torch.fx.Node = linear[-1] if linear else answer
+        after = _descendants(self._cut)
+        self._head_nodes = [n for n in nodes if n in after and n.op == "call_function"
+                            and (n is answer or answer in _descendants(n))]
+        self.head = tuple(_op_name(n.target) for n in self._head_nodes)
+        self._outside = {a for n in self._head_nodes for a in n.all_input_nodes
+                         if a is not self._cut and a not in after}
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The graph's answer (compiled forward)."""
+        return _first_tensor(self.gm(x))
+
+    def run_cut(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the cut's tensor, the answer), read with an FX interpreter."""
+        interp = torch.fx.Interpreter(self.gm, garbage_collect_values=False)
+        interp.run(x)
+        return interp.env[self._cut], interp.env[self._answer]
+
+    def run_head(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's operations on ``logits`` (constants fetched; anything else refused)."""
+        if any(a.op != "get_attr" for a in self._outside):
+            raise WhiteBoxUnavailable("the output head needs more than the last linear "
+                                      "layer's output")
+        interp = torch.fx.Interpreter(self.gm)
+        interp.env = {self._cut: logits}
+        for a in self._outside:
+            interp.env[a] = interp.fetch_attr(str(a.target))
+        for n in self._head_nodes:
+            interp.env[n] = interp.run_node(n)
+        return interp.env[self._answer] if self._head_nodes else logits
+
+
+def _descendants(node: torch.fx.Node) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    todo = list(node.users)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.users)
+    return seen
+
+
+class ScriptProgram:
+    """A TorchScript program, and a TorchScript function of its inlined graph that returns the
+    cut beside the answer (the same operations, the program's own weights)."""
+
+    def __init__(self, module: torch.jit.ScriptModule) -> None:
+        self.module = module
+        self._cut_fn: Any = None
+        self._head_fn: Any = None
+        self.head: tuple[str, ...] = ()
+        self.why_no_cut = ""
+        with quiet_torch():
+            try:
+                self._build_cut()
+            except Exception as exc:  # noqa: BLE001 - a graph certify cannot cut: said
+                self.why_no_cut = f"{type(exc).__name__}: {str(exc)[:200]}"
+                self._cut_fn = None
+
+    def _build_cut(self) -> None:
+        graph = self.module.inlined_graph
+        linear = [n for n in graph.nodes() if n.kind().split("::")[-1] in _LINEAR]
+        if not linear:
+            return
+        cut = linear[-1].output()
+        ret = graph.return_node()
+        answer = ret.input()
+        nodes = list(graph.nodes())
+        after = [n.kind().split("::")[-1] for n in nodes[nodes.index(linear[-1]) + 1:]
+                 if n.kind().startswith("aten::")]
+        if not after:
+            return
+        pair = graph.create("prim::TupleConstruct", [cut, answer], 1)
+        pair.insertBefore(ret)
+        pair.output().setType(torch._C.TupleType([cut.type(), answer.type()]))
+        ret.replaceInput(0, pair.output())
+        self._cut_fn = torch._C._create_function_from_graph("certify_cut", graph)
+        self.head = tuple(after)
+        head_graph = self.module.inlined_graph
+        lin = [n for n in head_graph.nodes() if n.kind().split("::")[-1] in _LINEAR][-1]
+        logits = head_graph.addInput("logits")
+        logits.setType(lin.output().type())
+        lin.output().replaceAllUsesWith(logits)
+        torch._C._jit_pass_dce(head_graph)
+        image = list(head_graph.inputs())[1]
+        if not image.uses():
+            self._head_fn = torch._C._create_function_from_graph("certify_head", head_graph)
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The program's answer."""
+        return _first_tensor(self.module(x))
+
+    def run_cut(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the cut's tensor, the answer); the answer twice without a head."""
+        if self._cut_fn is None:
+            out = self.run(x)
+            return out, out
+        cut, out = self._cut_fn(self.module._c, x)
+        return cut, _first_tensor(out)
+
+    def run_head(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's operations on ``logits``."""
+        if not self.head:
+            return logits
+        if self._head_fn is None:
+            raise WhiteBoxUnavailable("the output head needs more than the last linear "
+                                      "layer's output")
+        return _first_tensor(self._head_fn(self.module._c, torch.empty(0), logits))
+
+
+class ModuleProgram:
+    """A module run as it is (it could not be exported): gradients at its output."""
+
+    head: tuple[str, ...] = ()
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The module's answer."""
+        return _first_tensor(self.module(x))
+
+    def run_cut(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The answer twice (no cut)."""
+        out = self.run(x)
+        return out, out
+
+    def run_head(self, logits: torch.Tensor) -> torch.Tensor:
+        """No head: the logits."""
+        return logits
+
+
+class ProgramGradients:
+    """The white-box view of a program (what :class:`~certify.models.torchcopy.TorchCopy` is
+    for an ONNX graph): scores after the whole program, the loss and its input gradient at the
+    cut. ``x`` is in certify's convention; preprocessing is applied here, differentiably."""
+
+    def __init__(self, program: Program, pre: Preprocessing, channels: int, layout: str,
+                 num_classes: int, fixed_batch: int | None) -> None:
+        self.program = program
+        self.pre = pre
+        self.channels = channels
+        self.layout = layout
+        self.num_classes = num_classes
+        self.fixed_batch = fixed_batch
+        self.head = program.head
+        self.quantised = any(op in QUANTISING_NAMES for op in self.head)
+
+    def _chunks(self, x: torch.Tensor) -> Iterator[tuple[torch.Tensor, int]]:
+        """``x`` in pieces the program takes (its fixed batch, the last one padded)."""
+        fb = self.fixed_batch
+        if fb is None:
+            yield x, len(x)
+            return
+        for start in range(0, len(x), fb):
+            part = x[start:start + fb]
+            n = len(part)
+            if n < fb:
+                part = torch.cat([part, part[-1:].expand(fb - n, *part.shape[1:])])
+            yield part, n
+
+    def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
+        if out.dim() == 1 or not out.is_floating_point():
+            return F.one_hot(out.reshape(n).long(), self.num_classes).float()
+        return out.reshape(n, -1).float()
+
+    @torch.no_grad()
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """The program's answer ``[N, K]`` (one-hot for labels)."""
+        outs = [self._as_scores(self.program.run(self._input(p))[:n], n)
+                for p, n in self._chunks(x)]
+        return torch.cat(outs) if outs else torch.zeros(0, self.num_classes)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`scores` (a white-box attack's forward pass)."""
+        return self.scores(x)
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        return preprocess(x, self.pre, self.channels, self.layout)
+
+    @torch.no_grad()
+    def apply_head(self, logits: torch.Tensor) -> torch.Tensor:
+        """The program's operations after the cut applied to ``logits`` ``[N, K']``."""
+        out = self.program.run_head(logits)
+        n, k = logits.shape
+        if out.dim() == 1 or not out.is_floating_point():
+            return F.one_hot(out.reshape(n).long(), k).float()
+        return out.reshape(n, -1).float()
+
+    def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward and backward pass: (scores, cut logits, ``loss(cut)``, its gradient with
+        respect to ``x``), all detached; the loss at the cut, the decisions after the head."""
+        parts = []
+        for part, n in self._chunks(x):
+            xg = part.detach().clone().requires_grad_(True)
+            with torch.enable_grad():
+                cut, out = self.program.run_cut(self._input(xg))
+                cut = cut.reshape(len(part), -1).float()[:n]
+                value = loss(cut)
+                (grad,) = torch.autograd.grad(value.sum(), xg)
+            parts.append((self._as_scores(out.detach()[:n], n), cut.detach(), value.detach(),
+                          grad.detach()[:n]))
+        return tuple(torch.cat([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+
+
+def program_digest(gm: torch.fx.GraphModule) -> str:
+    """``sha256:<hex>`` of an exported program's graph code and its weights (every parameter,
+    buffer and constant, by name, with dtype and shape): the identity of a module in memory."""
+    h = hashlib.sha256(b"certify-program-digest-v1\n")
+    h.update(gm.code.encode())
+    named: dict[str, torch.Tensor] = dict(gm.named_buffers())
+    named.update({k: v.data for k, v in gm.named_parameters()})
+    for name, value in vars(gm).items():
+        if isinstance(value, torch.Tensor) and name not in named:
+            named[name] = value
+    for name in sorted(named):
+        t = named[name].detach().cpu().contiguous()
+        h.update(f"{name} {t.dtype} {list(t.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return f"sha256:{h.hexdigest()}"
+
+
+class TorchProgramModel:
+    """A PyTorch program as a local white-box model (see the module's docstring).
+
+    Built by :func:`load_pt2`, :func:`load_torchscript` and :func:`from_module`; ``predict``
+    runs the program, :meth:`torch_copy` gives the attacks its gradients.
+    """
+
+    feature_name: str | None = None
+
+    def __init__(self, program: Program, *, name: str, identity: str, input_shape:
+                 tuple[int, int, int], layout: str, device: DeviceChoice,
+                 preprocessing: Preprocessing | None, num_classes: int | None,
+                 fixed_batch: int | None, float_input: bool, kind: str,
+                 white_box_note: str = "") -> None:
+        self.program = program
+        self.preprocessing = preprocessing or Preprocessing()
+        self.layout = layout
+        self.input_shape = input_shape
+        self.fixed_batch = fixed_batch
+        self._device = device.torch_device
+        self._float_input = float_input
+        probe = self._raw(probe_images(input_shape)).detach().cpu()
+        if probe.dim() not in (1, 2) or probe.shape[0] != 4:
+            raise ModelError(f"{name} answers shape {list(probe.shape)} for 4 images",
+                             hint="certify needs class scores [N, K] or labels [N]")
+        arr = probe.numpy() if probe.is_floating_point() else probe.numpy().astype(np.int64)
+        require_finite_probe(arr, name)
+        output: OutputKind = output_kind(arr)
+        k = int(arr.shape[1]) if arr.ndim == 2 else int(num_classes or 0)
+        if output == "labels" and not k:
+            raise ModelError("the program returns labels but the number of classes is unknown",
+                             hint="name the classes: --labels FILE or classes in the suite")
+        self.num_classes = k
+        self.output_kind = output
+        why = None if float_input else ("the program's input is an integer tensor: it has no "
+                                        "gradient, so only black-box attacks apply")
+        self._white_box_refusal = why
+        self._gradients: ProgramGradients | None = None
+        batch = "dynamic" if fixed_batch is None else f"fixed {fixed_batch} (chunked)"
+        self.info = ModelInfo(
+            name=name, identity=identity, input_shape=input_shape, num_classes=k,
+            output=output, layout=layout,  # type: ignore[arg-type]
+            batch=batch, provider=f"torch {torch.__version__} ({self._device.type})",
+            preprocessing=self.preprocessing, metadata={"format": kind},
+            white_box=(WHITE_BOX if why is None else f"unavailable: {why}"))
+        if white_box_note:
+            self.info.metadata["white_box"] = white_box_note
+        self._lock = threading.Lock()
+
+    def refuse_white_box(self, why: str) -> None:
+        """No white-box attacks on this model, for the reason ``why`` (said on the card)."""
+        self._white_box_refusal = why
+        self.info = dataclasses.replace(self.info, white_box=f"unavailable: {why}")
+
+    def _raw(self, x: torch.Tensor) -> torch.Tensor:
+        inp = preprocess(x.to(self._device), self.preprocessing, self.input_shape[0],
+                         self.layout)
+        if not self._float_input:
+            inp = inp.round().clamp(0, 255).to(torch.uint8)
+        fb = self.fixed_batch
+        with torch.no_grad():
+            if fb is None:
+                return self.program.run(inp)
+            outs = []
+            for start in range(0, len(inp), fb):
+                part = inp[start:start + fb]
+                n = len(part)
+                if n < fb:
+                    part = torch.cat([part, part[-1:].expand(fb - n, *part.shape[1:])])
+                outs.append(self.program.run(part)[:n])
+            return torch.cat(outs)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
+        out = self._raw(x)
+        if out.dim() == 1 or not out.is_floating_point():
+            scores = F.one_hot(out.reshape(len(x)).long(), self.num_classes).float()
+        else:
+            scores = out.reshape(len(x), -1).float()
+        return scores.to(x.device)
+
+    def torch_copy(self) -> ProgramGradients:
+        """The program's own gradients for the white-box attacks (no copy: the name is the
+        white-box interface's). Raises WhiteBoxUnavailable for an integer input."""
+        if self._white_box_refusal is not None:
+            raise WhiteBoxUnavailable(self._white_box_refusal)
+        with self._lock:
+            if self._gradients is None:
+                self._gradients = ProgramGradients(
+                    self.program, self.preprocessing, self.input_shape[0], self.layout,
+                    self.num_classes, self.fixed_batch)
+        return self._gradients
+
+    def close(self) -> None:
+        """Drop the program (its weights are freed once no attack holds them)."""
+        self._gradients = None
+
+
+def _agrees_batched(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
+    """Whether a batch gives each image the answer it gets alone (a batch size baked into a
+    traced graph does not)."""
+    try:
+        with torch.no_grad():
+            batched = run(x)
+            single = torch.cat([run(x[i:i + 1]) for i in range(len(x))])
+    except Exception:  # noqa: BLE001 - any failure: the program takes its own batch only
+        return False
+    return batched.shape == single.shape and bool(torch.allclose(
+        batched.float(), single.float(), rtol=1e-4, atol=1e-5))
+
+
+def _probe_input(shape: tuple[int, int, int], layout: str, pre: Preprocessing, n: int,
+                 float_input: bool) -> torch.Tensor:
+    x = preprocess(probe_images(shape, n), pre, shape[0], layout)
+    return x if float_input else x.round().clamp(0, 255).to(torch.uint8)
+
+
+def load_pt2(path: Path, device: DeviceChoice, preprocessing: Preprocessing | None,
+             input_size: tuple[int, int] | None, num_classes: int | None) -> TorchProgramModel:
+    """A ``torch.export`` archive, checked by :func:`~certify.models.torchsafety.scan_pt2`
+    before torch reads it; identified by the archive's sha256."""
+    from certify.models.onnx import sha256_file
+    from certify.models.torchsafety import scan_pt2
+
+    scan_pt2(path)
+    try:
+        with quiet_torch():
+            ep = torch.export.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - any failure of torch's loader: a bad archive
+        raise ModelError(f"torch.export.load cannot read {path.name}: {type(exc).__name__}: "
+                         f"{str(exc)[:200]}", hint="save it again with torch.export.save "
+                                                   "and this torch version") from None
+    return _from_exported(ep, path.name, f"sha256:{sha256_file(path)}", device, preprocessing,
+                          input_size, num_classes, "PyTorch exported program (.pt2)")
+
+
+def _from_exported(ep: Any, name: str, identity: str, device: DeviceChoice,
+                   preprocessing: Preprocessing | None, input_size: tuple[int, int] | None,
+                   num_classes: int | None, kind: str) -> TorchProgramModel:
+    users = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    if len(users) != 1:
+        raise ModelError(f"{name} takes {len(users)} inputs",
+                         hint="certify needs an image classifier with exactly one image input")
+    val = placeholders[users[0].arg.name].meta.get("val")
+    if val is None:
+        raise ModelError(f"{name} does not state its input's shape", hint="export it again")
+    dims: list[int | str] = [int(d) if isinstance(d, int) else str(d) for d in val.shape]
+    layout, channels, height, width = image_layout(users[0].arg.name, dims)
+    if not isinstance(height, int) or not isinstance(width, int):
+        if input_size is None:
+            raise ModelError(f"{name}'s input has a symbolic image size {dims}",
+                             hint="set preprocessing.input_size: [H, W] in the suite")
+        height, width = input_size
+    float_input = bool(val.dtype.is_floating_point)
+    if device.torch_device.type != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        ep = move_to_device_pass(ep, device.torch_device)
+    with quiet_torch():
+        gm = ep.module(check_guards=False)
+    # the input check torch adds refuses another batch size than the export's, even where the
+    # graph takes any: certify feeds the stated image shape and tests the batch itself
+    for key, hook in list(gm._forward_pre_hooks.items()):
+        if getattr(hook, "__name__", "") == "_check_input_constraints_pre_hook":
+            del gm._forward_pre_hooks[key]
+    program = FxProgram(gm)
+    shape = (channels, int(height), int(width))
+    pre = preprocessing or Preprocessing()
+    fixed = dims[0] if isinstance(dims[0], int) else None
+    if fixed is not None and _agrees_batched(
+            program.run, _probe_input(shape, layout, pre, 3, float_input).to(device.torch_device)):
+        fixed = None  # exported at one batch size, but its graph takes any
+    return TorchProgramModel(program, name=name, identity=identity, input_shape=shape,
+                             layout=layout, device=device, preprocessing=preprocessing,
+                             num_classes=num_classes, fixed_batch=fixed,
+                             float_input=float_input, kind=kind)
+
+
+def load_torchscript(path: Path, device: DeviceChoice, preprocessing: Preprocessing | None,
+                     input_size: tuple[int, int] | None, num_classes: int | None
+                     ) -> TorchProgramModel:
+    """A TorchScript file, checked by :func:`~certify.models.torchsafety.scan_torchscript`
+    before torch reads it; identified by the file's sha256. A TorchScript file does not state
+    its input shape: the suite's ``input_size`` gives it, and the channels (3 or 1) and layout
+    (NCHW or NHWC) are the first the program accepts."""
+    from certify.models.onnx import sha256_file
+    from certify.models.torchsafety import scan_torchscript
+
+    scan_torchscript(path)
+    if input_size is None:
+        raise ModelError(f"{path.name} is a TorchScript program, which does not state its "
+                         "input size", hint="set preprocessing.input_size: [H, W] in the suite")
+    try:
+        with quiet_torch():
+            module = torch.jit.load(str(path), map_location=device.torch_device)
+            module.eval()
+    except Exception as exc:  # noqa: BLE001 - any failure of torch's loader: a bad file
+        raise ModelError(f"torch.jit.load cannot read {path.name}: {type(exc).__name__}: "
+                         f"{str(exc)[:200]}", hint="save it again with this torch version"
+                         ) from None
+    program = ScriptProgram(module)
+    pre = preprocessing or Preprocessing()
+    shape, layout = _accepted_shape(program.run, input_size, pre, device, path.name)
+    fixed = None if _agrees_batched(program.run, _probe_input(
+        shape, layout, pre, 3, True).to(device.torch_device)) else 1
+    model = TorchProgramModel(program, name=path.name,
+                              identity=f"sha256:{sha256_file(path)}", input_shape=shape,
+                              layout=layout, device=device, preprocessing=preprocessing,
+                              num_classes=num_classes, fixed_batch=fixed, float_input=True,
+                              kind="TorchScript program")
+    if program.why_no_cut:  # gradients through an uncut head could be starved: none at all
+        model.refuse_white_box(f"certify could not cut the program's graph after its last "
+                               f"linear layer ({program.why_no_cut})")
+    return model
+
+
+def _accepted_shape(run: Callable[[torch.Tensor], torch.Tensor], size: tuple[int, int],
+                    pre: Preprocessing, device: DeviceChoice, name: str
+                    ) -> tuple[tuple[int, int, int], str]:
+    """The first input convention (3 or 1 channels, NCHW or NHWC) the program answers."""
+    tried = []
+    for channels in (3, 1):
+        for layout in ("NCHW", "NHWC"):
+            shape = (channels, *size)
+            try:
+                with torch.no_grad(), quiet_torch():
+                    out = run(_probe_input(shape, layout, pre, 2, True).to(device.torch_device))
+                if out.shape[0] == 2 and out.dim() in (1, 2):
+                    return (channels, int(size[0]), int(size[1])), layout
+            except Exception as exc:  # noqa: BLE001 - not this convention
+                tried.append(f"{layout} with {channels} channel(s): {str(exc).splitlines()[0][:80]}"
+                             if str(exc) else f"{layout}/{channels}: {type(exc).__name__}")
+    raise ModelError(f"{name} answers no image batch of size {list(size)} "
+                     f"({'; '.join(tried[:2])})",
+                     hint="check preprocessing.input_size in the suite")
+
+
+def from_module(module: torch.nn.Module, device: DeviceChoice,
+                preprocessing: Preprocessing | None, input_size: tuple[int, int],
+                num_classes: int | None) -> TorchProgramModel:
+    """A ``torch.nn.Module`` in memory (the Python API), evaluated in eval mode.
+
+    It is exported with ``torch.export`` (batch dimension dynamic where the module allows)
+    and identified by :func:`program_digest` of that program; a module that cannot be exported
+    is run as it is (a copy, in eval mode), declared unidentified, its gradient taken at its
+    output (the card says both)."""
+    pre = preprocessing or Preprocessing()
+    name = type(module).__name__
+    was = module.training
+    why = ""
+    try:
+        module.eval()
+        for channels, layout in ((3, "NCHW"), (3, "NHWC"), (1, "NCHW"), (1, "NHWC")):
+            shape = (channels, *input_size)
+            sample = _probe_input(shape, layout, pre, 2, True)
+            try:
+                with torch.no_grad(), quiet_torch():
+                    module(sample)
+            except Exception as exc:  # noqa: BLE001 - not this convention
+                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            try:
+                with quiet_torch():
+                    try:
+                        ep = torch.export.export(
+                            module, (sample,),
+                            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+                    except Exception:  # noqa: BLE001 - a batch the module fixes
+                        ep = torch.export.export(module, (sample[:1],))
+            except Exception as exc:  # noqa: BLE001 - a module torch.export cannot trace
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                return _unexported(module, name, why, shape, layout, device, preprocessing,
+                                   num_classes)
+            with quiet_torch():
+                identity = program_digest(ep.module(check_guards=False))
+            return _from_exported(ep, name, identity, device, preprocessing, input_size,
+                                  num_classes, "torch.nn.Module in memory (exported with "
+                                               "torch.export)")
+        raise ModelError(f"the module {name} answers no image batch of size "
+                         f"{list(input_size)} ({why})",
+                         hint="give images of the size the module takes")
+    finally:
+        module.train(was)
+
+
+def _unexported(module: torch.nn.Module, name: str, why: str, shape: tuple[int, int, int],
+                layout: str, device: DeviceChoice, preprocessing: Preprocessing | None,
+                num_classes: int | None) -> TorchProgramModel:
+    own = copy.deepcopy(module).eval().to(device.torch_device)
+    return TorchProgramModel(
+        ModuleProgram(own), name=name,
+        identity=f"unidentified: the module could not be exported with torch.export ({why})",
+        input_shape=shape, layout=layout, device=device, preprocessing=preprocessing,
+        num_classes=num_classes, fixed_batch=None, float_input=True,
+        kind="torch.nn.Module in memory (not exportable: run as it is)",
+        white_box_note="gradients at the module's output: it could not be exported, so its "
+                       "head (if any) could not be cut")
+
+
+class PredictModel:
+    """A black-box model given as an object with ``predict(batch) -> scores``.
+
+    ``predict`` receives float32 ``[N, C, H, W]`` numpy arrays (the images in ``[0, 1]`` after
+    the suite's preprocessing) and returns ``[N, K]`` logits or probabilities (``output``
+    declares which; ``None``: read off the answers) or ``[N]`` labels, as a numpy array or a
+    tensor. Calls are serialised (the object need not be thread-safe). Nothing identifies the
+    code behind it: the card says the model is unidentified.
+    """
+
+    feature_name: str | None = None
+
+    def __init__(self, obj: Any, input_shape: tuple[int, int, int],
+                 preprocessing: Preprocessing | None, output: str | None,
+                 num_classes: int | None) -> None:
+        if not callable(getattr(obj, "predict", None)):
+            raise ModelError(f"{type(obj).__name__} has no predict method",
+                             hint="give a path, a URL, a torch.nn.Module or an object with "
+                                  "predict(batch) -> scores")
+        if output not in (None, "logits", "probs"):
+            raise ModelError(f"output={output!r} is not logits or probs",
+                             hint="declare output='logits' or output='probs'")
+        self.obj = obj
+        self.preprocessing = preprocessing or Preprocessing()
+        self.input_shape = input_shape
+        self._lock = threading.Lock()
+        name = type(obj).__name__
+        self.num_classes = int(num_classes or 0)
+        arr = self._call(probe_images(input_shape))
+        require_finite_probe(arr, name)
+        kind: OutputKind = output_kind(arr)
+        if output is not None and kind != "labels":
+            if output == "probs" and kind == "logits":
+                raise ModelError(f"{name}.predict was declared to return probabilities, but "
+                                 "its rows do not lie in [0, 1] summing to 1",
+                                 hint="declare output='logits'")
+            kind = output  # type: ignore[assignment]
+        k = int(arr.shape[1]) if arr.ndim == 2 else self.num_classes
+        if kind == "labels" and not k:
+            raise ModelError(f"{name}.predict returns labels but the number of classes is "
+                             "unknown", hint="name the classes in the suite")
+        self.num_classes = k
+        self.info = ModelInfo(
+            name=name,
+            identity=f"unidentified: a Python object's predict method ({name}); certify cannot "
+                     "digest the code and weights behind it",
+            input_shape=input_shape, num_classes=k, output=kind, layout="NCHW",
+            provider="Python predict()", preprocessing=self.preprocessing,
+            metadata={"format": "Python object with predict()"},
+            white_box="unavailable: a predict() object gives certify its answers only "
+                      "(black-box)")
+
+    def _call(self, x: torch.Tensor) -> np.ndarray:
+        arr = np.ascontiguousarray(preprocess(x.detach().cpu(), self.preprocessing,
+                                              self.input_shape[0], "NCHW").numpy(),
+                                   dtype=np.float32)
+        with self._lock:
+            out = self.obj.predict(arr)
+        if isinstance(out, torch.Tensor):
+            out = out.detach().cpu().numpy()
+        try:
+            res = np.asarray(out)
+        except Exception as exc:  # noqa: BLE001 - an answer that is not an array
+            raise ModelError(f"predict returned {type(out).__name__}, not an array",
+                             hint="return [N, K] scores or [N] labels") from exc
+        if res.ndim not in (1, 2) or res.shape[0] != len(arr) or res.dtype.kind not in "fiub":
+            raise ModelError(f"predict returned {res.dtype} {list(res.shape)} for {len(arr)} "
+                             "images", hint="return [N, K] scores or [N] labels")
+        return res
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
+        out = self._call(x)
+        if out.ndim == 1:
+            return F.one_hot(torch.from_numpy(out.astype(np.int64)),
+                             self.num_classes).float().to(x.device)
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(x.device)
+
+    def close(self) -> None:
+        """Release the object."""
+        self.obj = None
