@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import certify
 from certify.data import load_dataset
@@ -15,10 +18,11 @@ from certify.data.classes import (
     preliminary_count,
     read_labels,
 )
-from certify.device import choose_device
+from certify.data.loaders import load_arrays
+from certify.device import DeviceChoice, choose_device
 from certify.engine import run_fingerprint, run_suite
-from certify.errors import ModelError
-from certify.models import HttpOptions, load_model
+from certify.errors import ModelError, UsageError
+from certify.models import HttpOptions, Model, Preprocessing, load_model
 from certify.progress import NullProgress, Progress
 from certify.report import write_report
 from certify.report.card import renderer_info
@@ -71,6 +75,12 @@ class RunOptions:
     labels: Path | None = None
 
 
+#: Builds an in-memory model (the Python API): (device, preprocessing, input size, number of
+#: classes the suite expects, or None) -> the model.
+ModelFactory = Callable[[DeviceChoice, Preprocessing, "tuple[int, int] | None", "int | None"],
+                        Model]
+
+
 def certify_model(
     opts: RunOptions, progress: Progress | None = None
 ) -> tuple[RunResult, dict[str, Path]]:
@@ -79,7 +89,20 @@ def certify_model(
     Everything that can be refused is refused before the first query: the suite is validated,
     the model loaded and checked against the suite, the data loaded and checked.
     """
+    return _certify(opts, progress)
+
+
+def _certify(opts: RunOptions, progress: Progress | None = None,
+             factory: ModelFactory | None = None,
+             arrays: tuple[np.ndarray, np.ndarray] | None = None, report: bool = True
+             ) -> tuple[RunResult, dict[str, Path]]:
+    """:func:`certify_model`, with the model built by ``factory`` instead of loaded from
+    ``opts.model`` and the data given as uint8 ``arrays`` instead of read from ``opts.data``
+    (the Python API: :func:`evaluate`); ``report=False`` writes no card."""
     progress = progress or NullProgress()
+    if (factory is not None or arrays is not None) and opts.executor != "local":
+        raise UsageError("a model or data in memory runs on the local executor only",
+                         hint="save the model and data to files for --executor ray")
     check_out_dir(opts.out, opts.resume)  # refused before any work, and before any write
     key = pdf_key = None
     if opts.sign_key is not None:  # a bad key (or certificate) is refused before any work
@@ -94,7 +117,7 @@ def certify_model(
     data_path = opts.data if opts.data is not None else suite.data.path
     # names the data gives (folder names, an npz class_names array), when nothing before
     # them in the precedence names the classes
-    data_names = None if labels is not None or suite.classes \
+    data_names = None if labels is not None or suite.classes or arrays is not None \
         else data_class_names(data_path, suite.data.layout)
     device = choose_device(opts.device)
     pre = suite.preprocessing
@@ -110,9 +133,26 @@ def certify_model(
     # in-process models share the cores between the executor's lanes; Ray's workers load
     # their own copies with --threads
     threads = device.onnx_threads if opts.executor == "local" else 0
-    model = load_model(opts.model, device, pre, input_size=input_size,
-                       num_classes=preliminary_count(suite.class_count, labels, data_names),
-                       http=opts.http, threads=threads, surrogate=opts.surrogate)
+    count = preliminary_count(suite.class_count, labels, data_names)
+    if factory is not None:
+        model = factory(device, pre, input_size, count)
+    else:
+        model = load_model(opts.model, device, pre, input_size=input_size, num_classes=count,
+                           http=opts.http, threads=threads, surrogate=opts.surrogate)
+    try:
+        return _run_loaded(opts, progress, suite, model, device, pre, input_size, labels,
+                           data_names, data_path, threads, arrays, report, key, pdf_key)
+    finally:
+        model.close()
+
+
+def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
+                device: DeviceChoice, pre: Preprocessing, input_size: tuple[int, int] | None,
+                labels: list[str] | None, data_names: tuple[list[str], str] | None,
+                data_path: str | None,
+                threads: int, arrays: tuple[np.ndarray, np.ndarray] | None, report: bool,
+                key: Any, pdf_key: Any) -> tuple[RunResult, dict[str, Path]]:
+    """The run once the model is loaded: classes, reference, data, engine, report."""
     suite = classes_for_run(suite, model.info, labels=labels,
                             labels_source=f"--labels {Path(opts.labels).name}"
                             if opts.labels is not None else "--labels", data=data_names)
@@ -131,8 +171,12 @@ def certify_model(
         samples=opts.samples if opts.samples is not None else spec.samples,
         offset=opts.sample_offset,
     )
-    data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
-                        progress=progress)
+    if arrays is not None:
+        data = load_arrays(*arrays, spec, model.info.input_shape[1:], suite.classes, seed=seed,
+                           name=opts.data or "arrays")
+    else:
+        data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
+                            progress=progress)
     data.extra["class_names_source"] = suite.classes_source
     run: RunDir | None = None
     try:
@@ -153,9 +197,8 @@ def certify_model(
     finally:
         if run is not None:
             run.close()
-        for m in (model, reference):
-            if m is not None:
-                m.close()
+        if reference is not None:
+            reference.close()
     result = outcome.result
     extra: dict[str, Any] = {"renderer": renderer_info(), "evaluated_at": _now_utc()}
     if opts.provenance != "full":
@@ -168,6 +211,8 @@ def certify_model(
     result = result.model_copy(update={
         "provenance": result.provenance.model_copy(update=extra),
         "measurement": result.measurement.model_copy(update={"model_card": card})})
+    if not report:
+        return result, {}
     signature = None
     if key is not None:
         from certify.report.sign import sign
@@ -357,3 +402,128 @@ def run_demo(
                       samples=len(y), resume=resume, pdf=pdf,
                       reference=str(demo_model_path("robust")), **run_options)
     return certify_model(opts, progress)
+
+
+def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None = None, *,
+             output: str | None = None, progress: Progress | None = None,
+             **options: Any) -> RunResult:
+    """Evaluate ``model`` on ``data`` with ``suite``: the Python API, the same engine as
+    ``certify run`` and ``certify serve``.
+
+    ``model`` is one of:
+
+    - a path or a URL, as ``certify run`` takes it (ONNX, ``.pt2``, TorchScript, an endpoint);
+    - a ``torch.nn.Module`` in memory: evaluated in eval mode as a white-box model, exported
+      with ``torch.export`` and identified by the digest of that program (a module that cannot
+      be exported is run as it is and declared unidentified on the card);
+    - an object with ``predict(batch) -> scores``: a black-box model. ``batch`` is a float32
+      numpy array ``[N, C, H, W]``, the images in ``[0, 1]`` after the suite's preprocessing
+      (as certify's own models receive them); it returns ``[N, K]`` logits or probabilities
+      (``output="logits"`` or ``"probs"`` declares which; by default certify reads it off the
+      answers) or ``[N]`` labels, as an array or a tensor. Only black-box attacks apply.
+
+    ``data`` is a path (as ``--data``), an ``(images, labels)`` pair (``N×H×W×C`` uint8 or
+    ``N×C×H×W`` float in ``[0, 1]``, labels ``[N]`` integers; both checked), or an iterable of
+    such pairs (read once and kept). ``suite``: a packaged suite's name or a suite file.
+    ``out``: the folder the card (``card.html``, ``card.pdf``, ``results.json``) is written
+    to; without it nothing is written and only the result is returned. Further keyword
+    arguments are :class:`RunOptions` fields (``samples``, ``seed``, ``device``,
+    ``input_size``, ``reference``, ``model_card``, ``pdf``, ``sign_key``, ...).
+
+    Returns the typed :class:`~certify.results.RunResult`. Raises certify's errors
+    (:class:`~certify.errors.UsageError`, ``ModelError``, ``DataError``, ``SuiteError``) for
+    anything refused, before the first query.
+    """
+    import tempfile
+
+    from certify.data.loaders import images_from_python
+
+    for reserved in ("model", "data", "suite", "out"):
+        options.pop(reserved, None)
+    arrays = None
+    data_name: str | None = None
+    if isinstance(data, (str, Path)):
+        data_name = str(data)
+    else:
+        arrays = _arrays_of(data, images_from_python)
+        data_name = f"arrays ({len(arrays[1])} images given in Python)"
+        options.setdefault("input_size", tuple(int(v) for v in arrays[0].shape[1:3]))
+    factory, name = _factory_for(model, output)
+    if factory is not None and options.get("input_size") is None:
+        suite_size = load_suite(suite).input_size
+        if suite_size is None:
+            raise UsageError("a model in memory does not state its input size",
+                             hint="pass input_size=(H, W), or give the data as arrays")
+        options["input_size"] = suite_size
+    with tempfile.TemporaryDirectory(prefix="certify-evaluate-") as tmp:
+        folder = Path(out) if out is not None else Path(tmp) / "run"
+        try:
+            opts = RunOptions(model=name, suite=suite, data=data_name, out=folder, **options)
+        except TypeError as exc:
+            raise UsageError(f"evaluate() got an option it does not know ({exc})",
+                             hint="the options are RunOptions' fields") from None
+        result, _ = _certify(opts, progress, factory=factory, arrays=arrays,
+                             report=out is not None)
+    return result
+
+
+def _arrays_of(data: Any, convert: Callable[[Any, Any], tuple[np.ndarray, np.ndarray]]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """An ``(images, labels)`` pair or an iterable of them, as one uint8 array pair."""
+    if isinstance(data, tuple) and len(data) == 2 and not isinstance(data[0], tuple):
+        return convert(*data)
+    xs, ys = [], []
+    try:
+        for k, batch in enumerate(data):
+            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+                raise UsageError(f"batch {k} of the data is not an (images, labels) pair",
+                                 hint="give data as a path, (images, labels) or an iterable "
+                                      "of such pairs")
+            x, y = convert(*batch)
+            xs.append(x)
+            ys.append(y)
+    except TypeError:
+        raise UsageError(f"data of type {type(data).__name__} is neither a path, an (images, "
+                         "labels) pair nor an iterable of them",
+                         hint="give data as a path, (images, labels) or batches") from None
+    if not xs:
+        raise UsageError("the data iterable gave no batches", hint="give at least one batch")
+    if len({x.shape[1:] for x in xs}) != 1:
+        raise UsageError("the data's batches hold images of different sizes",
+                         hint="give images of one size")
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _factory_for(model: Any, output: str | None) -> tuple[ModelFactory | None, str]:
+    """How :func:`evaluate` gets ``model``: (a factory for one in memory, or None for a path
+    or URL; the name the card gives it)."""
+    if isinstance(model, (str, Path)):
+        if output is not None:
+            raise UsageError("output= is for predict() objects",
+                             hint="a model file or endpoint states its own outputs")
+        return None, str(model)
+    import torch
+
+    from certify.models.torchprog import PredictModel, from_module
+
+    if isinstance(model, torch.nn.Module):
+        module = model
+
+        def load_module(device: DeviceChoice, pre: Preprocessing,
+                        size: tuple[int, int] | None, count: int | None) -> Model:
+            assert size is not None  # evaluate() sets it
+            return from_module(module, device, pre, size, count)
+
+        return load_module, f"{type(model).__name__} (torch.nn.Module in memory)"
+    if callable(getattr(model, "predict", None)):
+        obj = model
+
+        def load_predict(device: DeviceChoice, pre: Preprocessing,
+                         size: tuple[int, int] | None, count: int | None) -> Model:
+            assert size is not None  # evaluate() sets it
+            return PredictModel(obj, (3, *size), pre, output, count)
+
+        return load_predict, f"{type(model).__name__} (Python object with predict)"
+    raise UsageError(f"a {type(model).__name__} is not a model certify can evaluate",
+                     hint="give a path, a URL, a torch.nn.Module or an object with "
+                          "predict(batch) -> scores")

@@ -27,12 +27,15 @@ refused (2).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +79,8 @@ class RichProgress:
     Without a terminal (a CI log) rich draws the bars only when they end, so a plain line with
     the task's progress, rate and ETA is printed instead when a task starts and at least every
     :attr:`LINE_EVERY_S` seconds while it runs (from a timer, so a long batch does not silence
-    it).
+    it). A resumed run's records (:meth:`reuse`) count as done and are named as reused; the
+    rate counts only the samples evaluated in this process.
     """
 
     #: Seconds between plain progress lines without a terminal.
@@ -100,6 +104,8 @@ class RichProgress:
         self._total = 0
         self._t0 = 0.0
         self._done = 0
+        self._reused = 0  # of _done: records of an earlier run, outside the rate
+        self._shown = -1  # _done as the last plain line gave it
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -126,18 +132,23 @@ class RichProgress:
                 self._line()
 
     def _line(self) -> None:
-        """One plain line: task, samples done of total, share, rate and ETA."""
+        """One plain line: task, samples done of total, share, reused records, rate and ETA."""
         with self._lock:
             if not self._label:
                 return
-            label, done, total = self._label, self._done, self._total
+            label, done, total, old = self._label, self._done, self._total, self._reused
             elapsed = time.perf_counter() - self._t0
-        rate = done / elapsed if elapsed > 0 else 0.0
+            self._shown = done
+        rate = (done - old) / elapsed if elapsed > 0 else 0.0
         eta = ("done" if total and done >= total else
                f"ETA {(total - done) / rate:,.0f} s" if rate > 0 and total else "ETA unknown")
         share = f"{100 * done / total:.0f}%" if total else "-"
-        self._console.print(f"{label}: {done:,}/{total:,} samples ({share}), "
-                            f"{rate:,.1f} samples/s, {elapsed:,.0f} s elapsed, {eta}",
+        parts = [f"{label}: {done:,}/{total:,} samples ({share})"]
+        if old:
+            parts.append(f"{old:,} reused from the earlier run")
+        if done > old:  # a rate only over the samples evaluated in this process
+            parts.append(f"{rate:,.1f} samples/s")
+        self._console.print(", ".join([*parts, f"{elapsed:,.0f} s elapsed", eta]),
                             markup=False, highlight=False, soft_wrap=True)
 
     def start(self, label: str, total: int) -> None:  # noqa: D102
@@ -145,7 +156,19 @@ class RichProgress:
         with self._lock:
             self._label, self._total = label, total
             self._t0 = time.perf_counter()
-            self._done = 0
+            self._done = self._reused = 0
+        if self._plain:
+            self._line()
+
+    def reuse(self, n: int) -> None:
+        """``n`` samples of the task were recorded by an earlier run (``--resume``): shown
+        as done and as reused, and kept out of the rate."""
+        if self._task is None or n <= 0:
+            return
+        with self._lock:
+            self._done += n
+            self._reused += n
+        self._progress.update(self._task, advance=n, rate=f"{n:,} reused")
         if self._plain:
             self._line()
 
@@ -154,13 +177,15 @@ class RichProgress:
             return
         with self._lock:
             self._done += n
-            done = self._done
+            new, old = self._done - self._reused, self._reused
         elapsed = time.perf_counter() - self._t0
-        rate = f"{done / elapsed:,.0f} samples/s" if elapsed > 0 else ""
+        rate = f"{new / elapsed:,.0f} samples/s" if elapsed > 0 and new > 0 else ""
+        if old:
+            rate = ", ".join(filter(None, (rate, f"{old:,} reused")))
         self._progress.update(self._task, advance=n, rate=rate)
 
     def finish(self) -> None:  # noqa: D102
-        if self._plain and self._label:
+        if self._plain and self._label and self._done != self._shown:  # else said already
             self._line()
         with self._lock:
             self._label = ""
@@ -468,7 +493,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         workers=workers, threads=threads, surrogate=surrogate, model_card=card,
         provenance=provenance, labels=labels_path,
     )
-    with RichProgress(err_console, enabled=not quiet) as progress:
+    with _records_hint(out_dir), RichProgress(err_console, enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)
     _print_summary(result, paths)
     _note_missing_pdf(paths, not no_pdf, "rerun the same certify run with --resume")
@@ -493,20 +518,69 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
 
 
 def _print_summary(result: Any, paths: dict[str, Path]) -> None:
-    from certify.report.card import headline
+    """The end of a run: a line per check and per threat model, the verdict with the counts
+    of the rows that decide it, the records a resumed run reused, every row's warnings (the
+    card's appendix lists the same) and the files written."""
+    from rich.text import Text
+
+    from certify.report.card import COUNT_WORDS, deciding_counts, headline
     from certify.report.glance import threat_name
 
     out = Console()
+
+    def say(line: str | Text) -> None:  # the texts are data, never rich markup
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    m = result.measurement
     for c in result.checks:
-        out.print(f"{c.status:<12} {c.id:<22} {headline(c)}", highlight=False, soft_wrap=True)
-    for w in result.measurement.attack_worst_case:
-        out.print(f"{w.status:<12} {threat_name(w.norm, w.epsilon):<22} threat model: "
-                  f"{w.decision}", highlight=False, soft_wrap=True)
-    skipped = sum(c.status == "SKIPPED" for c in result.checks)
-    note = f" ({skipped} check(s) skipped: not evaluated)" if skipped else ""
-    out.print(f"verdict: {result.measurement.verdict}{note}", highlight=False)
+        say(f"{c.status:<12} {c.id:<22} {headline(c)}")
+    for w in m.attack_worst_case:
+        say(f"{w.status:<12} {threat_name(w.norm, w.epsilon):<22} threat model: {w.decision}")
+    counts, evidence = deciding_counts(result.checks, m.attack_worst_case)
+    words = [f"{counts[k]} {word}" for k, word in COUNT_WORDS if counts[k] and k != "skipped"]
+    if counts["skipped"]:
+        words.append(f"{counts['skipped']} check(s) skipped: not evaluated")
+    shown = ", ".join(words)
+    if evidence:
+        n = len(m.attack_worst_case)
+        shown += (f"; {n} threat model{'s' if n != 1 else ''} counted in place of the "
+                  f"{evidence} attack rows {'they decide' if n != 1 else 'it decides'}")
+    say(f"verdict: {m.verdict}" + (f" ({shown})" if shown else ""))
+    reused = result.provenance.timings.get("resumed_records")
+    if reused:
+        say(f"resumed: reused {reused:,} records from the earlier run")
+    labelled = [(c.id, c.warnings) for c in result.checks]
+    labelled += [(f"threat model {threat_name(w.norm, w.epsilon)}", w.warnings)
+                 for w in m.attack_worst_case]
+    for label, texts in labelled:
+        for text in texts:
+            say(Text.assemble(("warning:", "bold yellow"), f" {label}: {text}"))
     for name, p in paths.items():
-        out.print(f"{name}: {p}", highlight=False)
+        say(f"{name}: {p}")
+
+
+#: How an error's hint says that a rerun can continue from the records on disk.
+_KEPT_HINT = re.compile(r"records are kept[;,] rerun with --resume")
+
+
+@contextlib.contextmanager
+def _records_hint(out_dir: Path) -> Iterator[None]:
+    """Make a failure's "records are kept, rerun with --resume" true of ``out_dir``: kept
+    where it holds records; where it does not (the model failed before the run folder was
+    made, or before the first record), the hint says what was written instead."""
+    from certify.rundir import RECORDS_FILE, RUN_FILE
+
+    try:
+        yield
+    except CertifyError as exc:
+        if exc.hint and _KEPT_HINT.search(exc.hint):
+            records = out_dir / RECORDS_FILE
+            if not (records.is_file() and records.stat().st_size > 0):
+                instead = (f"no sample was recorded in {out_dir} yet; rerun with --resume"
+                           if (out_dir / RUN_FILE).exists() else
+                           f"nothing was written to {out_dir}; rerun the same command")
+                exc.hint = _KEPT_HINT.sub(instead, exc.hint)
+        raise
 
 
 def _note_missing_pdf(paths: dict[str, Path], wanted: bool, again: str) -> None:

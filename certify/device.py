@@ -15,10 +15,12 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from certify.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("certify")
 
@@ -81,6 +83,8 @@ class DeviceChoice:
 
 def choose_device(requested: str = "auto") -> DeviceChoice:
     """Decide the run's device from ``auto``, ``cpu`` or ``cuda`` and log the decision once."""
+    import torch  # here, not at import: `certify --version` and `--help` need no torch
+
     if requested not in DEVICE_CHOICES:
         raise UsageError(
             f"unknown device {requested!r}", hint=f"use one of {', '.join(DEVICE_CHOICES)}"

@@ -7,12 +7,14 @@ API and web form take the same names as form fields); they land in the signed me
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from certify.errors import UsageError
-from certify.results import ModelCardDoc
+
+if TYPE_CHECKING:
+    from certify.results import ModelCardDoc
 
 #: The fields, their flags' help, and the most characters each may have.
 FIELDS: dict[str, tuple[str, int]] = {
@@ -54,4 +56,6 @@ def model_card_from(**given: str | None) -> ModelCardDoc | None:
             raise UsageError(f"{flag} contains control characters")
         values["name" if name == "model_name" else
                "version" if name == "model_version" else name] = value
+    from certify.results import ModelCardDoc  # here: the CLI's start-up needs no torch
+
     return ModelCardDoc(**values) if values else None

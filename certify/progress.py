@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class Progress(Protocol):
@@ -19,6 +19,25 @@ class Progress(Protocol):
     def finish(self) -> None:
         """The current task is over."""
         ...
+
+
+@runtime_checkable
+class ReusesRecords(Protocol):
+    """A reporter that tells a resumed run's reused records apart from work done now (so its
+    rate counts only the samples evaluated in this process)."""
+
+    def reuse(self, n: int) -> None:
+        """``n`` units of the current task were done by an earlier run (records kept on disk)."""
+        ...
+
+
+def report_reused(progress: Progress, n: int) -> None:
+    """Report ``n`` units of the current task as done by an earlier run: through ``reuse``
+    where the reporter has it, as ordinary progress otherwise."""
+    if isinstance(progress, ReusesRecords):
+        progress.reuse(n)
+    else:
+        progress.advance(n)
 
 
 class NullProgress:

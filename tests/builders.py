@@ -298,3 +298,45 @@ def write_small_suite(path: Path, name: str, extra: list[dict] | None = None) ->
                                     "checks": checks}))
     return path
 
+
+
+def demo_module(name: str = "standard") -> nn.Module:
+    """The bundled demo model as a torch module: the ONNX graph's layers (batch norm folded into
+    the convolutions, as exported) with its weights, to save as a PyTorch program."""
+    import onnx
+    import onnx.numpy_helper
+
+    from certify.api import demo_model_path
+
+    proto = onnx.load(str(demo_model_path(name)))
+    weights = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy())
+               for i in proto.graph.initializer}
+    layers: list[nn.Module] = []
+    for node in proto.graph.node:
+        if node.op_type == "Conv":
+            w, b = weights[node.input[1]], weights[node.input[2]]
+            conv = nn.Conv2d(w.shape[1], w.shape[0], w.shape[2], padding=w.shape[2] // 2)
+            conv.weight.data, conv.bias.data = w, b
+            layers.append(conv)
+        elif node.op_type == "Gemm":
+            w, b = weights[node.input[1]], weights[node.input[2]]
+            lin = nn.Linear(w.shape[1], w.shape[0])
+            lin.weight.data, lin.bias.data = w, b
+            layers.append(lin)
+        else:
+            layers.append({"Relu": nn.ReLU(), "MaxPool": nn.MaxPool2d(2),
+                           "Flatten": nn.Flatten()}[node.op_type])
+    return nn.Sequential(*layers).eval()
+
+
+def save_programs(module: nn.Module, folder: Path, batch: int = 1) -> tuple[Path, Path]:
+    """``module`` saved as a ``torch.export`` archive and as a TorchScript file (scripted)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sample = torch.rand(batch, 3, 32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pt2 = folder / "model.pt2"
+        torch.export.save(torch.export.export(module, (sample,)), str(pt2))
+        ts = folder / "model.pt"
+        torch.jit.save(torch.jit.script(module), str(ts))
+    return pt2, ts

@@ -369,21 +369,8 @@ def load_dataset(
     skipped: list[str] = []
 
     if layout == "npz":
-        x_all, y_all = _load_npz(target)
-        was = [tuple(int(v) for v in x_all.shape[1:3])] * len(y_all)
-        x_all = _resize_all(x_all, input_size, resample)
-        ids_all = [f"{target.name}[{i}]" for i in range(len(y_all))]
-        bad = np.flatnonzero((y_all < 0) | (y_all >= k))
-        if len(bad):
-            raise DataError(
-                f"{target}: label {int(y_all[bad[0]])} at index {int(bad[0])} "
-                f"is outside 0..{k - 1}",
-                hint="the suite names the classes; labels must index them",
-            )
-        source, total = _digest_arrays(x_all, y_all), len(y_all)
-        idx = _subset(y_all, spec, seed)
-        x, y, ids = x_all[idx], y_all[idx], [ids_all[i] for i in idx]
-        sizes = [was[i] for i in idx]
+        x, y, ids, sizes, source, total = _array_source(
+            *_load_npz(target), target.name, spec, input_size, k, seed)
     else:
         if layout == "folder":
             items, skipped = _folder_items(target, class_names)
@@ -423,6 +410,90 @@ def load_dataset(
     data.source_digest = f"sha256:{prep.hexdigest()}"
     data.selection = _selection(spec, seed, len(y), total)
     data.extra.update(_changes(spec, layout, input_size, sizes, total, skipped, path.name))
+    return data
+
+
+def _array_source(x_all: np.ndarray, y_all: np.ndarray, name: str, spec: DataSpec,
+                  input_size: tuple[int, int], k: int, seed: int
+                  ) -> tuple[np.ndarray, np.ndarray, list[str], list[tuple[int, ...]], str, int]:
+    """Resize, check and subsample uint8 ``[N, H, W, 3]`` images with their labels: (x, y,
+    ids, original sizes, the whole source's digest, its size)."""
+    resample = INTERPOLATIONS[spec.interpolation]
+    was = [tuple(int(v) for v in x_all.shape[1:3])] * len(y_all)
+    x_all = _resize_all(x_all, input_size, resample)
+    ids_all = [f"{name}[{i}]" for i in range(len(y_all))]
+    bad = np.flatnonzero((y_all < 0) | (y_all >= k))
+    if len(bad):
+        raise DataError(
+            f"{name}: label {int(y_all[bad[0]])} at index {int(bad[0])} "
+            f"is outside 0..{k - 1}",
+            hint="the suite names the classes; labels must index them",
+        )
+    source, total = _digest_arrays(x_all, y_all), len(y_all)
+    idx = _subset(y_all, spec, seed)
+    return (x_all[idx], y_all[idx], [ids_all[i] for i in idx], [was[i] for i in idx], source,
+            total)
+
+
+def images_from_python(images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Images and labels given in Python (numpy arrays or tensors) as uint8 ``[N, H, W, 3]``
+    and int64 ``[N]``: ``images`` is ``N×H×W×C`` uint8 or ``N×C×H×W`` float in ``[0, 1]``
+    (C = 1 or 3; float images are rounded to 8 bits, as an ``.npz`` of floats is). Anything
+    else is refused with a :class:`DataError` that says what was given."""
+    x = _as_array(images, "images")
+    y = _as_array(labels, "labels")
+    if x.ndim != 4:
+        raise DataError(f"images have shape {list(x.shape)}, not a batch of images",
+                        hint="give N×H×W×C uint8 or N×C×H×W float in [0, 1]")
+    if y.ndim != 1 or len(y) != len(x):
+        raise DataError(f"labels have shape {list(y.shape)} for {len(x)} images",
+                        hint="give one integer label per image")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"labels have dtype {y.dtype}", hint="labels must be integers")
+    if x.dtype == np.uint8:
+        if x.shape[3] not in (1, 3):
+            raise DataError(f"uint8 images have shape {list(x.shape)}: N×H×W×C with C = 1 "
+                            "or 3 is expected", hint="float images are N×C×H×W in [0, 1]")
+    elif np.issubdtype(x.dtype, np.floating):
+        if x.shape[1] not in (1, 3):
+            raise DataError(f"float images have shape {list(x.shape)}: N×C×H×W with C = 1 "
+                            "or 3 is expected", hint="uint8 images are N×H×W×C")
+        if x.size and not (np.isfinite(x).all() and x.min() >= 0 and x.max() <= 1):
+            raise DataError("float images must lie in [0, 1]", hint="or give uint8 images")
+        x = np.rint(x.transpose(0, 2, 3, 1) * 255).astype(np.uint8)
+    else:
+        raise DataError(f"images have dtype {x.dtype}",
+                        hint="give N×H×W×C uint8 or N×C×H×W float in [0, 1]")
+    if x.shape[3] == 1:
+        x = np.repeat(x, 3, axis=3)
+    if not len(y):
+        raise DataError("no images given", hint="give at least one image per class tested")
+    return np.ascontiguousarray(x), y.astype(np.int64)
+
+
+def _as_array(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what} are not an array ({type(value).__name__})",
+                        hint="give numpy arrays or tensors") from exc
+
+
+def load_arrays(x_all: np.ndarray, y_all: np.ndarray, spec: DataSpec,
+                input_size: tuple[int, int], class_names: Sequence[str], seed: int = 0,
+                name: str = "arrays") -> Dataset:
+    """:func:`load_dataset` for images already in memory (:func:`images_from_python`):
+    resized, checked and subsampled the same way as an ``.npz`` file's."""
+    x, y, ids, sizes, source, total = _array_source(
+        x_all, y_all, name, spec, input_size, len(class_names), seed)
+    data = from_arrays(x, y, ids, class_names, name, "arrays")
+    prep = hashlib.sha256(json.dumps(
+        [source, "arrays", list(input_size), spec.interpolation]).encode())
+    data.source_digest = f"sha256:{prep.hexdigest()}"
+    data.selection = _selection(spec, seed, len(y), total)
+    data.extra.update(_changes(spec, "arrays", input_size, sizes, total, [], name))
     return data
 
 

@@ -40,7 +40,7 @@ from certify.engine.records import (
 from certify.engine.verdicts import judge
 from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, Reconfigurable, endpoint_of
-from certify.progress import NullProgress, Progress
+from certify.progress import NullProgress, Progress, report_reused
 from certify.redact import redact, redact_obj
 from certify.results import CheckResult, RunResult, check_result_model
 from certify.rundir import RunDir, SampleRecord
@@ -116,7 +116,7 @@ def _run_round(spec: CheckSpec, this: CheckSpec, selected: list[int], ctx: Check
     used += sum(record_queries(r) for r in done.values())
     budget = None if spec.budget is None else max(0, spec.budget - used)
     w.progress.start(this.id, total)
-    w.progress.advance(total - len(pending))
+    report_reused(w.progress, total - len(pending))  # resumed records: not in the rate
     batch_size = w.batch_size
     if ctx.device.type == "cpu" and endpoint_of(w.model) is None:
         batch_size = cpu_batch_size(batch_size, tuple(w.data.x.shape[1:]),

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import logging
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jinja2
@@ -19,8 +20,9 @@ import markupsafe
 
 from certify.canonical import script_safe_json
 from certify.checks import CHECKS
+from certify.engine.assemble import verdict_statuses
 from certify.report import glance
-from certify.results import RunResult
+from certify.results import RunResult, Status
 from certify.suite import DECISION_RULE_TEXT
 
 
@@ -49,6 +51,27 @@ def headline(c: Any) -> str:
     if c.sample_errors:
         text += f"; {c.sample_errors} sample(s) errored"
     return text
+
+
+#: The counts' words, in the order the card and the console give them.
+COUNT_WORDS = (("pass", "passed"), ("fail", "failed"), ("inconclusive", "inconclusive"),
+               ("warn", "with warnings"), ("error", "errored"), ("info", "informational"),
+               ("skipped", "skipped"))
+
+
+def deciding_counts(checks: Sequence[Any], worst: Sequence[Any]) -> tuple[dict[str, int], int]:
+    """The rows that decide the run's verdict, counted by status (lower case, every status),
+    and how many attack rows the threat-model rows stand in for.
+
+    Each check row counts, except that a threat model's row counts in place of the attack rows
+    it summarises (their evidence; an errored attack row still counts itself), as in the
+    verdict (:func:`~certify.engine.assemble.verdict_statuses`). The signed
+    ``measurement.summary`` counts every check row instead, attack rows included.
+    """
+    statuses = verdict_statuses(checks, worst)
+    grouped = {i for w in worst for i in w.attacks}
+    evidence = sum(c.id in grouped and c.status != "ERROR" for c in checks)
+    return {s.lower(): statuses.count(s) for s in typing.get_args(Status)}, evidence
 
 
 def _tree_digest(root: Any, suffixes: tuple[str, ...]) -> str:
@@ -409,7 +432,10 @@ def card_context(result: RunResult, signature: Any = None,
                for c in checks]
     order = {g: i for i, g in enumerate(glance.GROUPS)}
     summary.sort(key=lambda s: order.get(str(s["group"]), len(order)))
+    counts, evidence_rows = deciding_counts(checks, m.attack_worst_case)
     return {
+        "counts": counts,
+        "evidence_rows": evidence_rows,
         "details": model_details(result),
         "findings": findings(checks, list(m.attack_worst_case)),
         "summary": summary,
