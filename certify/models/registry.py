@@ -202,6 +202,8 @@ def _pickle(src: Source) -> bool:
 
 register(ModelFormat("http", "an inference API (http:// or https:// URL)",
                      lambda s: s.scheme in ("http", "https"), _http, endpoint=True))
+# a file named .onnx is read as ONNX whatever it holds (the service takes .onnx uploads only)
+register(ModelFormat("onnx", "an ONNX file (.onnx)", _looks_onnx, _onnx, uploadable=True))
 register(ModelFormat("pt2", "a PyTorch exported program (.pt2, torch.export.save)",
                      lambda s: s.members is not None and "archive_format" in s.members,
                      _pt2))
@@ -210,5 +212,4 @@ register(ModelFormat("torchscript", "a TorchScript program (.pt/.pth, torch.jit.
                      and any(m.startswith("code/") for m in s.members), _torchscript))
 register(ModelFormat("pickle", "a pickled checkpoint (torch.save)", _pickle, _refuse_pickle,
                      refused=True))
-register(ModelFormat("onnx", "an ONNX file (.onnx)", _looks_onnx, _onnx, uploadable=True))
 

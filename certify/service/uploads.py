@@ -88,11 +88,31 @@ def prepare_model(files: list[tuple[str, Path]], dest: Path, limits: Limits) -> 
                 raise UploadError(f"two uploaded files are named {target.name}")
             _copy(src.open("rb"), target, limits.max_model_bytes, target.name)
     onnx_files = sorted(p for p in dest.iterdir() if p.suffix == ".onnx")
+    if not onnx_files and len(files) == 1:
+        _refuse_other_format(next(dest.iterdir(), None))
     if len(onnx_files) != 1:
         found = ", ".join(p.name for p in onnx_files) or "none"
         raise UploadError(f"the upload must hold exactly one .onnx file (found: {found})",
                           hint="upload the model and its external-data files")
     return onnx_files[0]
+
+
+def _refuse_other_format(path: Path | None) -> None:
+    """Name the format of a single upload that is not ONNX (a PyTorch program, a pickle),
+    read from its first bytes and zip member names only: the service loads ONNX only."""
+    from certify.errors import ModelError
+    from certify.models.registry import identify
+
+    if path is None or not path.is_file():
+        return
+    try:
+        fmt = identify(str(path))
+    except ModelError:
+        return
+    if not fmt.uploadable:
+        raise UploadError(f"{path.name} is {fmt.title}: certify serve takes ONNX models only",
+                          hint="export the model to ONNX (torch.onnx.export), or run "
+                               "`certify run` on it locally")
 
 
 def _copy(src: BinaryIO, target: Path, limit: int, name: str) -> int:

@@ -1,0 +1,259 @@
+"""PyTorch programs as models (.pt2, TorchScript), the files certify refuses to load, and the
+model-loader registry.
+
+The demo's standard model, rebuilt as a torch module from its ONNX weights, is saved with
+``torch.export`` and with TorchScript: both must give the ONNX file's figures, and their
+white-box rows must run on the program's own gradients (certify's torch copy of an ONNX graph
+is never built). Every refused file carries a payload that writes a marker file: the marker
+must not appear.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import warnings
+import zipfile
+from pathlib import Path
+
+import builders
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
+from certify.device import choose_device
+from certify.errors import ModelError
+from certify.models import load_model, registry
+from certify.models.onnx import sha256_file
+
+SUITE_CHECKS = {"clean": {}, "rotation": {},
+                "apgd_linf": {"samples": 8, "params": {"attack": "apgd_ce", "norm": "linf",
+                                                      "epsilon": 0.0314, "eps_sweep": False}}}
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo model as ONNX, .pt2 and TorchScript, a reduced suite and 3 signs a class."""
+    from certify.demo.synthetic import generate
+    from certify.suite import resolve_suite_path
+
+    root = tmp_path_factory.mktemp("programs")
+    pt2, ts = builders.save_programs(builders.demo_module(), root / "models")
+    x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
+    keep = np.concatenate([np.flatnonzero(y == k)[:3] for k in range(43)])
+    np.savez(root / "signs.npz", x=x[keep], y=y[keep])
+    raw = yaml.safe_load(resolve_suite_path("gtsrb").read_text())
+    raw["checks"] = [{**c, **SUITE_CHECKS[c["id"]]} for c in raw["checks"]
+                     if c["id"] in SUITE_CHECKS]
+    (root / "suite.yaml").write_text(yaml.safe_dump(raw))
+    return {"onnx": demo_model_path("standard"), "pt2": pt2, "ts": ts, "root": root}
+
+
+def _run(programs: dict[str, Path], which: str, *extra: str) -> dict:
+    out = programs["root"] / f"run-{which}"
+    proc = builders.run_cli("run", programs[which], "--suite", programs["root"] / "suite.yaml",
+                            "--data", programs["root"] / "signs.npz", "--no-pdf",
+                            "--out", out, *extra)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]  # 1: a check failed
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.e2e
+def test_programs_give_the_onnx_files_figures_on_their_own_gradients(
+        programs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    onnx_run = _run(programs, "onnx")
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("certify built a torch copy of an ONNX graph for a program")
+
+    monkeypatch.setattr("certify.models.torchcopy.TorchCopy.__init__", never)
+    runs = {"pt2": _run(programs, "pt2"), "ts": _run(programs, "ts", "--input-size", "32",
+                                                        "32")}
+    want = {c["id"]: c for c in onnx_run["measurement"]["checks"]}
+    for which, run in runs.items():
+        model = run["measurement"]["model"]
+        assert model["white_box"] == "available"
+        assert model["identity"] == "sha256:" + sha256_file(programs[which])
+        for c in run["measurement"]["checks"]:
+            ref = want[c["id"]]
+            assert c["status"] == ref["status"], (which, c["id"])
+            # the same decisions on every sample (only float rounding could move one: the
+            # figures must then stay inside the ONNX row's interval)
+            if c["outcomes"] != ref["outcomes"]:
+                for name, (lo, hi) in ref["intervals"].items():
+                    assert lo <= c["metrics"][name] <= hi, (which, c["id"], name)
+            else:
+                assert c["metrics"] == ref["metrics"], (which, c["id"])
+        apgd = next(c for c in run["measurement"]["checks"] if c["id"] == "apgd_linf")
+        assert apgd["metrics"]["gradient_evaluations"] > 0
+
+
+class _Rounded(nn.Module):
+    """A classifier whose scores are rounded to quarters: no gradient through the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(),
+                                  nn.Linear(4 * 30 * 30, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(self.body(x) * 4) / 4
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["pt2", "ts"])
+def test_a_rounding_head_keeps_its_gradient_cut(tmp_path: Path, kind: str) -> None:
+    net = _Rounded().eval()
+    pt2, ts = builders.save_programs(net, tmp_path)
+    model = load_model(str(pt2 if kind == "pt2" else ts), choose_device("cpu"),
+                       input_size=(32, 32))
+    grads = model.torch_copy()  # type: ignore[attr-defined]
+    assert grads.head[-2:] == ("round", "div") and grads.quantised
+    x = torch.rand(6, 3, 32, 32)
+    scores, cut, value, grad = grads.value_and_grad(x, lambda z: z[:, 1] - z[:, 0])
+    xr = x.clone().requires_grad_(True)
+    logits = net.body(xr)
+    (want,) = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), xr)
+    assert torch.allclose(cut, logits.detach(), atol=1e-5)
+    assert torch.allclose(grad, want, atol=1e-6) and grad.abs().sum() > 0  # BPDA at the cut
+    assert torch.equal(scores, net(x).detach()) and torch.equal(scores, model.predict(x))
+    assert torch.equal(grads.apply_head(torch.tensor([[0.3, 1.1]])), torch.tensor([[0.25, 1.0]]))
+    model.close()
+
+
+class _Payload:
+    """Unpickling it creates the folder ``path`` (what a malicious file would do worse)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.mkdir, (self.path,)
+
+
+class _WritesFile(nn.Module):
+    """A classifier that maps ``path`` into memory, shared, whenever it runs: it creates (or
+    overwrites) that file."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.from_file(self.path, True, 16)
+        return self.fc(x.mean((2, 3))) + t.sum() * 0
+
+
+def _refused(path: Path, marker: Path, *extra: str) -> str:
+    proc = builders.run_cli("run", path, "--suite", "gtsrb", "--data", path, "--no-pdf",
+                            "--out", path.parent / "never", *extra)
+    assert proc.returncode == 3, proc.stderr
+    assert not marker.exists(), "the payload ran"
+    assert not (path.parent / "never").exists()
+    return proc.stderr
+
+
+def _rewrite(src: Path, dst: Path, replace: dict[str, bytes]) -> None:
+    """A copy of the zip ``src`` with members (names after the top folder) replaced."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            rel = info.filename.split("/", 1)[1]
+            zout.writestr(info.filename, replace.get(rel, zin.read(info)))
+
+
+@pytest.mark.e2e
+def test_pickles_and_armed_archives_are_refused_without_running(tmp_path: Path) -> None:
+    net = _Rounded().eval()
+    pt2, ts = builders.save_programs(net, tmp_path / "ok")
+    marker = tmp_path / "ran"
+
+    state = tmp_path / "weights.pt"
+    torch.save(net.state_dict(), state)
+    err = _refused(state, marker)
+    assert "pickle" in err and "torch.export.save" in err
+
+    armed = tmp_path / "armed.pkl"
+    armed.write_bytes(pickle.dumps(_Payload(marker)))
+    assert "never unpickles" in _refused(armed, marker)
+
+    # a .pt2 whose sample inputs are a pickle with a payload: torch.export.load runs it ...
+    sample_armed = tmp_path / "sample.pt2"
+    _rewrite(pt2, sample_armed, {"data/sample_inputs/model.pt": pickle.dumps(_Payload(marker))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(Exception):  # noqa: B017, PT011 - whatever it raises after the payload
+            torch.export.load(str(sample_armed))
+    assert marker.exists(), "the planted payload is live"
+    marker.rmdir()
+    # ... and certify refuses the archive before torch reads it
+    assert "sample_inputs" in _refused(sample_armed, marker)
+
+    # any other pickled member: a weight declared pickled
+    with zipfile.ZipFile(pt2) as z:
+        top = z.namelist()[0].split("/", 1)[0]
+        config = json.loads(z.read(f"{top}/data/weights/model_weights_config.json"))
+    first = next(iter(config["config"].values()))
+    first["use_pickle"] = True
+    weight_armed = tmp_path / "weight.pt2"
+    _rewrite(pt2, weight_armed, {
+        "data/weights/model_weights_config.json": json.dumps(config).encode(),
+        f"data/weights/{first['path_name']}": pickle.dumps(_Payload(marker))})
+    assert "weights-only" in _refused(weight_armed, marker)
+
+    # a TorchScript program that writes a file through torch.from_file when it runs
+    writes = tmp_path / "writes.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(_WritesFile(str(marker))), str(writes))
+    assert "from_file" in _refused(writes, marker, "--input-size", "32", "32")
+    # the unchanged programs load
+    for good in (pt2, ts):
+        load_model(str(good), choose_device("cpu"), input_size=(32, 32)).close()
+
+
+@pytest.mark.e2e
+def test_an_unknown_file_names_the_formats_certify_reads(tmp_path: Path) -> None:
+    junk = tmp_path / "model.bin"
+    junk.write_bytes(b"\x00garbage" * 10)
+    proc = builders.run_cli("run", junk, "--suite", "gtsrb", "--no-pdf", "--out",
+                            tmp_path / "out")
+    assert proc.returncode == 3
+    for title in ("ONNX", ".pt2", "TorchScript", "http"):
+        assert title in proc.stderr
+    assert not registry.is_endpoint(str(junk)) and registry.is_endpoint("https://x.test/m")
+    assert registry.identify(str(demo_model_path("standard"))).uploadable
+    with pytest.raises(ModelError, match="directory"):
+        registry.identify(str(tmp_path))
+
+
+@pytest.mark.unit
+def test_the_service_takes_onnx_uploads_only(tmp_path: Path) -> None:
+    from certify.service.uploads import Limits, UploadError, prepare_model
+
+    pt2, ts = builders.save_programs(_Rounded().eval(), tmp_path / "p")
+    for program in (pt2, ts):
+        with pytest.raises(UploadError, match=re.escape("takes ONNX models only")):
+            prepare_model([(program.name, program)], tmp_path / f"up-{program.suffix[1:]}",
+                          Limits())
+
+
+@pytest.mark.unit
+def test_program_digest_names_graph_and_weights() -> None:
+    from certify.models.torchprog import program_digest
+
+    net = _Rounded().eval()
+    x = torch.rand(1, 3, 32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = program_digest(torch.export.export(net, (x,)).module())
+        b = program_digest(torch.export.export(net, (x,)).module())
+        net.body[3].bias.data[0] += 1e-3
+        c = program_digest(torch.export.export(net, (x,)).module())
+    assert a == b != c and a.startswith("sha256:")
