@@ -18,7 +18,6 @@ import warnings
 import zipfile
 from pathlib import Path
 
-import builders
 import numpy as np
 import pytest
 import torch
@@ -30,6 +29,8 @@ from certify.device import choose_device
 from certify.errors import ModelError
 from certify.models import load_model, registry
 from certify.models.onnx import sha256_file
+
+import builders
 
 SUITE_CHECKS = {"clean": {}, "rotation": {},
                 "apgd_linf": {"samples": 8, "params": {"attack": "apgd_ce", "norm": "linf",
