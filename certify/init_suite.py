@@ -29,6 +29,7 @@ from certify.data.classes import (
 from certify.device import DeviceChoice, choose_device
 from certify.errors import DataError, ModelError, UsageError
 from certify.models import HttpOptions, Model, ModelInfo, load_model
+from certify.models.registry import is_endpoint
 from certify.probe import (
     PROBE_SAMPLES,
     Candidate,
@@ -145,7 +146,7 @@ def _load(opts: InitOptions, device: DeviceChoice, count: int | None) -> tuple[M
     An endpoint is retried at most :data:`RETRIES` times: ``init`` is interactive, and an
     unreachable URL is better said at once.
     """
-    if opts.model.startswith(("http://", "https://")):
+    if is_endpoint(opts.model):
         http = opts.http or HttpOptions()
         opts = dataclasses.replace(opts, http=dataclasses.replace(
             http, retries=min(http.retries, RETRIES)))
@@ -209,7 +210,7 @@ def render_suite(opts: InitOptions, report: ProbeReport, info: ModelInfo,
     text = resolve_suite_path(BASE_SUITE).read_text(encoding="utf-8")
     best, second = report.best, report.runner_up
     pre = best.candidate.preprocessing
-    model_name = Path(opts.model).name if not opts.model.startswith(("http://", "https://")) \
+    model_name = Path(opts.model).name if not is_endpoint(opts.model) \
         else info.name
     why = [f"# Chosen by `certify init` on {best.n} labelled samples: {best.candidate.label()} "
            f"gave {pct(best.accuracy)} clean accuracy"]

@@ -388,6 +388,19 @@ class TorchProgramModel:
             self.info.metadata["white_box"] = white_box_note
         self._lock = threading.Lock()
 
+    def with_preprocessing(self, preprocessing: Preprocessing, layout: str | None = None
+                           ) -> TorchProgramModel:
+        """This program asked through another input preprocessing (no reload): how
+        ``certify init`` tries candidates. Its layout is its own; another is refused."""
+        if layout is not None and layout != self.layout:
+            raise ModelError(f"{self.info.name} takes {self.layout} input, not {layout}",
+                             hint="the layout follows the program")
+        other = copy.copy(self)
+        other.preprocessing = preprocessing
+        other.info = dataclasses.replace(self.info, preprocessing=preprocessing)
+        other._gradients = None
+        return other
+
     def refuse_white_box(self, why: str) -> None:
         """No white-box attacks on this model, for the reason ``why`` (said on the card)."""
         self._white_box_refusal = why

@@ -506,7 +506,9 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
             click.echo(str(p))
         # the model file's identity, where it is computed from that file alone (external
         # data elsewhere on this machine may be laid out differently from the upload)
-        local = None if model.startswith(("http://", "https://")) or extra else Path(model)
+        from certify.models.registry import is_endpoint
+
+        local = None if is_endpoint(model) or extra else Path(model)
         click.echo(check_downloaded(folder, run["id"], local), err=True)
         click.echo(f"verdict: {final['verdict']} (transparency log entry "
                    f"{final['log_index']})", err=True)

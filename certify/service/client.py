@@ -86,7 +86,9 @@ class Client:
                     raise UsageError(f"{path} not found", hint="check the path")
                 files.append((field, (path.name, stack.enter_context(path.open("rb")))))
 
-            if model.startswith(("http://", "https://")):
+            from certify.models.registry import is_endpoint
+
+            if is_endpoint(model):
                 data["endpoint"] = model
                 if endpoint_secret:
                     data["endpoint_secret"] = endpoint_secret
