@@ -258,3 +258,33 @@ def test_program_digest_names_graph_and_weights() -> None:
         net.body[3].bias.data[0] += 1e-3
         c = program_digest(torch.export.export(net, (x,)).module())
     assert a == b != c and a.startswith("sha256:")
+
+
+class _BatchOfOne(nn.Module):
+    """A classifier whose graph fixes the batch at one (a reshape to ``[1, -1]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.fc = nn.Linear(3 * 32 * 32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.reshape(1, -1))
+
+
+@pytest.mark.unit
+def test_a_program_that_fixes_its_batch_is_fed_one_image_at_a_time(tmp_path: Path) -> None:
+    net = _BatchOfOne().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.export.save(torch.export.export(net, (torch.rand(1, 3, 32, 32),)),
+                          str(tmp_path / "one.pt2"))
+    model = load_model(str(tmp_path / "one.pt2"), choose_device("cpu"))
+    assert model.info.batch == "fixed 1 (chunked)"
+    x = torch.rand(5, 3, 32, 32)
+    want = torch.cat([net(x[i:i + 1]) for i in range(5)]).detach()
+    assert torch.allclose(model.predict(x), want, atol=1e-6)
+    scores, _, _, grad = model.torch_copy().value_and_grad(  # type: ignore[attr-defined]
+        x, lambda z: z[:, 0])
+    assert torch.allclose(scores, want, atol=1e-6) and grad.shape == x.shape
+    assert torch.allclose(grad[2], net.fc.weight[0].reshape(3, 32, 32), atol=1e-6)

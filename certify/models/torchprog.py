@@ -248,6 +248,20 @@ class ModuleProgram:
         return logits
 
 
+def batches(x: torch.Tensor, fixed: int | None) -> Iterator[tuple[torch.Tensor, int]]:
+    """``x`` in pieces a program takes: whole, or its ``fixed`` batch size with the last piece
+    padded by repeating its last image; each with how many of its images are real."""
+    if fixed is None:
+        yield x, len(x)
+        return
+    for start in range(0, len(x), fixed):
+        part = x[start:start + fixed]
+        n = len(part)
+        if n < fixed:
+            part = torch.cat([part, part[-1:].expand(fixed - n, *part.shape[1:])])
+        yield part, n
+
+
 class ProgramGradients:
     """The white-box view of a program (what :class:`~certify.models.torchcopy.TorchCopy` is
     for an ONNX graph): scores after the whole program, the loss and its input gradient at the
@@ -264,19 +278,6 @@ class ProgramGradients:
         self.head = program.head
         self.quantised = any(op in QUANTISING_NAMES for op in self.head)
 
-    def _chunks(self, x: torch.Tensor) -> Iterator[tuple[torch.Tensor, int]]:
-        """``x`` in pieces the program takes (its fixed batch, the last one padded)."""
-        fb = self.fixed_batch
-        if fb is None:
-            yield x, len(x)
-            return
-        for start in range(0, len(x), fb):
-            part = x[start:start + fb]
-            n = len(part)
-            if n < fb:
-                part = torch.cat([part, part[-1:].expand(fb - n, *part.shape[1:])])
-            yield part, n
-
     def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
         if out.dim() == 1 or not out.is_floating_point():
             return F.one_hot(out.reshape(n).long(), self.num_classes).float()
@@ -286,7 +287,7 @@ class ProgramGradients:
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """The program's answer ``[N, K]`` (one-hot for labels)."""
         outs = [self._as_scores(self.program.run(self._input(p))[:n], n)
-                for p, n in self._chunks(x)]
+                for p, n in batches(x, self.fixed_batch)]
         return torch.cat(outs) if outs else torch.zeros(0, self.num_classes)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
@@ -310,7 +311,7 @@ class ProgramGradients:
         """One forward and backward pass: (scores, cut logits, ``loss(cut)``, its gradient with
         respect to ``x``), all detached; the loss at the cut, the decisions after the head."""
         parts = []
-        for part, n in self._chunks(x):
+        for part, n in batches(x, self.fixed_batch):
             xg = part.detach().clone().requires_grad_(True)
             with torch.enable_grad():
                 cut, out = self.program.run_cut(self._input(xg))
@@ -411,18 +412,11 @@ class TorchProgramModel:
                          self.layout)
         if not self._float_input:
             inp = inp.round().clamp(0, 255).to(torch.uint8)
-        fb = self.fixed_batch
         with torch.no_grad():
-            if fb is None:
+            if self.fixed_batch is None:
                 return self.program.run(inp)
-            outs = []
-            for start in range(0, len(inp), fb):
-                part = inp[start:start + fb]
-                n = len(part)
-                if n < fb:
-                    part = torch.cat([part, part[-1:].expand(fb - n, *part.shape[1:])])
-                outs.append(self.program.run(part)[:n])
-            return torch.cat(outs)
+            return torch.cat([self.program.run(part)[:n]
+                              for part, n in batches(inp, self.fixed_batch)])
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
@@ -446,7 +440,7 @@ class TorchProgramModel:
         return self._gradients
 
     def close(self) -> None:
-        """Drop the program (its weights are freed once no attack holds them)."""
+        """Drop the white-box view (the program's weights are freed with the model)."""
         self._gradients = None
 
 
