@@ -140,6 +140,10 @@ def _certify(opts: RunOptions, progress: Progress | None = None,
         model = load_model(opts.model, device, pre, input_size=input_size, num_classes=count,
                            http=opts.http, threads=threads, surrogate=opts.surrogate)
     try:
+        if opts.resume and model.info.identity.startswith("unidentified"):
+            raise UsageError(f"{model.info.name} cannot be resumed: certify cannot identify "
+                             "it, so it cannot tell the earlier records are this model's",
+                             hint="run it again into a new folder")
         return _run_loaded(opts, progress, suite, model, device, pre, input_size, labels,
                            data_names, data_path, threads, arrays, report, key, pdf_key)
     finally:

@@ -14,6 +14,7 @@ import certify
 from certify.device import choose_device
 from certify.errors import DataError, UsageError
 from certify.models.torchprog import from_module
+from certify.report.card import limitations
 from certify.results import RunResult
 
 import builders
@@ -104,10 +105,12 @@ def test_a_predict_object_gets_black_box_rows_only(net: nn.Module, dataset_array
     assert model["output"] == "probs" and model["identity"].startswith("unidentified")
     assert rows["apgd"]["status"] == "SKIPPED"
     assert rows["square"]["status"] != "SKIPPED" and rows["square"]["metrics"]["n"] > 0
+    assert any("unidentified" in line for line in limitations(result))
     assert all(len(s) == 4 and s[1:] == (3, 32, 32) and d == "float32" for s, d in obj.seen)
 
 
-def test_bad_api_inputs_are_refused_before_any_query(net: nn.Module, api_suite: Path) -> None:
+def test_bad_api_inputs_are_refused_before_any_query(net: nn.Module, api_suite: Path,
+                                                     tmp_path: Path) -> None:
     x = np.zeros((4, 32, 32, 3), np.uint8)
     with pytest.raises(DataError, match="N×C×H×W"):
         certify.evaluate(net, (x.astype(np.float32), np.zeros(4, int)), suite=str(api_suite))
@@ -118,5 +121,9 @@ def test_bad_api_inputs_are_refused_before_any_query(net: nn.Module, api_suite: 
         certify.evaluate(net, (x, np.zeros(3, int)), suite=str(api_suite))
     with pytest.raises(UsageError, match="not a model certify can evaluate"):
         certify.evaluate(object(), (x, np.zeros(4, int)), suite=str(api_suite))
+    with pytest.raises(UsageError, match="cannot be resumed"):
+        certify.evaluate(_Scores(net), (x, np.zeros(4, int)), suite=str(api_suite),
+                         out=tmp_path / "again", resume=True)
+    assert not (tmp_path / "again").exists()
     with pytest.raises(UsageError, match="option it does not know"):
         certify.evaluate(net, (x, np.zeros(4, int)), suite=str(api_suite), colour="red")

@@ -297,6 +297,12 @@ def limitations(result: RunResult) -> list[str]:
     """What this run could not establish, in sentences (the card's Limitations)."""
     m = result.measurement
     out: list[str] = []
+    if m.model.identity.startswith("unidentified"):
+        out.append(f"The model is unidentified ({m.model.identity.split(': ', 1)[-1]}): this "
+                   "card cannot be tied to a model file, and a later run cannot show it "
+                   "evaluated the same model.")
+    if m.model.metadata.get("white_box"):
+        out.append(f"White-box attacks: {m.model.metadata['white_box']}.")
     skipped = [c.id for c in result.checks if c.status == "SKIPPED"]
     if skipped:
         out.append(f"Not evaluated on this model: {', '.join(skipped)} (skipped checks are "
