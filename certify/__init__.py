@@ -1,12 +1,15 @@
 """certify: robustness evaluation of image classifiers, with a signed model card.
 
-The Python API is :func:`certify.evaluate` (see :mod:`certify.api`); ``import certify`` stays
-light (torch and onnxruntime load on first use).
+The package is the Python API's front door: :func:`certify.evaluate` (see :mod:`certify.api`)
+and ``__version__``. ``import certify`` stays light: torch and onnxruntime load when
+``evaluate`` is first used. certify's own modules import :mod:`certify.version`, never the
+package, so the front door sits above everything it offers.
 """
 
 from typing import Any
 
-__version__ = "0.1.0"
+from certify.version import __version__
+
 __all__ = ["__version__", "evaluate"]
 
 

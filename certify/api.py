@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-import certify
 from certify.data import load_dataset
 from certify.data.classes import (
     data_class_names,
@@ -29,6 +28,7 @@ from certify.report.card import renderer_info
 from certify.results import ModelCardDoc, RunResult
 from certify.rundir import DEMO_DATA, RunDir, check_out_dir
 from certify.suite import classes_for_run, load_suite
+from certify.version import __version__
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def public_provenance(prov: Any, out: Path) -> dict[str, Any]:
     name = None
     with contextlib.suppress(OSError):
         name = packaged.get(str(Path(prov.suite_source).resolve()))
-    suite_source = (f"packaged suite {name} (certify {certify.__version__})"
+    suite_source = (f"packaged suite {name} (certify {__version__})"
                     if name is not None else public_path(prov.suite_source, out))
     env = {k: v for k, v in prov.environment.items() if k != "host"}
     return {"data_source": public_path(prov.data_source, out), "suite_source": suite_source,
@@ -371,7 +371,7 @@ def demo_model_path(name: str = "standard") -> Path:
 #: What the demo's card states about its model (the flags of ``certify run`` would).
 DEMO_MODEL_CARD = ModelCardDoc(
     name="certify demo traffic-sign classifier (standard training)",
-    version=f"demo, certify {certify.__version__}",
+    version=f"demo, certify {__version__}",
     owner="the certify project",
     license="Apache-2.0",
     intended_use="A demonstration of certify's card: a small CNN trained on generated "

@@ -52,7 +52,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-import certify
 from certify.device import DEVICE_CHOICES
 from certify.errors import (
     EXIT_CODES,
@@ -68,6 +67,7 @@ from certify.errors import (
 )
 from certify.model_card import model_card_from, model_card_options
 from certify.redact import install_log_filters, redact
+from certify.version import __version__
 
 err_console = Console(stderr=True)
 log = logging.getLogger("certify")
@@ -327,7 +327,7 @@ def _exit_code_epilog() -> str:
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
              epilog=_exit_code_epilog())
-@click.version_option(certify.__version__, prog_name="certify")
+@click.version_option(__version__, prog_name="certify")
 def main() -> None:
     """certify: robustness model cards for image classifiers.
 
@@ -463,8 +463,12 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
         **http: Any) -> int:
     """Certify MODEL with a suite and write results.json, card.html, card.pdf.
 
-    MODEL is an .onnx file or an inference endpoint: http://HOST:PORT/v2/models/NAME
-    (KServe v2: Triton, MLServer, KServe) or http://HOST:PORT/v1/models/NAME (TF-Serving).
+    MODEL is an .onnx file, a PyTorch program (a .pt2 archive saved by torch.export.save, or a
+    TorchScript file saved by torch.jit.save; give --input-size for TorchScript), or an
+    inference endpoint: http://HOST:PORT/v2/models/NAME (KServe v2: Triton, MLServer, KServe)
+    or http://HOST:PORT/v1/models/NAME (TF-Serving). A pickled checkpoint (torch.save of a
+    state dict) is refused: it holds no program and unpickling can run code. PyTorch files
+    are checked member by member before torch reads them.
 
     \b
     Examples:
@@ -480,7 +484,9 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, sampl
 
     card = model_card_from(model_name=model_name, model_version=model_version, owner=owner,
                            license=license, intended_use=intended_use)
-    if model_version is not None and model.startswith(("http://", "https://")):
+    from certify.models.registry import is_endpoint
+
+    if model_version is not None and is_endpoint(model):
         http["model_version"] = model_version  # an endpoint's declared version: its identity
     opts = RunOptions(
         model=model, suite=suite_name, data=data_path, out=out_dir, samples=samples,
@@ -509,7 +515,9 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
              "max_requests": "max_requests", "hedge": "hedge", "breaker_wait": "breaker_wait",
              "model_version": "version", "input_layout": "layout"}
     set_ = {names[k]: v for k, v in given.items() if v is not None}
-    remote = any(m and m.startswith(("http://", "https://")) for m in (model, reference))
+    from certify.models.registry import is_endpoint
+
+    remote = any(m and is_endpoint(m) for m in (model, reference))
     if set_ and not remote:
         flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v is not None)
         raise UsageError(f"{flags} only apply to HTTP endpoints",
@@ -618,7 +626,8 @@ def init_cmd(model: str, data_path: str, out_path: Path, labels_path: Path | Non
              debug: bool, quiet: bool, **http: Any) -> None:
     """Probe MODEL's preprocessing on labelled data and write a suite to edit.
 
-    MODEL is an .onnx file or an endpoint URL. Every candidate preprocessing (0-1 or 0-255,
+    MODEL is an .onnx file, a PyTorch program (.pt2 or TorchScript) or an endpoint URL.
+    Every candidate preprocessing (0-1 or 0-255,
     mean/std none, ImageNet or 0.5, RGB or BGR; the layout where the model does not state it)
     is tried on the same samples; the one with the best clean accuracy goes into a copy of
     the packaged image-classification suite, with the class names and, if needed, the input

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import yaml
 
-import certify
 from certify.data import DataSpec, load_dataset
 from certify.data.classes import (
     FROM_IDS,
@@ -40,6 +39,7 @@ from certify.probe import (
 )
 from certify.progress import NullProgress, Progress
 from certify.suite import parse_suite, read_suite_yaml, resolve_suite_path
+from certify.version import __version__
 
 #: The packaged suite ``certify init`` starts from.
 BASE_SUITE = "image-classification"
@@ -250,7 +250,7 @@ def render_suite(opts: InitOptions, report: ProbeReport, info: ModelInfo,
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(model_name).stem).strip("-") or "model"
     text = re.sub(r"^name: .*$", f"name: {stem}-image-classification", text, count=1,
                   flags=re.M)
-    header = (f"# Written by `certify init` (certify {certify.__version__}) for {model_name} "
+    header = (f"# Written by `certify init` (certify {__version__}) for {model_name} "
               "from the packaged\n# image-classification suite. Edit it: every threshold is a "
               "default. Then:\n#   certify run MODEL --suite THIS_FILE --data DATA\n#\n")
     return header + text

@@ -121,10 +121,10 @@ def _invoke(*args: str):
 
 
 def _result(verdict: str) -> SimpleNamespace:
-    """Stands in for a RunResult: the CLI reads the verdict, the checks and the threat-model
-    rows."""
+    """Stands in for a RunResult: the CLI reads the verdict, the checks, the threat-model
+    rows and the resumed records."""
     return SimpleNamespace(measurement=SimpleNamespace(verdict=verdict, attack_worst_case=[]),
-                           checks=[])
+                           checks=[], provenance=SimpleNamespace(timings={}))
 
 
 @pytest.mark.parametrize("verdict, code", [

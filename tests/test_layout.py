@@ -20,7 +20,7 @@ PKG = ROOT / "certify"
 #: Layers, lowest first: a module may import its own layer and the ones below it, never above.
 #: Every module of the package must fall in one (longest matching prefix wins).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("certify", "certify.errors", "certify.redact", "certify.canonical",
+    ("foundation", ("certify.version", "certify.errors", "certify.redact", "certify.canonical",
                     "certify.stats", "certify.progress", "certify.device", "certify.images",
                     "certify.figures", "certify.validation", "certify.rundir")),
     ("inputs", ("certify.models", "certify.data", "certify.perturbations", "certify.demo")),
@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("certify.engine", "certify.distributed", "certify.suite", "certify.results",
                 "certify.probe")),
     ("report", ("certify.report",)),
-    ("edges", ("certify.api", "certify.cli", "certify.ci_action", "certify.service",
+    ("edges", ("certify", "certify.api", "certify.cli", "certify.ci_action", "certify.service",
                "certify.init_suite", "certify.model_card")),
 ]
 

@@ -68,7 +68,7 @@ def test_without_a_surrogate_the_skip_reason_names_the_option():
 
 @pytest.mark.parametrize(("model", "surrogate", "error", "words"), [
     ("file", "standard", UsageError, "--surrogate is for endpoints"),
-    ("endpoint", "url", UsageError, "must be an ONNX file"),
+    ("endpoint", "url", UsageError, "must be a model file"),
     ("endpoint", "tiny", ModelError, "answers 5 classes; the endpoint"),
     ("endpoint", "missing", ModelError, "missing.onnx"),
 ])

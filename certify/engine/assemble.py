@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-import certify
 from certify.canonical import JSONLike
 from certify.checks import Check, Measurement
 from certify.data import Dataset
@@ -42,6 +41,7 @@ from certify.results import (
 )
 from certify.rundir import RunDir, SampleRecord
 from certify.suite import Suite
+from certify.version import __version__
 
 
 @dataclass
@@ -71,7 +71,7 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
     verdict = overall_verdict(verdict_statuses(checks, worst))
     model_q, ref_q = recorded_queries(run)
     measurement = RunMeasurement(
-        certify_version=certify.__version__,
+        certify_version=__version__,
         suite=SuiteDoc(name=suite.name, digest=suite.digest, description=suite.description,
                        decision=typing.cast(Any, suite.decision)),
         model=_model_doc(model),
@@ -121,7 +121,7 @@ def _versions() -> dict[str, str]:
     import onnxruntime
 
     return {
-        "certify": certify.__version__,
+        "certify": __version__,
         "host": platform.node(),
         "python": platform.python_version(),
         "torch": torch.__version__,

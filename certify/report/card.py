@@ -133,9 +133,9 @@ def html_renderer() -> dict[str, str]:
     """The entries of :func:`renderer_info` that decide card.html's bytes."""
     import jinja2 as j
 
-    import certify
+    from certify.version import __version__
 
-    return {"certify": certify.__version__, "templates": templates_digest(),
+    return {"certify": __version__, "templates": templates_digest(),
             "code": code_digest(), "jinja2": j.__version__}
 
 

@@ -25,7 +25,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-import certify
 from certify.errors import CertifyError
 from certify.service import auth, queue
 from certify.service.config import ServeConfig
@@ -48,6 +47,7 @@ from certify.service.shared import (
     verified_results,
     verify_upload,
 )
+from certify.version import __version__
 
 log = logging.getLogger("certify.service")
 
@@ -134,7 +134,7 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
             if svc.workers is not None:
                 await asyncio.to_thread(svc.workers.stop)
 
-    app = FastAPI(title="certify service", version=certify.__version__, lifespan=lifespan,
+    app = FastAPI(title="certify service", version=__version__, lifespan=lifespan,
                   description="Robustness certification: submit a model, get a signed card.",
                   docs_url=None, redoc_url=None, responses=ERROR_RESPONSES,
                   redirect_slashes=False)  # a path that is not an operation is a 404
@@ -317,7 +317,7 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         """Liveness: the database answers."""
         with svc.factory() as s:
             s.execute(select(1))
-        return {"status": "ok", "version": certify.__version__}
+        return {"status": "ok", "version": __version__}
 
     @app.get(f"{API}/ready", tags=["service"],
              responses={503: {"model": ErrorBody, "description": "Not ready"}})

@@ -154,11 +154,11 @@ def _no_server_paths(text: str, folder: Path, spec: dict[str, Any]) -> str:
     """
     import re
 
-    import certify
+    import certify.version
 
     store = folder.resolve().parent.parent  # <scratch>/runs/<run id>
     given: list[str | Path] = [*spec.get("server_paths", []), store, sys.prefix,
-                               sys.base_prefix, Path(certify.__file__).parent.parent]
+                               sys.base_prefix, Path(certify.version.__file__).parent.parent]
     data = spec.get("data")
     if data:
         given.append(Path(data).parent)
