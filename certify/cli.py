@@ -300,8 +300,9 @@ class _Group(click.Group):
             sys.exit(_fail(e, debug))
         except (KeyboardInterrupt, click.exceptions.Abort):
             # click turns Ctrl-C into Abort; records already on disk are durable.
-            err_console.print("[yellow]interrupted[/]: recorded samples are kept; "
-                              "run the same command with --resume to continue")
+            err_console.print("[yellow]interrupted[/]: what a run recorded is kept; where "
+                              "its --out folder was made, the same command with --resume "
+                              "continues it")
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001 - last resort: one line, not a traceback
             if debug:  # the traceback, redacted like every other line certify prints
