@@ -13,6 +13,8 @@ import pytest
 import requests
 from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs, submit_cli
 
+import builders
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
@@ -168,6 +170,16 @@ def test_bad_inputs_are_refused_with_4xx_and_nothing_is_written_outside_the_stor
     with junk.open("rb") as m, suite.open("rb") as s:
         r = post({"model": ("junk.onnx", m), "suite_file": ("s.yaml", s)})
     assert r.status_code == 422 and "not an ONNX model" in r.json()["detail"]
+
+    # PyTorch programs are for `certify run`: the service loads ONNX only, whatever the name
+    torch_net = builders.make_net(seed=1)
+    for program in builders.save_programs(torch_net, tmp_path / "programs"):
+        with program.open("rb") as m:
+            r = post({"model": (program.name, m)}, {"suite": "gtsrb"})
+        assert r.status_code == 422 and "takes ONNX models only" in r.json()["detail"], r.text
+        with program.open("rb") as m:
+            r = post({"model": ("renamed.onnx", m)}, {"suite": "gtsrb"})
+        assert r.status_code == 422 and "not an ONNX model" in r.json()["detail"], r.text
 
     big = tmp_path / "big.onnx"
     big.write_bytes(os.urandom(3 * 2**20))  # the service allows 2 MB

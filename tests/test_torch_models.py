@@ -288,3 +288,17 @@ def test_a_program_that_fixes_its_batch_is_fed_one_image_at_a_time(tmp_path: Pat
         x, lambda z: z[:, 0])
     assert torch.allclose(scores, want, atol=1e-6) and grad.shape == x.shape
     assert torch.allclose(grad[2], net.fc.weight[0].reshape(3, 32, 32), atol=1e-6)
+
+
+@pytest.mark.e2e
+def test_init_probes_a_torchscript_program(programs: dict[str, Path]) -> None:
+    """A TorchScript file states no input size: init takes the data's and probes the program
+    like an ONNX file (its preprocessing views share the loaded program)."""
+    out = programs["root"] / "init-suite.yaml"
+    proc = builders.run_cli("init", programs["ts"], "--data", programs["root"] / "signs.npz",
+                            "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the data's images: the model does not state it" in proc.stdout + proc.stderr
+    suite = yaml.safe_load(out.read_text())
+    assert suite["preprocessing"]["input_size"] == [32, 32]
+    assert suite["preprocessing"].get("input_scale", 1) == 1
