@@ -245,19 +245,35 @@ def test_the_service_takes_onnx_uploads_only(tmp_path: Path) -> None:
                           Limits())
 
 
+class _Scaled(nn.Module):
+    """Batch norm (a 0-dim buffer) and a plain tensor attribute of a submodule (a constant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
+                                  nn.Linear(4 * 30 * 30, 5))
+        self.body[3].scale = torch.ones(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.body[3].scale
+
+
 @pytest.mark.unit
-def test_program_digest_names_graph_and_weights() -> None:
+def test_program_digest_names_graph_weights_and_nested_constants() -> None:
     from certify.models.torchprog import program_digest
 
-    net = _Rounded().eval()
+    net = _Scaled().eval()
     x = torch.rand(1, 3, 32, 32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = program_digest(torch.export.export(net, (x,)).module())
-        b = program_digest(torch.export.export(net, (x,)).module())
+        a = program_digest(torch.export.export(net, (x,)))
+        b = program_digest(torch.export.export(net, (x,)))
+        net.body[3].scale[0] = 2.0  # only a constant of a submodule changes
+        c = program_digest(torch.export.export(net, (x,)))
         net.body[3].bias.data[0] += 1e-3
-        c = program_digest(torch.export.export(net, (x,)).module())
-    assert a == b != c and a.startswith("sha256:")
+        d = program_digest(torch.export.export(net, (x,)))
+    assert a == b and len({a, c, d}) == 3 and a.startswith("sha256:")
 
 
 class _BatchOfOne(nn.Module):
@@ -288,6 +304,12 @@ def test_a_program_that_fixes_its_batch_is_fed_one_image_at_a_time(tmp_path: Pat
         x, lambda z: z[:, 0])
     assert torch.allclose(scores, want, atol=1e-6) and grad.shape == x.shape
     assert torch.allclose(grad[2], net.fc.weight[0].reshape(3, 32, 32), atol=1e-6)
+    # a loss with one target per row (APGD's) sees the whole batch, not one chunk
+    y = torch.tensor([0, 1, 2, 3, 0])
+    _, _, value, grad = model.torch_copy().value_and_grad(  # type: ignore[attr-defined]
+        x, lambda z: nn.functional.cross_entropy(z, y, reduction="none"))
+    assert torch.allclose(value, nn.functional.cross_entropy(want, y, reduction="none"),
+                          atol=1e-5) and grad.abs().sum() > 0
 
 
 @pytest.mark.e2e
@@ -302,3 +324,120 @@ def test_init_probes_a_torchscript_program(programs: dict[str, Path]) -> None:
     suite = yaml.safe_load(out.read_text())
     assert suite["preprocessing"]["input_size"] == [32, 32]
     assert suite["preprocessing"].get("input_scale", 1) == 1
+
+
+
+class _TwoHeads(nn.Module):
+    """Scores first, an embedding second, and a final matmul with a transposed weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8), nn.ReLU())
+        self.w = nn.Parameter(torch.randn(5, 8))
+        self.proj = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self.body(x)
+        return torch.round(f @ self.w.T), self.proj(f)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["pt2", "ts"])
+def test_the_cut_is_the_layer_that_feeds_the_answer(tmp_path: Path, kind: str) -> None:
+    net = _TwoHeads().eval()
+    pt2, ts = builders.save_programs(net, tmp_path)
+    model = load_model(str(pt2 if kind == "pt2" else ts), choose_device("cpu"),
+                       input_size=(32, 32))
+    grads = model.torch_copy()  # type: ignore[attr-defined]
+    assert grads.head == ("round",)
+    x = torch.rand(3, 3, 32, 32)
+    _, cut, _, _ = grads.value_and_grad(x, lambda z: z.sum(1))
+    assert torch.allclose(cut, (net.body(x) @ net.w.T).detach(), atol=1e-5)
+
+
+def _armed_pt2(src: Path, dst: Path, marker: Path, how: str) -> Path:
+    """A copy of the archive ``src`` armed to create ``marker`` when torch loads or runs it."""
+    with zipfile.ZipFile(src) as z:
+        top = z.namelist()[0].split("/", 1)[0]
+        members = {i.filename.split("/", 1)[1]: z.read(i) for i in z.infolist()}
+    payload = pickle.dumps(_Payload(marker))
+    entries = list(members.items())
+    if how == "duplicate":  # torch finds the first copy, a dict keeps the last
+        entries.insert(0, ("data/sample_inputs/model.pt", payload))
+    elif how == "case":  # a raw member and a pickled one whose names differ in case only
+        config = json.loads(members["data/weights/model_weights_config.json"])
+        meta = json.loads(json.dumps(next(iter(config["config"].values()))["tensor_meta"]))
+        meta.update(dtype=1, sizes=[{"as_int": len(payload)}], strides=[{"as_int": 1}])
+        config["config"]["raw"] = {"path_name": "EVIL", "is_param": False,
+                                   "use_pickle": False, "tensor_meta": meta}
+        config["config"]["pickled"] = {"path_name": "evil", "is_param": False,
+                                       "use_pickle": True, "tensor_meta": None}
+        entries = [(k, json.dumps(config).encode() if k.endswith("weights_config.json")
+                    else v) for k, v in entries] + [("data/weights/EVIL", payload)]
+    elif how in ("expr", "from_file"):
+        doc = json.loads(members["models/model.json"])
+        graph = doc["graph_module"]["graph"]
+        if how == "expr":  # torch parses shape expressions with sympify, which evaluates
+            graph["tensor_values"]["x"]["sizes"][0] = {"as_expr": {
+                "expr_str": f"__import__('os').mkdir('{marker}')", "hint": {"as_int": 1}}}
+        else:  # the graph itself maps a file into memory
+            graph["nodes"].insert(0, {"target": "torch.ops.aten.from_file.default", "inputs": [
+                {"name": "filename", "arg": {"as_string": str(marker)}, "kind": 1},
+                {"name": "shared", "arg": {"as_bool": True}, "kind": 1},
+                {"name": "size", "arg": {"as_int": 16}, "kind": 1}],
+                "outputs": [{"as_tensor": {"name": "ff"}}], "metadata": {}})
+        entries = [(k, json.dumps(doc).encode() if k == "models/model.json" else v)
+                   for k, v in entries]
+    with zipfile.ZipFile(dst, "w") as z, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the duplicate member is the point
+        for name, data in entries:
+            z.writestr(f"{top}/{name}", data)
+    if how == "prepended":  # Python's zip reader allows bytes in front, torch's does not
+        dst.write_bytes(b"\0" * 64 + dst.read_bytes())
+    return dst
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("how", ["duplicate", "case", "expr", "from_file", "prepended"])
+def test_archives_that_fool_a_member_by_member_check_are_refused(tmp_path: Path,
+                                                                 how: str) -> None:
+    pt2, _ = builders.save_programs(_Rounded().eval(), tmp_path / "ok")
+    marker = tmp_path / "ran"
+    armed = _armed_pt2(pt2, tmp_path / f"{how}.pt2", marker, how)
+    if how == "expr":  # the planted expression is live: torch.export.load evaluates it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(Exception):  # noqa: B017, PT011 - whatever follows the payload
+                torch.export.load(str(armed))
+        assert marker.exists()
+        marker.rmdir()
+    # a prepended archive is no zip to certify's recognition: refused as no format it reads
+    with pytest.raises(ModelError, match="is refused|not a model format certify reads"):
+        load_model(str(armed), choose_device("cpu"), input_size=(32, 32))
+    assert not marker.exists()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("spelling", ["torch . from_file(", "(torch).from_file(",
+                                      'getattr(torch, "from_file")(', "ops.aten.from_file("])
+def test_torchscript_file_operations_are_refused_however_spelled(tmp_path: Path,
+                                                                 spelling: str) -> None:
+    marker = tmp_path / "ran"
+    plain = tmp_path / "plain.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(_WritesFile(str(marker))), str(plain))
+    with zipfile.ZipFile(plain) as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    code = next(k for k, v in members.items() if "/code/" in k and k.endswith(".py")
+                and b"from_file" in v)
+    assert b"torch.from_file(" in members[code]
+    members[code] = members[code].replace(b"torch.from_file(", spelling.encode())
+    armed = tmp_path / "armed.pt"
+    with zipfile.ZipFile(armed, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    with pytest.raises(ModelError, match="is refused"):
+        load_model(str(armed), choose_device("cpu"), input_size=(32, 32))
+    assert not marker.exists()

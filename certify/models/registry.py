@@ -110,7 +110,7 @@ def source_of(spec: str) -> Source:
         try:
             with zipfile.ZipFile(path) as z:
                 members = frozenset(n.split("/", 1)[1] for n in z.namelist() if "/" in n)
-        except (zipfile.BadZipFile, OSError):
+        except Exception:  # noqa: BLE001 - any unreadable archive: recognised as nothing
             members = frozenset()
     return Source(spec, "", path.suffix.lower(), head, members)
 

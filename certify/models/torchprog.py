@@ -50,8 +50,16 @@ from certify.models.base import (
 )
 from certify.models.torchcopy import QUANTISING_NAMES, WhiteBoxUnavailable
 
-#: Operations that are a linear layer (the cut is the last one's output).
+#: Operations that are a linear layer (the cut is the output of the one that feeds the answer).
 _LINEAR = frozenset({"linear", "addmm", "mm", "matmul"})
+#: Per-sample operations a head may hold between the last linear layer and the answer (the
+#: same role as torchcopy.HEAD_OPS for ONNX graphs); anything else ends the walk back.
+HEAD_OPS = frozenset({"round", "floor", "ceil", "trunc", "mul", "div", "add", "sub", "softmax",
+                      "_softmax", "log_softmax", "_log_softmax", "clamp", "clip", "sigmoid",
+                      "relu", "neg", "exp", "log", "argmax", "topk", "getitem", "sign", "to",
+                      "_to_copy", "type_as", "alias", "clone", "detach", "contiguous",
+                      "quantize_per_tensor", "dequantize", "fake_quantize_per_tensor_affine",
+                      "hardtanh", "tanh"})
 
 
 @contextlib.contextmanager
@@ -99,6 +107,10 @@ class Program(Protocol):
         the head needs more than the cut."""
         ...
 
+    def drop_cut(self) -> None:
+        """Forget the cut: gradients are then taken at the answer."""
+        ...
+
 
 class FxProgram:
     """An exported program's graph (``ExportedProgram.module()``), with its cut."""
@@ -113,15 +125,34 @@ class FxProgram:
             raise ModelError("the exported program returns no tensor",
                              hint="certify needs class scores [N, K] or labels [N]")
         self._answer: torch.fx.Node = answer
-        linear = [n for n in nodes if n.op == "call_function" and _op_name(n.target) in _LINEAR
-                  and any(a.op == "get_attr" for a in n.all_input_nodes)]
-        self._cut: torch.fx.Node = linear[-1] if linear else answer
-        after = _descendants(self._cut)
-        self._head_nodes = [n for n in nodes if n in after and n.op == "call_function"
-                            and (n is answer or answer in _descendants(n))]
+        self._cut: torch.fx.Node = answer
+        self._head_nodes: list[torch.fx.Node] = []
+        self._outside: set[torch.fx.Node] = set()
+        varying = _input_dependent(nodes)
+        head: list[torch.fx.Node] = []
+        node = answer
+        while node.op == "call_function":  # back from the answer through the head
+            inputs = [a for a in node.all_input_nodes if a in varying]
+            if _op_name(node.target) in _LINEAR and len(inputs) == 1 \
+                    and len(node.all_input_nodes) > 1:
+                self._set_cut(node, head[::-1], varying)
+                break
+            if _op_name(node.target) not in HEAD_OPS or len(inputs) != 1:
+                break
+            head.append(node)
+            node = inputs[0]
         self.head = tuple(_op_name(n.target) for n in self._head_nodes)
-        self._outside = {a for n in self._head_nodes for a in n.all_input_nodes
-                         if a is not self._cut and a not in after}
+
+    def _set_cut(self, cut: torch.fx.Node, head: list[torch.fx.Node],
+                 varying: set[torch.fx.Node]) -> None:
+        self._cut = cut
+        self._head_nodes = head
+        self._outside = {a for n in head for a in n.all_input_nodes
+                         if a is not cut and a not in head}
+
+    def drop_cut(self) -> None:
+        """Take gradients at the answer (the cut did not reproduce it)."""
+        self._cut, self._head_nodes, self._outside, self.head = self._answer, [], set(), ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """The graph's answer (compiled forward)."""
@@ -138,7 +169,7 @@ class FxProgram:
         if any(a.op != "get_attr" for a in self._outside):
             raise WhiteBoxUnavailable("the output head needs more than the last linear "
                                       "layer's output")
-        interp = torch.fx.Interpreter(self.gm)
+        interp = torch.fx.Interpreter(self.gm, garbage_collect_values=False)
         interp.env = {self._cut: logits}
         for a in self._outside:
             interp.env[a] = interp.fetch_attr(str(a.target))
@@ -147,15 +178,13 @@ class FxProgram:
         return interp.env[self._answer] if self._head_nodes else logits
 
 
-def _descendants(node: torch.fx.Node) -> set[torch.fx.Node]:
-    seen: set[torch.fx.Node] = set()
-    todo = list(node.users)
-    while todo:
-        n = todo.pop()
-        if n not in seen:
-            seen.add(n)
-            todo.extend(n.users)
-    return seen
+def _input_dependent(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The nodes whose value depends on the program's input (the rest are constants)."""
+    varying: set[torch.fx.Node] = set()
+    for n in nodes:  # topological order
+        if n.op == "placeholder" or any(a in varying for a in n.all_input_nodes):
+            varying.add(n)
+    return varying
 
 
 class ScriptProgram:
@@ -177,32 +206,52 @@ class ScriptProgram:
 
     def _build_cut(self) -> None:
         graph = self.module.inlined_graph
-        linear = [n for n in graph.nodes() if n.kind().split("::")[-1] in _LINEAR]
-        if not linear:
+        image = list(graph.inputs())[1]
+        varying = {image}
+        for n in graph.nodes():  # the values that depend on the input (no control flow)
+            if any(i in varying for i in n.inputs()):
+                varying.update(n.outputs())
+        answer = graph.return_node().input()
+        if answer.node().kind() == "prim::TupleConstruct":
+            answer = next(iter(answer.node().inputs()))
+        node, head = answer.node(), []
+        while True:  # back from the answer through the head
+            kind = node.kind().split("::")[-1]
+            inputs = [i for i in node.inputs() if i in varying]
+            if kind in _LINEAR and len(inputs) == 1 and node.kind().startswith("aten::"):
+                break
+            if not node.kind().startswith("aten::") or kind not in HEAD_OPS \
+                    or len(inputs) != 1:
+                return  # no cut: gradients at the answer
+            head.append(kind)
+            node = inputs[0].node()
+        if not head:
             return
-        cut = linear[-1].output()
+        cut = node.output()
         ret = graph.return_node()
-        answer = ret.input()
-        nodes = list(graph.nodes())
-        after = [n.kind().split("::")[-1] for n in nodes[nodes.index(linear[-1]) + 1:]
-                 if n.kind().startswith("aten::")]
-        if not after:
-            return
-        pair = graph.create("prim::TupleConstruct", [cut, answer], 1)
+        pair = graph.create("prim::TupleConstruct", [cut, ret.input()], 1)
         pair.insertBefore(ret)
-        pair.output().setType(torch._C.TupleType([cut.type(), answer.type()]))
+        pair.output().setType(torch._C.TupleType([cut.type(), ret.input().type()]))
         ret.replaceInput(0, pair.output())
         self._cut_fn = torch._C._create_function_from_graph("certify_cut", graph)
-        self.head = tuple(after)
+        self.head = tuple(head[::-1])
         head_graph = self.module.inlined_graph
-        lin = [n for n in head_graph.nodes() if n.kind().split("::")[-1] in _LINEAR][-1]
+        same = [n for n in head_graph.nodes() if n.kind() == node.kind()]
+        target = same[[n for n in graph.nodes() if n.kind() == node.kind()].index(node)]
         logits = head_graph.addInput("logits")
-        logits.setType(lin.output().type())
-        lin.output().replaceAllUsesWith(logits)
+        logits.setType(target.output().type())
+        target.output().replaceAllUsesWith(logits)
+        back = head_graph.return_node()
+        if back.input().node().kind() == "prim::TupleConstruct":  # the answer alone
+            back.replaceInput(0, next(iter(back.input().node().inputs())))
         torch._C._jit_pass_dce(head_graph)
-        image = list(head_graph.inputs())[1]
-        if not image.uses():
+        if not list(head_graph.inputs())[1].uses():
             self._head_fn = torch._C._create_function_from_graph("certify_head", head_graph)
+
+    def drop_cut(self) -> None:
+        """Take gradients at the answer (the cut did not reproduce it)."""
+        self._cut_fn = self._head_fn = None
+        self.head = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """The program's answer."""
@@ -230,6 +279,9 @@ class ModuleProgram:
     """A module run as it is (it could not be exported): gradients at its output."""
 
     head: tuple[str, ...] = ()
+
+    def drop_cut(self) -> None:
+        """Nothing to drop: there is no cut."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
@@ -310,33 +362,38 @@ class ProgramGradients:
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One forward and backward pass: (scores, cut logits, ``loss(cut)``, its gradient with
         respect to ``x``), all detached; the loss at the cut, the decisions after the head."""
-        parts = []
-        for part, n in batches(x, self.fixed_batch):
-            xg = part.detach().clone().requires_grad_(True)
-            with torch.enable_grad():
+        xs, cuts, outs = [], [], []
+        with torch.enable_grad():
+            for part, n in batches(x, self.fixed_batch):
+                xg = part.detach().clone().requires_grad_(True)
                 cut, out = self.program.run_cut(self._input(xg))
-                cut = cut.reshape(len(part), -1).float()[:n]
-                value = loss(cut)
-                (grad,) = torch.autograd.grad(value.sum(), xg)
-            parts.append((self._as_scores(out.detach()[:n], n), cut.detach(), value.detach(),
-                          grad.detach()[:n]))
-        return tuple(torch.cat([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+                xs.append((xg, n))
+                cuts.append(cut.reshape(len(part), -1).float()[:n])
+                outs.append(self._as_scores(out.detach()[:n], n))
+            cut_all = torch.cat(cuts)
+            value = loss(cut_all)  # one loss over the whole batch (its targets are per row)
+            grads = torch.autograd.grad(value.sum(), [xg for xg, _ in xs])
+        grad = torch.cat([g[:n] for g, (_, n) in zip(grads, xs, strict=True)])
+        return torch.cat(outs), cut_all.detach(), value.detach(), grad.detach()
 
 
-def program_digest(gm: torch.fx.GraphModule) -> str:
-    """``sha256:<hex>`` of an exported program's graph code and its weights (every parameter,
-    buffer and constant, by name, with dtype and shape): the identity of a module in memory."""
-    h = hashlib.sha256(b"certify-program-digest-v1\n")
-    h.update(gm.code.encode())
-    named: dict[str, torch.Tensor] = dict(gm.named_buffers())
-    named.update({k: v.data for k, v in gm.named_parameters()})
-    for name, value in vars(gm).items():
-        if isinstance(value, torch.Tensor) and name not in named:
-            named[name] = value
+def program_digest(ep: Any) -> str:
+    """``sha256:<hex>`` of an exported program: its graph's code and every tensor it holds
+    (parameters, buffers and constants, by name, with dtype and shape), non-tensor constants by
+    their type: the identity of a module in memory."""
+    h = hashlib.sha256(b"certify-program-digest-v2\n")
+    h.update(ep.graph_module.code.encode())
+    named: dict[str, Any] = {f"state:{k}": v for k, v in ep.state_dict.items()}
+    named.update({f"const:{k}": v for k, v in ep.constants.items()})
     for name in sorted(named):
-        t = named[name].detach().cpu().contiguous()
-        h.update(f"{name} {t.dtype} {list(t.shape)}\n".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        value = named[name]
+        if not isinstance(value, torch.Tensor):
+            h.update(f"{name} {type(value).__qualname__}\n".encode())
+            continue
+        t = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name} {t.dtype} {list(value.shape)}\n".encode())
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy().tobytes())
     return f"sha256:{h.hexdigest()}"
 
 
@@ -374,6 +431,8 @@ class TorchProgramModel:
                              hint="name the classes: --labels FILE or classes in the suite")
         self.num_classes = k
         self.output_kind = output
+        if float_input:
+            self._verify_cut(probe_images(input_shape))
         why = None if float_input else ("the program's input is an integer tensor: it has no "
                                         "gradient, so only black-box attacks apply")
         self._white_box_refusal = why
@@ -388,6 +447,25 @@ class TorchProgramModel:
         if white_box_note:
             self.info.metadata["white_box"] = white_box_note
         self._lock = threading.Lock()
+
+    def _verify_cut(self, x: torch.Tensor) -> None:
+        """Keep the cut only where it is the classifier's scores: ``num_classes`` wide, and the
+        head applied to it gives the program's answer; else gradients at the answer."""
+        if not self.program.head:
+            return
+        part, n = next(batches(preprocess(x.to(self._device), self.preprocessing,
+                                          self.input_shape[0], self.layout), self.fixed_batch))
+        try:
+            with torch.no_grad():
+                cut, out = self.program.run_cut(part)
+                again = self.program.run_head(cut)
+            ok = (cut.dim() == 2 and cut.shape[1] == self.num_classes
+                  and again.shape == out.shape
+                  and bool(torch.allclose(again.float(), out.float(), atol=1e-5)))
+        except Exception:  # noqa: BLE001 - a head that cannot run on the cut: no cut
+            ok = False
+        if not ok:
+            self.program.drop_cut()
 
     def with_preprocessing(self, preprocessing: Preprocessing, layout: str | None = None
                            ) -> TorchProgramModel:
@@ -595,13 +673,14 @@ def from_module(module: torch.nn.Module, device: DeviceChoice,
     output (the card says both)."""
     pre = preprocessing or Preprocessing()
     name = type(module).__name__
-    was = module.training
+    modes = {m: m.training for m in module.modules()}  # given back as they were, each
+    where = next((t.device for t in module.parameters()), torch.device("cpu"))
     why = ""
     try:
         module.eval()
         for channels, layout in ((3, "NCHW"), (3, "NHWC"), (1, "NCHW"), (1, "NHWC")):
             shape = (channels, *input_size)
-            sample = _probe_input(shape, layout, pre, 2, True)
+            sample = _probe_input(shape, layout, pre, 2, True).to(where)
             try:
                 with torch.no_grad(), quiet_torch():
                     module(sample)
@@ -620,8 +699,7 @@ def from_module(module: torch.nn.Module, device: DeviceChoice,
                 why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 return _unexported(module, name, why, shape, layout, device, preprocessing,
                                    num_classes)
-            with quiet_torch():
-                identity = program_digest(ep.module(check_guards=False))
+            identity = program_digest(ep)
             return _from_exported(ep, name, identity, device, preprocessing, input_size,
                                   num_classes, "torch.nn.Module in memory (exported with "
                                                "torch.export)")
@@ -629,7 +707,8 @@ def from_module(module: torch.nn.Module, device: DeviceChoice,
                          f"{list(input_size)} ({why})",
                          hint="give images of the size the module takes")
     finally:
-        module.train(was)
+        for m, training in modes.items():
+            m.training = training
 
 
 def _unexported(module: torch.nn.Module, name: str, why: str, shape: tuple[int, int, int],

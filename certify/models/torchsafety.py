@@ -1,36 +1,49 @@
-"""Static checks of PyTorch model files, before torch reads a byte of them.
+"""Static checks of PyTorch model files, before torch's loaders read them.
 
 A PyTorch file can run code when it is loaded: a pickle runs whatever its ``REDUCE`` opcodes
-call, ``torch.export.load`` unpickles some members of a ``.pt2`` archive with
+call; ``torch.export.load`` unpickles some members of a ``.pt2`` archive with
 ``weights_only=False`` (measured with torch 2.13: a ``sample_inputs`` member replaced by a pickle
-with a payload ran it), and a TorchScript program runs its ``__setstate__`` methods while it is
-loaded and can call operations that write files (``torch.from_file(..., shared=True)``). So
-certify reads the archive's members itself first and refuses, with the reason, anything it
-cannot show to be inert:
+with a payload ran it) and parses the shape expressions of its graph with ``sympy.sympify``,
+which evaluates them; a TorchScript program runs its ``__setstate__`` methods while it is loaded
+and can call operations that write files (``torch.from_file(..., shared=True)``). So certify
+reads the archive itself first and refuses, with the reason, what it cannot show to be inert:
 
+- **the archive** (:func:`read_archive`) is read through torch's own zip reader, after checking
+  that Python's reader sees the same members: no bytes before the archive or between its
+  central directory and its end record, no two members whose names differ only in case (torch
+  looks names up case-insensitively), no FlatBuffer program behind a zip header;
 - **pickled checkpoints** (``torch.save`` of a state dict or a module, any other pickle) are
-  refused outright: certify never unpickles them;
-- **``.pt2`` archives** (:func:`scan_pt2`): every member must be one certify knows: text and
-  JSON, raw tensor payloads (``use_pickle: false`` in the archive's own configs), or a pickle
-  that torch's weights-only unpickler reads (which refuses every callable it does not list);
-  native code (AOTInductor), custom and opaque objects and unknown members are refused;
-- **TorchScript files** (:func:`scan_torchscript`): the program's code may use only ``aten`` and
-  ``prim`` operations, none that reads or writes files (``from_file``, ``save``) and no custom
-  class; its pickles may name only the types TorchScript's own unpickler builds.
+  refused outright by the registry: certify never unpickles them;
+- **``.pt2`` archives** (:func:`scan_pt2`): every member torch would unpickle (pickled weights and
+  constants, sample inputs, legacy weight files) must be read by torch's weights-only unpickler
+  (which refuses every callable it does not list); custom and opaque objects, native code
+  (AOTInductor) and unknown members are refused; the graph (``models/*.json``) may call only
+  aten operations that touch no file, and its shape expressions may use only symbols, numbers
+  and sympy's arithmetic (:func:`check_program_json`);
+- **TorchScript files** (:func:`scan_torchscript`): the program's code is parsed (it is Python
+  syntax) and may reach ``torch`` and ``ops`` only as ``torch.NAME`` / ``ops.NS.NAME``
+  attribute chains, with ``aten``/``prim`` operations that read or write no file and no custom
+  class (:func:`code_refusal`); its pickles may name only the types TorchScript's unpickler
+  builds, each by literal names.
 
-Every check reads the zip's members as bytes; none imports, unpickles or runs them (the
-weights-only check gives torch's restricted unpickler the bytes of one member, in memory).
+These checks refuse every way of running code at load time that certify knows of; they are not
+a sandbox. A PyTorch file is a program: evaluate files from a source you would run code from
+(the README says so).
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import pickletools
 import re
+import struct
 import warnings
 import zipfile
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 from certify.errors import ModelError
 
@@ -38,22 +51,37 @@ from certify.errors import ModelError
 SAVE_A_PROGRAM = ("save a program instead of weights: torch.export.save(torch.export.export("
                   "model.eval(), (example_batch,)), 'model.pt2'), or export to ONNX "
                   "(torch.onnx.export)")
-#: A pickle stream of protocol 2 and later starts with this opcode (PROTO).
-PICKLE_PROTO = 0x80
-#: Operations a TorchScript program may not call: they read or write files.
+#: Operations a program may not call: they read or write files.
 FILE_OPS = frozenset({"from_file", "save", "load"})
 #: Operation namespaces a TorchScript program may use (the others reach devices, networks,
 #: profilers or custom libraries).
 OP_NAMESPACES = frozenset({"aten", "prim"})
-#: Globals a TorchScript pickle may name: the types TorchScript's own unpickler builds.
-_TS_GLOBAL_MODULES = ("__torch__", "torch.jit._pickle", "torch._utils", "collections",
-                      "torch")
-_TS_GLOBAL_NAMES = {"torch._utils": {"_rebuild_tensor_v2", "_rebuild_parameter",
-                                     "_rebuild_qtensor", "_rebuild_sparse_tensor"},
-                    "collections": {"OrderedDict"}}
-#: Largest member certify reads into memory to check it (a pickle of sample inputs or a
-#: pickled weight); a larger pickled member is refused rather than read.
-MAX_PICKLED_MEMBER = 1 << 30
+#: Largest member certify reads into memory to check it: a pickle, a graph, TorchScript code.
+MAX_CHECKED_MEMBER = 1 << 30
+#: Names a TorchScript program may not use at all (not TorchScript, but never let through).
+_FORBIDDEN_NAMES = frozenset({"__import__", "eval", "exec", "compile", "open", "globals",
+                              "locals", "vars", "__builtins__", "setattr", "delattr"})
+#: What a shape expression of an exported graph may name: sympy's arithmetic and the
+#: assumptions torch writes (``Symbol('s77', positive=True, integer=True)``).
+_EXPR_NAMES = frozenset({
+    "Symbol", "Integer", "Rational", "Float", "positive", "negative", "nonnegative",
+    "nonpositive", "integer", "real", "finite", "True", "False", "oo", "zoo", "nan", "Max",
+    "Min", "Abs", "FloorDiv", "CeilDiv", "CleanDiv", "Mod", "PythonMod", "ModularIndexing",
+    "IntTrueDiv", "FloatTrueDiv", "TruncToInt", "TruncToFloat", "RoundToInt", "RoundDecimal",
+    "CeilToInt", "FloorToInt", "ToFloat", "floor", "ceiling", "sqrt", "Pow", "PowByNatural",
+    "FloatPow", "Mul", "Add", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not",
+    "Piecewise", "LShift", "RShift", "Identity"})
+_EXPR_TOKEN = re.compile(r"\s+|[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d+)?(?:e[+-]?\d+)?|"
+                         r"'[A-Za-z_][A-Za-z0-9_]*'|\*\*|//|[-+*/%(),=<>!&|~]")
+_SYMBOL = re.compile(r"[a-z]+\d+")
+#: Graph targets an exported program may call besides aten operations: shape arithmetic.
+_OTHER_TARGETS = re.compile(
+    r"_operator\.(getitem|add|sub|mul|floordiv|truediv|mod|pow|neg|pos|eq|ne|lt|le|gt|ge|"
+    r"and_|or_|not_|abs)|math\.(ceil|floor|trunc|sqrt)|torch\.sym_(max|min|float|int|not|"
+    r"sqrt|ite|sum)")
+_ATEN_TARGET = re.compile(r"torch\.ops\.aten\.(\w+)\.(\w+)")
+#: A FlatBuffer TorchScript program carries this at bytes 4-8 (torch.jit.load checks it first).
+_FLATBUFFER = b"PTMF"
 
 
 def refuse(path: Path, why: str, hint: str = SAVE_A_PROGRAM) -> ModelError:
@@ -61,30 +89,81 @@ def refuse(path: Path, why: str, hint: str = SAVE_A_PROGRAM) -> ModelError:
     return ModelError(f"{path.name} is refused: {why}", hint=hint)
 
 
-def _members(path: Path) -> tuple[zipfile.ZipFile, str]:
-    """The open archive and its top folder (torch writes every member under one folder)."""
-    try:
-        z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise ModelError(f"{path.name} is not a readable zip archive ({exc})",
-                         hint="check the file was not truncated") from None
-    names = z.namelist()
-    tops = {n.split("/", 1)[0] for n in names}
-    if len(tops) != 1 or any("/" not in n for n in names):
-        z.close()
+class Archive:
+    """A zip archive as torch reads it: member names below the top folder, and their bytes
+    through torch's own reader (checked to agree with Python's, :func:`read_archive`)."""
+
+    def __init__(self, path: Path, names: list[str], sizes: dict[str, int],
+                 read: Callable[[str], bytes]) -> None:
+        self.path = path
+        self.names = names
+        self.sizes = sizes
+        self._read = read
+
+    def read(self, name: str, limit: int = MAX_CHECKED_MEMBER) -> bytes:
+        """A member's bytes (refused beyond ``limit``: certify does not check what it cannot
+        hold)."""
+        if self.sizes.get(name, 0) > limit:
+            raise refuse(self.path, f"its member {name} holds {self.sizes[name]:,} bytes, more "
+                                    "than certify checks")
+        return self._read(name)
+
+
+def read_archive(path: Path) -> Archive:
+    """Open ``path`` as torch's loaders will, refusing an archive that Python's zip reader
+    and torch's could read differently (see the module's docstring)."""
+    with path.open("rb") as f:
+        data_head = f.read(8)
+    if data_head[4:8] == _FLATBUFFER:
+        raise refuse(path, "it holds a FlatBuffer program behind a zip header, which "
+                           "torch.jit.load would run without certify reading it")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        f.seek(max(0, size - 65557))
+        tail = f.read()
+    end = tail.rfind(b"PK\x05\x06")
+    if end < 0 or len(tail) - end < 22:
+        raise refuse(path, "it is not a zip archive with an end record", hint="save it again")
+    end_at = max(0, size - 65557) + end
+    entries, cd_size, cd_offset = struct.unpack("<HII", tail[end + 10:end + 20])
+    cd_end = end_at
+    locator = tail[end - 20:end] if end >= 20 else b""
+    if locator[:4] == b"PK\x06\x07":  # zip64 (torch writes it): its own end record
+        (z64_at,) = struct.unpack("<Q", locator[8:16])
+        with path.open("rb") as f:
+            f.seek(z64_at)
+            record = f.read(56)
+        if record[:4] != b"PK\x06\x06" or z64_at + 56 > end_at - 20:
+            raise refuse(path, "its zip64 end record is not where its locator says")
+        cd_size, cd_offset = struct.unpack("<QQ", record[40:56])
+        cd_end = z64_at
+    elif 0xFFFFFFFF in (cd_size, cd_offset) or entries == 0xFFFF:
+        raise refuse(path, "its end record points to a zip64 directory it does not hold")
+    if cd_offset + cd_size != cd_end:
+        raise refuse(path, "its zip directory does not sit where its end record says (bytes "
+                           "before or inside the archive): two zip readers could see two "
+                           "different archives")
+    with zipfile.ZipFile(path) as z:
+        infos = [i for i in z.infolist() if not i.is_dir()]
+        if any(i.header_offset + 30 > cd_offset for i in infos):
+            raise refuse(path, "a member starts outside the archive's data")
+        full = [i.filename for i in infos]
+        sizes = {i.filename: i.file_size for i in infos}
+    tops = {n.split("/", 1)[0] for n in full}
+    if len(tops) != 1 or any("/" not in n for n in full):
         raise refuse(path, "its members are not under one folder, as torch writes them")
-    return z, tops.pop()
+    names = [n.split("/", 1)[1] for n in full]
+    folded = [n.casefold() for n in names]
+    if len(set(folded)) != len(folded):
+        raise refuse(path, "two of its members have the same name (or names that differ only "
+                           "in case): torch and a checker could read different ones")
+    import torch
 
-
-def _rel(name: str) -> str:
-    return name.split("/", 1)[1]
-
-
-def _read(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> bytes:
-    if info.file_size > MAX_PICKLED_MEMBER:
-        raise refuse(path, f"its member {info.filename} is a pickle of "
-                           f"{info.file_size:,} bytes, more than certify checks")
-    return z.read(info)
+    reader = torch._C.PyTorchFileReader(str(path))
+    if sorted(reader.get_all_records()) != sorted(names):
+        raise refuse(path, "torch's zip reader and Python's list different members")
+    by_rel = {rel: sizes[f] for rel, f in zip(names, full, strict=True)}
+    return Archive(path, names, by_rel, lambda name: bytes(reader.get_record(name)))
 
 
 def weights_only_readable(data: bytes) -> str | None:
@@ -103,135 +182,241 @@ def weights_only_readable(data: bytes) -> str | None:
     return None
 
 
+def _checked(scan: Callable[[Path], None]) -> Callable[[Path], None]:
+    """A scan whose unexpected failures (a malformed member, bad UTF-8) are refusals too."""
+    def run(path: Path) -> None:
+        try:
+            scan(path)
+        except ModelError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever a crafted file makes fail
+            raise refuse(path, f"certify could not check it ({type(exc).__name__}: "
+                               f"{str(exc)[:160]})", hint="save it again with torch") from None
+    run.__doc__ = scan.__doc__
+    run.__name__ = scan.__name__
+    return run
+
+
+@_checked
 def scan_pt2(path: Path) -> None:
-    """Refuse (:class:`ModelError`) a ``.pt2`` archive with a member that could run code when
-    ``torch.export.load`` reads it (see the module's docstring); return when every member is
-    inert."""
-    z, top = _members(path)
-    with z:
-        infos = {_rel(i.filename): i for i in z.infolist() if not i.is_dir()}
-        raw: set[str] = set()
-        pickled: set[str] = set()
-        for name in [n for n in infos if re.fullmatch(r"data/(weights|constants)/[^/]+\.json",
-                                                       n)]:
-            folder = str(PurePosixPath(name).parent)
-            try:
-                config = json.loads(z.read(infos[name]))["config"]
-                entries = [(str(v["path_name"]), bool(v.get("use_pickle"))) for v in
-                           config.values()]
-            except (ValueError, KeyError, TypeError, AttributeError):
-                raise refuse(path, f"its member {name} is not a payload configuration torch "
-                                   "writes") from None
-            for member, use_pickle in entries:
-                if member.startswith(("custom_obj", "opaque_obj")):
-                    raise refuse(path, f"it holds a pickled object {member!r} (not a tensor), "
-                                       "which torch unpickles without restriction when it "
-                                       "loads the archive: it can run code")
-                (pickled if use_pickle else raw).add(f"{folder}/{member}")
-        for name, info in sorted(infos.items()):
-            if name in ("archive_format", "archive_version", "byteorder", ".data/version",
-                        ".data/serialization_id") or name.endswith(".json") \
-                    or name.startswith("extra/") or name in raw:
-                continue
-            if name in pickled or re.fullmatch(r"data/sample_inputs/[^/]+\.pt", name):
-                why = weights_only_readable(_read(z, info, path))
+    """Refuse (:class:`ModelError`) a ``.pt2`` archive that could run code when
+    ``torch.export.load`` reads it or its program runs (see the module's docstring); return
+    when every member is inert."""
+    arc = read_archive(path)
+    names = set(arc.names)
+    models = [n for n in names if re.fullmatch(r"models/[^/]+\.json", n)]
+    configs = [n for n in names if re.fullmatch(r"data/(weights|constants)/[^/]+\.json", n)]
+    raw: set[str] = set()
+    pickled: set[str] = set()
+    for name in configs:
+        folder = name.rsplit("/", 1)[0]
+        config = json.loads(arc.read(name))["config"]
+        for fqn, entry in config.items():
+            member = entry["path_name"]
+            if not isinstance(member, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", member):
+                raise refuse(path, f"its payload {fqn!r} names the member {member!r}")
+            if member.startswith(("custom_obj", "opaque_obj")):
+                raise refuse(path, f"it holds a pickled object {member!r} (not a tensor), "
+                                   "which torch unpickles without restriction when it "
+                                   "loads the archive: it can run code")
+            (pickled if entry.get("use_pickle") else raw).add(f"{folder}/{member}")
+    for model in models:  # what torch.export.load reads beside each program
+        stem = model[len("models/"):-len(".json")]
+        pickled.update(n for n in (f"data/sample_inputs/{stem}.pt", f"data/weights/{stem}.pt",
+                                   f"data/constants/{stem}.pt") if n in names)
+    folded_raw = {n.casefold() for n in raw}
+    both = sorted(n for n in pickled if n.casefold() in folded_raw)
+    if both:
+        raise refuse(path, f"its member {both[0]} is declared both raw and pickled")
+    for name in sorted(pickled):  # first: whatever else a member looks like
+        if name not in names:
+            raise refuse(path, f"it declares a pickled member {name} it does not hold")
+        why = weights_only_readable(arc.read(name))
+        if why is not None:
+            raise refuse(path, f"its member {name} is a pickle that torch's weights-only "
+                               f"unpickler will not read ({why}); torch.export.load would "
+                               "unpickle it without restriction, which can run code")
+    for model in models:
+        why = check_program_json(json.loads(arc.read(model)))
+        if why is not None:
+            raise refuse(path, f"its program ({model}) {why}",
+                         hint="export the model again with torch.export.save")
+    inert = {"archive_format", "archive_version", "byteorder", ".data/version",
+             ".data/serialization_id", *models, *configs, *raw, *pickled}
+    for name in sorted(names - inert):
+        if name.startswith("extra/") and "/" not in name[len("extra/"):]:
+            continue  # read as text by torch.export.load
+        if name.startswith("data/aotinductor/") or name.endswith((".so", ".dll", ".dylib")):
+            raise refuse(path, f"it holds native code ({name}, an AOTInductor build), "
+                               "which loading would run",
+                         hint="save the exported program without AOTInductor "
+                              "(torch.export.save)")
+        raise refuse(path, f"its member {name} is not one torch.export.save writes "
+                           "(certify loads archives it can check member by member)",
+                     hint="save the program with torch.export.save")
+
+
+def _walk(obj: Any) -> Iterator[tuple[str, Any]]:
+    """Every (key, value) pair of a JSON document, depth first."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k, v
+            yield from _walk(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _walk(v)
+
+
+def expr_refusal(expr: str) -> str | None:
+    """Why a shape expression of an exported graph may not be parsed (torch parses it with
+    ``sympy.sympify``, which evaluates Python), or ``None`` for plain symbolic arithmetic."""
+    pos = 0
+    while pos < len(expr):
+        m = _EXPR_TOKEN.match(expr, pos)
+        if m is None:
+            return f"has a shape expression with {expr[pos:pos + 20]!r}"
+        token = m.group()
+        if token[0].isalpha() or token[0] == "_":
+            if token not in _EXPR_NAMES and not _SYMBOL.fullmatch(token):
+                return f"has a shape expression that names {token!r}"
+        pos = m.end()
+    return None
+
+
+def check_program_json(doc: Any) -> str | None:
+    """Why an exported program's serialized graph may not be loaded and run: a call of anything
+    but an aten operation that touches no file (and shape arithmetic), or a shape expression
+    beyond symbolic arithmetic (:func:`expr_refusal`); ``None`` when it is neither."""
+    for key, value in _walk(doc):
+        if key == "target" and isinstance(value, str):
+            m = _ATEN_TARGET.fullmatch(value)
+            if m is not None:
+                if m.group(1) in FILE_OPS:
+                    return f"calls {value}, which reads or writes files"
+            elif not _OTHER_TARGETS.fullmatch(value):
+                return f"calls {value}: certify runs programs of aten operations only"
+        elif key == "expr_str":
+            why = expr_refusal(str(value))
+            if why is not None:
+                return why
+        elif key == "range_constraints" and isinstance(value, dict):
+            for symbol in value:
+                why = expr_refusal(str(symbol))
                 if why is not None:
-                    raise refuse(path, f"its member {name} is a pickle that torch's "
-                                       f"weights-only unpickler will not read ({why}); "
-                                       "torch.export.load would unpickle it without "
-                                       "restriction, which can run code")
-                continue
-            if name.startswith("data/aotinductor/") or name.endswith((".so", ".dll",
-                                                                      ".dylib")):
-                raise refuse(path, f"it holds native code ({name}, an AOTInductor build), "
-                                   "which loading would run",
-                             hint="save the exported program without AOTInductor "
-                                  "(torch.export.save)")
-            raise refuse(path, f"its member {name} is not one torch.export.save writes "
-                               "(certify loads archives it can check member by member)",
-                         hint="save the program with torch.export.save")
-    del top
+                    return why
+    return None
 
 
 def _pickle_globals(data: bytes) -> set[tuple[str, str]]:
-    """Every ``(module, name)`` a pickle stream names (``GLOBAL`` and ``STACK_GLOBAL``),
-    read from its opcodes without unpickling it. Raises ValueError for a malformed stream."""
+    """Every ``(module, name)`` a pickle stream names (``GLOBAL``, ``INST``, ``STACK_GLOBAL``),
+    read from its opcodes without unpickling it. A ``STACK_GLOBAL`` must take two literal
+    strings pushed just before it (memoised or not); anything else raises ValueError."""
     found: set[tuple[str, str]] = set()
-    strings: list[str] = []
+    recent: list[tuple[str, Any]] = []
     for op, arg, _ in pickletools.genops(data):
         if op.name in ("GLOBAL", "INST"):
             module, _, name = str(arg).partition(" ")
             found.add((module, name))
         elif op.name == "STACK_GLOBAL":
-            if len(strings) < 2:
-                raise ValueError("STACK_GLOBAL without its names")
-            found.add((strings[-2], strings[-1]))
-        elif isinstance(arg, str):
-            strings.append(arg)
+            if len(recent) < 2 or not all(isinstance(a, str) and o.endswith("UNICODE")
+                                          for o, a in recent[-2:]):
+                raise ValueError("a STACK_GLOBAL whose names are not literal strings")
+            found.add((str(recent[-2][1]), str(recent[-1][1])))
+        if op.name not in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "FRAME"):
+            recent.append((op.name, arg))
+            del recent[:-2]
     return found
 
 
 def _torchscript_global(module: str, name: str) -> bool:
     if module == "__torch__" or module.startswith("__torch__."):
         return not module.startswith("__torch__.torch.classes")
-    if module in _TS_GLOBAL_NAMES:
-        return name in _TS_GLOBAL_NAMES[module]
+    if module == "torch._utils":
+        return name in ("_rebuild_tensor_v2", "_rebuild_parameter", "_rebuild_qtensor",
+                        "_rebuild_sparse_tensor")
+    if module == "collections":
+        return name == "OrderedDict"
     if module == "torch.jit._pickle":
         return name.startswith("build_") or name == "restore_type_tag"
     return module == "torch" and name.endswith("Storage")
 
 
-_OP_CALL = re.compile(r"\bops\.(\w+)\.(\w+)")
-_TORCH_CALL = re.compile(r"\btorch\.(\w+)\b")
+def _chain(node: ast.AST) -> list[str]:
+    """``torch.ops.aten.add`` → ``['torch', 'ops', 'aten', 'add']`` (empty unless rooted at a
+    name)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else []
 
 
 def code_refusal(source: str) -> str | None:
-    """Why TorchScript code may not be loaded (an operation that reads or writes files, one
-    outside ``aten``/``prim``, a custom class), or ``None``."""
-    for m in _OP_CALL.finditer(source):
-        ns, op = m.group(1), m.group(2)
-        if ns not in OP_NAMESPACES:
-            return f"it calls the operation {ns}::{op}, outside aten and prim"
-        if op in FILE_OPS:
-            return f"it calls {ns}::{op}, which reads or writes files"
-    for m in _TORCH_CALL.finditer(source):
-        if m.group(1) in FILE_OPS:
-            return f"it calls torch.{m.group(1)}, which reads or writes files"
-        if m.group(1) == "classes":
-            return "it uses a custom class (torch.classes), native code certify cannot check"
+    """Why serialized TorchScript code may not be loaded: ``torch`` or ``ops`` used other than
+    as an attribute chain (an alias, ``getattr``), an operation outside ``aten``/``prim``, one
+    that reads or writes files, a custom class, or a name that is never TorchScript; or
+    ``None``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return f"its code does not parse ({exc.msg})"
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id in _FORBIDDEN_NAMES:
+                return f"it uses {node.id}"
+            if node.id in ("torch", "ops") and not isinstance(parents.get(node), ast.Attribute):
+                return f"it uses {node.id} other than as torch.NAME or ops.NS.NAME"
+        elif isinstance(node, ast.Attribute):
+            if node.attr == "from_file":
+                return "it calls from_file, which maps a file into memory (and writes it)"
+            chain = _chain(node)
+            if isinstance(parents.get(node), ast.Attribute) or not chain:
+                continue  # judged at the outermost attribute of its chain
+            if chain[0] == "torch" and len(chain) > 1:
+                if chain[1] in FILE_OPS:
+                    return f"it calls torch.{chain[1]}, which reads or writes files"
+                if chain[1] == "classes":
+                    return "it uses a custom class (torch.classes), native code certify " \
+                           "cannot check"
+                if chain[1] == "ops":
+                    chain = chain[1:]
+            if chain[0] == "ops":
+                if len(chain) < 3 or chain[1] not in OP_NAMESPACES:
+                    return f"it calls {'.'.join(chain)}, outside aten and prim"
+                if chain[2] in FILE_OPS:
+                    return f"it calls {chain[1]}::{chain[2]}, which reads or writes files"
     return None
 
 
+@_checked
 def scan_torchscript(path: Path) -> None:
     """Refuse (:class:`ModelError`) a TorchScript file whose code or pickles could do more
     than compute (see the module's docstring); return when every member is inert."""
-    z, _ = _members(path)
-    with z:
-        for info in z.infolist():
-            if info.is_dir():
-                continue
-            name = _rel(info.filename)
-            if name.startswith("code/") and name.endswith(".py"):
-                source = z.read(info).decode("utf-8", errors="replace")
-                why = code_refusal(source)
-                if why is not None:
-                    raise refuse(path, f"{why} ({name}); a TorchScript program runs while it "
-                                       "is loaded and evaluated, so certify does not load it",
-                                 hint="export the model with torch.export (.pt2) or to ONNX")
-            elif name.endswith(".pkl") or name.endswith(".debug_pkl"):
-                try:
-                    names = _pickle_globals(_read(z, info, path))
-                except ValueError as exc:
-                    raise refuse(path, f"its member {name} is not a readable pickle ({exc})"
-                                 ) from None
-                bad = sorted(f"{m}.{n}" for m, n in names if not _torchscript_global(m, n))
-                if bad:
-                    raise refuse(path, f"its member {name} is a pickle that calls "
-                                       f"{', '.join(bad[:3])}: not a type TorchScript builds, "
-                                       "and unpickling it could run code")
-            elif not (name in ("version", "byteorder", ".data/version",
-                               ".data/serialization_id")
-                      or re.fullmatch(r"(data|constants)/\d+", name)
-                      or name.startswith("extra/")):
-                raise refuse(path, f"its member {name} is not one torch.jit.save writes",
+    arc = read_archive(path)
+    for name in sorted(arc.names):
+        if name.startswith("code/") and name.endswith(".py"):
+            why = code_refusal(arc.read(name, 64 << 20).decode("utf-8"))
+            if why is not None:
+                raise refuse(path, f"{why} ({name}); a TorchScript program runs while it is "
+                                   "loaded and evaluated, so certify does not load it",
                              hint="export the model with torch.export (.pt2) or to ONNX")
+        elif name.endswith((".pkl", ".debug_pkl")):
+            try:
+                found = _pickle_globals(arc.read(name))
+            except ValueError as exc:
+                raise refuse(path, f"its member {name} is not a pickle certify can read "
+                                   f"({exc})") from None
+            bad = sorted(f"{m}.{n}" for m, n in found if not _torchscript_global(m, n))
+            if bad:
+                raise refuse(path, f"its member {name} is a pickle that calls "
+                                   f"{', '.join(bad[:3])}: not a type TorchScript builds, "
+                                   "and unpickling it could run code")
+        elif not (name in ("version", "byteorder", ".data/version", ".data/serialization_id")
+                  or re.fullmatch(r"(data|constants)/\d+", name)
+                  or (name.startswith("extra/") and "/" not in name[len("extra/"):])):
+            raise refuse(path, f"its member {name} is not one torch.jit.save writes",
+                         hint="export the model with torch.export (.pt2) or to ONNX")
