@@ -451,14 +451,17 @@ def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None
     else:
         arrays = _arrays_of(data, images_from_python)
         data_name = f"arrays ({len(arrays[1])} images given in Python)"
-        options.setdefault("input_size", tuple(int(v) for v in arrays[0].shape[1:3]))
     factory, name = _factory_for(model, output)
     if factory is not None and options.get("input_size") is None:
-        suite_size = load_suite(suite).input_size
-        if suite_size is None:
+        # a model in memory states no input size: input_size=, else the suite's, else the
+        # images' own (data read from a path is resized to it, as for any model)
+        size = load_suite(suite).input_size
+        if size is None and arrays is not None:
+            size = (int(arrays[0].shape[1]), int(arrays[0].shape[2]))
+        if size is None:
             raise UsageError("a model in memory does not state its input size",
                              hint="pass input_size=(H, W), or give the data as arrays")
-        options["input_size"] = suite_size
+        options["input_size"] = size
     with tempfile.TemporaryDirectory(prefix="certify-evaluate-") as tmp:
         folder = Path(out) if out is not None else Path(tmp) / "run"
         try:
@@ -474,7 +477,8 @@ def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None
 def _arrays_of(data: Any, convert: Callable[[Any, Any], tuple[np.ndarray, np.ndarray]]
                ) -> tuple[np.ndarray, np.ndarray]:
     """An ``(images, labels)`` pair or an iterable of them, as one uint8 array pair."""
-    if isinstance(data, tuple) and len(data) == 2 and not isinstance(data[0], tuple):
+    if isinstance(data, (tuple, list)) and len(data) == 2 \
+            and getattr(data[0], "ndim", None) == 4:  # one (images, labels) pair
         return convert(*data)
     xs, ys = [], []
     try:

@@ -121,6 +121,13 @@ def test_bad_api_inputs_are_refused_before_any_query(net: nn.Module, api_suite: 
         certify.evaluate(net, (x, np.zeros(3, int)), suite=str(api_suite))
     with pytest.raises(UsageError, match="not a model certify can evaluate"):
         certify.evaluate(object(), (x, np.zeros(4, int)), suite=str(api_suite))
+    # a list pair, and bfloat16 tensors, are data too
+    from certify.api import _arrays_of
+    from certify.data.loaders import images_from_python
+
+    xs, ys = _arrays_of([torch.zeros(4, 3, 32, 32, dtype=torch.bfloat16), torch.arange(4)],
+                        images_from_python)
+    assert xs.shape == (4, 32, 32, 3) and xs.dtype == np.uint8 and ys.tolist() == [0, 1, 2, 3]
     with pytest.raises(UsageError, match="cannot be resumed"):
         certify.evaluate(_Scores(net), (x, np.zeros(4, int)), suite=str(api_suite),
                          out=tmp_path / "again", resume=True)

@@ -473,7 +473,9 @@ def images_from_python(images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray
 
 def _as_array(value: Any, what: str) -> np.ndarray:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        return (value.float() if value.dtype in (torch.bfloat16, torch.float16)
+                else value).numpy()
     try:
         return np.asarray(value)
     except (TypeError, ValueError) as exc:
