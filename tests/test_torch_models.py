@@ -441,3 +441,17 @@ def test_torchscript_file_operations_are_refused_however_spelled(tmp_path: Path,
     with pytest.raises(ModelError, match="is refused"):
         load_model(str(armed), choose_device("cpu"), input_size=(32, 32))
     assert not marker.exists()
+
+
+class _Bucketed(nn.Module):
+    """A classifier with no linear layer whose answer is quantised: no gradient anywhere."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x.mean((2, 3)) * 4)
+
+
+@pytest.mark.unit
+def test_a_program_without_gradients_gets_black_box_attacks_only(tmp_path: Path) -> None:
+    pt2, _ = builders.save_programs(_Bucketed().eval(), tmp_path)
+    model = load_model(str(pt2), choose_device("cpu"))
+    assert model.info.white_box.startswith("unavailable: its gradient is zero")

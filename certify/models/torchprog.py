@@ -447,6 +447,11 @@ class TorchProgramModel:
         if white_box_note:
             self.info.metadata["white_box"] = white_box_note
         self._lock = threading.Lock()
+        if why is None:
+            starved = self.starved(probe_images(input_shape))
+            if starved is not None:
+                self.refuse_white_box(f"{starved} (a quantising output without a linear layer "
+                                      "certify can cut before): only black-box attacks apply")
 
     def _verify_cut(self, x: torch.Tensor) -> None:
         """Keep the cut only where it is the classifier's scores: ``num_classes`` wide, and the
@@ -466,6 +471,25 @@ class TorchProgramModel:
             ok = False
         if not ok:
             self.program.drop_cut()
+
+    def starved(self, x: torch.Tensor) -> str | None:
+        """Why the gradient at the cut carries nothing on probe images ``x`` (zero everywhere,
+        or no gradient at all: a quantising answer with no linear layer to cut before), or
+        ``None`` when it flows."""
+        part, n = next(batches(x.to(self._device), self.fixed_batch))
+        xg = part.detach().clone().requires_grad_(True)
+        try:
+            with torch.enable_grad():
+                cut, _ = self.program.run_cut(preprocess(xg, self.preprocessing,
+                                                         self.input_shape[0], self.layout))
+                if not cut.is_floating_point() or not cut.requires_grad:
+                    return "its answer has no gradient"
+                (grad,) = torch.autograd.grad(cut.float().sum(), xg, allow_unused=True)
+        except Exception as exc:  # noqa: BLE001 - a program that cannot be differentiated
+            return f"it cannot be differentiated ({type(exc).__name__}: {str(exc)[:120]})"
+        if grad is None or not bool(grad.abs().sum() > 0):
+            return "its gradient is zero on probe images"
+        return None
 
     def with_preprocessing(self, preprocessing: Preprocessing, layout: str | None = None
                            ) -> TorchProgramModel:
