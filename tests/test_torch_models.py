@@ -17,6 +17,7 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,14 +108,19 @@ class _Rounded(nn.Module):
         return torch.round(self.body(x) * 4) / 4
 
 
+def _saved_and_loaded(net: nn.Module, folder: Path, kind: str) -> tuple[Any, Any]:
+    """``net`` saved as ``kind`` (pt2 or ts), loaded, and its white-box view."""
+    pt2, ts = builders.save_programs(net, folder)
+    model = load_model(str(pt2 if kind == "pt2" else ts), choose_device("cpu"),
+                       input_size=(32, 32))
+    return model, model.torch_copy()  # type: ignore[attr-defined]
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("kind", ["pt2", "ts"])
 def test_a_rounding_head_keeps_its_gradient_cut(tmp_path: Path, kind: str) -> None:
     net = _Rounded().eval()
-    pt2, ts = builders.save_programs(net, tmp_path)
-    model = load_model(str(pt2 if kind == "pt2" else ts), choose_device("cpu"),
-                       input_size=(32, 32))
-    grads = model.torch_copy()  # type: ignore[attr-defined]
+    model, grads = _saved_and_loaded(net, tmp_path, kind)
     assert grads.head[-2:] == ("round", "div") and grads.quantised
     x = torch.rand(6, 3, 32, 32)
     scores, cut, value, grad = grads.value_and_grad(x, lambda z: z[:, 1] - z[:, 0])
@@ -346,10 +352,7 @@ class _TwoHeads(nn.Module):
 @pytest.mark.parametrize("kind", ["pt2", "ts"])
 def test_the_cut_is_the_layer_that_feeds_the_answer(tmp_path: Path, kind: str) -> None:
     net = _TwoHeads().eval()
-    pt2, ts = builders.save_programs(net, tmp_path)
-    model = load_model(str(pt2 if kind == "pt2" else ts), choose_device("cpu"),
-                       input_size=(32, 32))
-    grads = model.torch_copy()  # type: ignore[attr-defined]
+    model, grads = _saved_and_loaded(net, tmp_path, kind)
     assert grads.head == ("round",)
     x = torch.rand(3, 3, 32, 32)
     _, cut, _, _ = grads.value_and_grad(x, lambda z: z.sum(1))

@@ -312,6 +312,14 @@ def preprocess(x: torch.Tensor, pre: Preprocessing, channels: int, layout: str
     return x
 
 
+def as_scores(out: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """A model's answer for ``n`` images as ``[N, K]`` float scores: labels (a 1-D or integer
+    answer) become one-hot over ``k`` classes, scores keep their values."""
+    if out.dim() == 1 or not out.is_floating_point():
+        return torch.nn.functional.one_hot(out.reshape(n).long(), k).float()
+    return out.reshape(n, -1).float()
+
+
 def output_kind(out: np.ndarray) -> OutputKind:
     """Labels ``[N]``, probabilities (rows in [0, 1] summing to 1) or logits ``[N, K]``."""
     if out.ndim == 1:

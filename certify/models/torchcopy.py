@@ -31,7 +31,14 @@ import onnx.numpy_helper
 import torch
 import torch.nn.functional as F
 
-from certify.models.base import Model, Preprocessing, QueryCounter, endpoint_of, preprocess
+from certify.models.base import (
+    Model,
+    Preprocessing,
+    QueryCounter,
+    as_scores,
+    endpoint_of,
+    preprocess,
+)
 
 #: Operations allowed between the last linear layer and the output (per-sample, no mixing
 #: across the batch): the gradient is taken before them (BPDA), decisions after them.
@@ -247,9 +254,7 @@ class TorchCopy(torch.nn.Module):
 
     def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
         """The graph's output as ``[N, K]`` scores (labels become one-hot)."""
-        if out.dim() == 1 or not out.is_floating_point():
-            return F.one_hot(out.reshape(n).long(), self.num_classes).float()
-        return out.reshape(n, -1).float()
+        return as_scores(out, n, self.num_classes)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`scores` (the predictor interface: a white-box attack's forward pass)."""
@@ -276,11 +281,7 @@ class TorchCopy(torch.nn.Module):
         if self.output_name not in env:
             raise WhiteBoxUnavailable("the output head needs more than the last linear "
                                       "layer's output")
-        out = env[self.output_name]
-        n, k = logits.shape
-        if out.dim() == 1 or not out.is_floating_point():
-            return F.one_hot(out.reshape(n).long(), k).float()
-        return out.reshape(n, -1).float()
+        return as_scores(env[self.output_name], *logits.shape)
 
     def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

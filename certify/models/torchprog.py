@@ -42,6 +42,7 @@ from certify.models.base import (
     ModelInfo,
     OutputKind,
     Preprocessing,
+    as_scores,
     image_layout,
     output_kind,
     preprocess,
@@ -331,9 +332,7 @@ class ProgramGradients:
         self.quantised = any(op in QUANTISING_NAMES for op in self.head)
 
     def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
-        if out.dim() == 1 or not out.is_floating_point():
-            return F.one_hot(out.reshape(n).long(), self.num_classes).float()
-        return out.reshape(n, -1).float()
+        return as_scores(out, n, self.num_classes)
 
     @torch.no_grad()
     def scores(self, x: torch.Tensor) -> torch.Tensor:
@@ -352,11 +351,7 @@ class ProgramGradients:
     @torch.no_grad()
     def apply_head(self, logits: torch.Tensor) -> torch.Tensor:
         """The program's operations after the cut applied to ``logits`` ``[N, K']``."""
-        out = self.program.run_head(logits)
-        n, k = logits.shape
-        if out.dim() == 1 or not out.is_floating_point():
-            return F.one_hot(out.reshape(n).long(), k).float()
-        return out.reshape(n, -1).float()
+        return as_scores(self.program.run_head(logits), *logits.shape)
 
     def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -522,12 +517,7 @@ class TorchProgramModel:
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
-        out = self._raw(x)
-        if out.dim() == 1 or not out.is_floating_point():
-            scores = F.one_hot(out.reshape(len(x)).long(), self.num_classes).float()
-        else:
-            scores = out.reshape(len(x), -1).float()
-        return scores.to(x.device)
+        return as_scores(self._raw(x), len(x), self.num_classes).to(x.device)
 
     def torch_copy(self) -> ProgramGradients:
         """The program's own gradients for the white-box attacks (no copy: the name is the
