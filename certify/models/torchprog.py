@@ -136,7 +136,7 @@ class FxProgram:
             inputs = [a for a in node.all_input_nodes if a in varying]
             if _op_name(node.target) in _LINEAR and len(inputs) == 1 \
                     and len(node.all_input_nodes) > 1:
-                self._set_cut(node, head[::-1], varying)
+                self._set_cut(node, head[::-1])
                 break
             if _op_name(node.target) not in HEAD_OPS or len(inputs) != 1:
                 break
@@ -144,8 +144,7 @@ class FxProgram:
             node = inputs[0]
         self.head = tuple(_op_name(n.target) for n in self._head_nodes)
 
-    def _set_cut(self, cut: torch.fx.Node, head: list[torch.fx.Node],
-                 varying: set[torch.fx.Node]) -> None:
+    def _set_cut(self, cut: torch.fx.Node, head: list[torch.fx.Node]) -> None:
         self._cut = cut
         self._head_nodes = head
         self._outside = {a for n in head for a in n.all_input_nodes
