@@ -85,7 +85,7 @@ def test_planted_linear_direction_is_found_within_budget(cls, norm):
 def test_attacks_stay_in_the_threat_model_and_budget(name, norm, budget, seed, frac):
     cls = ATTACKS[name]
     if name.startswith("square"):
-        norm = cls.norm
+        norm = cls.default_norm()
     x = _images(3, seed)
     model = PlantedLinear(x, norm, frac=frac, seed=seed)
     kw = {"norm": norm} if name in ("hopskipjump", "random") else {}

@@ -84,7 +84,7 @@ def test_ladder_starts_hardest_and_packaged_configuration_is_fixed_per_threat_mo
     # the budget does not choose the configuration
     low, high = AttackCheck("square_linf", max_queries=100), AttackCheck("square_linf",
                                                                           max_queries=5000)
-    assert low._bt() == high._bt()
+    assert low.binarization_ladder() == high.binarization_ladder()
 
 
 @pytest.mark.slow
@@ -147,15 +147,16 @@ def test_ladder_runs_down_to_the_packaged_rung_on_every_sample(demo_model, signs
 
 
 def test_packaged_suite_tests_20_samples_in_the_packaged_configuration():
-    assert AttackCheck("square_linf")._bt()[2] == 20
+    assert AttackCheck("square_linf").binarization_ladder()[2] == 20
     suite = load_suite("gtsrb")
     attacks = [c.check for c in suite.checks if isinstance(c.check, AttackCheck)
-               and c.check._bt() is not None]
+               and c.check.binarization_ladder() is not None]
     assert attacks
     for check in attacks:
-        ladder, packaged, samples = check._bt()
+        ladder, packaged, samples = check.binarization_ladder()
         assert samples >= 20
-        assert ladder == LADDER[check._norm()] and ladder[packaged] == PACKAGED[check._norm()]
+        norm = check.threat_model()[0]
+        assert ladder == LADDER[norm] and ladder[packaged] == PACKAGED[norm]
     assert set(NECESSARY_ONLY) == {"square_linf", "hopskipjump", "square_l2"}  # RESULTS.md
     for attack, why in NECESSARY_ONLY.items():
         # the card states the measured figure itself: a reader has no repository to open

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from certify.checks.attack import QUERY_FLOORS, AttackCheck, stalled_counts
+from certify.attacks import ATTACKS
+from certify.checks import attack_verdict
+from certify.checks.attack import AttackCheck, stalled_counts
 from certify.engine.assemble import verdict_statuses
 from certify.engine.crosscheck import attack_worst_case
 from certify.results import check_result_model
@@ -162,8 +164,10 @@ def _summary(check: AttackCheck, records: list[dict]):
 
 
 def test_floors_are_the_reference_budgets():
-    assert QUERY_FLOORS == {"square_linf": 5000, "square_l2": 5000, "random": 5000,
-                            "sparse_rs": 10000, "hopskipjump": 25000}
+    """Each attack declares its floor; white-box attacks and exhaustive grids need none."""
+    assert {name: cls.query_floor for name, cls in ATTACKS.items()} == {
+        "square_linf": 5000, "square_l2": 5000, "random": 5000, "sparse_rs": 10000,
+        "hopskipjump": 25000, "spatial_grid": 0, "apgd_ce": 0, "apgd_t": 0}
 
 
 @pytest.mark.parametrize(("attack", "budget"), [("square_linf", 2), ("square_linf", 100),
@@ -175,7 +179,8 @@ def test_a_starved_black_box_budget_is_evidence_never_a_pass(attack, budget):
     m = _summary(check, _records("r" * 40 + "b" * 2, queries=budget))
     ev = m.details["evidence"]
     assert not ev["can_pass"]
-    assert any(f"below its floor of {QUERY_FLOORS[attack]:,}" in s for s in ev["short_of_pass"])
+    floor = ATTACKS[attack].query_floor
+    assert any(f"below its floor of {floor:,}" in s for s in ev["short_of_pass"])
     assert any("evidence, not a PASS" in w for w in m.warnings)
 
 
@@ -321,7 +326,7 @@ def test_an_eps_sweep_that_rises_or_cannot_destroy_the_image_flags_the_attack(pa
     if pattern == "survives":
         rows = rows[:18] + [[False] * 6] * 2
     warnings: list[str] = []
-    doc = check._sweep_details(_swept(rows, eps), warnings)
+    doc = attack_verdict.sweep_details(_swept(rows, eps), warnings)
     assert doc is not None and doc["samples"] == 20 and doc["reliable"] == reliable
     assert doc["robust"][-1] == (2 if pattern == "survives" else 0)
     if why:

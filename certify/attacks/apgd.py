@@ -90,25 +90,30 @@ class APGD(Attack):
     """
 
     name: ClassVar[str] = "apgd_ce"
-    norm: ClassVar[str] = "linf"  # the default; an instance may attack in L2 (``norm``)
+    norms: ClassVar[tuple[str, ...]] = ("linf", "l2")
     needs_scores: ClassVar[bool] = True
     needs_gradients: ClassVar[bool] = True
+    convergence: ClassVar[str] = "checkpoints"
+    eps_sweep: ClassVar[bool] = True
 
     def __init__(self, epsilon: float = 8 / 255, norm: str = "linf", iterations: int = 100,
                  restarts: int = 2, max_queries: int = 0) -> None:
-        if norm not in ("linf", "l2"):
-            raise TypeError(f"APGD attacks in linf or l2, not {norm!r}")
+        self._threat(norm, epsilon)
         if iterations < 1 or restarts < 1:
             raise TypeError("iterations and restarts must be at least 1")
-        self.epsilon = float(epsilon)
-        self.attack_norm = norm
         self.iterations = int(iterations)
         self.restarts = int(restarts)
         self.max_queries = int(max_queries)  # white-box: no model queries to propose
 
+    @classmethod
+    def configure(cls, norm: str, epsilon: float, max_queries: int,
+                  params: dict[str, Any]) -> Attack:
+        """White-box: iterations and restarts (``params``) set its effort, not queries."""
+        return cls(**(dict(params) | {"epsilon": epsilon, "norm": norm}))
+
     def params(self) -> dict[str, Any]:
-        """The constructor parameters (norm under its own name)."""
-        return {"epsilon": self.epsilon, "norm": self.attack_norm,
+        """The constructor parameters."""
+        return {"epsilon": self.epsilon, "norm": self.norm,
                 "iterations": self.iterations, "restarts": self.restarts}
 
     def runs(self, model: Differentiable, x: torch.Tensor, y: torch.Tensor
@@ -149,7 +154,7 @@ class APGD(Attack):
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """One APGD run on a batch: (proposals, broken ``[B]``, broken after the second-to-last
         checkpoint ``[B]``, gradient evaluations per sample)."""
-        norm, eps, n_iter = self.attack_norm, self.epsilon, self.iterations
+        norm, eps, n_iter = self.norm, self.epsilon, self.iterations
         b = len(x)
         x_adv = project(x + self._start(x, rng, ids), x, norm, eps)
         scores, _, cur, grad = model.value_and_grad(x_adv, loss)
@@ -198,7 +203,7 @@ class APGD(Attack):
         """A random point of the ball per sample: uniform in the L∞ cube scaled to its
         surface, or on the L2 sphere (the reference's starts)."""
         shape = tuple(x.shape[1:])
-        if self.attack_norm == "linf":
+        if self.norm == "linf":
             t = (2 * rng.draw(int(x[0].numel()), ids) - 1).view(len(ids), *shape)
             t = t / t.flatten(1).abs().amax(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
         else:
@@ -212,6 +217,8 @@ class APGDTargeted(APGD):
     (by the copy's clean logits), one run per target on the still unbroken samples."""
 
     name: ClassVar[str] = "apgd_t"
+    min_classes: ClassVar[int] = 4
+    eps_sweep: ClassVar[bool] = False
 
     def __init__(self, epsilon: float = 8 / 255, norm: str = "linf", iterations: int = 100,
                  restarts: int = 1, targets: int = 9, max_queries: int = 0) -> None:

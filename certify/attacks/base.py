@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, final
 
 import torch
 
@@ -247,19 +247,91 @@ class Uniforms:
 
 
 class Attack:
-    """Base class: subclasses set ``name``, ``norm``, ``needs_scores`` and write ``run``.
+    """Base class: an attack declares what it is (the facts below) and writes ``run``.
 
-    Callers never call ``run``: they call the attack (:meth:`__call__`), which seals the
-    bookkeeping (query count, projection, re-query, success) in one place.
+    The facts are what a scheduler and a verdict ask of an attack, instead of its name:
+
+    - its **threat model**: the norms it attacks in (``norms``, the first is its default) and,
+      per instance, ``norm`` and ``epsilon`` (:meth:`threat_model`);
+    - its **capabilities**: whether it reads scores (``needs_scores``; a decision-based attack
+      reads labels only) or gradients of a torch copy (``needs_gradients``, white-box);
+    - its **budgets**: the first round's queries per sample under ``max_queries: auto``
+      (``initial_queries``) and the single run's queries per sample it needs before its row may
+      PASS on its own (``query_floor``; 0 where no query budget applies);
+    - how its **convergence** is judged (``convergence``): ``margin`` (score-based: the margin
+      loss still falling), ``distance`` (minimisation: the distance beyond ε still falling),
+      ``checkpoints`` (white-box: breaks after the step-size checkpoints or by a later restart)
+      or ``exhaustive`` (a grid searched to its end: nothing to converge);
+    - ``needs_start``: it needs an adversarial starting point and may find none;
+    - ``min_classes``: the fewest classes its loss needs; ``eps_sweep``: it supports the ε
+      sweep of Carlini et al. 2019's sanity checks.
+
+    Callers never call ``run``: they call the attack (:meth:`__call__`, final), which seals
+    the bookkeeping (query count, projection, re-query, success) in one place.
     """
 
     name: ClassVar[str] = ""
-    norm: ClassVar[str] = "linf"  # linf | l2 | l0 | spatial
+    #: The threat norms the attack attacks in (``linf``, ``l2``, ``l0``, ``spatial``); the first
+    #: is the default.
+    norms: ClassVar[tuple[str, ...]] = ("linf",)
     needs_scores: ClassVar[bool] = True
     #: White-box: proposes from gradients of a torch copy of the graph (no model queries).
     needs_gradients: ClassVar[bool] = False
+    #: ``max_queries: auto``: round 0's queries per sample.
+    initial_queries: ClassVar[int] = 1000
+    #: Queries per sample of one converged run before the attack's row may PASS on its own.
+    query_floor: ClassVar[int] = 0
+    #: How convergence is judged: ``margin``, ``distance``, ``checkpoints`` or ``exhaustive``.
+    convergence: ClassVar[str] = "margin"
+    #: Needs an adversarial starting point (and reports ``start_failed`` where it found none).
+    needs_start: ClassVar[bool] = False
+    #: The fewest classes the attack's loss needs.
+    min_classes: ClassVar[int] = 2
+    #: Supports the ε sweep (a white-box attack re-run at multiples of ε).
+    eps_sweep: ClassVar[bool] = False
+    #: The threat norm this instance attacks in (one of ``norms``).
+    norm: str
     epsilon: float
     max_queries: int
+
+    @classmethod
+    def default_norm(cls) -> str:
+        """The norm the attack attacks in when none is given."""
+        return cls.norms[0]
+
+    @classmethod
+    def reads(cls) -> str:
+        """What the attack reads of the model: ``gradients``, ``scores`` or ``labels``."""
+        return "gradients" if cls.needs_gradients else "scores" if cls.needs_scores \
+            else "labels"
+
+    @classmethod
+    def decision_based(cls) -> bool:
+        """A black-box attack that reads labels only (works on any model)."""
+        return not cls.needs_scores and not cls.needs_gradients
+
+    @classmethod
+    def configure(cls, norm: str, epsilon: float, max_queries: int,
+                  params: dict[str, Any]) -> Attack:
+        """The attack for a threat model and a query budget, with extra constructor
+        ``params``: each attack knows which of these its constructor takes."""
+        kw = dict(params) | {"epsilon": epsilon, "max_queries": max_queries}
+        if len(cls.norms) > 1:
+            kw["norm"] = norm
+        return cls(**kw)
+
+    def _threat(self, norm: str | None, epsilon: float) -> None:
+        """Set the instance's threat model, refusing a norm the attack does not attack in."""
+        norm = norm if norm is not None else self.default_norm()
+        if norm not in self.norms:
+            raise TypeError(f"{self.name or type(self).__name__} attacks in "
+                            f"{' or '.join(self.norms)}, not {norm!r}")
+        self.norm = norm
+        self.epsilon = float(epsilon)
+
+    def threat_model(self) -> tuple[str, float]:
+        """(norm, ε) of this instance: what its proposals are projected onto by default."""
+        return self.norm, float(self.epsilon)
 
     def params(self) -> dict[str, Any]:
         """The constructor parameters (as given in the suite)."""
@@ -275,6 +347,7 @@ class Attack:
         """The points to judge: each proposal projected onto the threat model around ``x``."""
         return project(proposal.x_adv, x, norm, epsilon)
 
+    @final
     def __call__(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
                  output: str, *, threat: tuple[str, float] | None = None,
                  judge: Predictor | None = None,
@@ -283,14 +356,15 @@ class Attack:
         """Run the proposal on ``model``, then project, re-query and decide success once.
 
         ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]`` true labels, ``seeds`` ``[B]``.
-        ``threat`` is the (norm, ε) the proposals are projected onto (default: the attack's
-        own). ``judge`` answers for the projected points (default: ``model``); a proposer that
-        differs from the judge (a torch copy of an ONNX graph, a surrogate) is how white-box and
-        transfer attacks plug in. With ``recall`` (judge = model only), points the proposal
-        already queried are judged by the model's own answer to them, remembered by the
-        counting proxy, and not asked again; ``known`` seeds that memory with points and the
-        judge's earlier answers to them. Raises :class:`~certify.errors.AttackProtocolError`
-        when the proposal's reported queries differ from what the proxy counted.
+        ``threat`` is the (norm, ε) the proposals are projected onto (default: the instance's
+        own, :meth:`threat_model`). ``judge`` answers for the projected points (default:
+        ``model``); a proposer that differs from the judge (a torch copy of an ONNX graph, a
+        surrogate) is how white-box and transfer attacks plug in. With ``recall`` (judge =
+        model only), points the proposal already queried are judged by the model's own
+        answer to them, remembered by the counting proxy, and not asked again; ``known``
+        seeds that memory with points and the judge's earlier answers to them. Raises
+        :class:`~certify.errors.AttackProtocolError` when the proposal's reported queries
+        differ from what the proxy counted.
         """
         proxy = CountingProxy(model, remember=recall and judge is None)
         if known is not None:
@@ -315,7 +389,7 @@ class Attack:
                 f"{int(grads.sum()) if grads is not None else 0} gradient evaluations but the "
                 f"proposer computed {proxy.gradients}",
                 hint="the attack's evidence is not used; report this as a bug")
-        norm, epsilon = threat if threat is not None else (self.norm, float(self.epsilon))
+        norm, epsilon = threat if threat is not None else self.threat_model()
         x_adv = self.project_proposal(proposal, x, norm, epsilon)
         if recall and norm in ("linf", "l2", "l0"):
             # A proposal inside the ball up to float rounding keeps its exact bytes, so the

@@ -281,11 +281,11 @@ class RandomBaseline(Attack):
     """
 
     name: ClassVar[str] = "random_baseline"
+    norms: ClassVar[tuple[str, ...]] = ("linf", "l2")
     needs_scores: ClassVar[bool] = False
 
     def __init__(self, norm: str, epsilon: float, max_queries: int, chunk: int = 250) -> None:
-        self.norm = norm  # type: ignore[misc]
-        self.epsilon = epsilon
+        self._threat(norm, epsilon)
         self.max_queries = max_queries
         self.chunk = chunk
 

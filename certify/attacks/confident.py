@@ -54,11 +54,11 @@ class ConfidentSearch(Attack):
     """
 
     name: ClassVar[str] = "confident_search"
+    norms: ClassVar[tuple[str, ...]] = ("linf", "l2", "l0", "spatial")
 
     def __init__(self, norm: str, epsilon: float, budget: int, x_start: torch.Tensor,
                  start_scores: torch.Tensor) -> None:
-        self.norm = norm  # type: ignore[misc]
-        self.epsilon = epsilon
+        self._threat(norm, epsilon)
         self.max_queries = budget
         self.x_start = x_start
         self.start_scores = start_scores

@@ -73,12 +73,13 @@ class RandomSearch(Attack):
     """
 
     name: ClassVar[str] = "random"
+    norms: ClassVar[tuple[str, ...]] = ("linf", "l2")
     needs_scores: ClassVar[bool] = False
+    query_floor: ClassVar[int] = 5000
 
     def __init__(self, epsilon: float, max_queries: int = 1000, norm: str = "linf") -> None:
-        self.epsilon = epsilon
+        self._threat(norm, epsilon)
         self.max_queries = max_queries
-        self.norm = norm  # type: ignore[misc]
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
@@ -111,8 +112,9 @@ class SpatialGrid(Attack):
     """
 
     name: ClassVar[str] = "spatial_grid"
-    norm: ClassVar[str] = "spatial"
+    norms: ClassVar[tuple[str, ...]] = ("spatial",)
     needs_scores: ClassVar[bool] = False
+    convergence: ClassVar[str] = "exhaustive"
 
     def __init__(self, max_rotation: float = 30.0, max_translation: float = 3.0,
                  rotation_steps: int = 5, translation_steps: int = 3,
@@ -122,7 +124,13 @@ class SpatialGrid(Attack):
         self.rotation_steps = rotation_steps
         self.translation_steps = translation_steps
         self.max_queries = max_queries  # type: ignore[assignment]  # None: the whole grid
-        self.epsilon = 0.0
+        self._threat("spatial", 0.0)
+
+    @classmethod
+    def configure(cls, norm: str, epsilon: float, max_queries: int,
+                  params: dict[str, Any]) -> Attack:
+        """No ε: the grid's extent (``params``) is the threat model; the budget must cover it."""
+        return cls(**(dict(params) | {"max_queries": max_queries}))
 
     def grid(self) -> torch.Tensor:
         """Rows of (angle, dx, dy), weakest first, identity excluded."""

@@ -47,12 +47,14 @@ class SparseRS(Attack):
     """Sparse-RS in the L0 pixel threat model (``epsilon`` = ``k`` pixels)."""
 
     name: ClassVar[str] = "sparse_rs"
-    norm: ClassVar[str] = "l0"
+    norms: ClassVar[tuple[str, ...]] = ("l0",)
     needs_scores: ClassVar[bool] = True
+    #: Its authors' untargeted L0 setting.
+    query_floor: ClassVar[int] = 10000
 
     def __init__(self, epsilon: float, max_queries: int = 1000, alpha_init: float = 0.3
                  ) -> None:
-        self.epsilon = epsilon
+        self._threat("l0", epsilon)
         self.max_queries = max_queries
         self.alpha_init = alpha_init
 

@@ -82,10 +82,12 @@ def _flat_window(top: torch.Tensor, left: torch.Tensor, s: int, w: int) -> torch
 
 class _Square(Attack):
     needs_scores: ClassVar[bool] = True
+    #: AutoAttack's budget.
+    query_floor: ClassVar[int] = 5000
 
     def __init__(self, epsilon: float, max_queries: int = 1000, p_init: float | None = None
                  ) -> None:
-        self.epsilon = epsilon
+        self._threat(None, epsilon)
         self.max_queries = max_queries
         self.p_init = p_init
 
@@ -130,7 +132,7 @@ class SquareLinf(_Square):
     """Square Attack in the L∞ ball (paper's Algorithm 1; ``p_init``: see the module notes)."""
 
     name: ClassVar[str] = "square_linf"
-    norm: ClassVar[str] = "linf"
+    norms: ClassVar[tuple[str, ...]] = ("linf",)
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
@@ -199,7 +201,7 @@ class SquareL2(_Square):
     """
 
     name: ClassVar[str] = "square_l2"
-    norm: ClassVar[str] = "l2"
+    norms: ClassVar[tuple[str, ...]] = ("l2",)
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:

@@ -158,6 +158,11 @@ class CheckContext:
     #: The dataset indices this check evaluates, in order (empty when not known), so a check
     #: can pick a fixed share of its own samples whichever batch or shard they fall in.
     selected: tuple[int, ...] = ()
+    #: Attack checks: samples an earlier attack of the same threat model broke (dataset index
+    #: -> what that attack's merged record said: ``by`` (its check id), ``adv_pred``,
+    #: ``confidence``, ``probability``). They are not attacked again: the worst case is over
+    #: attacks, and a broken sample stays broken.
+    broken_before: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.
