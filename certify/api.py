@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,7 +39,9 @@ class RunOptions:
     suite: str
     data: str | None = None
     out: Path = Path("certify-run")
-    samples: int | None = None
+    #: a class-stratified subset of the data of this size; ``"all"``: every sample, and every
+    #: check on all of them (the suite's per-check ``samples`` lifted)
+    samples: int | Literal["all"] | None = None
     sample_offset: int = 0
     seed: int | None = None
     device: str = "auto"
@@ -161,6 +163,8 @@ def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
                             labels_source=f"--labels {Path(opts.labels).name}"
                             if opts.labels is not None else "--labels", data=data_names)
     suite.validate_for(model.info)
+    if opts.samples == "all":
+        suite = suite.every_sample()
     reference = None
     if opts.reference is not None:
         reference = load_model(opts.reference, device, pre, input_size=input_size,
@@ -172,7 +176,8 @@ def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
     spec = dataclasses.replace(
         spec,
         path=data_path,
-        samples=opts.samples if opts.samples is not None else spec.samples,
+        samples=spec.samples if opts.samples is None else
+        None if opts.samples == "all" else opts.samples,
         offset=opts.sample_offset,
     )
     if arrays is not None:

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.console import Console
@@ -326,6 +326,28 @@ def _exit_code_epilog() -> str:
             f"listed, never passed):\n{rows}")
 
 
+
+class _SamplesParam(click.ParamType):
+    """``--samples``: a whole number of at least 1, or ``all``."""
+
+    name = "N|all"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | Literal["all"]:
+        """The number, or ``"all"``; a usage error for anything else."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif str(value).strip().lower() == "all":
+            return "all"
+        else:
+            try:
+                number = int(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is neither a whole number nor all", param, ctx)
+        if number < 1:
+            self.fail(f"{number} is below 1 (a whole number of at least 1, or all)", param, ctx)
+        return number
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
              epilog=_exit_code_epilog())
 @click.version_option(__version__, prog_name="certify")
@@ -385,8 +407,9 @@ def _common_logging(f: Any) -> Any:
                    "data's folder names or class_names, and the model's metadata).")
 @click.option("--out", "out_dir", default="certify-run", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="Run directory.")
-@click.option("--samples", type=click.IntRange(min=1),
-              help="Class-stratified, seeded subset of this size.")
+@click.option("--samples", type=_SamplesParam(), metavar="N|all",
+              help="Class-stratified, seeded subset of this size; all: every sample, and "
+                   "every check on all of them (the suite's per-check samples lifted).")
 @click.option("--sample-offset", type=click.IntRange(min=0), default=0,
               help="Skip this many samples of the seeded order first: --samples N "
                    "--sample-offset N evaluates samples disjoint from --samples N.")
@@ -451,7 +474,8 @@ def _common_logging(f: Any) -> Any:
 @model_card_options
 @_executor_options
 @_common_logging
-def run(model: str, suite_name: str, data_path: str | None, out_dir: Path, samples: int | None,
+def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
+        samples: int | Literal["all"] | None,
         sample_offset: int, seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,

@@ -7,6 +7,7 @@ name the valid ones.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.resources
@@ -160,6 +161,23 @@ class Suite:
                              f"ids of the {k} classes", hint=f"integers in 0..{k - 1}")
         return dataclasses.replace(self, classes=tuple(names), class_count=k,
                                    classes_source=source)
+
+    def every_sample(self) -> Suite:
+        """This suite with no sample limit anywhere (``--samples all``): the data's
+        ``samples`` and each check's are dropped, so every check evaluates every sample of the
+        data (an attack: every correctly classified one). The digest is the changed suite's,
+        so the card and ``--resume`` tell the two apart."""
+        raw = copy.deepcopy(self.raw)
+        if isinstance(raw.get("data"), dict):
+            raw["data"].pop("samples", None)
+        for c in raw.get("checks", []):
+            if isinstance(c, dict):
+                c.pop("samples", None)
+        canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return dataclasses.replace(
+            self, raw=raw, digest="sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+            data=dataclasses.replace(self.data, samples=None),
+            checks=tuple(dataclasses.replace(c, samples=None) for c in self.checks))
 
     @property
     def abstain_class(self) -> int | None:

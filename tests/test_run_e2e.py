@@ -154,3 +154,32 @@ def test_outcome_bitmaps_match_the_records(clean_suite, model_path, npz_path, tm
     assert set(np.flatnonzero(unpack_bits(outcomes["selected"], n))) == {r["i"] for r in rows}
     assert set(np.flatnonzero(unpack_bits(outcomes["bits"]["correct"], n))) == correct
     assert 0 < len(correct) < len(rows)
+
+
+def test_samples_all_lifts_every_limit_and_changes_the_suite_digest(model_path, npz_path,
+                                                                     dataset_arrays, tmp_path):
+    """``--samples all``: the data's and every check's ``samples`` are lifted (an attack then
+    runs on every correctly classified sample), and the card's suite digest says so."""
+    suite = builders.write_small_suite(tmp_path / "s.yaml", "limited", extra=[
+        {"id": "rand", "kind": "attack", "samples": 5,
+         "params": {"attack": "random", "epsilon": 0.03, "max_queries": 4,
+                    "binarization": False}}])
+    raw = suite.read_text().replace("checks:", "data: {samples: 30}\nchecks:", 1)
+    suite.write_text(raw)
+    runs = {}
+    for arg in ("all", None):
+        out = tmp_path / f"run-{arg}"
+        extra = ("--samples", arg) if arg else ()
+        proc = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path,
+                                "--out", out, "--no-pdf", *extra)
+        assert (out / "results.json").exists(), proc.stderr  # a verdict, whichever it is
+        runs[arg] = _results(out)["measurement"]
+        assert all(c["status"] != "ERROR" for c in runs[arg]["checks"])
+    n = len(dataset_arrays[1])
+    assert runs["all"]["data"]["n"] == n and runs[None]["data"]["n"] == 30
+    rand = {k: next(c for c in m["checks"] if c["id"] == "rand") for k, m in runs.items()}
+    assert rand["all"]["metrics"]["n"] == n and rand[None]["metrics"]["n"] == 5
+    assert runs["all"]["suite"]["digest"] != runs[None]["suite"]["digest"]
+    bad = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path,
+                           "--out", tmp_path / "bad", "--samples", "most")
+    assert bad.returncode == 2 and "neither a whole number nor all" in bad.stderr

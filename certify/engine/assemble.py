@@ -17,7 +17,7 @@ from certify.canonical import JSONLike
 from certify.checks import Check, Measurement
 from certify.data import Dataset
 from certify.device import DeviceChoice
-from certify.engine.crosscheck import attack_worst_case
+from certify.engine.crosscheck import attack_worst_case, no_attack_passes_beside_masking
 from certify.engine.executor import Executor
 from certify.engine.records import recorded_queries
 from certify.errors import overall_verdict
@@ -66,8 +66,12 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
                     model_spec: str, reference_spec: str | None) -> RunResult:
     """The typed result: the deterministic measurement, and the provenance beside it."""
     checks = state.results
-    statuses = [c.status for c in checks]
     worst = attack_worst_case(suite, state.finals, checks, frozenset(skips))
+    if any(w.startswith("gradient masking") for row in worst for w in row.warnings):
+        # no attack row PASSes beside it; the rows decide again on what is left
+        checks = no_attack_passes_beside_masking(checks, worst)
+        worst = attack_worst_case(suite, state.finals, checks, frozenset(skips))
+    statuses = [c.status for c in checks]
     verdict = overall_verdict(verdict_statuses(checks, worst))
     model_q, ref_q = recorded_queries(run)
     measurement = RunMeasurement(

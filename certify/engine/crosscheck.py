@@ -146,8 +146,56 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
                         interval=list(wilson_interval(robust, len(common))),
                         white_box=white, transfer=moved, broken_by=broken)
         errored = [s.id for s in group if s not in specs]
+        row = _masking(row, {i: r for i, r in zip(ids, recs, strict=True)}, common)
         out.append(_decide_threat_model(row, specs, errored, by_id, suite.decision))
     return out
+
+
+def _masking(row: WorstCase, recs: dict[str, dict[int, SampleRecord]], common: set[int]
+             ) -> WorstCase:
+    """The row with a warning for each black-box attack that broke at least max(2, 2%) of
+    its samples that no white-box attack broke (gradient masking, AutoAttack's cross-check).
+
+    Counted sample by sample: a black-box attack that ran only on the samples the white-box
+    attacks left unbroken (:mod:`certify.engine.schedule`) is judged on the same breaks as
+    one that ran on all of them. A black-box attack beating a transfer attack is expected,
+    not a sign of masking.
+    """
+    white = set(row.white_box)
+    if not white:
+        return row
+
+    def broken(i: str) -> set[int]:
+        return {s for s in common if recs[i][s]["outcome"] not in ("robust", "misclassified")}
+
+    by_white = set().union(*(broken(w) for w in white))
+    allowance = max(MASKING_SAMPLES, MASKING_SHARE * row.n)
+    warnings = list(row.warnings)
+    for i in row.attacks:
+        if i in white or i in row.transfer:
+            continue
+        more = len(broken(i) - by_white)
+        if more >= allowance:
+            warnings.append(f"gradient masking suspected: {i} (black-box) broke {more} "
+                            f"sample(s) that the white-box attacks ({', '.join(sorted(white))}) "
+                            f"did not, at least max({MASKING_SAMPLES}, {MASKING_SHARE:.0%} of "
+                            f"{row.n}) = {allowance:g}")
+    return row.model_copy(update={"warnings": warnings})
+
+
+def no_attack_passes_beside_masking(results: list[CheckResult], worst: Sequence[WorstCase]
+                                    ) -> list[CheckResult]:
+    """No attack row PASSes while its threat model's row suspects gradient masking: a PASS of
+    a white-box row there measured the masked gradients, and a black-box row's was overtaken
+    by the breaks its own threat model found (issue 42: APGD-T PASSed at 64% beside a
+    threat-model FAIL at 11% on a model that quantises its input inside its graph)."""
+    for row in worst:
+        masked = [w for w in row.warnings if w.startswith("gradient masking suspected")]
+        if masked:
+            results = _no_pass(results, set(row.attacks), f"its threat model's row: {masked[0]}",
+                               "no attack row PASSes while its threat model suspects gradient "
+                               "masking")
+    return results
 
 
 def _transfer(result: CheckResult | None) -> bool:
@@ -163,18 +211,7 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
     mins = [float(s.threshold.min) for s in specs if s.threshold is not None
             and s.threshold.metric == "robust_accuracy" and s.threshold.min is not None]
     value, (lo, hi) = row.robust_accuracy, row.interval
-    warnings: list[str] = []
-    white = set(row.white_box)
-    # a black-box attack beating a transfer attack is expected, not a sign of masking
-    masking = [(i, row.broken_by[i] - max((row.broken_by[w] for w in white), default=0))
-               for i in row.attacks if i not in white and i not in row.transfer]
-    allowance = max(MASKING_SAMPLES, MASKING_SHARE * row.n)
-    for i, more in masking:
-        if white and more >= allowance:
-            warnings.append(f"gradient masking suspected: {i} (black-box) broke {more} more "
-                            f"sample(s) than the white-box attacks "
-                            f"({', '.join(sorted(white))}), at least max({MASKING_SAMPLES}, "
-                            f"{MASKING_SHARE:.0%} of {row.n}) = {allowance:g}")
+    warnings = list(row.warnings)
     support = [i for i in row.attacks if i in by_id and by_id[i].status == "PASS"]
     if not mins:
         warned = [i for i in row.attacks if i in by_id and by_id[i].status == "WARN"]
@@ -212,33 +249,43 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
         said += f": {left}"
         why = DecidedBy(rule="interval_straddles", reason=left)
     if status == "PASS":
-        # what stopped the pass, typed, with the clause the card gives as its reason
-        blocked: list[tuple[str, str, str]] = []
-        if errored:
-            gone = f"{', '.join(errored)} produced no result, so the worst case leaves it out"
-            blocked.append(("errored_attack", gone, gone))
-        if warnings:
-            blocked.append(("warning", "gradient masking suspected", warnings[0]))
-        if not support:
-            blocked.append((
-                "no_support",
-                "no attack of this threat model PASSed on its own ("
-                + "; ".join(f"{i}: {by_id[i].status}" for i in row.attacks if i in by_id) +
-                "): a PASS needs a converged white-box attack, or a black-box attack at its "
-                "query floor, converged and validated; a stronger attack can only lower this "
-                "robust accuracy",
-                "no attack of this threat model PASSed on its own: a PASS needs a converged "
-                "white-box attack, or a black-box attack at its query floor, converged and "
-                "validated"))
-        if blocked:
-            status, said = "WARN", said + "; but " + "; ".join(b[1] for b in blocked)
-            why = why.model_copy(update={"stopped": [b[0] for b in blocked],
-                                         "reason": blocked[0][2]})
-        else:
-            said += f"; supported by {', '.join(support)}"
+        status, said, why = _stopped_pass(row, errored, warnings, support, by_id, said, why)
     return row.model_copy(update={"threshold": t, "status": status, "decision": said,
                                   "warnings": warnings, "support": support,
                                   "decided_by": why})
+
+
+def _stopped_pass(row: WorstCase, errored: list[str], warnings: list[str], support: list[str],
+                  by_id: dict[str, CheckResult], said: str, why: DecidedBy
+                  ) -> tuple[str, str, DecidedBy]:
+    """A threat model's PASS by its interval, unless something stops it (an errored attack,
+    a masking warning, no attack row that PASSed on its own): (status, decision, rule)."""
+    status = "PASS"
+    # what stopped the pass, typed, with the clause the card gives as its reason
+    blocked: list[tuple[str, str, str]] = []
+    if errored:
+        gone = f"{', '.join(errored)} produced no result, so the worst case leaves it out"
+        blocked.append(("errored_attack", gone, gone))
+    if warnings:
+        blocked.append(("warning", "gradient masking suspected", warnings[0]))
+    if not support:
+        blocked.append((
+            "no_support",
+            "no attack of this threat model PASSed on its own ("
+            + "; ".join(f"{i}: {by_id[i].status}" for i in row.attacks if i in by_id) +
+            "): a PASS needs a converged white-box attack, or a black-box attack at its "
+            "query floor, converged and validated; a stronger attack can only lower this "
+            "robust accuracy",
+            "no attack of this threat model PASSed on its own: a PASS needs a converged "
+            "white-box attack, or a black-box attack at its query floor, converged and "
+            "validated"))
+    if blocked:
+        status, said = "WARN", said + "; but " + "; ".join(b[1] for b in blocked)
+        why = why.model_copy(update={"stopped": [b[0] for b in blocked],
+                                     "reason": blocked[0][2]})
+    else:
+        said += f"; supported by {', '.join(support)}"
+    return status, said, why
 
 
 def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResult],

@@ -24,7 +24,7 @@ import torch
 
 import certify.probe as probe
 from certify.canonical import JSONLike, normalize
-from certify.checks import CheckContext, Measurement
+from certify.checks import AttackCheck, CheckContext, Measurement
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
 from certify.engine.assemble import RunState, assemble_result, outcomes_doc
@@ -37,6 +37,7 @@ from certify.engine.records import (
     recorded_queries,
     round_key,
 )
+from certify.engine.schedule import Earlier, execution_order, plan_attack
 from certify.engine.verdicts import judge
 from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, Reconfigurable, endpoint_of
@@ -211,20 +212,36 @@ def run_suite(
                 batch_size, progress, executor)
     state = RunState(seed=seed)
     _log_plan(suite, data, skips)
-    for spec in suite.checks:
+    skips = dict(skips)  # the attacks the schedule finds redundant join them as it goes
+    done: dict[str, CheckResult] = {}
+    order = execution_order(suite.checks)
+    for k, spec in enumerate(order):
         state.seeds[spec.id] = check_seed(seed, spec.id)
         c0 = time.perf_counter()
+        broken_before: dict[int, dict[str, object]] = {}
+        if spec.id not in skips and isinstance(spec.check, AttackCheck):
+            plan = plan_attack(spec, Earlier(order[:k], done, state.finals, state.measured),
+                               model.info.output)
+            if plan.skip is not None:
+                skips[spec.id] = plan.skip
+                log.info("check %s: %s", spec.id, plan.skip)
+            spec, broken_before = plan.spec, plan.broken_before
         if spec.id in skips:  # not evaluated: no query, no record, never a pass
             checked = _empty_result(spec, "SKIPPED", skips[spec.id], None)
         else:
+            if broken_before:
+                log.info("check %s: %d sample(s) an earlier attack of its threat model broke "
+                         "are not attacked again", spec.id, len(broken_before))
             ctx = CheckContext(check_seed=state.seeds[spec.id], device=device.torch_device,
                                class_names=list(data.class_names),
                                flip_invariant_classes=suite.flip_invariant_classes,
                                abstain_class=suite.abstain_class,
-                               n_samples=min(spec.samples or len(data), len(data)))
+                               n_samples=min(spec.samples or len(data), len(data)),
+                               broken_before=broken_before)
             checked = _evaluate(spec, ctx, work, state)
         state.durations[spec.id] = 0.0 if spec.id in skips else time.perf_counter() - c0
-        state.results.append(checked)
+        done[spec.id] = checked
+    state.results = [done[s.id] for s in suite.checks]  # the card keeps the suite's order
     state.results = apply_cross_checks(suite, state.results, state.measured)
     result = assemble_result(state, suite, skips, model, reference, data, device, run,
                              query_budget, executor, model_spec, reference_spec)
