@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from certify.canonical import normalize
 from certify.data import load_dataset
 from certify.data.classes import (
     data_class_names,
@@ -20,6 +23,7 @@ from certify.data.classes import (
 from certify.data.loaders import load_arrays
 from certify.device import DeviceChoice, choose_device
 from certify.engine import run_fingerprint, run_suite
+from certify.engine.plan import TimeBudget, calibrate, choose_samples
 from certify.errors import ModelError, UsageError
 from certify.models import HttpOptions, Model, Preprocessing, load_model
 from certify.progress import NullProgress, Progress
@@ -29,6 +33,8 @@ from certify.results import ModelCardDoc, RunResult
 from certify.rundir import DEMO_DATA, RunDir, check_out_dir
 from certify.suite import classes_for_run, load_suite
 from certify.version import __version__
+
+log = logging.getLogger("certify")
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,9 @@ class RunOptions:
     #: a labels file (one class name per line, in class-id order): the class names, before
     #: the suite's, the data's and the model's metadata (``--labels``)
     labels: Path | None = None
+    #: seconds the run may take: certify chooses how many samples each attack check gets
+    #: (``--time-budget``; :mod:`certify.engine.plan`)
+    time_budget: float | None = None
 
 
 #: Builds an in-memory model (the Python API): (device, preprocessing, input size, number of
@@ -152,6 +161,36 @@ def _certify(opts: RunOptions, progress: Progress | None = None,
         model.close()
 
 
+def _time_budget(opts: RunOptions, suite: Any, model: Model, data: Any) -> TimeBudget:
+    """``--time-budget``'s samples per attack check: the interrupted run's when resuming with
+    the same budget (so it continues with the same samples), else chosen now
+    (:func:`certify.engine.plan.choose_samples`)."""
+    assert opts.time_budget is not None
+    skips = suite.skips(model.info)
+    live = [s for s in suite.checks if s.id not in skips]
+    white = any(getattr(s.check, "white_box", lambda: False)() for s in live)
+    rates = calibrate(model, data, gradients=white)
+    before = _recorded_budget(opts.out) if opts.resume else None
+    if before is not None and before.get("seconds") == opts.time_budget:
+        samples = {str(k): int(v) for k, v in before["samples"].items()}
+    else:
+        samples = choose_samples(live, data, rates, opts.time_budget)
+    log.info("time budget %s s: %s", f"{opts.time_budget:,.0f}",
+             ", ".join(f"{k} on {v:,} samples" for k, v in samples.items()) or
+             "no attack checks to size")
+    return TimeBudget(opts.time_budget, rates, samples)
+
+
+def _recorded_budget(out: Path) -> dict[str, Any] | None:
+    """The time budget an interrupted run in ``out`` recorded, if any."""
+    try:
+        doc = json.loads((out / "run.json").read_text(encoding="utf-8"))
+        found = doc["fingerprint"].get("time_budget")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("samples"), dict) \
+        else None
+
 def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
                 device: DeviceChoice, pre: Preprocessing, input_size: tuple[int, int] | None,
                 labels: list[str] | None, data_names: tuple[list[str], str] | None,
@@ -187,6 +226,10 @@ def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
         data = load_dataset(spec, model.info.input_shape[1:], suite.classes, seed=seed,
                             progress=progress)
     data.extra["class_names_source"] = suite.classes_source
+    budget = None
+    if opts.time_budget is not None:
+        budget = _time_budget(opts, suite, model, data)
+        suite = suite.with_samples(budget.samples)
     run: RunDir | None = None
     try:
         with contextlib.ExitStack() as stack:
@@ -195,14 +238,17 @@ def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
                 executor = stack.enter_context(_ray_executor(opts, pre, input_size, suite))
             # The run directory exists only once every pre-check (suite, model, reference,
             # data, executor) has passed: a refused run leaves nothing behind.
-            run = RunDir(opts.out, run_fingerprint(model, suite, data, seed, reference),
-                         resume=opts.resume)
+            fingerprint = run_fingerprint(model, suite, data, seed, reference)
+            if budget is not None:
+                fingerprint["time_budget"] = normalize(budget.fingerprint())
+            run = RunDir(opts.out, fingerprint, resume=opts.resume)
             outcome = run_suite(model, data, suite, run, device, seed=seed,
                                 batch_size=opts.batch_size, progress=progress,
                                 model_spec=_public_spec(opts.model), reference=reference,
                                 reference_spec=None if opts.reference is None
                                 else _public_spec(opts.reference),
-                                query_budget=opts.query_budget, executor=executor)
+                                query_budget=opts.query_budget, executor=executor,
+                                time_budget=budget)
     finally:
         if run is not None:
             run.close()

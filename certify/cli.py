@@ -410,6 +410,10 @@ def _common_logging(f: Any) -> Any:
 @click.option("--samples", type=_SamplesParam(), metavar="N|all",
               help="Class-stratified, seeded subset of this size; all: every sample, and "
                    "every check on all of them (the suite's per-check samples lifted).")
+@click.option("--time-budget", metavar="DURATION",
+              help="Let certify choose how many samples each attack check attacks so that the "
+                   "run fits this time on this device (e.g. 10m, 600s, 1.5h): a short "
+                   "calibration prices each check; the card states the choice.")
 @click.option("--sample-offset", type=click.IntRange(min=0), default=0,
               help="Skip this many samples of the seeded order first: --samples N "
                    "--sample-offset N evaluates samples disjoint from --samples N.")
@@ -475,7 +479,7 @@ def _common_logging(f: Any) -> Any:
 @_executor_options
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
-        samples: int | Literal["all"] | None,
+        samples: int | Literal["all"] | None, time_budget: str | None,
         sample_offset: int, seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
@@ -523,12 +527,22 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
         input_size=input_size or None, executor=executor, ray_address=ray_address,
         workers=workers, threads=threads, surrogate=surrogate, model_card=card,
         provenance=provenance, labels=labels_path,
+        time_budget=_duration(time_budget),
     )
     with _records_hint(out_dir), RichProgress(err_console, enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)
     _print_summary(result, paths)
     _note_missing_pdf(paths, not no_pdf, "rerun the same certify run with --resume")
     return exit_code_for_verdict(result.measurement.verdict)
+
+
+def _duration(text: str | None) -> float | None:
+    """``--time-budget`` in seconds (a usage error for anything but a positive duration)."""
+    if text is None:
+        return None
+    from certify.engine.plan import parse_duration
+
+    return parse_duration(text)
 
 
 def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> Any:

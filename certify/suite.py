@@ -173,11 +173,28 @@ class Suite:
         for c in raw.get("checks", []):
             if isinstance(c, dict):
                 c.pop("samples", None)
+        suite = self._rehashed(raw)
+        return dataclasses.replace(
+            suite, data=dataclasses.replace(self.data, samples=None),
+            checks=tuple(dataclasses.replace(c, samples=None) for c in self.checks))
+
+    def with_samples(self, samples: dict[str, int]) -> Suite:
+        """This suite with the checks of ``samples`` (check id -> samples) evaluating that
+        many samples (``--time-budget``'s choice); the digest is the changed suite's."""
+        raw = copy.deepcopy(self.raw)
+        for c in raw.get("checks", []):
+            if isinstance(c, dict) and c.get("id") in samples:
+                c["samples"] = int(samples[c["id"]])
+        return dataclasses.replace(
+            self._rehashed(raw),
+            checks=tuple(dataclasses.replace(c, samples=samples[c.id]) if c.id in samples
+                         else c for c in self.checks))
+
+    def _rehashed(self, raw: dict[str, Any]) -> Suite:
+        """This suite with ``raw`` as its source form, and its digest."""
         canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return dataclasses.replace(
-            self, raw=raw, digest="sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
-            data=dataclasses.replace(self.data, samples=None),
-            checks=tuple(dataclasses.replace(c, samples=None) for c in self.checks))
+            self, raw=raw, digest="sha256:" + hashlib.sha256(canonical.encode()).hexdigest())
 
     @property
     def abstain_class(self) -> int | None:

@@ -183,3 +183,37 @@ def test_samples_all_lifts_every_limit_and_changes_the_suite_digest(model_path, 
     bad = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path,
                            "--out", tmp_path / "bad", "--samples", "most")
     assert bad.returncode == 2 and "neither a whole number nor all" in bad.stderr
+
+
+def test_a_time_budget_chooses_the_attacks_samples_states_it_and_resumes_with_them(
+        model_path, npz_path, dataset_arrays, tmp_path):
+    """``--time-budget``: the plan is priced before the first query, every attack check gets
+    the same number of samples that fits (here the whole data: a generous budget), the rows
+    and the card say so, a resumed run keeps the choice, and a budget too small is refused."""
+    suite = builders.write_small_suite(tmp_path / "s.yaml", "budgeted", extra=[
+        {"id": "rand", "kind": "attack", "samples": 5,
+         "params": {"attack": "random", "epsilon": 0.03, "max_queries": 4,
+                    "binarization": False}}])
+    out = tmp_path / "run"
+    first = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path, "--out",
+                             out, "--no-pdf", "--time-budget", "10m")
+    plan = [line for line in first.stderr.splitlines() if "query plan: rand" in line]
+    assert plan and "queries per sample x" in plan[0] and ", at most " in plan[0], first.stderr
+    m = _results(out)["measurement"]
+    rand = next(c for c in m["checks"] if c["id"] == "rand")
+    n = len(dataset_arrays[1])
+    assert rand["metrics"]["n"] == n
+    assert rand["details"]["time_budget"]["samples"] == n
+    assert rand["details"]["time_budget"]["seconds"] == 600
+    assert "Samples chosen by a time budget of 600 s" in (out / "card.html").read_text()
+    again = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path,
+                             "--out", out, "--no-pdf", "--time-budget", "10m", "--resume")
+    assert (out / "results.json").exists(), again.stderr
+    assert "cannot resume" not in again.stderr
+    small = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path,
+                             "--out", tmp_path / "small", "--time-budget", "0.001s")
+    assert small.returncode == 2 and "raise --time-budget to about" in small.stderr
+    assert not (tmp_path / "small").exists()  # refused before the run folder is made
+    bad = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path,
+                           "--out", tmp_path / "bad", "--time-budget", "soon")
+    assert bad.returncode == 2 and "is not a duration" in bad.stderr

@@ -349,6 +349,34 @@ class AttackCheck(AttackSchedule, Check[AttackRecord]):
             for k, v in self.attack_params.items():
                 expect(v, hints.get(k, Any), f"{where}.params.attack_params.{k}")
 
+    def max_queries_per_sample(self) -> int:
+        """The clean and judged queries of every round, every round's attack queries and the
+        confident-mistake search; a white-box attack's only queries are its judgements (ε
+        sweep included). The binarization test's planted problems, on a few samples, are
+        not counted."""
+        cls = self.attack_class()
+        if self.white_box():
+            return 2 + (len(SWEEP_FACTORS) + 1 if cls.eps_sweep and self.eps_sweep else 0)
+        if cls.convergence == "exhaustive":
+            return 2 + self.initial_budget()
+        last = 0
+        while self.auto and self.round_budget(last + 1) <= self.cap():
+            last += 1
+        return 2 * (last + 1) + self.total_after(last) + self.confident_budget()
+
+    def gradients_per_sample(self) -> int:
+        """The most gradient evaluations of the torch copy one sample can cost (white-box
+        attacks; 0 for the others): every run, restart and target, and the ε sweep."""
+        if not self.white_box():
+            return 0
+        attack = self.build()
+        steps = int(getattr(attack, "iterations", 0)) + 1
+        runs = int(getattr(attack, "restarts", 1)) * int(getattr(attack, "targets", 1))
+        chooses = 1 if getattr(attack, "targets", None) else 0
+        sweep = len(SWEEP_FACTORS) + 1 if self.attack_class().eps_sweep and self.eps_sweep \
+            else 0
+        return runs * steps + chooses + sweep * steps
+
     def produced_metrics(self, reference: bool) -> set[str]:
         """No binarization metrics when the test is off or the attack is spatial."""
         if self.binarization_ladder() is None:

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +31,7 @@ from certify.engine.assemble import RunState, assemble_result, outcomes_doc
 from certify.engine.crosscheck import apply_cross_checks, randomised_share
 from certify.engine.executor import Executor
 from certify.engine.local import LocalExecutor, cpu_batch_size, local_lanes
+from certify.engine.plan import TimeBudget, calibrate, log_plan
 from certify.engine.records import (
     SUBSET_KEY,
     record_queries,
@@ -184,6 +185,7 @@ def run_suite(
     reference_spec: str | None = None,
     query_budget: int | None = None,
     executor: Executor | None = None,
+    time_budget: TimeBudget | None = None,
 ) -> SuiteOutcome:
     """Run every check of ``suite`` and return the typed result and the card's images.
 
@@ -193,6 +195,9 @@ def run_suite(
     ``query_budget`` caps the images sent to all models over the whole run, records of a
     resumed run included; a check that would cross it ends as an ERROR row and the checks after
     it find it spent.
+
+    ``time_budget``: the samples ``--time-budget`` gave the attack checks (the suite already
+    has them); each such row's details say so.
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
@@ -211,7 +216,10 @@ def run_suite(
     work = _Run(model, reference, run_budget, data, run, check_seed(seed, SUBSET_KEY),
                 batch_size, progress, executor)
     state = RunState(seed=seed)
-    _log_plan(suite, data, skips)
+    white = any(isinstance(s.check, AttackCheck) and s.check.white_box() for s in suite.checks)
+    rates = time_budget.rates if time_budget is not None else \
+        calibrate(model, data, gradients=white)
+    log_plan(suite.checks, data, skips, rates)
     skips = dict(skips)  # the attacks the schedule finds redundant join them as it goes
     done: dict[str, CheckResult] = {}
     order = execution_order(suite.checks)
@@ -242,27 +250,12 @@ def run_suite(
         state.durations[spec.id] = 0.0 if spec.id in skips else time.perf_counter() - c0
         done[spec.id] = checked
     state.results = [done[s.id] for s in suite.checks]  # the card keeps the suite's order
+    if time_budget is not None:
+        state.results = [time_budget.stated(r) for r in state.results]
     state.results = apply_cross_checks(suite, state.results, state.measured)
     result = assemble_result(state, suite, skips, model, reference, data, device, run,
                              query_budget, executor, model_spec, reference_spec)
     return SuiteOutcome(result=result, images=state.images)
-
-
-def _log_plan(suite: Suite, data: Dataset, skips: Mapping[str, str]) -> None:
-    """Log, before any query, the most each check that can say will cost: queries per sample
-    (every round of an escalating search) times its samples."""
-    total = 0
-    for spec in suite.checks:
-        most = None if spec.id in skips else spec.check.max_queries_per_sample()
-        if most is None:
-            continue
-        n = min(spec.samples or len(data), len(data))
-        total += most * n
-        log.info("query plan: %s at most %s queries per sample x %s samples", spec.id,
-                 f"{most:,}", f"{n:,}")
-    if total:
-        log.info("query plan: at most %s queries for the checks above (the others bound "
-                 "theirs by their own budgets)", f"{total:,}")
 
 
 def _typed(spec: CheckSpec, fields: dict[str, object]) -> CheckResult:

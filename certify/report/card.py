@@ -303,6 +303,16 @@ def limitations(result: RunResult) -> list[str]:
                    "evaluated the same model.")
     if m.model.metadata.get("white_box"):
         out.append(f"White-box attacks: {m.model.metadata['white_box']}.")
+    budgeted = {c.id: c.details["time_budget"] for c in result.checks
+                if isinstance(c.details.get("time_budget"), dict)}
+    if budgeted:
+        first = next(iter(budgeted.values()))
+        assert isinstance(first, dict)
+        out.append(f"Samples chosen by a time budget of {first.get('seconds', 0):,.0f} s "
+                   f"({first.get('rates', '')}): "
+                   + ", ".join(f"{i} on {d.get('samples')}" for i, d in budgeted.items()
+                               if isinstance(d, dict))
+                   + " samples; a larger budget gives narrower intervals.")
     skipped = [c.id for c in result.checks if c.status == "SKIPPED"]
     if skipped:
         out.append(f"Not evaluated on this model: {', '.join(skipped)} (skipped checks are "

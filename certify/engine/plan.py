@@ -1,0 +1,219 @@
+"""The run's plan before its first query: what each check may cost, in queries, gradient
+evaluations and seconds on this device, and ``--time-budget`` (issue 42 point 1).
+
+**Cost model.** Each check says the most queries one sample can cost it
+(:meth:`~certify.checks.Check.max_queries_per_sample`) and, for white-box attacks, the most
+gradient evaluations (:meth:`~certify.checks.AttackCheck.gradients_per_sample`). A short
+calibration (:func:`calibrate`: a few timed batches of the data through the model, and through
+its torch copy's forward and backward pass where there is one) turns them into seconds. Both are
+upper bounds: an attack stops on a sample once it is broken, and samples an earlier attack of
+the same threat model broke are not attacked again, so runs usually take far less.
+
+**Time budget.** :func:`choose_samples` keeps every other check as the suite has it and gives
+every attack check the same number of samples (so that the threat models' worst cases are
+over common samples), the most whose upper-bound cost fits in what the budget leaves, at
+least :data:`MIN_ATTACK_SAMPLES` and at most the data. The choice is recorded in the run
+folder's fingerprint, so ``--resume`` continues with the same samples, and it is stated on the
+card (each attack row's details, and the card's limitations).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from certify.checks import AttackCheck
+from certify.data import Dataset
+from certify.errors import UsageError
+from certify.models.base import Model, endpoint_of
+from certify.models.torchcopy import WhiteBoxUnavailable, white_box_of
+from certify.results import CheckResult
+from certify.suite import CheckSpec
+
+log = logging.getLogger("certify")
+
+#: Images per timed calibration batch, and timed batches (after one untimed warm-up).
+CALIBRATION_BATCH = 64
+CALIBRATION_ROUNDS = 2
+#: The fewest samples a time budget may give each attack check: fewer decide nothing.
+MIN_ATTACK_SAMPLES = 20
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Measured seconds per image: a model query, and a gradient evaluation of the torch copy
+    (``None`` where not measured: an endpoint, or no torch copy)."""
+
+    query_s: float | None
+    gradient_s: float | None
+    how: str
+
+    def seconds(self, queries: int, gradients: int) -> float | None:
+        """The time ``queries`` and ``gradients`` take at these rates (None if unknown)."""
+        if self.query_s is None or (gradients and self.gradient_s is None):
+            return None
+        return queries * self.query_s + gradients * (self.gradient_s or 0.0)
+
+
+def calibrate(model: Model, data: Dataset, gradients: bool = True) -> Rates:
+    """Time a few batches of ``data`` through ``model`` (and, with ``gradients``, its torch
+    copy's forward and backward pass), not counted as queries: only for a model in this
+    process (an endpoint's queries may be paid for, so it is not calibrated)."""
+    if endpoint_of(model) is not None:
+        return Rates(None, None, "not measured: the model is an endpoint (queries may cost)")
+    n = min(CALIBRATION_BATCH, len(data))
+    x = data.x[:n]
+    query_s = _timed(lambda: model.predict(x)) / n
+    gradient_s = None
+    found = white_box_of(model) if gradients else None
+    if found is not None:
+        try:
+            copy = found.torch_copy()
+            y = data.y[:n]
+
+            def grad() -> object:
+                return copy.value_and_grad(x, lambda z: torch.nn.functional.cross_entropy(
+                    z, y.to(z.device), reduction="none"))
+            gradient_s = _timed(grad) / n
+        except WhiteBoxUnavailable:
+            gradient_s = None
+    how = (f"measured on {n} images: {1 / query_s:,.0f} queries/s"
+           + (f", {1 / gradient_s:,.0f} gradient evaluations/s" if gradient_s else ""))
+    return Rates(query_s, gradient_s, how)
+
+
+def _timed(f: object) -> float:
+    """The fastest of :data:`CALIBRATION_ROUNDS` timed calls of ``f`` after a warm-up."""
+    call = f  # a zero-argument callable
+    assert callable(call)
+    call()
+    best = math.inf
+    for _ in range(CALIBRATION_ROUNDS):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def per_sample(spec: CheckSpec) -> tuple[int | None, int]:
+    """(most queries, most gradient evaluations) one sample can cost ``spec``'s check."""
+    gradients = spec.check.gradients_per_sample() if isinstance(spec.check, AttackCheck) else 0
+    return spec.check.max_queries_per_sample(), gradients
+
+
+def samples_of(spec: CheckSpec, data: Dataset) -> int:
+    """How many samples the check evaluates."""
+    return min(spec.samples or len(data), len(data))
+
+
+def log_plan(checks: Sequence[CheckSpec], data: Dataset, skips: Mapping[str, str],
+             rates: Rates | None) -> None:
+    """Log, before any query, the most each check can cost: queries (and gradient
+    evaluations) per sample times its samples, and the time that takes at ``rates``."""
+    total_q, total_s, unknown = 0, 0.0, []
+    for spec in checks:
+        if spec.id in skips:
+            continue
+        queries, gradients = per_sample(spec)
+        if queries is None:
+            unknown.append(spec.id)
+            continue
+        n = samples_of(spec, data)
+        total_q += queries * n
+        secs = rates.seconds(queries * n, gradients * n) if rates else None
+        if secs is not None:
+            total_s += secs
+        log.info("query plan: %s at most %s queries%s per sample x %s samples%s", spec.id,
+                 f"{queries:,}", f" and {gradients:,} gradient evaluations" if gradients
+                 else "", f"{n:,}", f", at most {_duration(secs)}" if secs is not None else "")
+    if total_q:
+        log.info("query plan: at most %s queries for the checks above%s (the others bound "
+                 "theirs by their own budgets)", f"{total_q:,}",
+                 f", at most {_duration(total_s)} on this device ({rates.how})"
+                 if rates and rates.query_s is not None else "")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown time"
+    return f"{seconds:,.0f} s" if seconds < 120 else f"{seconds / 60:,.1f} min"
+
+
+def choose_samples(checks: Sequence[CheckSpec], data: Dataset, rates: Rates,
+                   budget_s: float) -> dict[str, int]:
+    """Samples per attack check within ``budget_s`` seconds (see the module docstring):
+    check id -> samples. Refused (:class:`~certify.errors.UsageError`) where the rates are
+    unknown or the budget cannot give each attack :data:`MIN_ATTACK_SAMPLES` samples."""
+    if rates.query_s is None:
+        raise UsageError(f"--time-budget needs the model's speed, which was {rates.how}",
+                         hint="give the checks' samples in the suite, or --samples N")
+    fixed, per = 0.0, 0.0
+    attacks = []
+    for spec in checks:
+        queries, gradients = per_sample(spec)
+        secs = rates.seconds(queries or 0, gradients)
+        if secs is None:
+            raise UsageError(f"--time-budget cannot price check {spec.id}: {rates.how}",
+                             hint="give the checks' samples in the suite instead")
+        if isinstance(spec.check, AttackCheck):
+            attacks.append(spec.id)
+            per += secs
+        else:
+            fixed += secs * samples_of(spec, data)
+    if not attacks:
+        return {}
+    left = budget_s - fixed
+    n = min(len(data), int(left / per)) if per > 0 else len(data)
+    if n < MIN_ATTACK_SAMPLES:
+        raise UsageError(
+            f"--time-budget {budget_s:,.0f} s leaves {max(left, 0):,.0f} s for the attacks "
+            f"after the other checks' {fixed:,.0f} s, enough for {max(n, 0)} sample(s) each "
+            f"at {per:,.2f} s per sample (an upper bound, {rates.how}); at least "
+            f"{MIN_ATTACK_SAMPLES} are needed",
+            hint=f"raise --time-budget to about {fixed + MIN_ATTACK_SAMPLES * per:,.0f} s")
+    return {i: n for i in attacks}
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """``--time-budget``'s choice: the budget, the rates it was priced at, and the samples it
+    gave each attack check (recorded in the run folder's fingerprint)."""
+
+    seconds: float
+    rates: Rates
+    samples: dict[str, int]
+
+    def fingerprint(self) -> dict[str, object]:
+        """What ``--resume`` must find again: the budget and the samples chosen."""
+        return {"seconds": self.seconds, "samples": dict(sorted(self.samples.items()))}
+
+    def stated(self, result: CheckResult) -> CheckResult:
+        """``result`` with the budget's choice in its details (for the checks it chose for)."""
+        if result.id not in self.samples or result.status == "SKIPPED":
+            return result
+        doc = {"seconds": self.seconds, "samples": self.samples[result.id],
+               "rates": self.rates.how,
+               "rule": "every attack check gets the same number of samples, the most whose "
+                       "upper-bound cost fits in what the budget leaves after the other checks"}
+        return result.model_copy(update={"details": {**result.details, "time_budget": doc}})
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``10m``, ``1.5h``; :class:`UsageError` otherwise."""
+    raw = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(raw[-1:], None)
+    number = raw[:-1] if scale is not None else raw
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        raise UsageError(f"--time-budget {text!r} is not a duration",
+                         hint="e.g. 600, 600s, 10m or 1.5h") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"--time-budget {text!r} must be a positive duration",
+                         hint="e.g. 10m")
+    return value
