@@ -320,3 +320,30 @@ def test_the_binarization_test_keeps_the_model_s_head(tmp_path):
     assert solved == {False: 4, True: 0}, solved
     assert bt_head(QueryCounter(load_model(str(DEMO / "standard.onnx"),
                                            choose_device("cpu")))) is None  # no head
+
+
+def test_runs_grouped_in_one_batch_give_each_sample_what_one_run_at_a_time_gives(signs,
+                                                                                  monkeypatch):
+    """APGD-T's targets after the first (and restarts) go as one batch of the still-unbroken
+    samples (issue 42): each sample's proposal, break and lateness are those of running the
+    runs one at a time (its start draws come in run order either way); only the gradient
+    evaluations spent on samples an earlier run of the group would have settled differ."""
+    import certify.attacks.apgd as apgd
+
+    copy = _copy(DEMO / "robust.onnx")
+    x, y = signs[0][:12], signs[1][:12]
+    seeds = torch.arange(12)
+    attack = APGDTargeted(epsilon=8 / 255, iterations=12, targets=4, restarts=1)
+
+    def run():
+        return attack(copy, x, y, seeds, "logits", judge=copy)
+
+    assert apgd.run_group(8, 10, 3 * 32 * 32) == 8 and apgd.run_group(8, 10**6, 3072) == 1
+    grouped = run()
+    monkeypatch.setattr(apgd, "RUN_GROUP_BYTES", 0)  # one run per batch
+    alone = run()
+    assert torch.equal(grouped.success, alone.success) and bool(grouped.success.any())
+    assert not bool(grouped.success.all())  # some samples went through every run
+    assert torch.allclose(grouped.x_adv, alone.x_adv, atol=1e-6)
+    assert torch.equal(grouped.late, alone.late)
+    assert bool((grouped.gradients >= alone.gradients).all())
