@@ -347,3 +347,18 @@ def test_runs_grouped_in_one_batch_give_each_sample_what_one_run_at_a_time_gives
     assert torch.allclose(grouped.x_adv, alone.x_adv, atol=1e-6)
     assert torch.equal(grouped.late, alone.late)
     assert bool((grouped.gradients >= alone.gradients).all())
+
+
+def test_the_eps_sweep_stops_a_run_once_every_sample_is_broken(signs):
+    """At a radius that reaches any image, the sweep's run ends as soon as its whole batch is
+    broken (it records only whether each radius broke a sample); the check's own runs go on."""
+    copy = _copy(DEMO / "standard.onnx")
+    x, y = signs[0][:6], signs[1][:6]
+    sweep = APGD(epsilon=0.5, iterations=50, restarts=1)
+    sweep.until_broken = True
+    out = sweep(copy, x, y, torch.arange(6), "logits", judge=copy)
+    assert bool(out.success.all()) and int(out.gradients.max()) < 51
+    attack = APGD(epsilon=0.5, iterations=50, restarts=1)
+    full = attack(copy, x, y, torch.arange(6), "logits", judge=copy)
+    assert bool(full.success.all()) and int(full.gradients.min()) == 51
+    assert "until_broken" not in attack.params()

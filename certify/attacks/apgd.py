@@ -120,6 +120,11 @@ class APGD(Attack):
         self.iterations = int(iterations)
         self.restarts = int(restarts)
         self.max_queries = int(max_queries)  # white-box: no model queries to propose
+        #: Stop a run once every sample of its batch is broken (the ε sweep, which records
+        #: only whether each radius broke a sample); the check's own runs go on to their
+        #: last step, whose later adversarial iterates the card's confidences read. Not a
+        #: constructor parameter: the suite cannot set it.
+        self.until_broken = False
 
     @classmethod
     def configure(cls, norm: str, epsilon: float, max_queries: int,
@@ -200,7 +205,11 @@ class APGD(Attack):
         best_at_mark = loss_best.clone()
         broken_at = torch.where(broken, 0, -1)
         x_prev = x_adv.clone()
+        steps = n_iter
         for i in range(n_iter):
+            if self.until_broken and bool(broken.all()):
+                steps = i
+                break
             a = ALPHA if i > 0 else 1.0
             z = project(x_adv + step.view(-1, 1, 1, 1) * _direction(grad, norm), x, norm, eps)
             x_new = project(x_adv + a * (z - x_adv) + (1 - a) * (x_adv - x_prev), x, norm, eps)
@@ -228,7 +237,7 @@ class APGD(Attack):
                 since = 0
         out = torch.where(broken.view(-1, 1, 1, 1).to(x.device), x_best_adv, x_best)
         second_last = marks[-2] if len(marks) >= 2 else 0
-        return out, broken, broken_at > second_last, n_iter + 1
+        return out, broken, broken_at > second_last, steps + 1
 
     def _start(self, x: torch.Tensor, rng: Uniforms, ids: list[int]) -> torch.Tensor:
         """A random point of the ball per sample: uniform in the L∞ cube scaled to its

@@ -590,6 +590,7 @@ class AttackCheck(AttackSchedule, Check[AttackRecord]):
         radii = self.sweep_epsilons(tuple(x.shape[1:]))
         for e in radii:
             attack = self.attack_class().configure(norm, e, 0, kw)
+            attack.until_broken = True  # type: ignore[attr-defined]  # only breaks count here
             res = attack(copy, x[sel], y[sel], seeds, counter.info.output, threat=(norm, e),
                          judge=counter)
             for k, i in enumerate(at):
