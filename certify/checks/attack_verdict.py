@@ -9,9 +9,15 @@ binarization test's score and ladder, and what keeps the row from being settled.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
-from certify.attacks.binarization import NECESSARY_ONLY, ladder_scores, passes
+from certify.attacks import Attack
+from certify.attacks.binarization import (
+    NECESSARY_ONLY,
+    BinarizationSettings,
+    ladder_scores,
+    passes,
+)
 from certify.checks.attack_card import gallery_examples, histogram
 from certify.checks.attack_schedule import (
     STALLED_SHARE,
@@ -27,8 +33,30 @@ from certify.data import Dataset
 from certify.images import ImageSink
 from certify.stats import wilson_interval
 
-if TYPE_CHECKING:
-    from certify.checks.attack import AttackCheck
+
+class AttackCheck(Protocol):
+    """What the verdict reads of an attack check (:class:`certify.checks.attack.AttackCheck`,
+    which imports this module)."""
+
+    attack: str
+    max_queries: int | Literal["auto"]
+    role: Literal["own", "cross_check"]
+
+    @property
+    def auto(self) -> bool: ...  # noqa: D102
+    def attack_class(self) -> type[Attack]: ...  # noqa: D102
+    def white_box(self) -> bool: ...  # noqa: D102
+    def build(self) -> Attack: ...  # noqa: D102
+    def threat_model(self) -> tuple[str, float]: ...  # noqa: D102
+    def reports_coverage(self) -> bool: ...  # noqa: D102
+    def confident_budget(self) -> int: ...  # noqa: D102
+    def initial_budget(self) -> int: ...  # noqa: D102
+    def cap(self) -> int: ...  # noqa: D102
+    def floor(self) -> int: ...  # noqa: D102
+    def round_budget(self, r: int) -> int: ...  # noqa: D102
+    def total_after(self, r: int) -> int: ...  # noqa: D102
+    def binarization_ladder(self) -> tuple[tuple[BinarizationSettings, ...], int, int] | None:
+        ...  # noqa: D102
 
 #: The binarization test trusts an attack that solves at least this share of planted
 #: problems...
