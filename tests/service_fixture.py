@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import requests
 
-from builders import write_small_suite
+from builders import run_cli, write_small_suite
 
 CERTIFY = str(Path(sys.executable).with_name("certify"))
 
@@ -75,10 +75,19 @@ class Service:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def token(self, role: str = "submit", *extra: str) -> str:
-        """A new API token (through the CLI, as an operator makes one)."""
-        out = subprocess.run([CERTIFY, "serve", "token", "create", "--home", str(self.home),
-                              *self._db_args(), "--role", role, *extra],
-                             capture_output=True, text=True, check=True,
+        """A new API token (through the CLI, as an operator makes one).
+
+        On SQLite the command runs in this process (a new interpreter per token cost a second
+        or more); on a server database in a subprocess, whose exit closes the connection the
+        command leaves in its pool.
+        """
+        args = ("serve", "token", "create", "--home", str(self.home), *self._db_args(),
+                "--role", role, *extra)
+        if self.db is None:
+            done = run_cli(*args, env=self.env)
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout.strip()
+        out = subprocess.run([CERTIFY, *args], capture_output=True, text=True, check=True,
                              env={**os.environ, **self.env})
         return out.stdout.strip()
 

@@ -3,7 +3,6 @@ their records, resume, and starved attacks that must never PASS."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 import yaml
 
 from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
-from certify.attacks.binarization import PACKAGED
 from certify.checks.attack import AttackCheck, convergence, robustness_curve
 from certify.demo.synthetic import generate
 from certify.errors import CARD_WRITTEN_CODES, SuiteError
@@ -258,11 +256,6 @@ def test_starved_attacks_never_pass_on_the_demo_model(name, demo_data, tmp_path)
     check = _packaged(base)
     params = {k: v for k, v in ({**check["params"], **change}).items()
               if k not in ("initial_queries", "query_cap") and v is not None}
-    # The packaged binarization test, pinned to its packaged rung: the same planted problems
-    # (same settings and seeds) and so the same score and verdict, without the easier rungs
-    # below it that a failing attack descends for the card's ladder (they decide nothing).
-    norm = AttackCheck(**params).threat_model()[0]
-    params["binarization"] = dataclasses.asdict(PACKAGED[norm])
     check = check | {"params": params}
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "starved", "classes": CLASSES, "seed": 0,

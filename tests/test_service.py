@@ -78,9 +78,7 @@ def test_submit_wait_download_and_verify_against_the_log(
     assert "Dash-camera sign crops." in (out / "card.html").read_text()
     assert [c["id"] for c in results["measurement"]["checks"]] == ["clean", "noise"]
     state = tmp_path / "log-state.json"
-    v = subprocess.run([CERTIFY, "verify", str(out / "card.pdf"), "--log", service.url,
-                        "--log-state", str(state)], capture_output=True, text=True,
-                       timeout=120)
+    v = builders.run_cli("verify", out / "card.pdf", "--log", service.url, "--log-state", state)
     assert v.returncode == 0, v.stdout + v.stderr
     assert "inclusion" in v.stdout.lower()
     # The service's verify endpoint agrees (public: no token).
@@ -282,9 +280,8 @@ def test_cancel_a_running_run(service: Service, slow_suite: Path) -> None:
 
 def _verify_log(card: Path, svc: Service, state: Path, url: str | None = None
                 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CERTIFY, "verify", str(card), "--log", url or svc.url,
-                           "--log-state", str(state)], capture_output=True, text=True,
-                          timeout=120)
+    """`certify verify --log` in this process (the command, not its process, is under test)."""
+    return builders.run_cli("verify", card, "--log", url or svc.url, "--log-state", state)
 
 
 def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
@@ -339,8 +336,7 @@ def test_verify_log_catches_a_rewritten_log_a_missing_entry_and_a_new_key(
     r = _verify_log(card, service, state)
     assert r.returncode == 1 and "pinned" in r.stderr
     # An unreachable log is exit 3, one line.
-    r = subprocess.run([CERTIFY, "verify", str(card), "--log", "http://127.0.0.1:9",
-                        "--log-state", str(state)], capture_output=True, text=True)
+    r = builders.run_cli("verify", card, "--log", "http://127.0.0.1:9", "--log-state", state)
     assert r.returncode == 3 and "cannot reach the log" in r.stderr
     assert "Traceback" not in r.stderr
 

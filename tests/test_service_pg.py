@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,11 +9,13 @@ from pathlib import Path
 
 import pytest
 from pg import postgres_cluster
-from service_fixture import CERTIFY, Service, small_inputs, submit_cli
+from service_fixture import Service, small_inputs, submit_cli
 from sqlalchemy import Engine, inspect
 
 from certify.service import queue
 from certify.service.db import Base, make_engine, migrate, sessions, sqlite_url
+
+from builders import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -95,9 +96,8 @@ def test_serve_submit_verify_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         out = tmp_path / "card"
         r = submit_cli(svc, token, suite, out, samples=12)
         assert r.returncode == 0, r.stderr + svc.log()
-        v = subprocess.run([CERTIFY, "verify", str(out / "card.pdf"), "--log", svc.url,
-                            "--log-state", str(tmp_path / "state.json")],
-                           capture_output=True, text=True, timeout=120)
+        v = run_cli("verify", out / "card.pdf", "--log", svc.url, "--log-state",
+                    tmp_path / "state.json")
         assert v.returncode == 0, v.stdout + v.stderr
         assert "inclusion: proven" in v.stdout
         assert not (tmp_path / "home" / "state.db").exists()  # the state is in PostgreSQL

@@ -15,6 +15,8 @@ import pytest
 import requests
 from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs
 
+from builders import run_cli
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
@@ -153,9 +155,8 @@ def test_twenty_concurrent_submissions_all_complete(tmp_path: Path) -> None:
         for group in by_seed.values():
             assert all(m == group[0] for m in group)
         out = tmp_path / "cli"
-        r = subprocess.run([CERTIFY, "run", str(_demo_model()), "--suite", str(suite),
-                            "--data", str(data), "--samples", "12", "--seed", "3", "--out",
-                            str(out), "--no-pdf", "-q"], capture_output=True, text=True)
+        r = run_cli("run", _demo_model(), "--suite", suite, "--data", data, "--samples", "12",
+                    "--seed", "3", "--out", out, "--no-pdf", "-q")
         assert r.returncode == 0, r.stderr
         cli = json.loads((out / "results.json").read_text())["measurement"]
         assert [c["metrics"] for c in cli["checks"]] == \
@@ -220,9 +221,7 @@ def test_model_refusals_time_limit_and_revocation(tmp_path: Path) -> None:
                          data={"dataset": "small"})
         assert r.status_code == 202, r.text
         doc = svc.wait_run(r.json()["id"], token)
-        cli = subprocess.run([CERTIFY, "run", str(wrong), "--suite", str(suite), "--data",
-                              str(data), "--out", str(tmp_path / "cli")],
-                             capture_output=True, text=True)
+        cli = run_cli("run", wrong, "--suite", suite, "--data", data, "--out", tmp_path / "cli")
         assert doc["state"] == "error" and doc["exit_code"] == cli.returncode != 0
         message = doc["error"].split(" (hint:")[0]
         assert message and message in " ".join(cli.stderr.split()), (doc["error"], cli.stderr)

@@ -70,9 +70,12 @@ def _clean_env(venv: Path) -> dict[str, str]:
 
 
 def _pip(venv: Path, *args: str) -> None:
+    # --no-compile: pip's byte-compiling of every installed module (torch, ray ...) is about
+    # half of the install; the interpreter compiles what the commands import, as it would
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                           "--disable-pip-version-check", *args], capture_output=True,
-                          text=True, timeout=PIP_TIMEOUT, env=_clean_env(venv))
+                           "--disable-pip-version-check", "--no-compile", *args],
+                          capture_output=True, text=True, timeout=PIP_TIMEOUT,
+                          env=_clean_env(venv))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
