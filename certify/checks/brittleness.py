@@ -36,11 +36,16 @@ next hand-off is built while the models run on the current one. One ridge solve 
 segmentation serves every target of model and reference (the design matrix and kernel are
 shared). A sample's masks come from its own seed, so its result does not depend on the
 batching. On a GTSRB-size CNN certify's work around the model is about a quarter of the
-forward passes' time (benchmarks/RESULTS.md, issue 29).
+forward passes' time (benchmarks/RESULTS.md, issue 29). On onnxruntime's CPU provider each
+model gets calls of the size that its own timed calls found fastest (:class:`CallSizer`): the
+best size moves with the model and with the load on the machine (issue 42).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -63,16 +68,29 @@ from certify.checks.base import (
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.images import ImageSink
-from certify.models.base import Model, ModelInfo
+from certify.models.base import Model, ModelInfo, QueryCounter
+from certify.models.onnx import CPU_CHUNK, cpu_call_size
 from certify.perturbations.base import mix_seed
 from certify.rundir import SampleRecord
 
-#: Masked images built per hand-off to the models (across samples); each model call is then
-#: split into onnxruntime calls of ``certify.models.onnx.CPU_CHUNK`` images on the CPU, which
-#: is where smaller batches run faster. Building 2,048 at a time rather than 256 was 10-18%
-#: faster with two models (the check: model and reference) and with one (benchmarks/RESULTS.md).
-#: Bounds memory (~12 KB per 3x32x32 image).
+#: Masked images built per hand-off to the models (across samples); on onnxruntime's CPU
+#: provider each model then gets them in calls sized by its :class:`CallSizer`. Building 2,048
+#: at a time rather than 256 was 10-18% faster with two models (the check: model and
+#: reference) and with one (benchmarks/RESULTS.md). Bounds memory (~12 KB per 3x32x32 image).
 _CHUNK = 2048
+#: The onnxruntime call sizes a :class:`CallSizer` times (images; their sum fits a hand-off).
+#: No one size is best: on 2 cores (benchmarks/RESULTS.md, issues 29 and 42) the 0.8 M-MAC
+#: GTSRB CNN ran 12% faster per image in calls of 256 than of 1,000 with the host quiet, and
+#: with it busy (load 6-9) 1.37x slower than in calls of 1,024 (``explain_many`` at 1.33x the
+#: 1,000-image floor against 1.20x); the 7.6 M-MAC demo model under load: 128 at 1.53x the
+#: floor, 256 at 1.26x, 1,024 at 1.05x. Calls of 16-64 were never the fastest, nor 2,048 by
+#: more than 5% over 1,024.
+CALL_SIZES = (128, 256, 512, 1024)
+#: A model's call sizes are timed again on every ``_RETIME``-th hand-off: the host's speed
+#: changes within tens of seconds, and the best size with it.
+_RETIME = 8
+#: Timings kept per call size (the most recent); the median decides.
+_KEEP = 3
 #: Bootstrap resamples for the intervals.
 BOOTSTRAP = 2000
 #: Stream of the grid segmentation's masks (``ctx.seed(i, _GRID_STREAM)``) and the bootstrap's.
@@ -310,12 +328,112 @@ def _local_cpu(model: Model) -> bool:
     return model.info.provider == "CPUExecutionProvider"
 
 
+class CallSizer:
+    """Images per onnxruntime call for one model on this CPU, chosen from timed calls of the
+    check's own masked images (no extra queries).
+
+    A hand-off of at least ``sum(sizes)`` images is a timing one while a size has been timed
+    fewer than twice, and on every ``_RETIME``-th hand-off: one call of each size (in an order
+    that rotates), then the rest at the chosen size; every other hand-off goes in calls of the
+    size whose median time per image over its last ``_KEEP`` timings is lowest (``CPU_CHUNK``
+    before any timing). Results do not depend on it: onnxruntime's CPU provider gave
+    bit-identical scores per image in calls of 1 to 2,048 images on every model measured
+    (benchmarks/RESULTS.md, issue 42), and tests/test_brittleness_calls.py holds the check's
+    records to that. Only the timings depend on the load on the machine, and they choose.
+    """
+
+    def __init__(self, sizes: Sequence[int] = CALL_SIZES) -> None:
+        self.sizes = tuple(sizes)
+        self.default = CPU_CHUNK if CPU_CHUNK in self.sizes else self.sizes[0]
+        self.times: dict[int, list[float]] = {s: [] for s in self.sizes}
+        self.handoffs = 0
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        """The size with the lowest median seconds per image (``default`` before timing)."""
+        with self._lock:
+            timed = {s: float(np.median(v)) for s, v in self.times.items() if v}
+        return min(timed, key=lambda s: timed[s]) if timed else self.default
+
+    def plan(self, n: int) -> tuple[list[int], int]:
+        """The call sizes for a hand-off of ``n`` images, and how many of them (the first) to
+        time: one of each size, or none."""
+        with self._lock:
+            k = self.handoffs
+            self.handoffs += 1
+            due = k % _RETIME == 0 or any(len(v) < 2 for v in self.times.values())
+        best = self.size
+        turn = k % len(self.sizes)
+        calls = (list(self.sizes[turn:] + self.sizes[:turn]) if due and n >= sum(self.sizes)
+                 else [])
+        timing = len(calls)
+        rest = n - sum(calls)
+        calls += [best] * (rest // best) + ([rest % best] if rest % best else [])
+        return calls, timing
+
+    def record(self, size: int, seconds: float) -> None:
+        """One timed call of ``size`` images."""
+        with self._lock:
+            kept = self.times[size]
+            kept.append(seconds / size)
+            del kept[:-_KEEP]
+
+
+_SIZERS: weakref.WeakKeyDictionary[Any, CallSizer] = weakref.WeakKeyDictionary()
+_SIZERS_LOCK = threading.Lock()
+
+
+def call_sizer(model: Model) -> CallSizer | None:
+    """The :class:`CallSizer` of the model behind ``model``'s query counters (one per model
+    for the process, made on first use), or ``None`` for a model that does not run on
+    onnxruntime's CPU provider (an endpoint or a GPU gets each hand-off in one call) or whose
+    graph fixes its batch (its calls are that batch whatever the caller asks)."""
+    if not _local_cpu(model) or model.info.batch.startswith("fixed"):
+        return None
+    inner: Any = model
+    while isinstance(inner, QueryCounter):
+        inner = inner.model
+    with _SIZERS_LOCK:
+        try:
+            sizer = _SIZERS.get(inner)
+            if sizer is None:
+                sizer = _SIZERS[inner] = CallSizer()
+        except TypeError:  # not weakly referable or not hashable: sized afresh per call
+            sizer = CallSizer()
+    return sizer
+
+
+def predict_handoff(model: Model, imgs: torch.Tensor, sizer: CallSizer | None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The model's class probabilities (float32 ``[n, classes]``) and the top class of its
+    scores (``[n]``) on one hand-off: in one call without a ``sizer``, else in the calls it
+    plans (timed when it says so). Both are copies: nothing returned points into ``imgs``."""
+    if sizer is None:
+        scores = model.predict(imgs)
+        return (np.array(_probabilities(scores, model.info.output).cpu().numpy()),
+                scores.argmax(dim=1).cpu().numpy())
+    calls, timing = sizer.plan(len(imgs))
+    probs, tops = [], []
+    at = 0
+    for c, size in enumerate(calls):
+        t = time.perf_counter()
+        with cpu_call_size(size):
+            scores = model.predict(imgs[at:at + size])
+        probs.append(_probabilities(scores, model.info.output).cpu().numpy())
+        tops.append(scores.argmax(dim=1).cpu().numpy())
+        if c < timing:
+            sizer.record(size, time.perf_counter() - t)
+        at += size
+    return np.concatenate(probs), np.concatenate(tops)
+
+
 def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int | None = None,
                  overlap: bool | None = None) -> list[list[Predictions]]:
     """Each model's :class:`Predictions` on each job's masked images.
 
-    Masked images go to the models in calls of at most ``chunk`` (default ``_CHUNK``) images
-    that span jobs.
+    Masked images go to the models in hand-offs of at most ``chunk`` (default ``_CHUNK``)
+    images that span jobs, each in calls sized by the model's :func:`call_sizer`.
     ``overlap``: build the next call's images in a worker thread while the models run; by
     default only when a model does not compute on this machine's CPU (an endpoint, a GPU).
     On the CPU, onnxruntime already keeps every core busy, and building in line was faster
@@ -327,6 +445,7 @@ def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int | None = 
     probs: list[list[list[np.ndarray]]] = [[[] for _ in jobs] for _ in models]
     labels: list[list[list[np.ndarray]]] = [[[] for _ in jobs] for _ in models]
     pieces = list(_chunks(jobs, chunk))
+    sizers = [call_sizer(m) for m in models]
     # two buffers, taken in turn: the one being built is never the one the models are on
     # (a hand-off's buffer is reused two hand-offs later, after its model calls returned)
     size = max((sum(b - a for _, a, b in piece) for piece in pieces), default=0)
@@ -344,10 +463,8 @@ def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int | None = 
                 pending = (pool.submit(_build, jobs, pieces[n + 1], buffers[(n + 1) % 2])
                            if n + 1 < len(pieces) else None)
             for mi, model in enumerate(models):
-                scores = model.predict(imgs)
                 # copies: nothing kept may point into a buffer that is about to be rewritten
-                p = np.array(_probabilities(scores, model.info.output).cpu().numpy())
-                top = scores.argmax(dim=1).cpu().numpy()
+                p, top = predict_handoff(model, imgs, sizers[mi])
                 at = 0
                 for j, a, b in piece:
                     probs[mi][j].append(p[at:at + b - a])

@@ -8,12 +8,14 @@ batched run against one-image runs); otherwise batches are chunked to the fixed 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import logging
 import typing
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -51,7 +53,25 @@ _BATCH_PARAM = "certify_batch"
 #: demo model runs a HopSkipJump attack 6% faster in calls of 256 than in whole probe sets of
 #: thousands (benchmarks/RESULTS.md, issue 17); outputs are the same per image.
 CPU_CHUNK = 256
+#: A caller's own size for those calls, within :func:`cpu_call_size` (this thread only).
+_CALL_SIZE: ContextVar[int | None] = ContextVar("certify_onnx_call_size", default=None)
 _SILENCED = False
+
+
+@contextlib.contextmanager
+def cpu_call_size(images: int) -> Iterator[None]:
+    """Within the block (this thread or task only), a dynamic-batch model on the CPU provider
+    gets onnxruntime calls of at most ``images`` images instead of :data:`CPU_CHUNK`; outputs
+    are the same per image. For a caller that measured the size that suits the model (the
+    brittle score: certify/checks/brittleness.py). Other providers and fixed batches are as
+    without it."""
+    if images < 1:
+        raise ValueError(f"a call carries at least one image, not {images}")
+    token = _CALL_SIZE.set(images)
+    try:
+        yield
+    finally:
+        _CALL_SIZE.reset(token)
 
 
 def _silence_ort() -> None:
@@ -412,10 +432,10 @@ class OnnxModel:
         names = [output or self.output_name]
         fb = self.fixed_batch
         if fb is None:
-            if self._cpu_chunk and len(arr) > self._cpu_chunk:
+            step = (_CALL_SIZE.get() or self._cpu_chunk) if self._cpu_chunk else 0
+            if step and len(arr) > step:
                 # on the CPU, onnxruntime is faster per image in calls of a few hundred images
                 # than in one call of thousands (HopSkipJump's probe sets): same outputs
-                step = self._cpu_chunk
                 return np.concatenate([session.run(names, {self.input_name: arr[i:i + step]})[0]
                                        for i in range(0, len(arr), step)])
             return typing.cast(np.ndarray, session.run(names, {self.input_name: arr})[0])

@@ -1,0 +1,127 @@
+"""The brittle score's onnxruntime calls are sized per model (issue 42 point 3): the size a
+model's timed calls choose changes how fast the check runs, never its records."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import certify.checks.brittleness as brittleness
+from certify.checks.base import CheckContext
+from certify.checks.brittleness import Brittleness, CallSizer, call_sizer
+from certify.data.loaders import Dataset
+from certify.demo.synthetic import generate
+from certify.device import choose_device
+from certify.models import onnx as onnx_model
+from certify.models.base import QueryCounter
+from certify.models.onnx import OnnxModel, cpu_call_size
+
+import builders
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def models(model_path, tmp_path_factory):
+    """Two small CNNs (model and reference): timings do not matter here, outputs do."""
+    dev = choose_device("cpu")
+    ref = builders.export(builders.make_net(seed=1), tmp_path_factory.mktemp("ref") / "r.onnx")
+    return OnnxModel(model_path, dev), OnnxModel(ref, dev)
+
+
+@pytest.fixture(scope="module")
+def images():
+    x, _ = generate(1, seed=7, classes=[1, 14, 25, 38])
+    return torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).float()[:4] / 255
+
+
+def _spy(monkeypatch, model):
+    """The sizes of ``model``'s onnxruntime calls, as they happen."""
+    calls: list[int] = []
+    run = model.session.run
+
+    def counting(names, feed):
+        calls.append(len(next(iter(feed.values()))))
+        return run(names, feed)
+
+    monkeypatch.setattr(model.session, "run", counting)
+    return calls
+
+
+def _records(check, models, images, monkeypatch, sizes):
+    """The check's records (model and reference) with every model's calls forced to one of
+    ``sizes``, and the sizes of the standard model's onnxruntime calls."""
+    with monkeypatch.context() as mp:
+        mp.setattr(brittleness, "call_sizer", lambda model: CallSizer(sizes))
+        calls = _spy(mp, models[0])
+        ctx = CheckContext(check_seed=3, device=torch.device("cpu"), class_names=[],
+                           reference=QueryCounter(models[1]))
+        counter = QueryCounter(models[0])
+        recs = check.run_batch(counter, images, torch.zeros(len(images)),
+                               list(range(len(images))), ctx)
+    assert counter.queries == sum(r["queries"] for r in recs)
+    return recs, calls
+
+
+def test_records_are_bit_identical_whatever_the_call_size(models, images, monkeypatch):
+    # 4 samples x 2 segmentations x 200 masks = 1,600 images per model: one hand-off, in calls
+    # of 61 (cutting across samples), of 1,024 and 576, or timed ones of 64 to 512 and the rest
+    check = Brittleness(num_masks=200, max_heatmaps=0)
+    odd, calls_odd = _records(check, models, images, monkeypatch, (61,))
+    large, calls_large = _records(check, models, images, monkeypatch, (1024,))
+    timed, calls_timed = _records(check, models, images, monkeypatch, (64, 128, 256, 512))
+    assert max(calls_odd) == 61 and max(calls_large) == 1024 and 64 in calls_timed
+    assert sum(calls_odd) == sum(calls_large) == sum(calls_timed) == 1600
+    assert odd == large == timed  # floats compared exactly, weights included
+    data = Dataset(x=images, y=torch.zeros(len(images), dtype=torch.long),
+                   ids=[str(i) for i in range(len(images))],
+                   class_names=[f"c{k}" for k in range(43)], source="synthetic", layout="NCHW")
+    metrics = [check.summarize([{**r, "i": i, "id": str(i)} for i, r in enumerate(recs)],
+                               data).metrics for recs in (odd, large)]
+    assert metrics[0] == metrics[1]
+
+
+def test_the_sizer_times_each_size_then_takes_the_fastest():
+    sizer = CallSizer((2, 4))
+    assert sizer.size == 2  # the default before any timing (CPU_CHUNK is not a candidate)
+    assert sizer.plan(10) == ([2, 4, 2, 2], 2)  # one call of each size timed, the rest at 2
+    sizer.record(2, 1.0)  # 0.5 s per image
+    sizer.record(4, 1.0)  # 0.25 s per image
+    assert sizer.size == 4
+    assert sizer.plan(10) == ([4, 2, 4], 2)  # timed until each size has two timings
+    sizer.record(4, 1.0)
+    sizer.record(2, 1.0)
+    assert sizer.plan(3) == ([3], 0)  # a hand-off too small to time
+    plans = [sizer.plan(10) for _ in range(brittleness._RETIME)]  # noqa: SLF001
+    assert [timing for _, timing in plans].count(2) == 1  # timed again once every _RETIME
+    assert plans[0] == ([4, 4, 2], 0)
+    for _ in range(brittleness._KEEP):  # noqa: SLF001 - the load changed: 4 is slow now
+        sizer.record(4, 40.0)
+    assert sizer.size == 2 and len(sizer.times[4]) == brittleness._KEEP  # noqa: SLF001
+
+
+def test_one_sizer_per_model_through_its_counters(models):
+    sizer = call_sizer(QueryCounter(QueryCounter(models[0])))
+    assert sizer is not None and sizer is call_sizer(QueryCounter(models[0]))
+    assert sizer is not call_sizer(models[1])
+    endpoint = SimpleNamespace(info=SimpleNamespace(provider="HTTP (v2)"))
+    assert call_sizer(endpoint) is None
+    fixed = SimpleNamespace(info=SimpleNamespace(provider="CPUExecutionProvider",
+                                                 batch="fixed 8 (chunked)"))
+    assert call_sizer(fixed) is None  # its calls are 8 images whatever the check asks
+
+
+def test_cpu_call_size_sets_the_onnxruntime_calls_within_its_block(models, monkeypatch):
+    m = models[0]
+    calls = _spy(monkeypatch, m)
+    x = torch.rand(600, *m.input_shape)
+    default = m.predict(x)
+    with cpu_call_size(512):
+        sized = m.predict(x)
+    assert calls == [onnx_model.CPU_CHUNK, onnx_model.CPU_CHUNK, 88, 512, 88]
+    assert torch.equal(default, sized)
+    with pytest.raises(ValueError):
+        with cpu_call_size(0):
+            pass
