@@ -158,9 +158,6 @@ def _redundant(check: AttackCheck, same: list[CheckSpec], earlier: Earlier, outp
             return None
     if not scored:
         return None
-    white = [s.id for s in same if isinstance(s.check, AttackCheck) and s.check.white_box()]
-    cross = f" and cross-checks {', '.join(white)}" if white else ""
-    return (f"not run: {scored[0].id} (score-based) already attacked this threat model with "
-            f"the model's scores{cross}, without stalling; {check.attack} (decision-based) "
-            "runs where it is the only black-box evidence (a labels-only model) or where the "
-            "scores gave the score-based attack no signal (quantised scores, a stalled run)")
+    return (f"not needed: {scored[0].id} attacked this threat model with scores, without "
+            f"stalling ({check.attack} runs on labels-only models, or where scores starve "
+            "the score-based attack)")

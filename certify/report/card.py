@@ -460,7 +460,7 @@ def card_context(result: RunResult, signature: Any = None,
         "r": result,
         "skipped": skipped,
         "skipped_why": ("model returns labels only" if skipped and m.model.output == "labels"
-                        else "not evaluable on this model"),
+                        else "each row says why"),
         "m": m,
         "p": p,
         "not_tested": not_tested,
