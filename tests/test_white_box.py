@@ -244,8 +244,10 @@ def test_threat_model_rows_fail_behind_every_head_within_5_points_of_the_oracle(
         assert c["status"] != "PASS", (c["id"], c["decision"])
         if c["id"].startswith("square"):
             assert c["details"]["evidence"]["short_of_pass"], c["details"]["evidence"]
-        else:
-            assert c["metrics"]["gradient_evaluations"] > 0
+        else:  # attacked, or every sample already broken by APGD-CE (not attacked again)
+            inherited = (c["details"].get("inherited") or {}).get("samples", 0)
+            assert c["metrics"]["gradient_evaluations"] > 0 or \
+                inherited == c["metrics"]["n_broken"] > 0, c["details"].get("inherited")
             # clean answers and one judgement each; APGD-CE also judges its ε sweep (20
             # samples at 6 radii)
             sweep = 6 * 20 if c["id"].startswith("apgd_ce") else 0
