@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -87,10 +87,8 @@ def calibrate(model: Model, data: Dataset, gradients: bool = True) -> Rates:
     return Rates(query_s, gradient_s, how)
 
 
-def _timed(f: object) -> float:
-    """The fastest of :data:`CALIBRATION_ROUNDS` timed calls of ``f`` after a warm-up."""
-    call = f  # a zero-argument callable
-    assert callable(call)
+def _timed(call: Callable[[], object]) -> float:
+    """The fastest of :data:`CALIBRATION_ROUNDS` timed calls of ``call`` after a warm-up."""
     call()
     best = math.inf
     for _ in range(CALIBRATION_ROUNDS):
