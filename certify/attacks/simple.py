@@ -42,10 +42,22 @@ def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tens
     return (x + delta.to(x)).clamp(0, 1)
 
 
+#: Images per model call that :func:`first_success` aims for once few samples are left: each
+#: remaining sample sends that many consecutive draws at once (a batch of one planted problem
+#: of the binarization test would otherwise cost one model call per draw).
+CALL_IMAGES = 64
+
+
 def first_success(model: Predictor, x: torch.Tensor, y: torch.Tensor, steps: int,
-                  candidates: Callable[[int, torch.Tensor], torch.Tensor]
-                  ) -> tuple[AttackResult, torch.Tensor]:
+                  candidates: Callable[[int, torch.Tensor], torch.Tensor],
+                  call_images: int = CALL_IMAGES) -> tuple[AttackResult, torch.Tensor]:
     """Query ``candidates(step, active)`` for the samples not yet fooled; keep the first hit.
+
+    While ``call_images`` or more samples are unbroken, one call asks one draw of each. With
+    fewer, one call asks ``call_images // len(active)`` consecutive steps of each (at most the
+    steps left): ``candidates`` is still called step by step, so every sample's draws and its
+    first hit are those of one draw per call; the steps after a hit in the same call were
+    queried too, and are counted (the model saw them).
 
     Returns the proposal and, per sample, the step of its first hit (``-1``: none).
     """
@@ -53,16 +65,22 @@ def first_success(model: Predictor, x: torch.Tensor, y: torch.Tensor, steps: int
     queries = torch.zeros(b, dtype=torch.long)
     hit_step = torch.full((b,), -1, dtype=torch.long)
     x_adv = x.clone()
-    for q in range(steps):
+    q = 0
+    while q < steps:
         active = (hit_step < 0).nonzero().flatten()
         if len(active) == 0:
             break
-        cand = candidates(q, active)
-        pred = model.predict(cand).argmax(1).cpu()
-        queries[active] += 1
-        hit = pred != y[active].cpu()
-        x_adv[active[hit]] = cand[hit]
-        hit_step[active[hit]] = q
+        k = max(1, min(steps - q, call_images // len(active)))
+        cand = torch.cat([candidates(q + j, active) for j in range(k)])
+        wrong = (model.predict(cand).argmax(1).cpu().view(k, len(active))
+                 != y[active].cpu().view(1, -1))
+        queries[active] += k
+        hit = wrong.any(0)
+        first = wrong.int().argmax(0)[hit]  # each hit sample's first wrong step in the call
+        cols = hit.nonzero().flatten()
+        x_adv[active[cols]] = cand.view(k, len(active), *x.shape[1:])[first, cols]
+        hit_step[active[cols]] = q + first
+        q += k
     return AttackResult(x_adv, queries), hit_step
 
 
