@@ -7,6 +7,7 @@ same results always draw the same bytes.
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -98,6 +99,35 @@ def failure_bound_svg(curve: list[dict[str, Any]], unit: str, confidence: float)
         return _svg(fig, ax, title)
 
 
+def _count_label(value: float) -> str:
+    """A query count for a tick: ``3``, ``200``, ``5k``, ``20k``, ``1.5M``."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if value >= div:
+            return f"{value / div:g}{unit}"
+    return f"{value:g}"
+
+
+def _count_ticks(ax: Any, xs: list[float]) -> None:
+    """Plain tick labels on a log axis of counts (matplotlib's default writes each one as
+    mathtext, ``$10^{3}$``, which is most of a small figure's drawing time). Over less than a
+    decade every minor tick is labelled too, over less than a decade and a half the 2× and 5×
+    ones, so that the axis never shows a single number."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _count_label(v)))
+    lo, hi = (min(xs), max(xs)) if xs else (1.0, 1.0)
+    span = hi / max(lo, 1e-12)
+    if span < 30:
+        def minor(v: float, _pos: int) -> str:
+            mantissa = round(v / 10 ** math.floor(math.log10(v)), 6) if v > 0 else 0
+            return _count_label(v) if span < 10 or mantissa in (2, 5) else ""
+        ax.xaxis.set_minor_formatter(FuncFormatter(minor))
+        # minor ticks are shorter: their labels sit level with the major ones
+        ax.tick_params(axis="x", which="minor", pad=5.0)
+    else:
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def queries_curve_svg(curve: list[dict[str, Any]], totals: list[int]) -> str:
     """Robust accuracy against queries per sample (log scale), the rounds' totals dashed."""
     import matplotlib
@@ -110,6 +140,7 @@ def queries_curve_svg(curve: list[dict[str, Any]], totals: list[int]) -> str:
         for t in totals:
             ax.axvline(t, color="#9e9e9e", linewidth=0.6, linestyle="--")
         ax.set_xscale("log")
+        _count_ticks(ax, [p[0] for p in pts] + list(totals))
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("queries per sample")
         ax.set_ylabel("robust accuracy")

@@ -182,6 +182,21 @@ def test_matplotlib_figures_carry_a_title_stating_their_numbers():
     assert "10 queries: 80.0%" in title and "100 queries: 40.0%" in title
 
 
+def _tick_texts(svg: str) -> list[str]:
+    return [t.strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg) if t.strip()]
+
+
+def test_the_queries_axis_is_labelled_in_plain_counts_at_every_span():
+    wide = figures.queries_curve_svg([{"queries": 1, "robust_accuracy": 1.0},
+                                      {"queries": 8000, "robust_accuracy": 0.2}], [1000, 8000])
+    ticks = _tick_texts(wide)
+    assert {"1", "10", "100", "1k"} <= set(ticks) and not any("$" in t for t in ticks), ticks
+    # within one decade the minor ticks carry the numbers, so the axis shows more than one
+    narrow = figures.queries_curve_svg([{"queries": 1000, "robust_accuracy": 0.8},
+                                        {"queries": 4000, "robust_accuracy": 0.3}], [4000])
+    assert {"1k", "2k", "3k", "4k"} <= set(_tick_texts(narrow)), _tick_texts(narrow)
+
+
 # --- the demo card in Chromium and in its PDF ------------------------------------------------
 
 def layout(card_html: Path, width: int, tmp: Path) -> dict:
