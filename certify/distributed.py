@@ -60,6 +60,9 @@ log = logging.getLogger("certify")
 #: Times a dead worker is replaced before the run gives up (per worker slot).
 MAX_RESTARTS = 3
 MIN_BATCH = 4  # samples: the smallest batch guided scheduling hands out
+#: The niceness of the workers of a Ray instance certify starts (Ray's default is 15), the
+#: driver's own: the workers are where the run's work is done.
+WORKER_NICENESS = 0
 
 
 @dataclass(frozen=True)
@@ -282,9 +285,14 @@ class RayExecutor:
         if not ray.is_initialized():
             try:
                 if self.address is None:
+                    # Ray starts its workers at niceness 15 by default: on a machine with
+                    # other work they then get a few percent of a core, and the run took
+                    # 23 times as long (benchmarks/RESULTS.md, "Ray workers at niceness 0").
+                    # Here the workers do the run's work while the driver waits.
                     ray.init(num_cpus=self.workers * self.threads, include_dashboard=False,
                              log_to_driver=False, _node_ip_address="127.0.0.1",
-                             configure_logging=False)
+                             configure_logging=False,
+                             _system_config={"worker_niceness": WORKER_NICENESS})
                 else:
                     ray.init(address=self.address, log_to_driver=False,
                              configure_logging=False)

@@ -135,6 +135,9 @@ def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
     _wait_for_record(out, "square", proc)
     victims = _ray_workers(proc)
     assert victims, "no Ray worker process found"
+    # the workers do the run's work at the driver's priority (Ray's default niceness of 15
+    # left them a few percent of a core beside other work: 23 times as slow)
+    assert {v.nice() for v in victims} == {psutil.Process(proc.pid).nice()}
     victims[0].send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode in CARD_WRITTEN_CODES, stderr
