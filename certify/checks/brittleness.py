@@ -53,7 +53,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from skimage.segmentation import slic
 from threadpoolctl import ThreadpoolController
 
 from certify.canonical import JSONLike
@@ -105,6 +104,10 @@ PROBABILITY_BASIS = ("Vora et al.'s R.I. on the probability of the top class, wh
 
 def segment(img: torch.Tensor, n_segments: int, compactness: float) -> np.ndarray:
     """SLIC superpixels of a ``[C, H, W]`` image: int labels ``[H, W]`` numbered 0..d-1."""
+    # imported here: scikit-image (and the SciPy modules it loads) is a second of every
+    # process's start-up, and only runs with a brittleness check segment images
+    from skimage.segmentation import slic
+
     arr = img.detach().cpu().permute(1, 2, 0).numpy().astype(np.float64)
     channel_axis = -1 if arr.shape[2] == 3 else None
     seg = slic(arr if channel_axis is not None else arr[..., 0], n_segments=n_segments,
