@@ -28,6 +28,14 @@ import builders  # noqa: E402
 DEMO_FIXTURES = {"demo_run", "demo_card"}
 #: Modules whose tests all start Ray (the wheel's extras test runs the Ray executor).
 RAY_MODULES = {"test_ray.py", "test_wheel.py"}
+#: The groups that take longest, longest first (seconds in one CI run of 2026-11-27: ray 624,
+#: demo 362, test_service_restart.py 287, test_convergence.py 269, test_white_box.py 243,
+#: test_many_machines.py 202, test_service.py 120, test_ci_action.py 112). A parallel run
+#: starts them first, so that it does not end with one worker in a long group and the other
+#: with nothing left to do (xdist's own order is by number of tests).
+LONG_GROUPS = ("ray", "demo", "test_service_restart.py", "test_convergence.py",
+               "test_white_box.py", "test_many_machines.py", "test_service.py",
+               "test_ci_action.py")
 
 
 def worker_group(item: pytest.Item) -> str:
@@ -59,16 +67,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if untiered:
         raise pytest.UsageError("tests in no tier (mark them unit or e2e): "
                                 + ", ".join(untiered[:5]))
+    if config.getoption("dist", None) == "loadgroup":
+        # longest groups first; a group's tests keep their order
+        rank = {g: k for k, g in enumerate(LONG_GROUPS)}
+        items.sort(key=lambda item: rank.get(worker_group(item), len(rank)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse a parallel run whose workers would not group the tests.
+    """Refuse a parallel run whose workers would not group the tests; have xdist hand the
+    groups out in the order collected (the longest first: :data:`LONG_GROUPS`).
 
     pytest 9.2 derives ``item.nodeid``, so the group suffix pytest-xdist 3.8 sets for
     ``--dist loadgroup`` is lost: every module's fixtures and the demo would then be built on
     every worker, and the Ray tests would run side by side (pyproject.toml pins pytest below
     9.2 for this).
     """
+    if config.getoption("dist", None) == "loadgroup":
+        # xdist hands out the groups in the order collected (see LONG_GROUPS), not by size
+        config.option.loadscopereorder = False
     if config.getoption("dist", None) == "loadgroup" and pytest.version_tuple >= (9, 2):
         raise pytest.UsageError(
             f"pytest {pytest.__version__} does not keep pytest-xdist's test groups "
