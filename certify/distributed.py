@@ -288,7 +288,9 @@ class RayExecutor:
                     # Ray starts its workers at niceness 15 by default: on a machine with
                     # other work they then get a few percent of a core, and the run took
                     # 23 times as long (benchmarks/RESULTS.md, "Ray workers at niceness 0").
-                    # Here the workers do the run's work while the driver waits.
+                    # Here the workers do the run's work while the driver waits. (Ray's reason
+                    # for 15 is CPU for its own servers while the workers are busy; the Ray
+                    # tests, a killed worker's replacement included, pass at 0.)
                     ray.init(num_cpus=self.workers * self.threads, include_dashboard=False,
                              log_to_driver=False, _node_ip_address="127.0.0.1",
                              configure_logging=False,
