@@ -286,8 +286,9 @@ class RayExecutor:
             try:
                 if self.address is None:
                     # Ray starts its workers at niceness 15 by default: on a machine with
-                    # other work they then get a few percent of a core, and the run took
-                    # 23 times as long (benchmarks/RESULTS.md, "Ray workers at niceness 0").
+                    # other work they then get a few percent of a core (a small demo suite
+                    # beside two busy processes: 365 s against 46 s; benchmarks/RESULTS.md,
+                    # "Ray workers at niceness 0").
                     # Here the workers do the run's work while the driver waits. (Ray's reason
                     # for 15 is CPU for its own servers while the workers are busy; the Ray
                     # tests, a killed worker's replacement included, pass at 0.)

@@ -82,10 +82,11 @@ def pytest_configure(config: pytest.Config) -> None:
     every worker, and the Ray tests would run side by side (pyproject.toml pins pytest below
     9.2 for this).
     """
-    if config.getoption("dist", None) == "loadgroup":
-        # xdist hands out the groups in the order collected (see LONG_GROUPS), not by size
-        config.option.loadscopereorder = False
-    if config.getoption("dist", None) == "loadgroup" and pytest.version_tuple >= (9, 2):
+    if config.getoption("dist", None) != "loadgroup":
+        return
+    # xdist hands out the groups in the order collected (see LONG_GROUPS), not by size
+    config.option.loadscopereorder = False
+    if pytest.version_tuple >= (9, 2):
         raise pytest.UsageError(
             f"pytest {pytest.__version__} does not keep pytest-xdist's test groups "
             "(--dist loadgroup): install the pytest version pyproject.toml asks for "

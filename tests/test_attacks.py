@@ -401,3 +401,47 @@ def test_a_run_with_unstartable_hopskipjump_warns_on_the_card(tmp_path):
     assert c["metrics"]["n_start_failed"] == 4 and c["metrics"]["robust_accuracy"] == 1.0
     assert any("no adversarial starting point on 4 of 4" in w for w in c["warnings"])
     assert "4 never attacked (no adversarial start)" in (tmp_path / "o" / "card.html").read_text()
+
+
+
+class _Linear:
+    """A linear model that records the size of each call."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w, self.calls = w, []
+
+    def predict(self, z: torch.Tensor) -> torch.Tensor:
+        self.calls.append(len(z))
+        return z.flatten(1) @ self.w
+
+
+def _random_search(x, y, model, per_call):
+    from certify.attacks.base import Uniforms
+    from certify.attacks.simple import first_success, random_ball_points
+
+    rng = Uniforms(torch.arange(len(x)))
+
+    def candidates(q: int, active: torch.Tensor) -> torch.Tensor:
+        u = rng.draw(x[0].numel(), active).view(len(active), *x.shape[1:])
+        return random_ball_points(x[active], "linf", 0.3, u, None,
+                                  torch.full((len(active),), q % 2 == 1))
+
+    return first_success(model, x, y, 200, candidates, call_images=per_call)
+
+
+def test_random_search_draws_and_first_hits_do_not_depend_on_draws_per_call():
+    """first_success asks several draws of its last samples in one call: the same draws, the
+    same first hits, and every image the model saw is counted."""
+    torch.manual_seed(0)
+    w = torch.randn(3 * 8 * 8, 5)
+    x = torch.rand(7, 3, 8, 8)
+    y = (x.flatten(1) @ w).argmax(1)
+    one, many = _Linear(w), _Linear(w)
+    res1, hit1 = _random_search(x, y, one, 1)
+    res64, hit64 = _random_search(x, y, many, 64)
+    assert bool((hit1 >= 0).any()) and torch.equal(hit1, hit64)
+    assert torch.equal(res1.x_adv, res64.x_adv)
+    for res, hit, model in ((res1, hit1, one), (res64, hit64, many)):
+        assert int(res.queries.sum()) == sum(model.calls)  # every image asked is counted
+        assert bool((res.queries >= hit + 1).all())
+    assert len(many.calls) < len(one.calls)

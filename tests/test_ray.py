@@ -136,7 +136,7 @@ def test_killed_worker_is_replaced(model_path, suite, data, local, tmp_path):
     victims = _ray_workers(proc)
     assert victims, "no Ray worker process found"
     # the workers do the run's work at the driver's priority (Ray's default niceness of 15
-    # left them a few percent of a core beside other work: 23 times as slow)
+    # left them a few percent of a core beside other work: 365 s against 46 s)
     assert {v.nice() for v in victims} == {psutil.Process(proc.pid).nice()}
     victims[0].send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=600)

@@ -104,7 +104,7 @@ PROBABILITY_BASIS = ("Vora et al.'s R.I. on the probability of the top class, wh
 
 def segment(img: torch.Tensor, n_segments: int, compactness: float) -> np.ndarray:
     """SLIC superpixels of a ``[C, H, W]`` image: int labels ``[H, W]`` numbered 0..d-1."""
-    # imported here: scikit-image (and the SciPy modules it loads) is a second of every
+    # imported here: scikit-image (and the SciPy modules it loads) is about 0.4 s of every
     # process's start-up, and only runs with a brittleness check segment images
     from skimage.segmentation import slic
 
