@@ -37,7 +37,7 @@ from certify.engine import run_batch_isolating
 from certify.engine.executor import Batch
 from certify.errors import BudgetExceeded, CertifyError, ModelError, UsageError
 from certify.models import HttpOptions, load_model
-from certify.models.base import Model, Preprocessing, QueryCounter, endpoint_of
+from certify.models.base import BatchChecked, Model, Preprocessing, QueryCounter, endpoint_of
 from certify.rundir import SampleRecord
 from certify.suite import CheckSpec
 
@@ -177,6 +177,17 @@ class _Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def confirm_batching(self, x: torch.Tensor) -> None:
+        """Confirm this worker's copy of the model's batching on the driver's real images
+        (the driver's copy confirmed its own on them: the same images give the same
+        decision)."""
+        for m in (self.model, self.reference):
+            inner: object = m
+            while isinstance(inner, QueryCounter):
+                inner = inner.model
+            if isinstance(inner, BatchChecked):
+                inner.confirm_batching(x.to(self.device))
+
     def traffic(self) -> dict[str, dict[str, int]]:
         """This worker's endpoint traffic so far (requests, retries, images), per model."""
         out = {}
@@ -274,6 +285,7 @@ class RayExecutor:
         self._traffic: dict[Any, dict[str, dict[str, int]]] = {}
         self._ledger: Any = None
         self._budgeted = False
+        self._batching_images: torch.Tensor | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def __enter__(self) -> RayExecutor:
@@ -324,14 +336,23 @@ class RayExecutor:
 
     def _new_actor(self) -> Any:
         cls = self._ray.remote(max_restarts=0)(_Worker)
-        return cls.options(**self._actor_options).remote(self.model, self.reference,
-                                                         self.threads)
+        actor = cls.options(**self._actor_options).remote(self.model, self.reference,
+                                                          self.threads)
+        if self._batching_images is not None:  # a replacement: before its first batch
+            actor.confirm_batching.remote(self._batching_images)
+        return actor
 
     def actor_pids(self) -> list[int]:
         """Process ids of the live workers (used by tests that kill one)."""
         return self._ray.get([a.pid.remote() for a in self._actors])
 
     # -- the executor interface -----------------------------------------------------------
+    def confirm_batching(self, x: torch.Tensor) -> None:
+        """Every worker confirms its model's batching on ``x`` (and every replacement will)."""
+        self._batching_images = x.detach().cpu()
+        self._ray.get([a.confirm_batching.remote(self._batching_images)
+                       for a in self._actors])
+
     def start(self, run_budget: int | None) -> None:
         """Set the run-wide budget on the ledger."""
         self._budgeted = run_budget is not None

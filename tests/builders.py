@@ -38,6 +38,19 @@ class TinyNet(nn.Module):
         return self.head(f)
 
 
+class WholeInput(nn.Module):
+    """Wraps a net to centre its input on the mean over the whole input tensor: legal for one
+    image at a time, and another function on a batch (each image would be centred on the
+    batch's mean)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net((x - x.mean()) * 2 + 0.5)
+
+
 class Convention(nn.Module):
     """Wraps a TinyNet to take NHWC and/or 0-255 input and/or return probabilities."""
 

@@ -64,8 +64,11 @@ def test_nhwc_255_probs_fixed_batch_model(clean_suite, net, dataset_arrays, csv_
 
 def test_fixed_batch_graph_that_cannot_be_rewritten_is_chunked(clean_suite, dataset_arrays,
                                                                npz_path, tmp_path):
+    """A graph fixed at batch 1 whose answer depends on the whole input tensor (legal at batch
+    1): certify's clean accuracy is onnxruntime's one image at a time (issue 49), and the card
+    says why the batch stayed fixed."""
     x, y = dataset_arrays
-    net = builders.make_net(seed=0, reshape_fixed=True)
+    net = builders.WholeInput(builders.make_net(seed=0)).eval()
     model = builders.export(net, tmp_path / "fixed.onnx", fixed_batch=True)
     out = tmp_path / "run"
     proc = builders.run_cli("run", model, "--suite", clean_suite, "--data", npz_path, "--out", out,
@@ -73,6 +76,26 @@ def test_fixed_batch_graph_that_cannot_be_rewritten_is_chunked(clean_suite, data
     assert proc.returncode == 1, proc.stderr
     r = _results(out)
     assert r["measurement"]["model"]["batch"] == "fixed 1 (chunked)"
+    assert "reduces over every axis, the batch included" in \
+        r["measurement"]["model"]["metadata"]["batching"]
+    expected = builders.reference_accuracy(model, x, y, nhwc=False, scale255=False)
+    assert _accuracy(out) == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_batch_fixed_by_a_reshape_is_proven_and_batched(clean_suite, dataset_arrays,
+                                                          npz_path, tmp_path):
+    """``view(1, -1)`` at batch 1 writes a Reshape to ``[1, -1]``: rewritten to copy the batch,
+    proven by shape inference, and the same accuracy as one image at a time."""
+    x, y = dataset_arrays
+    model = builders.export(builders.make_net(seed=0, reshape_fixed=True),
+                            tmp_path / "fixed.onnx", fixed_batch=True)
+    out = tmp_path / "run"
+    proc = builders.run_cli("run", model, "--suite", clean_suite, "--data", npz_path, "--out", out,
+                            "--no-pdf", "--batch-size", "64")
+    assert proc.returncode == 1, proc.stderr
+    model_doc = _results(out)["measurement"]["model"]
+    assert model_doc["batch"] == "symbolic (rewritten from fixed 1)"
+    assert "shape inference" in model_doc["metadata"]["batching"]
     expected = builders.reference_accuracy(model, x, y, nhwc=False, scale255=False)
     assert _accuracy(out) == pytest.approx(expected, abs=1e-9)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar, Protocol
 
+import torch
+
 from certify.checks import CheckContext
 from certify.data import Dataset
 from certify.rundir import SampleRecord
@@ -37,6 +39,13 @@ class Executor(Protocol):
         """Yield the finished batches of ``pending``."""
         ...
 
+
+    def confirm_batching(self, x: torch.Tensor) -> None:
+        """Called once before the first check with the real images the run's model confirmed
+        its batching on (:func:`certify.engine.plan.prepare`): where the batches run on other
+        copies of the model, they confirm theirs on the same images, so that every copy runs
+        the graph the same way."""
+        ...
 
     def traffic(self) -> dict[str, dict[str, int]]:
         """Endpoint traffic counted where the batches ran, per model (empty: none)."""

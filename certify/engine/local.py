@@ -177,6 +177,9 @@ class LocalExecutor:
         return _local_batches(spec, self.model, self.reference, (check_budget, self.run_budget),
                               data, batches, ctx, self.lanes)
 
+    def confirm_batching(self, x: torch.Tensor) -> None:
+        """Nothing to do: the batches run on the run's own model, already confirmed."""
+
     def traffic(self) -> dict[str, dict[str, int]]:
         """The models' own traffic counts are read by the runner: nothing extra here."""
         return {}

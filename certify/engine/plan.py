@@ -19,6 +19,7 @@ card (each attack row's details, and the card's limitations).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -30,8 +31,8 @@ import torch
 from certify.checks import AttackCheck
 from certify.data import Dataset
 from certify.errors import UsageError
-from certify.models.base import Model, endpoint_of
-from certify.models.torchcopy import WhiteBoxUnavailable, white_box_of
+from certify.models.base import BatchChecked, Model, QueryCounter, endpoint_of
+from certify.models.torchcopy import WhiteBoxUnavailable, transfer_source_of, white_box_of
 from certify.results import CheckResult
 from certify.suite import CheckSpec
 
@@ -42,6 +43,71 @@ CALIBRATION_BATCH = 64
 CALIBRATION_ROUNDS = 2
 #: The fewest samples a time budget may give each attack check: fewer decide nothing.
 MIN_ATTACK_SAMPLES = 20
+#: Real images the model's batching and its white-box path are tried on before the first check.
+TRY_IMAGES = 8
+
+
+def prepare(model: Model, data: Dataset, device: torch.device, gradients: bool) -> None:
+    """Before the first check, on the first :data:`TRY_IMAGES` real images of ``data`` (not
+    counted as queries: checks of certify's own adapters, not of the model):
+
+    - a graph exported at batch 1 and proven batchable must answer them alone as in batches
+      (:meth:`~certify.models.base.BatchChecked.confirm_batching`), else it runs per image;
+    - with ``gradients`` (the suite has white-box attacks), :func:`try_white_box`: a torch copy
+      or program cut that fails makes its rows SKIPPED now, at the cost of seconds, instead of
+      failing after the corruption checks' minutes.
+    """
+    n = min(TRY_IMAGES, len(data))
+    if n == 0:
+        return
+    x, y = data.x[:n].to(device), data.y[:n].to(device)
+    inner: object = model
+    while isinstance(inner, QueryCounter):
+        inner = inner.model
+    if isinstance(inner, BatchChecked) and inner.confirm_batching(x) is not None:
+        model.info = inner.info  # the same object unless counted through a wrapper
+    if gradients:
+        try_white_box(model, x, y)
+
+
+def try_white_box(model: Model, x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """Run the white-box path once on real images ``x`` with labels ``y``: build the torch
+    copy (or the program's cut), answer, take a cross-entropy gradient, and apply the output
+    head to a 2-class readout as the binarization test does. A failure refuses white-box
+    attacks on the model with the reason (their rows are then SKIPPED); returns it, or ``None``
+    when the path ran or the model has none."""
+    found = white_box_of(model)
+    source = found if found is not None else transfer_source_of(model)
+    if source is None:
+        return None
+    try:
+        copy = source.torch_copy()
+        copy.scores(x)
+        _, cut, _, grad = copy.value_and_grad(x, lambda z: torch.nn.functional.cross_entropy(
+            z, (y % z.shape[1]).to(z.device), reduction="none"))
+        if grad.shape != x.shape:
+            raise WhiteBoxUnavailable(f"the gradient has shape {list(grad.shape)} for images "
+                                      f"{list(x.shape)}")
+    except WhiteBoxUnavailable as exc:
+        why = str(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure of the copy: said, not fatal
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+    else:
+        if copy.head:
+            try:  # the binarization test's readout: without a usable head it runs without one
+                copy.apply_head(torch.zeros(len(x), 2, device=cut.device))
+            except WhiteBoxUnavailable as exc:
+                log.info("white-box path: the output head cannot run on a planted readout "
+                         "(%s): the binarization test keeps no head", exc)
+        return None
+    why = f"the white-box path failed on real images before the first check: {why}"
+    log.warning("%s; white-box attacks are skipped", why)
+    source.refuse_white_box(why)
+    if found is None:  # an endpoint's transfer attacks: the surrogate's copy failed
+        why = f"the surrogate's {why}"
+    if source is not model:
+        model.info = dataclasses.replace(model.info, white_box=f"unavailable: {why}")
+    return why
 
 
 @dataclass(frozen=True)
@@ -60,21 +126,23 @@ class Rates:
         return queries * self.query_s + gradients * (self.gradient_s or 0.0)
 
 
-def calibrate(model: Model, data: Dataset, gradients: bool = True) -> Rates:
-    """Time a few batches of ``data`` through ``model`` (and, with ``gradients``, its torch
-    copy's forward and backward pass), not counted as queries: only for a model in this
-    process (an endpoint's queries may be paid for, so it is not calibrated)."""
+def calibrate(model: Model, data: Dataset, gradients: bool = True,
+              device: torch.device | None = None) -> Rates:
+    """Time a few batches of ``data`` (on ``device``, default where the data is) through
+    ``model`` (and, with ``gradients``, its torch copy's forward and backward pass), not
+    counted as queries: only for a model in this process (an endpoint's queries may be paid
+    for, so it is not calibrated)."""
     if endpoint_of(model) is not None:
         return Rates(None, None, "not measured: the model is an endpoint (queries may cost)")
     n = min(CALIBRATION_BATCH, len(data))
-    x = data.x[:n]
+    x = data.x[:n] if device is None else data.x[:n].to(device)
     query_s = _timed(lambda: model.predict(x)) / n
     gradient_s = None
     found = white_box_of(model) if gradients else None
     if found is not None:
         try:
             copy = found.torch_copy()
-            y = data.y[:n]
+            y = data.y[:n].to(x.device)
 
             def grad() -> object:
                 return copy.value_and_grad(x, lambda z: torch.nn.functional.cross_entropy(

@@ -31,7 +31,7 @@ from certify.engine.assemble import RunState, assemble_result, outcomes_doc
 from certify.engine.crosscheck import apply_cross_checks, randomised_share
 from certify.engine.executor import Executor
 from certify.engine.local import LocalExecutor, cpu_batch_size, local_lanes
-from certify.engine.plan import TimeBudget, calibrate, log_plan
+from certify.engine.plan import TRY_IMAGES, TimeBudget, calibrate, log_plan, prepare
 from certify.engine.records import (
     SUBSET_KEY,
     record_queries,
@@ -41,7 +41,7 @@ from certify.engine.records import (
 from certify.engine.schedule import Earlier, execution_order, plan_attack
 from certify.engine.verdicts import judge
 from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
-from certify.models.base import Budget, Model, Reconfigurable, endpoint_of
+from certify.models.base import WHITE_BOX, Budget, Model, Reconfigurable, endpoint_of
 from certify.progress import NullProgress, Progress, report_reused
 from certify.redact import redact, redact_obj
 from certify.results import CheckResult, RunResult, check_result_model
@@ -201,6 +201,8 @@ def run_suite(
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
+    white = any(isinstance(s.check, AttackCheck) and s.check.white_box() for s in suite.checks)
+    prepare(model, data, device.torch_device, gradients=white)
     skips = suite.skips(model.info)
     if skips and len(skips) == len(suite.checks):
         suite.validate_for(model.info)  # raises: a run must evaluate something
@@ -213,12 +215,13 @@ def run_suite(
             log.info("in-process executor: %d batches at once", lanes)
         executor = LocalExecutor(model, reference, run_budget, lanes)
     executor.start(run_budget.limit)
+    executor.confirm_batching(data.x[:TRY_IMAGES])
     work = _Run(model, reference, run_budget, data, run, check_seed(seed, SUBSET_KEY),
                 batch_size, progress, executor)
     state = RunState(seed=seed)
-    white = any(isinstance(s.check, AttackCheck) and s.check.white_box() for s in suite.checks)
     rates = time_budget.rates if time_budget is not None else \
-        calibrate(model, data, gradients=white)
+        calibrate(model, data, gradients=white and model.info.white_box == WHITE_BOX,
+                  device=device.torch_device)
     log_plan(suite.checks, data, skips, rates)
     skips = dict(skips)  # the attacks the schedule finds redundant join them as it goes
     done: dict[str, CheckResult] = {}

@@ -87,6 +87,19 @@ class ModelInfo:
 
 
 @runtime_checkable
+class BatchChecked(Protocol):
+    """A model whose batching certify decided itself (an ONNX graph exported at batch 1 made
+    symbolic) and checks once more on real images before the first check."""
+
+    info: ModelInfo
+
+    def confirm_batching(self, x: torch.Tensor) -> str | None:
+        """Compare real images ``x`` alone and in batches; where they differ, run the model
+        at its fixed batch from now on and return why (else ``None``)."""
+        ...
+
+
+@runtime_checkable
 class Model(Protocol):
     """An image classifier: ``predict(x[N, C, H, W] in [0, 1]) -> scores[N, K]``."""
 

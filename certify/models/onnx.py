@@ -2,8 +2,10 @@
 
 The adapter owns the model's input convention: layout (NCHW or NHWC, read off the input shape),
 value scale, mean/std, channel order, input dtype and a batch dimension fixed in the graph. A
-batch dimension fixed to 1 is made symbolic when the graph allows it (checked by comparing a
-batched run against one-image runs); otherwise batches are chunked to the fixed size.
+batch dimension fixed to 1 is made symbolic only where :mod:`certify.models.batching` proves
+that every image keeps its own answer (ONNX shape inference through per-sample operations) and
+images answer the same alone and in batches of different make-up; otherwise the graph runs at
+its fixed batch: onnxruntime in chunks, the torch copy mapped over single images.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from certify.data.classes import metadata_class_names
 from certify.device import DeviceChoice
 from certify.errors import ModelError
-from certify.models import torchcopy
+from certify.models import batching, torchcopy
 from certify.models.base import (
     WHITE_BOX,
     ModelInfo,
@@ -48,7 +50,6 @@ _ORT_DTYPES: dict[str, Any] = {
     "tensor(double)": np.float64,
     "tensor(uint8)": np.uint8,
 }
-_BATCH_PARAM = "certify_batch"
 #: Most images per onnxruntime call on the CPU provider (dynamic-batch models). On 2 cores the
 #: demo model runs a HopSkipJump attack 6% faster in calls of 256 than in whole probe sets of
 #: thousands (benchmarks/RESULTS.md, issue 17); outputs are the same per image.
@@ -174,37 +175,6 @@ def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
     return dims
 
 
-def _make_batch_symbolic(model: onnx.ModelProto) -> bytes:
-    """Rewrite a graph whose batch dimension is fixed to 1 so that it takes any batch size."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    initializers = {i.name for i in m.graph.initializer}
-    for vi in list(m.graph.input) + list(m.graph.output):
-        if vi.name in initializers:
-            continue
-        shape = vi.type.tensor_type.shape
-        if len(shape.dim) and shape.dim[0].HasField("dim_value") and shape.dim[0].dim_value == 1:
-            shape.dim[0].Clear()
-            shape.dim[0].dim_param = _BATCH_PARAM
-    # Intermediate shapes recorded at export time still say 1; let onnxruntime infer them again.
-    del m.graph.value_info[:]
-    # A Reshape to a constant shape that starts with the batch of 1 keeps the batch fixed; -1 in
-    # the first place is only safe when no other dimension is -1 (checked by the caller's test).
-    for init in m.graph.initializer:
-        consumers = [
-            n for n in m.graph.node if n.op_type == "Reshape" and len(n.input) > 1
-            and n.input[1] == init.name
-        ]
-        if not consumers:
-            continue
-        arr = onnx.numpy_helper.to_array(init)
-        if arr.ndim == 1 and arr.size >= 2 and arr[0] == 1 and -1 not in arr[1:]:
-            new = arr.copy()
-            new[0] = -1
-            init.CopyFrom(onnx.numpy_helper.from_array(new, init.name))
-    return typing.cast(bytes, m.SerializeToString())
-
-
 def _penultimate(proto: onnx.ModelProto) -> str | None:
     """The tensor that feeds the last linear layer (Gemm or MatMul with constant weights).
 
@@ -271,6 +241,9 @@ class OnnxModel:
                 )
             height, width = input_size
         self._proto = proto
+        #: the graph the batched session runs (``_proto`` rewritten where a batch of 1 was
+        #: proven symbolic)
+        self._batched_proto = proto
         self._white_box_refusal = torchcopy.refusal(proto)
         self._torch_copy: torchcopy.TorchCopy | None = None
         self._torch_device = device.torch_device
@@ -301,12 +274,17 @@ class OnnxModel:
         fixed_batch = dims[0] if isinstance(dims[0], int) else None
         self.fixed_batch: int | None = fixed_batch
         self.batch_mode = "dynamic"
+        #: how the batch was decided and checked, in a sentence (``None``: the graph's own)
+        self.batching_note: str | None = None
         self.session = self._session(str(self.path))
+        self._fixed_session = self.session
         self.input_shape = (channels, int(height), int(width))
         if fixed_batch == 1:
             self._try_symbolic_batch(proto)
         elif fixed_batch is not None:
             self.batch_mode = f"fixed {fixed_batch} (chunked)"
+            self.batching_note = (f"the graph is written for batches of {fixed_batch}: run "
+                                  "in chunks of that size (the last one padded)")
 
         provider = self.session.get_providers()[0]
         self._cpu_chunk = CPU_CHUNK if provider == "CPUExecutionProvider" else 0
@@ -328,6 +306,8 @@ class OnnxModel:
         self.output_kind: OutputKind = output
         if proto.producer_name:
             meta["producer"] = f"{proto.producer_name} {proto.producer_version}".strip()
+        if self.batching_note is not None:
+            meta["batching"] = self.batching_note
         self.info = ModelInfo(
             name=self.path.name,
             identity=identity,
@@ -357,35 +337,68 @@ class OnnxModel:
             ) from exc
 
     def _try_symbolic_batch(self, proto: onnx.ModelProto) -> None:
-        """Make a batch of 1 symbolic if the rewritten graph agrees with one-image runs."""
-        fixed_session = self.session
-        try:
-            session = ort.InferenceSession(
-                _make_batch_symbolic(proto),
-                sess_options=self._sess_options,
-                providers=self._providers,
-            )
-            rng = np.random.default_rng(0)
-            x = self._to_model_input(torch.from_numpy(
-                rng.random((3, *self.input_shape), dtype=np.float32)
-            ))
-            batched = session.run([self.output_name], {self.input_name: x})[0]
-            single = np.concatenate([
-                fixed_session.run([self.output_name], {self.input_name: x[i : i + 1]})[0]
-                for i in range(len(x))
-            ])
-            ok = batched.shape == single.shape and np.allclose(
-                batched, single, rtol=1e-4, atol=1e-5
-            )
-        except Exception:  # noqa: BLE001 - any failure means the graph does not allow it
-            ok = False
-        if ok:
+        """Make a batch of 1 symbolic where :func:`~certify.models.batching.prove_symbolic_batch`
+        proves it and probe images answer the same alone and in batches; else keep it fixed."""
+        proof = batching.prove_symbolic_batch(proto)
+        why = proof.why
+        session = None
+        if proof.model is not None:
+            try:
+                session = ort.InferenceSession(proof.model.SerializeToString(),
+                                               sess_options=self._sess_options,
+                                               providers=self._providers)
+                x = self._to_model_input(probe_images(self.input_shape, 6))
+                why = self._disagreement(session, x)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime refuses the rewrite
+                why = f"onnxruntime cannot run the rewritten graph ({batching._first(exc)})"
+        if why is None and session is not None and proof.model is not None:
             self.session = session
+            self._batched_proto = proof.model
             self.fixed_batch = None
             self.batch_mode = "symbolic (rewritten from fixed 1)"
+            self.batching_note = batching.described(self.batch_mode, None)
         else:
             self.batch_mode = "fixed 1 (chunked)"
-        log.info("model batch dimension: %s", self.batch_mode)
+            self.batching_note = batching.described(self.batch_mode, why)
+        log.info("model batch dimension: %s%s", self.batch_mode,
+                 "" if why is None else f" ({why})")
+
+    def _disagreement(self, session: ort.InferenceSession, x: np.ndarray) -> str | None:
+        """Why ``session`` (a rewritten graph) answers images ``x`` (model input) differently in
+        batches than the graph as written answers them one at a time, or ``None``."""
+        def batched(arr: np.ndarray) -> np.ndarray:
+            return typing.cast(np.ndarray, session.run([self.output_name],
+                                                       {self.input_name: arr})[0])
+
+        def alone(arr: np.ndarray) -> np.ndarray:
+            return typing.cast(np.ndarray, self._fixed_session.run(
+                [self.output_name], {self.input_name: arr})[0])
+        return batching.same_alone_and_batched(batched, alone, x, torchcopy.TOLERANCE)
+
+    def confirm_batching(self, x: torch.Tensor) -> str | None:
+        """Check a proven rewrite on real images ``x`` (``[N, C, H, W]`` in [0, 1]): where they
+        answer differently alone and in batches, go back to the graph's fixed batch of 1.
+        Returns what changed, or ``None`` (not counted as queries: a check of the adapter)."""
+        if not self.batch_mode.startswith("symbolic (rewritten") or self.session is None:
+            return None
+        try:
+            why = self._disagreement(self.session, self._to_model_input(x))
+        except Exception as exc:  # noqa: BLE001 - a batch the rewrite cannot run
+            why = f"the rewritten graph fails on real images ({batching._first(exc)})"
+        if why is None:
+            return None
+        self.session = self._fixed_session
+        self._batched_proto = self._proto
+        self._feature_session = None
+        self._torch_copy = None
+        self.fixed_batch = 1
+        self.batch_mode = "fixed 1 (chunked)"
+        self.batching_note = batching.described(self.batch_mode, why)
+        self.info = dataclasses.replace(
+            self.info, batch=self.batch_mode,
+            metadata={**self.info.metadata, "batching": self.batching_note})
+        log.warning("model batch dimension: back to fixed 1: %s", why)
+        return why
 
     def _probe_outputs(self) -> np.ndarray:
         x = probe_images(self.input_shape)
@@ -456,9 +469,16 @@ class OnnxModel:
             if self._white_box_refusal is not None:
                 raise torchcopy.WhiteBoxUnavailable(self._white_box_refusal)
             self._torch_copy = torchcopy.TorchCopy(
-                self._proto, self.preprocessing, self.input_shape[0], self.layout,
-                self.num_classes).to(self._torch_device)
+                self._batched_proto, self.preprocessing, self.input_shape[0], self.layout,
+                self.num_classes, self.fixed_batch).to(self._torch_device)
         return self._torch_copy
+
+    def refuse_white_box(self, why: str) -> None:
+        """No white-box attacks on this model, for the reason ``why`` (said on the card): its
+        torch copy failed where the run tried it (:func:`certify.engine.plan.try_white_box`)."""
+        self._white_box_refusal = why
+        self._torch_copy = None
+        self.info = dataclasses.replace(self.info, white_box=f"unavailable: {why}")
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Penultimate features ``[N, D]``: the input of the last Gemm/MatMul before the output.
@@ -470,12 +490,9 @@ class OnnxModel:
                              hint="the model has no final Gemm/MatMul layer")
         if self._feature_session is None:
             m = onnx.ModelProto()
-            m.CopyFrom(self._proto)
+            m.CopyFrom(self._batched_proto)
             m.graph.output.append(onnx.helper.make_empty_tensor_value_info(self.feature_name))
-            data = m.SerializeToString()
-            if self.fixed_batch is None and self.batch_mode.startswith("symbolic (rewritten"):
-                data = _make_batch_symbolic(m)
-            self._feature_session = self._session(data)
+            self._feature_session = self._session(m.SerializeToString())
         arr = self._to_model_input(x)
         feats = self._run(arr, self._feature_session, self.feature_name).reshape(len(arr), -1)
         return torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)).to(x.device)
@@ -486,6 +503,7 @@ class OnnxModel:
         self._feature_session = None
         self._torch_copy = None
         self.session = None
+        self._fixed_session = None
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""

@@ -21,7 +21,7 @@ the model's preprocessing (scale, mean/std, channel order, layout) itself, diffe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,11 +42,12 @@ from certify.models.base import (
 
 #: Operations allowed between the last linear layer and the output (per-sample, no mixing
 #: across the batch): the gradient is taken before them (BPDA), decisions after them.
-HEAD_OPS = frozenset({"Round", "Floor", "Ceil", "Mul", "Div", "Add", "Sub", "Softmax",
+HEAD_OPS = frozenset({"Round", "Floor", "Ceil", "Mul", "Div", "Add", "Sub", "Softmax", "Hardmax",
                       "LogSoftmax", "Clip", "Cast", "Identity", "ArgMax", "TopK", "Sigmoid",
                       "QuantizeLinear", "DequantizeLinear", "Relu", "Neg", "Exp", "Log"})
 #: Operations that quantise scores: a head holding one is reported on the card.
-QUANTISING = frozenset({"Round", "Floor", "Ceil", "ArgMax", "TopK", "QuantizeLinear", "Cast"})
+QUANTISING = frozenset({"Round", "Floor", "Ceil", "ArgMax", "TopK", "QuantizeLinear", "Cast",
+                        "Hardmax"})
 #: The same, as the operation names of a PyTorch program's head (aten operations).
 QUANTISING_NAMES = frozenset({"round", "floor", "ceil", "argmax", "topk", "sign", "trunc",
                               "quantize_per_tensor", "quantize_per_channel",
@@ -147,6 +148,11 @@ class WhiteBoxModel(Model, Protocol):
         torch copy of an ONNX graph, or a PyTorch program itself."""
         ...
 
+    def refuse_white_box(self, why: str) -> None:
+        """No white-box attacks from now on, for the reason ``why`` (said on the card):
+        :meth:`torch_copy` raises ``WhiteBoxUnavailable`` with it."""
+        ...
+
 
 def white_box_of(model: object) -> WhiteBoxModel | None:
     """The white-box model behind ``model`` (through query counters), or ``None``."""
@@ -191,7 +197,7 @@ class TorchCopy(torch.nn.Module):
     """
 
     def __init__(self, proto: onnx.ModelProto, preprocessing: Preprocessing, channels: int,
-                 layout: str, num_classes: int) -> None:
+                 layout: str, num_classes: int, fixed_batch: int | None = None) -> None:
         super().__init__()
         why = refusal(proto)
         if why is not None:
@@ -205,8 +211,13 @@ class TorchCopy(torch.nn.Module):
         self.channels = channels
         self.layout = layout
         self.num_classes = num_classes
+        #: the batch the graph is written for (``None``: any); a batch of 1 runs per image
+        #: through ``torch.func.vmap``, a larger one in padded chunks (:func:`per_sample`)
+        self.fixed_batch = fixed_batch
+        self.opset = next((int(o.version) for o in proto.opset_import
+                           if o.domain in ("", "ai.onnx")), 1)
         # each node's operation, inputs, outputs and attributes, read once (not per pass)
-        self.nodes = [(n.op_type, _OPS[n.op_type], list(n.input), list(n.output),
+        self.nodes = [(n.op_type, op_for(n.op_type, self.opset), list(n.input), list(n.output),
                        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
                        n.name or n.op_type) for n in graph.node]
         self._buffer_of: dict[str, str] = {}
@@ -242,15 +253,23 @@ class TorchCopy(torch.nn.Module):
                 return env
         return env
 
+    def _tensors(self, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+        """The graph's tensors ``names`` for the batch ``x``, the graph run at the batch it is
+        written for (:func:`per_sample`); evaluation stops once they are computed."""
+        def graph(part: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            env = self._run(part, names[0] if len(names) == 1 else None)
+            return tuple(env[n] for n in names)
+        return per_sample(graph, x, self.fixed_batch)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The last linear layer's output ``[N, K]`` for ``x`` in [0, 1] (gradients flow)."""
-        out = self._run(x, self.cut)[self.cut]
+        (out,) = self._tensors(x, (self.cut,))
         return out.reshape(len(x), -1).float()
 
     @torch.no_grad()
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """The whole graph's answer ``[N, K]`` (one-hot for labels), as ``predict`` gives it."""
-        return self._as_scores(self._run(x, None)[self.output_name], len(x))
+        return self._as_scores(self._tensors(x, (self.output_name,))[0], len(x))
 
     def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
         """The graph's output as ``[N, K]`` scores (labels become one-hot)."""
@@ -292,12 +311,43 @@ class TorchCopy(torch.nn.Module):
         """
         xg = x.detach().clone().requires_grad_(True)
         with torch.enable_grad():
-            env = self._run(xg, None)
-            cut = env[self.cut].reshape(len(x), -1).float()
+            cut_out, answer = self._tensors(xg, (self.cut, self.output_name))
+            cut = cut_out.reshape(len(x), -1).float()
             value = loss(cut)
             (grad,) = torch.autograd.grad(value.sum(), xg)
-        scores = self._as_scores(env[self.output_name].detach(), len(x))
+        scores = self._as_scores(answer.detach(), len(x))
         return scores, cut.detach(), value.detach(), grad.detach()
+
+
+def batches(x: torch.Tensor, fixed: int | None) -> Iterator[tuple[torch.Tensor, int]]:
+    """``x`` in pieces a graph takes: whole, or its ``fixed`` batch size with the last piece
+    padded by repeating its last image (as onnxruntime is fed); each with how many of its
+    images are real."""
+    if fixed is None:
+        yield x, len(x)
+        return
+    for start in range(0, len(x), fixed):
+        part = x[start:start + fixed]
+        n = len(part)
+        if n < fixed:
+            part = torch.cat([part, part[-1:].expand(fixed - n, *part.shape[1:])])
+        yield part, n
+
+
+def per_sample(fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], x: torch.Tensor,
+               fixed: int | None) -> tuple[torch.Tensor, ...]:
+    """``fn``'s outputs for the batch ``x``, ``fn`` being a function written for a batch of
+    ``fixed`` images (``None``: any batch). A batch of 1 is mapped over the images with
+    ``torch.func.vmap`` (a ``Reshape`` to ``[1, 1024]`` holds for each image; gradients flow
+    as through a loop over the images, at batched speed); a larger fixed batch runs in padded
+    chunks. Outputs are concatenated along their first axis, as onnxruntime's chunks are."""
+    if fixed is None:
+        return fn(x)
+    if fixed == 1:
+        outs = torch.func.vmap(lambda xi: fn(xi.unsqueeze(0)))(x)
+        return tuple(o.flatten(0, 1) if o.dim() >= 2 else o for o in outs)
+    parts = [(fn(p), n) for p, n in batches(x, fixed)]
+    return tuple(torch.cat([outs[k][:n] for outs, n in parts]) for k in range(len(parts[0][0])))
 
 
 def _find_cut(graph: onnx.GraphProto, consts: set[str]) -> tuple[str, tuple[str, ...]]:
@@ -462,6 +512,38 @@ def _softmax(log: bool) -> Op:
     return op
 
 
+def _hardmax(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
+    """One-hot of the first largest value along ``axis`` (opset 13 on)."""
+    x = _a(args, 0)
+    axis = int(attrs.get("axis", -1)) % x.dim()
+    return [F.one_hot(x.argmax(dim=axis), x.shape[axis]).movedim(-1, axis).to(x.dtype)]
+
+
+def _flattened(op: Op) -> Op:
+    """An operation of Softmax's family as ONNX defined it before opset 13: the input is
+    flattened to 2-D from ``axis`` (default 1) on and the operation acts along the second
+    axis (so ``axis=1`` of a ``[2, 3, 4]`` tensor normalises over 12 values, not 3)."""
+    def pre13(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
+        x = _a(args, 0)
+        axis = int(attrs.get("axis", 1)) % max(x.dim(), 1)
+        flat = x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+        return [op([flat], {"axis": 1})[0].reshape(x.shape)]
+    return pre13
+
+
+#: Operations whose semantics changed with opset 13 (their older form).
+_BEFORE_13: dict[str, Op] = {"Softmax": _flattened(_softmax(False)),
+                             "LogSoftmax": _flattened(_softmax(True)),
+                             "Hardmax": _flattened(_hardmax)}
+
+
+def op_for(op_type: str, opset: int) -> Op:
+    """The converter of ``op_type`` with the semantics of the graph's ``opset``."""
+    if opset < 13 and op_type in _BEFORE_13:
+        return _BEFORE_13[op_type]
+    return _OPS[op_type]
+
+
 def _cast(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
     x, to = _a(args, 0), int(attrs["to"])
     if to in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
@@ -592,7 +674,8 @@ _OPS: dict[str, Op] = {
                                              dim=int(attrs["axis"]))],
     "Shape": lambda args, attrs: [torch.tensor(list(_a(args, 0).shape))],
     "Gather": _gather, "Constant": _constant, "BatchNormalization": _batchnorm,
-    "Clip": _clip, "Softmax": _softmax(False), "LogSoftmax": _softmax(True), "Cast": _cast,
+    "Clip": _clip, "Softmax": _softmax(False), "LogSoftmax": _softmax(True),
+    "Hardmax": _hardmax, "Cast": _cast,
     "ArgMax": _argmax, "TopK": _topk, "Pad": _pad,
     "ReduceMean": _reduce(torch.mean), "ReduceSum": _reduce(torch.sum),
     "QuantizeLinear": _quant, "DequantizeLinear": _dequant,

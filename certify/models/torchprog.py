@@ -349,8 +349,17 @@ class ProgramGradients:
 
     @torch.no_grad()
     def apply_head(self, logits: torch.Tensor) -> torch.Tensor:
-        """The program's operations after the cut applied to ``logits`` ``[N, K']``."""
-        return as_scores(self.program.run_head(logits), *logits.shape)
+        """The program's operations after the cut applied to ``logits`` ``[N, K']``; raises
+        :class:`WhiteBoxUnavailable` when they cannot run on it (a head that needs the
+        program's own class count)."""
+        try:
+            return as_scores(self.program.run_head(logits), *logits.shape)
+        except WhiteBoxUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: the head cannot be used
+            raise WhiteBoxUnavailable(
+                f"the output head ({', '.join(self.head)}) failed on a readout of "
+                f"{logits.shape[1]} classes: {type(exc).__name__}: {str(exc)[:200]}") from None
 
     def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
