@@ -20,6 +20,7 @@ the model's preprocessing (scale, mean/std, channel order, layout) itself, diffe
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ TOLERANCE = 1e-4
 #: With a quantising head, float rounding before it can move a score by one step on a few
 #: samples: at most this share of samples may differ beyond the tolerance (decisions never).
 QUANTISED_SHARE = 0.01
+
+
+log = logging.getLogger("certify")
+#: Set once ``torch.func.vmap`` could not map a model (said once per process in the log).
+_VMAP_REFUSED: list[bool] = []
 
 
 class WhiteBoxUnavailable(Exception):  # noqa: N818 - a reason, not a failure of certify
@@ -344,7 +350,18 @@ def per_sample(fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], x: torch.
     if fixed is None:
         return fn(x)
     if fixed == 1:
-        outs = torch.func.vmap(lambda xi: fn(xi.unsqueeze(0)))(x)
+        try:
+            outs = torch.func.vmap(lambda xi: fn(xi.unsqueeze(0)))(x)
+        except WhiteBoxUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a program vmap cannot map (TorchScript)
+            if not _VMAP_REFUSED:
+                log.info("torch.func.vmap cannot map the model over images (%s): one image "
+                         "per call", f"{type(exc).__name__}: {str(exc)[:120]}")
+                _VMAP_REFUSED.append(True)
+            each = [fn(x[i:i + 1]) for i in range(len(x))]
+            return tuple(torch.cat([e[k].reshape(1) if e[k].dim() == 0 else e[k] for e in each])
+                         for k in range(len(each[0])))
         return tuple(o.flatten(0, 1) if o.dim() >= 2 else o for o in outs)
     parts = [(fn(p), n) for p, n in batches(x, fixed)]
     return tuple(torch.cat([outs[k][:n] for outs, n in parts]) for k in range(len(parts[0][0])))

@@ -25,6 +25,8 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import io
+import logging
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -49,10 +51,21 @@ from certify.models.base import (
     probe_images,
     require_finite_probe,
 )
-from certify.models.torchcopy import QUANTISING_NAMES, WhiteBoxUnavailable
+from certify.models.torchcopy import (
+    QUANTISING_NAMES,
+    TOLERANCE,
+    WhiteBoxUnavailable,
+    batches,
+    per_sample,
+)
 
 #: Operations that are a linear layer (the cut is the output of the one that feeds the answer).
-_LINEAR = frozenset({"linear", "addmm", "mm", "matmul"})
+log = logging.getLogger("certify")
+
+#: A convolution counts too: a 1×1 convolution over a 1×1 map is a linear layer (the cut is
+#: then kept only where it is ``num_classes`` wide and the head reproduces the answer).
+_LINEAR = frozenset({"linear", "addmm", "mm", "matmul", "conv2d", "convolution",
+                     "_convolution"})
 #: Per-sample operations a head may hold between the last linear layer and the answer (the
 #: same role as torchcopy.HEAD_OPS for ONNX graphs); anything else ends the walk back.
 HEAD_OPS = frozenset({"round", "floor", "ceil", "trunc", "mul", "div", "add", "sub", "softmax",
@@ -60,7 +73,11 @@ HEAD_OPS = frozenset({"round", "floor", "ceil", "trunc", "mul", "div", "add", "s
                       "relu", "neg", "exp", "log", "argmax", "topk", "getitem", "sign", "to",
                       "_to_copy", "type_as", "alias", "clone", "detach", "contiguous",
                       "quantize_per_tensor", "dequantize", "fake_quantize_per_tensor_affine",
-                      "hardtanh", "tanh"})
+                      "hardtanh", "tanh", "view", "reshape", "_unsafe_view", "flatten",
+                      "squeeze", "unsqueeze"})
+#: A bias added to the linear layer's output belongs to the layer (as a Gemm's does): the cut
+#: moves over it, so that the head never needs the model's own class count.
+_BIAS = frozenset({"add"})
 
 
 @contextlib.contextmanager
@@ -136,6 +153,9 @@ class FxProgram:
             inputs = [a for a in node.all_input_nodes if a in varying]
             if _op_name(node.target) in _LINEAR and len(inputs) == 1 \
                     and len(node.all_input_nodes) > 1:
+                while head and _op_name(head[-1].target) in _BIAS and \
+                        len([a for a in head[-1].all_input_nodes if a in varying]) == 1:
+                    node = head.pop()  # the layer's bias: the cut moves over it
                 self._set_cut(node, head[::-1])
                 break
             if _op_name(node.target) not in HEAD_OPS or len(inputs) != 1:
@@ -214,7 +234,7 @@ class ScriptProgram:
         answer = graph.return_node().input()
         if answer.node().kind() == "prim::TupleConstruct":
             answer = next(iter(answer.node().inputs()))
-        node, head = answer.node(), []
+        node, passed = answer.node(), []
         while True:  # back from the answer through the head
             kind = node.kind().split("::")[-1]
             inputs = [i for i in node.inputs() if i in varying]
@@ -223,8 +243,11 @@ class ScriptProgram:
             if not node.kind().startswith("aten::") or kind not in HEAD_OPS \
                     or len(inputs) != 1:
                 return  # no cut: gradients at the answer
-            head.append(kind)
+            passed.append(node)
             node = inputs[0].node()
+        while passed and passed[-1].kind().split("::")[-1] in _BIAS:
+            node = passed.pop()  # the layer's bias: the cut moves over it
+        head = [n.kind().split("::")[-1] for n in passed]
         if not head:
             return
         cut = node.output()
@@ -300,27 +323,13 @@ class ModuleProgram:
         return logits
 
 
-def batches(x: torch.Tensor, fixed: int | None) -> Iterator[tuple[torch.Tensor, int]]:
-    """``x`` in pieces a program takes: whole, or its ``fixed`` batch size with the last piece
-    padded by repeating its last image; each with how many of its images are real."""
-    if fixed is None:
-        yield x, len(x)
-        return
-    for start in range(0, len(x), fixed):
-        part = x[start:start + fixed]
-        n = len(part)
-        if n < fixed:
-            part = torch.cat([part, part[-1:].expand(fixed - n, *part.shape[1:])])
-        yield part, n
-
-
 class ProgramGradients:
     """The white-box view of a program (what :class:`~certify.models.torchcopy.TorchCopy` is
     for an ONNX graph): scores after the whole program, the loss and its input gradient at the
     cut. ``x`` is in certify's convention; preprocessing is applied here, differentiably."""
 
     def __init__(self, program: Program, pre: Preprocessing, channels: int, layout: str,
-                 num_classes: int, fixed_batch: int | None) -> None:
+                 num_classes: int, fixed_batch: int | None, cut_axes: int = 2) -> None:
         self.program = program
         self.pre = pre
         self.channels = channels
@@ -329,16 +338,20 @@ class ProgramGradients:
         self.fixed_batch = fixed_batch
         self.head = program.head
         self.quantised = any(op in QUANTISING_NAMES for op in self.head)
+        #: the cut's rank (2: ``[N, K]``; 4 after a 1×1 convolution)
+        self.cut_axes = cut_axes
 
     def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
         return as_scores(out, n, self.num_classes)
 
     @torch.no_grad()
     def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """The program's answer ``[N, K]`` (one-hot for labels)."""
-        outs = [self._as_scores(self.program.run(self._input(p))[:n], n)
-                for p, n in batches(x, self.fixed_batch)]
-        return torch.cat(outs) if outs else torch.zeros(0, self.num_classes)
+        """The program's answer ``[N, K]`` (one-hot for labels), the program run at the batch
+        it takes (:func:`~certify.models.torchcopy.per_sample`)."""
+        if not len(x):
+            return torch.zeros(0, self.num_classes)
+        (out,) = per_sample(lambda p: (self.program.run(self._input(p)),), x, self.fixed_batch)
+        return self._as_scores(out, len(x))
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`scores` (a white-box attack's forward pass)."""
@@ -349,11 +362,13 @@ class ProgramGradients:
 
     @torch.no_grad()
     def apply_head(self, logits: torch.Tensor) -> torch.Tensor:
-        """The program's operations after the cut applied to ``logits`` ``[N, K']``; raises
+        """The program's operations after the cut applied to ``logits`` ``[N, K']`` (given the
+        cut's unit axes, e.g. ``[N, K', 1, 1]`` after a 1×1 convolution); raises
         :class:`WhiteBoxUnavailable` when they cannot run on it (a head that needs the
         program's own class count)."""
         try:
-            return as_scores(self.program.run_head(logits), *logits.shape)
+            shaped = logits.reshape(*logits.shape, *[1] * (self.cut_axes - 2))
+            return as_scores(self.program.run_head(shaped), *logits.shape)
         except WhiteBoxUnavailable:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure: the head cannot be used
@@ -365,19 +380,15 @@ class ProgramGradients:
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One forward and backward pass: (scores, cut logits, ``loss(cut)``, its gradient with
         respect to ``x``), all detached; the loss at the cut, the decisions after the head."""
-        xs, cuts, outs = [], [], []
+        xg = x.detach().clone().requires_grad_(True)
         with torch.enable_grad():
-            for part, n in batches(x, self.fixed_batch):
-                xg = part.detach().clone().requires_grad_(True)
-                cut, out = self.program.run_cut(self._input(xg))
-                xs.append((xg, n))
-                cuts.append(cut.reshape(len(part), -1).float()[:n])
-                outs.append(self._as_scores(out.detach()[:n], n))
-            cut_all = torch.cat(cuts)
+            cut, out = per_sample(lambda p: self.program.run_cut(self._input(p)), xg,
+                                  self.fixed_batch)
+            cut_all = cut.reshape(len(x), -1).float()
             value = loss(cut_all)  # one loss over the whole batch (its targets are per row)
-            grads = torch.autograd.grad(value.sum(), [xg for xg, _ in xs])
-        grad = torch.cat([g[:n] for g, (_, n) in zip(grads, xs, strict=True)])
-        return torch.cat(outs), cut_all.detach(), value.detach(), grad.detach()
+            (grad,) = torch.autograd.grad(value.sum(), xg)
+        return (self._as_scores(out.detach(), len(x)), cut_all.detach(), value.detach(),
+                grad.detach())
 
 
 def program_digest(ep: Any) -> str:
@@ -413,12 +424,16 @@ class TorchProgramModel:
                  tuple[int, int, int], layout: str, device: DeviceChoice,
                  preprocessing: Preprocessing | None, num_classes: int | None,
                  fixed_batch: int | None, float_input: bool, kind: str,
-                 white_box_note: str = "") -> None:
+                 white_box_note: str = "", exported_batch: int | None = None,
+                 batching_note: str | None = None) -> None:
         self.program = program
         self.preprocessing = preprocessing or Preprocessing()
         self.layout = layout
         self.input_shape = input_shape
         self.fixed_batch = fixed_batch
+        #: the batch the program was exported at, where certify decided to batch it anyway
+        #: (checked again on real images: :meth:`confirm_batching`)
+        self._exported_batch = exported_batch
         self._device = device.torch_device
         self._float_input = float_input
         probe = self._raw(probe_images(input_shape)).detach().cpu()
@@ -434,6 +449,7 @@ class TorchProgramModel:
                              hint="name the classes: --labels FILE or classes in the suite")
         self.num_classes = k
         self.output_kind = output
+        self.cut_axes = 2
         if float_input:
             self._verify_cut(probe_images(input_shape))
         why = None if float_input else ("the program's input is an integer tensor: it has no "
@@ -449,12 +465,17 @@ class TorchProgramModel:
             white_box=(WHITE_BOX if why is None else f"unavailable: {why}"))
         if white_box_note:
             self.info.metadata["white_box"] = white_box_note
+        if batching_note:
+            self.info.metadata["batching"] = batching_note
         self._lock = threading.Lock()
         if why is None:
             starved = self.starved(probe_images(input_shape))
             if starved is not None:
                 self.refuse_white_box(f"{starved} (a quantising output without a linear layer "
-                                      "certify can cut before): only black-box attacks apply")
+                                      "certify can cut before, or operations without "
+                                      "gradients such as the MKLDNN kernels of "
+                                      "torch.jit.optimize_for_inference): only black-box "
+                                      "attacks apply")
 
     def _verify_cut(self, x: torch.Tensor) -> None:
         """Keep the cut only where it is the classifier's scores: ``num_classes`` wide, and the
@@ -467,12 +488,16 @@ class TorchProgramModel:
             with torch.no_grad():
                 cut, out = self.program.run_cut(part)
                 again = self.program.run_head(cut)
-            ok = (cut.dim() == 2 and cut.shape[1] == self.num_classes
+            # a 1×1 convolution's cut is [N, K, 1, 1]: K wide once its unit axes are dropped
+            ok = (cut.dim() >= 2 and all(d == 1 for d in cut.shape[2:])
+                  and cut.shape[1] == self.num_classes
                   and again.shape == out.shape
                   and bool(torch.allclose(again.float(), out.float(), atol=1e-5)))
         except Exception:  # noqa: BLE001 - a head that cannot run on the cut: no cut
             ok = False
-        if not ok:
+        if ok:
+            self.cut_axes = cut.dim()
+        else:
             self.program.drop_cut()
 
     def starved(self, x: torch.Tensor) -> str | None:
@@ -512,11 +537,32 @@ class TorchProgramModel:
         self._white_box_refusal = why
         self.info = dataclasses.replace(self.info, white_box=f"unavailable: {why}")
 
-    def _raw(self, x: torch.Tensor) -> torch.Tensor:
+    def _model_input(self, x: torch.Tensor) -> torch.Tensor:
         inp = preprocess(x.to(self._device), self.preprocessing, self.input_shape[0],
                          self.layout)
         if not self._float_input:
             inp = inp.round().clamp(0, 255).to(torch.uint8)
+        return inp
+
+    def confirm_batching(self, x: torch.Tensor) -> str | None:
+        """Where certify batches a program exported at batch 1, check real images ``x`` alone
+        and in batches once more; where they differ, run it one image at a time from now on.
+        Returns why it changed, or ``None`` (not counted as queries)."""
+        if self._exported_batch is None or self.fixed_batch is not None:
+            return None
+        why = batch_disagreement(self.program.run, self._model_input(x))
+        if why is None:
+            return None
+        self.fixed_batch = self._exported_batch
+        self._gradients = None
+        note = _batching_note(self._exported_batch, f"on the run's real images: {why}")
+        self.info = dataclasses.replace(self.info, batch=f"fixed {self.fixed_batch} (chunked)",
+                                        metadata={**self.info.metadata, "batching": note})
+        log.warning("model batch dimension: back to fixed %d: %s", self.fixed_batch, why)
+        return why
+
+    def _raw(self, x: torch.Tensor) -> torch.Tensor:
+        inp = self._model_input(x)
         with torch.no_grad():
             if self.fixed_batch is None:
                 return self.program.run(inp)
@@ -536,7 +582,7 @@ class TorchProgramModel:
             if self._gradients is None:
                 self._gradients = ProgramGradients(
                     self.program, self.preprocessing, self.input_shape[0], self.layout,
-                    self.num_classes, self.fixed_batch)
+                    self.num_classes, self.fixed_batch, self.cut_axes)
         return self._gradients
 
     def close(self) -> None:
@@ -544,17 +590,32 @@ class TorchProgramModel:
         self._gradients = None
 
 
-def _agrees_batched(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
-    """Whether a batch gives each image the answer it gets alone (a batch size baked into a
-    traced graph does not)."""
+def batch_disagreement(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+                       ) -> str | None:
+    """Why a batch does not give each of the images ``x`` (the program's input convention)
+    the answer it gets alone (a batch size baked into a traced graph, an answer that depends
+    on the whole input tensor), or ``None`` when every batch make-up tried agrees
+    (:func:`certify.models.batching.same_alone_and_batched`)."""
+    from certify.models.batching import same_alone_and_batched
+
+    def call(arr: np.ndarray) -> np.ndarray:
+        with torch.no_grad(), quiet_torch():
+            out = run(torch.from_numpy(arr).to(x.device))
+        return out.detach().float().cpu().numpy()
     try:
-        with torch.no_grad():
-            batched = run(x)
-            single = torch.cat([run(x[i:i + 1]) for i in range(len(x))])
-    except Exception:  # noqa: BLE001 - any failure: the program takes its own batch only
-        return False
-    return batched.shape == single.shape and bool(torch.allclose(
-        batched.float(), single.float(), rtol=1e-4, atol=1e-5))
+        return same_alone_and_batched(call, call, x.detach().cpu().numpy(), TOLERANCE)
+    except Exception as exc:  # noqa: BLE001 - any failure: the program takes its own batch
+        return f"a batch of several images fails ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def _batching_note(exported: int | None, why: str | None) -> str:
+    """How a program exported at a fixed batch is batched, in a sentence (the card's)."""
+    if why is None:
+        return (f"exported at batch {exported}; run on batches after images answered the same "
+                "alone and in batches of two make-ups (probe images at load, the run's real "
+                "images before its first check)")
+    return (f"exported at batch {exported} and run at that batch (one image at a time for 1; "
+            f"white-box gradients mapped over images with torch.func.vmap): {why}")
 
 
 def _probe_input(shape: tuple[int, int, int], layout: str, pre: Preprocessing, n: int,
@@ -615,14 +676,19 @@ def _from_exported(ep: Any, name: str, identity: str, device: DeviceChoice,
     program = FxProgram(gm)
     shape = (channels, int(height), int(width))
     pre = preprocessing or Preprocessing()
-    fixed = dims[0] if isinstance(dims[0], int) else None
-    if fixed is not None and _agrees_batched(
-            program.run, _probe_input(shape, layout, pre, 3, float_input).to(device.torch_device)):
-        fixed = None  # exported at one batch size, but its graph takes any
+    exported = dims[0] if isinstance(dims[0], int) else None
+    fixed, note = exported, None
+    if exported is not None:
+        probe = _probe_input(shape, layout, pre, 6, float_input).to(device.torch_device)
+        why = batch_disagreement(program.run, probe) if exported == 1 else \
+            f"certify batches only programs exported at batch 1, not {exported}"
+        fixed = None if why is None else exported  # exported at one batch, but takes any
+        note = _batching_note(exported, why)
     return TorchProgramModel(program, name=name, identity=identity, input_shape=shape,
                              layout=layout, device=device, preprocessing=preprocessing,
                              num_classes=num_classes, fixed_batch=fixed,
-                             float_input=float_input, kind=kind)
+                             float_input=float_input, kind=kind, exported_batch=exported,
+                             batching_note=note)
 
 
 def load_torchscript(path: Path, device: DeviceChoice, preprocessing: Preprocessing | None,
@@ -644,37 +710,68 @@ def load_torchscript(path: Path, device: DeviceChoice, preprocessing: Preprocess
             module = torch.jit.load(str(path), map_location=device.torch_device)
             module.eval()
     except Exception as exc:  # noqa: BLE001 - any failure of torch's loader: a bad file
+        # torch.jit.optimize_for_inference on the CPU stores MKLDNN weights that torch.jit.save
+        # writes and torch.jit.load cannot read back (torch 2.13: "required keyword attribute
+        # 'value' is undefined")
+        mkldnn = "required keyword attribute 'value'" in str(exc)
         raise ModelError(f"torch.jit.load cannot read {path.name}: {type(exc).__name__}: "
-                         f"{str(exc)[:200]}", hint="save it again with this torch version"
-                         ) from None
+                         f"{str(exc)[:200]}",
+                         hint="a program optimised with torch.jit.optimize_for_inference on "
+                              "the CPU cannot be loaded back by torch itself: save "
+                              "torch.jit.freeze(torch.jit.script(model)) or the traced "
+                              "program instead" if mkldnn else
+                              "save it again with this torch version") from None
+    return _from_script(module, path.name, f"sha256:{sha256_file(path)}", device,
+                        preprocessing, input_size, num_classes, "TorchScript program")
+
+
+def _from_script(module: Any, name: str, identity: str, device: DeviceChoice,
+                 preprocessing: Preprocessing | None, input_size: tuple[int, int],
+                 num_classes: int | None, kind: str) -> TorchProgramModel:
+    """A loaded TorchScript module (from a file, or in memory from the Python API) as a
+    model: its input convention, batching and cut (see :func:`load_torchscript`)."""
     program = ScriptProgram(module)
     pre = preprocessing or Preprocessing()
-    shape, layout = _accepted_shape(program.run, input_size, pre, device, path.name)
-    fixed = None if _agrees_batched(program.run, _probe_input(
-        shape, layout, pre, 3, True).to(device.torch_device)) else 1
-    model = TorchProgramModel(program, name=path.name,
-                              identity=f"sha256:{sha256_file(path)}", input_shape=shape,
+    shape, layout = _accepted_shape(program.run, input_size, pre, device, name)
+    # a TorchScript program does not state its batch: one image always works (above)
+    why = batch_disagreement(program.run, _probe_input(shape, layout, pre, 6, True).to(
+        device.torch_device))
+    model = TorchProgramModel(program, name=name, identity=identity, input_shape=shape,
                               layout=layout, device=device, preprocessing=preprocessing,
-                              num_classes=num_classes, fixed_batch=fixed, float_input=True,
-                              kind="TorchScript program")
+                              num_classes=num_classes, fixed_batch=None if why is None else 1,
+                              float_input=True, kind=kind, exported_batch=1,
+                              batching_note=_batching_note(1, why).replace(
+                                  "exported at batch 1", "a TorchScript program (its batch is "
+                                  "not stated; one image works)"))
     if program.why_no_cut:  # gradients through an uncut head could be starved: none at all
         model.refuse_white_box(f"certify could not cut the program's graph after its last "
                                f"linear layer ({program.why_no_cut})")
     return model
 
 
+def _script_digest(module: Any) -> str:
+    """``sha256:<hex>`` of a TorchScript module as ``torch.jit.save`` writes it (its code,
+    constants and weights): the identity of a scripted, traced or frozen module in memory."""
+    buffer = io.BytesIO()
+    with quiet_torch():
+        torch.jit.save(module, buffer)
+    return "sha256:" + hashlib.sha256(buffer.getvalue()).hexdigest()
+
+
 def _accepted_shape(run: Callable[[torch.Tensor], torch.Tensor], size: tuple[int, int],
                     pre: Preprocessing, device: DeviceChoice, name: str
                     ) -> tuple[tuple[int, int, int], str]:
-    """The first input convention (3 or 1 channels, NCHW or NHWC) the program answers."""
+    """The first input convention (3 or 1 channels, NCHW or NHWC) the program answers for
+    one image."""
     tried = []
     for channels in (3, 1):
         for layout in ("NCHW", "NHWC"):
             shape = (channels, *size)
             try:
                 with torch.no_grad(), quiet_torch():
-                    out = run(_probe_input(shape, layout, pre, 2, True).to(device.torch_device))
-                if out.shape[0] == 2 and out.dim() in (1, 2):
+                    # one image: a program traced at batch 1 may take no other batch
+                    out = run(_probe_input(shape, layout, pre, 1, True).to(device.torch_device))
+                if out.shape[0] == 1 and out.dim() in (1, 2):
                     return (channels, int(size[0]), int(size[1])), layout
             except Exception as exc:  # noqa: BLE001 - not this convention
                 tried.append(f"{layout} with {channels} channel(s): {str(exc).splitlines()[0][:80]}"
@@ -689,10 +786,17 @@ def from_module(module: torch.nn.Module, device: DeviceChoice,
                 num_classes: int | None) -> TorchProgramModel:
     """A ``torch.nn.Module`` in memory (the Python API), evaluated in eval mode.
 
-    It is exported with ``torch.export`` (batch dimension dynamic where the module allows)
+    A TorchScript module (``torch.jit.script``, ``trace``, ``freeze``,
+    ``optimize_for_inference``) is run as it is, identified by the sha256 of what
+    ``torch.jit.save`` writes of it. Any other module is exported with ``torch.export`` (batch
+    dimension dynamic where the module allows)
     and identified by :func:`program_digest` of that program; a module that cannot be exported
     is run as it is (a copy, in eval mode), declared unidentified, its gradient taken at its
     output (the card says both)."""
+    if isinstance(module, torch.jit.ScriptModule):  # scripted, traced, frozen: run as saved
+        return _from_script(module, module.original_name, _script_digest(module), device,
+                            preprocessing, input_size, num_classes,
+                            "TorchScript program in memory")
     pre = preprocessing or Preprocessing()
     name = type(module).__name__
     modes = {m: m.training for m in module.modules()}  # given back as they were, each

@@ -23,8 +23,10 @@ reads the archive itself first and refuses, with the reason, what it cannot show
 - **TorchScript files** (:func:`scan_torchscript`): the program's code is parsed (it is Python
   syntax) and may reach ``torch`` and ``ops`` only as ``torch.NAME`` / ``ops.NS.NAME``
   attribute chains, with ``aten``/``prim`` operations that read or write no file and no custom
-  class (:func:`code_refusal`); its pickles may name only the types TorchScript's unpickler
-  builds, each by literal names.
+  class (:func:`code_refusal`); its pickles (the module's data, its constants, and the example
+  inputs ``torch.jit.trace`` stores in ``traced_inputs.pkl``) may name only the types
+  TorchScript's unpickler builds, each by literal names; the other members are raw tensor
+  bytes (``data/N``, ``constants/N``, ``traced_inputs/N``).
 
 These checks refuse every way of running code at load time that certify knows of; they are not
 a sandbox. A PyTorch file is a program: evaluate files from a source you would run code from
@@ -416,7 +418,7 @@ def scan_torchscript(path: Path) -> None:
                                    f"{', '.join(bad[:3])}: not a type TorchScript builds, "
                                    "and unpickling it could run code")
         elif not (name in ("version", "byteorder", ".data/version", ".data/serialization_id")
-                  or re.fullmatch(r"(data|constants)/\d+", name)
+                  or re.fullmatch(r"(data|constants|traced_inputs)/\d+", name)
                   or (name.startswith("extra/") and "/" not in name[len("extra/"):])):
             raise refuse(path, f"its member {name} is not one torch.jit.save writes",
                          hint="export the model with torch.export (.pt2) or to ONNX")
