@@ -4,8 +4,9 @@ A model trained on 0–255 pixels, on ImageNet-normalised or ``[-1, 1]`` inputs,
 OpenCV's BGR images answers near chance when it is fed 0–1 RGB, and nothing in an ONNX file or
 an endpoint says which it wants. :func:`probe_preprocessing` asks the model the same labelled
 samples through every candidate preprocessing (value range 0–1 or 0–255; mean/std none,
-ImageNet's, 0.5/0.5 or ImageNet's mean on 0–255 as Caffe models take it; channel order RGB or
-BGR; and the layout where the model does not state it) and ranks them by clean accuracy, with
+ImageNet's, CIFAR-10's (two common stds), CIFAR-100's, MNIST's, 0.5/0.5 or ImageNet's mean on
+0–255 as Caffe models take it; channel order RGB or BGR; and the layout where the model does
+not state it) and ranks them by clean accuracy, with
 an exact McNemar test between the best and the runner-up on the same samples.
 
 ``certify init`` uses it to write a suite; a run whose clean accuracy is at chance level uses
@@ -29,6 +30,22 @@ from certify.stats import wilson_interval
 #: ImageNet's per-channel mean and std (RGB, for pixels in [0, 1]): torchvision's constants.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+#: The normalisations trained models commonly use (RGB, for pixels in [0, 1]), by name: the
+#: training set's per-channel mean and std (CIFAR-10's std also as the widely copied
+#: (0.2023, 0.1994, 0.2010) of the kuangliu/pytorch-cifar recipes; MNIST's single channel for
+#: every channel).
+STATISTICS: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = (
+    ("ImageNet mean/std", IMAGENET_MEAN, IMAGENET_STD),
+    ("CIFAR-10 mean/std", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    ("CIFAR-10 mean, std 0.2023/0.1994/0.2010", (0.4914, 0.4822, 0.4465),
+     (0.2023, 0.1994, 0.2010)),
+    ("CIFAR-100 mean/std", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    ("MNIST mean/std", (0.1307,) * 3, (0.3081,) * 3),
+    ("[-1, 1] (mean/std 0.5)", (0.5,) * 3, (0.5,) * 3),
+)
+#: A best candidate that agrees with fewer of the probe's labels than this is said to be far
+#: from them: the model's preprocessing may be none of those tried.
+FAR = 0.9
 #: Samples a probe uses at most (class-stratified by the caller).
 PROBE_SAMPLES = 64
 #: Two candidates whose exact McNemar p-value is at or above this are "not clearly" apart.
@@ -120,10 +137,10 @@ def _values(pre: Preprocessing) -> str:
 
     if near(pre.mean, _NONE[0]) and near(pre.std, _NONE[1]):
         return "0–1" if s == 1 else "0–255" if s == 255 else f"0–{_num(s)}"
-    if near(mean, IMAGENET_MEAN) and near(std, IMAGENET_STD):
-        return "ImageNet mean/std"
-    if near(mean, (0.5,) * 3) and near(std, (0.5,) * 3):
-        return "[-1, 1] (mean/std 0.5)"
+    if len(mean) == len(std) == 3:
+        for name, m, d in STATISTICS:
+            if near(mean, m) and near(std, d):
+                return name
     if near(mean, IMAGENET_MEAN) and near(pre.std, _NONE[1]) and s == 255:
         return "0–255 minus ImageNet mean"
     return (f"scale {_num(s)}, mean {[round(m, 4) for m in pre.mean]}, "
@@ -141,8 +158,7 @@ def candidates(layouts: Sequence[str], current: Candidate | None = None) -> list
     ranges: list[tuple[float, tuple[float, ...], tuple[float, ...]]] = [
         (1.0, *_NONE),
         (255.0, *_NONE),
-        (1.0, IMAGENET_MEAN, IMAGENET_STD),
-        (1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+        *((1.0, mean, std) for _, mean, std in STATISTICS),
         (255.0, tuple(255 * m for m in IMAGENET_MEAN), (1.0, 1.0, 1.0)),
     ]
     out: list[Candidate] = [current] if current is not None else []
@@ -256,7 +272,21 @@ class ProbeReport:
                          f"{pct(self.chance)}): no candidate fits; check that the labels match "
                          "the model's classes (their order, --labels) and that the model is an "
                          "image classifier of this data")
+        elif best.accuracy < FAR:
+            lines.append(self.far_warning())
         return lines
+
+    def far_warning(self) -> str:
+        """The warning for a best candidate far from the labels (below :data:`FAR`), with the
+        flags that state a preprocessing by hand."""
+        best = self.best
+        tried = ", ".join(["none", *(name.split(" (")[0] for name, _, _ in STATISTICS)])
+        return (f"even the best candidate agrees with only {pct(best.accuracy)} of the "
+                f"{best.n} labelled samples (under {pct(FAR)}): the model's own preprocessing "
+                f"may be none of those tried (0–1 or 0–255; mean/std {tried}; RGB or BGR). If "
+                "you know it, state it: --input-scale S --mean R G B --std R G B "
+                "--channel-order RGB|BGR (preprocessing: in the suite); the suite written uses "
+                f"the best candidate ({' '.join(best.candidate.flags())})")
 
     def to_doc(self, current: Candidate | None = None) -> dict[str, Any]:
         """Plain JSON for the measurement: each candidate's accuracy, best first."""

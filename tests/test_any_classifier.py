@@ -353,4 +353,4 @@ def test_probe_statistics():
     assert at_chance(0.023, (0.01, 0.05), 43) and not at_chance(0.9, (0.85, 0.93), 43)
     assert at_chance(0.52, (0.40, 0.64), 2)
     # ImageNet mean/std is the same map at either scale: listed once per order and layout
-    assert len(candidates(["NCHW"])) == 10 and len(candidates(["NCHW", "NHWC"])) == 20
+    assert len(candidates(["NCHW"])) == 18 and len(candidates(["NCHW", "NHWC"])) == 36

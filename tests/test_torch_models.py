@@ -45,7 +45,12 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from certify.suite import resolve_suite_path
 
     root = tmp_path_factory.mktemp("programs")
-    pt2, ts = builders.save_programs(builders.demo_module(), root / "models")
+    module = builders.demo_module()
+    pt2, ts = builders.save_programs(module, root / "models")
+    traced = root / "models" / "traced.pt"  # how most TorchScript files are made (issue 49)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.trace(module, torch.rand(1, 3, 32, 32)), str(traced))
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
     keep = np.concatenate([np.flatnonzero(y == k)[:3] for k in range(43)])
     np.savez(root / "signs.npz", x=x[keep], y=y[keep])
@@ -53,7 +58,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     raw["checks"] = [{**c, **SUITE_CHECKS[c["id"]]} for c in raw["checks"]
                      if c["id"] in SUITE_CHECKS]
     (root / "suite.yaml").write_text(yaml.safe_dump(raw))
-    return {"onnx": demo_model_path("standard"), "pt2": pt2, "ts": ts, "root": root}
+    return {"onnx": demo_model_path("standard"), "pt2": pt2, "ts": ts, "traced": traced,
+            "root": root}
 
 
 def _run(programs: dict[str, Path], which: str, *extra: str) -> dict:
@@ -74,8 +80,8 @@ def test_programs_give_the_onnx_files_figures_on_their_own_gradients(
         raise AssertionError("certify built a torch copy of an ONNX graph for a program")
 
     monkeypatch.setattr("certify.models.torchcopy.TorchCopy.__init__", never)
-    runs = {"pt2": _run(programs, "pt2"), "ts": _run(programs, "ts", "--input-size", "32",
-                                                        "32")}
+    runs = {"pt2": _run(programs, "pt2"),
+            **{ts: _run(programs, ts, "--input-size", "32", "32") for ts in ("ts", "traced")}}
     want = {c["id"]: c for c in onnx_run["measurement"]["checks"]}
     for which, run in runs.items():
         model = run["measurement"]["model"]
@@ -357,6 +363,56 @@ def test_the_cut_is_the_layer_that_feeds_the_answer(tmp_path: Path, kind: str) -
     x = torch.rand(3, 3, 32, 32)
     _, cut, _, _ = grads.value_and_grad(x, lambda z: z.sum(1))
     assert torch.allclose(cut, (net.body(x) @ net.w.T).detach(), atol=1e-5)
+
+
+class _RoundedLast(nn.Module):
+    """The demo's network with its scores rounded to quarters (a head the binarization test
+    keeps after its readout), its last layer as ``linear`` or written ``x @ W.T + b``."""
+
+    def __init__(self, seq: nn.Sequential, matmul: bool) -> None:
+        super().__init__()
+        self.body, self.last, self.matmul = seq[:-1], seq[-1], matmul
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.body(x)
+        out = f @ self.last.weight.T + self.last.bias if self.matmul else self.last(f)
+        return torch.round(out * 4) / 4
+
+
+@pytest.mark.e2e
+def test_a_matmul_and_bias_last_layer_gives_the_linear_programs_card(
+        programs: dict[str, Path]) -> None:
+    """The cut moves over the bias add (issue 49): the head is the rounding alone, which
+    Square's binarization test keeps after its 2-class readout, and the card equals the one of
+    the same weights in ``linear``."""
+    from certify.suite import resolve_suite_path
+
+    root = programs["root"]
+    raw = yaml.safe_load(resolve_suite_path("gtsrb").read_text())
+    small = {"clean": {}, "apgd_linf": SUITE_CHECKS["apgd_linf"],
+             "square_linf": builders.DEMO_SMALL["square_linf"]}
+    raw["checks"] = [{**c, **{k: v for k, v in small[c["id"]].items() if k != "params"},
+                      "params": {**c.get("params", {}), **small[c["id"]].get("params", {})}}
+                     for c in raw["checks"] if c["id"] in small]
+    (root / "matmul-suite.yaml").write_text(yaml.safe_dump(raw))
+    seq = builders.demo_module()
+    runs = {}
+    for name in ("linear", "matmul"):
+        pt2, _ = builders.save_programs(_RoundedLast(seq, name == "matmul").eval(), root / name)
+        model = load_model(str(pt2), choose_device("cpu"))
+        assert model.torch_copy().head == ("mul", "round", "div"), name  # type: ignore
+        model.close()
+        out = root / f"run-{name}"
+        proc = builders.run_cli("run", pt2, "--suite", root / "matmul-suite.yaml", "--data",
+                                root / "signs.npz", "--no-pdf", "--out", out)
+        assert proc.returncode in (0, 1, 6, 7), proc.stderr[-2000:]
+        runs[name] = json.loads((out / "results.json").read_text())["measurement"]
+    assert runs["matmul"]["model"]["white_box"] == "available"
+    want = {c["id"]: c for c in runs["linear"]["checks"]}
+    for c in runs["matmul"]["checks"]:
+        assert c["status"] == want[c["id"]]["status"] not in ("ERROR", "SKIPPED"), c["id"]
+        assert c["metrics"] == want[c["id"]]["metrics"], c["id"]
+        assert c["outcomes"] == want[c["id"]]["outcomes"], c["id"]
 
 
 def _armed_pt2(src: Path, dst: Path, marker: Path, how: str) -> Path:

@@ -283,8 +283,8 @@ class OnnxModel:
             self._try_symbolic_batch(proto)
         elif fixed_batch is not None:
             self.batch_mode = f"fixed {fixed_batch} (chunked)"
-            self.batching_note = (f"the graph is written for batches of {fixed_batch}: run "
-                                  "in chunks of that size (the last one padded)")
+            self.batching_note = (f"written for batches of {fixed_batch} and run in chunks "
+                                  "of that size (the last one padded)")
 
         provider = self.session.get_providers()[0]
         self._cpu_chunk = CPU_CHUNK if provider == "CPUExecutionProvider" else 0

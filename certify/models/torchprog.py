@@ -741,8 +741,8 @@ def _from_script(module: Any, name: str, identity: str, device: DeviceChoice,
                               num_classes=num_classes, fixed_batch=None if why is None else 1,
                               float_input=True, kind=kind, exported_batch=1,
                               batching_note=_batching_note(1, why).replace(
-                                  "exported at batch 1", "a TorchScript program (its batch is "
-                                  "not stated; one image works)"))
+                                  "exported at batch 1", "saved as TorchScript, which states "
+                                  "no batch (one image works)"))
     if program.why_no_cut:  # gradients through an uncut head could be starved: none at all
         model.refuse_white_box(f"certify could not cut the program's graph after its last "
                                f"linear layer ({program.why_no_cut})")

@@ -303,6 +303,8 @@ def limitations(result: RunResult) -> list[str]:
                    "evaluated the same model.")
     if m.model.metadata.get("white_box"):
         out.append(f"White-box attacks: {m.model.metadata['white_box']}.")
+    if m.model.metadata.get("batching"):  # a batch fixed in the model: how it was run
+        out.append(f"Batching: the model was {m.model.metadata['batching']}.")
     budgeted = {c.id: c.details["time_budget"] for c in result.checks
                 if isinstance(c.details.get("time_budget"), dict)}
     if budgeted:
