@@ -415,6 +415,83 @@ def test_a_matmul_and_bias_last_layer_gives_the_linear_programs_card(
         assert c["outcomes"] == want[c["id"]]["outcomes"], c["id"]
 
 
+class _Conv1x1Head(nn.Module):
+    """Features pooled to 1×1, a 1×1 convolution to 5 classes, flattened and rounded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.body = nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.classify = nn.Conv2d(6, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(self.classify(self.body(x)).flatten(1) * 4) / 4
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["pt2", "ts"])
+def test_a_1x1_convolution_is_the_last_linear_layer(tmp_path: Path, kind: str) -> None:
+    net = _Conv1x1Head().eval()
+    model, grads = _saved_and_loaded(net, tmp_path, kind)
+    assert grads.head == ("flatten", "mul", "round", "div")
+    x = torch.rand(3, 3, 32, 32)
+    _, cut, _, grad = grads.value_and_grad(x, lambda z: z[:, 1] - z[:, 0])
+    assert torch.allclose(cut, net.classify(net.body(x)).flatten(1).detach(), atol=1e-5)
+    assert grad.abs().sum() > 0  # BPDA: the rounding is after the cut
+    # the binarization test's 2-class readout runs through the head (flatten of [N, 2, 1, 1])
+    assert torch.equal(grads.apply_head(torch.tensor([[0.3, 1.1]])), torch.tensor([[0.25, 1.0]]))
+    model.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("how", ["trace", "script", "freeze", "dynamic_pt2"])
+def test_programs_saved_the_ways_teams_save_them_load(tmp_path: Path, how: str) -> None:
+    net = builders.make_net(seed=2)
+    x = torch.rand(1, 3, 32, 32)
+    path = tmp_path / ("m.pt2" if how == "dynamic_pt2" else "m.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if how == "dynamic_pt2":
+            torch.export.save(torch.export.export(
+                net, (torch.rand(2, 3, 32, 32),),
+                dynamic_shapes=({0: torch.export.Dim("batch")},)), str(path))
+        else:
+            saved = {"trace": lambda: torch.jit.trace(net, x),
+                     "script": lambda: torch.jit.script(net),
+                     "freeze": lambda: torch.jit.freeze(torch.jit.script(net))}[how]()
+            torch.jit.save(saved, str(path))
+    model = load_model(str(path), choose_device("cpu"), input_size=(32, 32))
+    assert model.info.batch == "dynamic" and model.info.white_box == "available"
+    xs = torch.rand(5, 3, 32, 32)
+    assert torch.allclose(model.predict(xs), net(xs).detach(), atol=1e-5)
+    _, _, _, grad = model.torch_copy().value_and_grad(  # type: ignore[attr-defined]
+        xs, lambda z: z[:, 0])
+    xr = xs.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(net(xr)[:, 0].sum(), xr)
+    assert torch.allclose(grad, want, atol=1e-5)
+    model.close()
+
+
+@pytest.mark.unit
+def test_optimize_for_inference_is_black_box_in_memory_and_said_on_file(
+        tmp_path: Path) -> None:
+    from certify.models.torchprog import from_module
+
+    net = builders.make_net(seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = torch.jit.optimize_for_inference(torch.jit.script(net))
+        torch.jit.save(fast, str(tmp_path / "fast.pt"))
+    model = from_module(fast, choose_device("cpu"), None, (32, 32), None)
+    assert model.info.identity.startswith("sha256:")
+    assert "optimize_for_inference" in model.info.white_box  # MKLDNN kernels: no gradient
+    xs = torch.rand(4, 3, 32, 32)
+    assert torch.allclose(model.predict(xs), net(xs).detach(), atol=1e-4)
+    with pytest.raises(ModelError) as refused:
+        load_model(str(tmp_path / "fast.pt"), choose_device("cpu"), input_size=(32, 32))
+    assert "torch.jit.freeze" in refused.value.hint
+
+
 def _armed_pt2(src: Path, dst: Path, marker: Path, how: str) -> Path:
     """A copy of the archive ``src`` armed to create ``marker`` when torch loads or runs it."""
     with zipfile.ZipFile(src) as z:

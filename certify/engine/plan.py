@@ -148,7 +148,7 @@ def calibrate(model: Model, data: Dataset, gradients: bool = True,
                 return copy.value_and_grad(x, lambda z: torch.nn.functional.cross_entropy(
                     z, y.to(z.device), reduction="none"))
             gradient_s = _timed(grad) / n
-        except WhiteBoxUnavailable:
+        except Exception:  # noqa: BLE001 - a copy that fails: try_white_box says why
             gradient_s = None
     how = (f"measured on {n} images: {1 / query_s:,.0f} queries/s"
            + (f", {1 / gradient_s:,.0f} gradient evaluations/s" if gradient_s else ""))

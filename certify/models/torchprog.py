@@ -268,6 +268,7 @@ class ScriptProgram:
         if back.input().node().kind() == "prim::TupleConstruct":  # the answer alone
             back.replaceInput(0, next(iter(back.input().node().inputs())))
         torch._C._jit_pass_dce(head_graph)
+        _drop_unneeded(head_graph)  # checks on the body's input (a pooling's rank check)
         if not list(head_graph.inputs())[1].uses():
             self._head_fn = torch._C._create_function_from_graph("certify_head", head_graph)
 
@@ -296,6 +297,27 @@ class ScriptProgram:
             raise WhiteBoxUnavailable("the output head needs more than the last linear "
                                       "layer's output")
         return _first_tensor(self._head_fn(self.module._c, torch.empty(0), logits))
+
+
+def _drop_unneeded(graph: Any) -> None:
+    """Remove the top-level nodes of a TorchScript graph whose outputs the answer does not need,
+    side effects included: what is left of the program after its cut runs on the logits alone,
+    and a check the body makes of its own input (``prim::If`` … ``prim::RaiseException`` of a
+    pooling layer) belongs to the body."""
+    needed: set[Any] = set()
+    todo = [v.node() for v in graph.return_node().inputs()]
+    while todo:
+        node = todo.pop()
+        if node in needed:
+            continue
+        needed.add(node)
+        todo.extend(v.node() for v in node.inputs())
+        for block in node.blocks():  # values a subgraph reads from outside it
+            for inner in block.nodes():
+                todo.extend(v.node() for v in inner.inputs())
+    for node in reversed(list(graph.nodes())):
+        if node not in needed and all(not o.uses() for o in node.outputs()):
+            node.destroy()
 
 
 class ModuleProgram:
