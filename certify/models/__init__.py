@@ -95,7 +95,10 @@ def attach_surrogate(model: Model, spec: str, surrogate: Model) -> None:
             f"{theirs.num_classes} classes; the endpoint takes {list(mine.input_shape)} and "
             f"answers {mine.num_classes}",
             hint="a surrogate must take the endpoint's images and name its classes")
-    surrogate.torch_copy()  # built now: the run's lanes share it
+    try:
+        surrogate.torch_copy()  # built now: the run's lanes share it
+    except Exception:  # noqa: BLE001 - the run's plan tries the copy and says why it fails
+        pass
     endpoint.surrogate = surrogate
     model.info = dataclasses.replace(
         mine, white_box=transfer_text(name),
