@@ -47,11 +47,13 @@ MIN_ATTACK_SAMPLES = 20
 TRY_IMAGES = 8
 
 
-def prepare(model: Model, data: Dataset, device: torch.device, gradients: bool) -> None:
+def prepare(model: Model, data: Dataset, device: torch.device, gradients: bool,
+            reference: Model | None = None) -> None:
     """Before the first check, on the first :data:`TRY_IMAGES` real images of ``data`` (not
     counted as queries: checks of certify's own adapters, not of the model):
 
-    - a graph exported at batch 1 and proven batchable must answer them alone as in batches
+    - a graph exported at batch 1 and proven batchable (the model's, the reference model's)
+      must answer them alone as in batches
       (:meth:`~certify.models.base.BatchChecked.confirm_batching`), else it runs per image;
     - with ``gradients`` (the suite has white-box attacks), :func:`try_white_box`: a torch copy
       or program cut that fails makes its rows SKIPPED now, at the cost of seconds, instead of
@@ -61,11 +63,13 @@ def prepare(model: Model, data: Dataset, device: torch.device, gradients: bool) 
     if n == 0:
         return
     x, y = data.x[:n].to(device), data.y[:n].to(device)
-    inner: object = model
-    while isinstance(inner, QueryCounter):
-        inner = inner.model
-    if isinstance(inner, BatchChecked) and inner.confirm_batching(x) is not None:
-        model.info = inner.info  # the same object unless counted through a wrapper
+    for m in (model, reference):
+        inner: object = m
+        while isinstance(inner, QueryCounter):
+            inner = inner.model
+        if m is not None and isinstance(inner, BatchChecked) \
+                and inner.confirm_batching(x) is not None:
+            m.info = inner.info  # the same object unless counted through a wrapper
     if gradients:
         try_white_box(model, x, y)
 

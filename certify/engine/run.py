@@ -202,7 +202,7 @@ def run_suite(
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
     white = any(isinstance(s.check, AttackCheck) and s.check.white_box() for s in suite.checks)
-    prepare(model, data, device.torch_device, gradients=white)
+    prepare(model, data, device.torch_device, gradients=white, reference=reference)
     skips = suite.skips(model.info)
     if skips and len(skips) == len(suite.checks):
         suite.validate_for(model.info)  # raises: a run must evaluate something
