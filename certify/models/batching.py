@@ -139,7 +139,7 @@ def prove_symbolic_batch(proto: onnx.ModelProto) -> BatchProof:
     try:
         fixed = _shapes(proto, strict=False)
     except Exception as exc:  # noqa: BLE001 - ONNX's inference refuses the graph itself
-        return BatchProof(None, f"ONNX shape inference fails on the graph ({_first(exc)})")
+        return BatchProof(None, f"ONNX shape inference fails on the graph ({first_line(exc)})")
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     for value in (*m.graph.input, *m.graph.output):
@@ -172,7 +172,7 @@ def prove_symbolic_batch(proto: onnx.ModelProto) -> BatchProof:
         shapes = _shapes(m, strict=True)
     except Exception as exc:  # noqa: BLE001 - the rewrite contradicts the graph somewhere
         return BatchProof(None, f"ONNX shape inference with a symbolic batch fails "
-                                f"({_first(exc)})")
+                                f"({first_line(exc)})")
     consts = _constants(m.graph)
     opset = opset_of(m)
     used = {i for n in m.graph.node for i in n.input} | {o.name for o in m.graph.output}
@@ -195,7 +195,8 @@ def prove_symbolic_batch(proto: onnx.ModelProto) -> BatchProof:
     return BatchProof(m, None, reshapes)
 
 
-def _first(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's message in one line (its last, where onnx puts the cause)."""
     text = str(exc).strip().splitlines()
     return (text[-1] if text else type(exc).__name__)[:200]
 
@@ -501,5 +502,5 @@ def described(mode: str, why: str | None) -> str:
             f"white-box copy mapped over images with torch.func.vmap): {why}")
 
 
-__all__ = ["BATCH_PARAM", "BatchProof", "described", "image_path", "opset_of",
+__all__ = ["BATCH_PARAM", "BatchProof", "described", "first_line", "image_path", "opset_of",
            "prove_symbolic_batch", "same_alone_and_batched"]

@@ -240,10 +240,9 @@ class OnnxModel:
                     hint="set preprocessing.input_size: [H, W] in the suite",
                 )
             height, width = input_size
+        #: the graph as run: the file's, or its rewrite where a batch of 1 was proven symbolic
+        #: (one copy of the weights is held: a rewrite taken back reloads the file)
         self._proto = proto
-        #: the graph the batched session runs (``_proto`` rewritten where a batch of 1 was
-        #: proven symbolic)
-        self._batched_proto = proto
         self._white_box_refusal = torchcopy.refusal(proto)
         self._torch_copy: torchcopy.TorchCopy | None = None
         self._torch_device = device.torch_device
@@ -350,10 +349,10 @@ class OnnxModel:
                 x = self._to_model_input(probe_images(self.input_shape, 6))
                 why = self._disagreement(session, x)
             except Exception as exc:  # noqa: BLE001 - onnxruntime refuses the rewrite
-                why = f"onnxruntime cannot run the rewritten graph ({batching._first(exc)})"
+                why = f"onnxruntime cannot run the rewritten graph ({batching.first_line(exc)})"
         if why is None and session is not None and proof.model is not None:
             self.session = session
-            self._batched_proto = proof.model
+            self._proto = proof.model
             self.fixed_batch = None
             self.batch_mode = "symbolic (rewritten from fixed 1)"
             self.batching_note = batching.described(self.batch_mode, None)
@@ -384,11 +383,11 @@ class OnnxModel:
         try:
             why = self._disagreement(self.session, self._to_model_input(x))
         except Exception as exc:  # noqa: BLE001 - a batch the rewrite cannot run
-            why = f"the rewritten graph fails on real images ({batching._first(exc)})"
+            why = f"the rewritten graph fails on real images ({batching.first_line(exc)})"
         if why is None:
             return None
         self.session = self._fixed_session
-        self._batched_proto = self._proto
+        self._proto = onnx.load(str(self.path))
         self._feature_session = None
         self._torch_copy = None
         self.fixed_batch = 1
@@ -469,7 +468,7 @@ class OnnxModel:
             if self._white_box_refusal is not None:
                 raise torchcopy.WhiteBoxUnavailable(self._white_box_refusal)
             self._torch_copy = torchcopy.TorchCopy(
-                self._batched_proto, self.preprocessing, self.input_shape[0], self.layout,
+                self._proto, self.preprocessing, self.input_shape[0], self.layout,
                 self.num_classes, self.fixed_batch).to(self._torch_device)
         return self._torch_copy
 
@@ -490,7 +489,7 @@ class OnnxModel:
                              hint="the model has no final Gemm/MatMul layer")
         if self._feature_session is None:
             m = onnx.ModelProto()
-            m.CopyFrom(self._batched_proto)
+            m.CopyFrom(self._proto)
             m.graph.output.append(onnx.helper.make_empty_tensor_value_info(self.feature_name))
             self._feature_session = self._session(m.SerializeToString())
         arr = self._to_model_input(x)
