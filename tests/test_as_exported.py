@@ -158,6 +158,7 @@ def test_the_copy_of_a_batch_1_graph_maps_images_like_a_loop(tmp_path: Path) -> 
         want = torch.cat([net(x[i:i + 1]) for i in range(len(x))])
     assert torch.allclose(scores, want, atol=1e-5)
     assert torch.allclose(model.predict(x), want, atol=1e-5)
+    assert copy.scores(x[:0]).shape == (0, 43)  # vmap maps no empty batch: shapes kept
     model.close()
 
 

@@ -349,6 +349,10 @@ def per_sample(fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], x: torch.
     chunks. Outputs are concatenated along their first axis, as onnxruntime's chunks are."""
     if fixed is None:
         return fn(x)
+    if not len(x):  # no image to map: the outputs' shapes from one zero image, empty
+        one = fn(torch.zeros(fixed, *x.shape[1:], dtype=x.dtype, device=x.device))
+        tie = x.sum() * 0  # keeps them connected to x for a gradient (of zeros)
+        return tuple(o[:0] + tie if o.is_floating_point() else o[:0] for o in one)
     if fixed == 1:
         try:
             outs = torch.func.vmap(lambda xi: fn(xi.unsqueeze(0)))(x)
