@@ -330,7 +330,7 @@ def as_scores(out: torch.Tensor, n: int, k: int) -> torch.Tensor:
     answer) become one-hot over ``k`` classes, scores keep their values."""
     if out.dim() == 1 or not out.is_floating_point():
         return torch.nn.functional.one_hot(out.reshape(n).long(), k).float()
-    return out.reshape(n, -1).float()
+    return out.reshape(n, -1 if n else k).float()  # no image: -1 would be ambiguous
 
 
 def output_kind(out: np.ndarray) -> OutputKind:
