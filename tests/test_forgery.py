@@ -401,9 +401,14 @@ def test_cards_whose_visible_layer_cannot_be_compared_exit_8(
         genuine: Path, keys: dict[str, Path], service: Service, tmp_path: Path) -> None:
     """A card.pdf from before PDF signatures (statement /1, no PDF signature) and a card.html
     from another renderer: the signature and the payload check out, the visible layer is not
-    compared, and verify says so with exit 8 (the service: valid, visible_compared false).
-    The same payload's results.json verifies (exit 0): it has no visible layer."""
+    compared, and verify says so with exit 8. The service never calls such a card valid
+    (issue 50): its API answers ``valid: false`` in the state ``visible_not_checked`` with the
+    reason, and its page shows "signature valid, visible content not checked" in amber, never
+    the green VALID. The same payload's results.json verifies (exit 0): it has no visible
+    layer."""
     import json
+
+    import requests
 
     from certify.errors import EXIT_VISIBLE_NOT_COMPARED
     from certify.report import load_images, write_report
@@ -443,7 +448,15 @@ def test_cards_whose_visible_layer_cannot_be_compared_exit_8(
         assert lines[-1].startswith("exit 8: the visible layer was not compared")
         with path.open("rb") as f:
             doc = service.post("/verify", files={"file": (path.name, f)}).json()
-        assert doc["valid"] is True and doc["visible_compared"] is False, doc
+        assert doc["valid"] is False and doc["state"] == "visible_not_checked", doc
+        assert doc["signature_valid"] is True and doc["visible_compared"] is False, doc
+        assert "visible content was not compared" in doc["reason"] and why in doc["reason"]
+        with path.open("rb") as f:
+            page = requests.post(f"{service.url}/verify", files={"file": (path.name, f)},
+                                 timeout=60)
+        assert page.status_code == 200
+        assert "SIGNATURE VALID, VISIBLE CONTENT NOT CHECKED" in page.text
+        assert 'class="verdict PASS">VALID<' not in page.text and "verdict WARN" in page.text
     proc = builders.run_cli("verify", old / "results.json", "--pubkey", keys["pub"])
     assert proc.returncode == 0 and "payload:" not in proc.stdout, proc.stdout + proc.stderr
 

@@ -37,7 +37,8 @@ class Counters:
             self.responses[f"{status // 100}xx"] += 1
 
     def verification(self, outcome: str) -> None:
-        """Count one card verification (``valid``, ``invalid`` or ``refused``)."""
+        """Count one card verification (``valid``, ``visible_not_checked``, ``invalid`` or
+        ``refused``)."""
         with self._lock:
             self.verifications[outcome] += 1
 
@@ -114,7 +115,7 @@ def exposition(factory: Any, counters: Counters, store: Any = None) -> str:
     metric("certify_verifications_total", "counter",
            "Card verifications by outcome since the service started.",
            [({"outcome": o}, float(verifications.get(o, 0)))
-            for o in ("valid", "invalid", "refused")])
+            for o in ("valid", "visible_not_checked", "invalid", "refused")])
     metric("certify_worker_heartbeat_age_seconds", "gauge",
            "Seconds since each worker's last heartbeat, on the database's clock (a worker "
            "that stopped cleanly is not listed; a lost one ages for an hour, then goes).",

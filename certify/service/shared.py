@@ -356,7 +356,7 @@ async def verify_upload(svc: Services, file: UploadFile, signature: UploadFile |
             svc.counters.verification("refused")
         raise
     if svc.counters is not None:
-        svc.counters.verification("valid" if out["valid"] else "invalid")
+        svc.counters.verification(out.get("state") or ("valid" if out["valid"] else "invalid"))
     return out
 
 
@@ -426,12 +426,13 @@ async def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile 
         await asyncio.to_thread(shutil.rmtree, folder, True)
     if answer is None:  # the limits (or a signal) ended the child before it answered
         limit = {"memory": "memory", "time": "time", "signal": "memory/time"}.get(outcome.how)
-        return {"valid": False, "reason": f"{name}: {limit_reason(outcome, limits)}",
+        return {"valid": False, "state": "invalid",
+                "reason": f"{name}: {limit_reason(outcome, limits)}",
                 "hint": "a card certify wrote verifies well within them; do not trust this "
                         "file" if limit else "try again; the service's log says what failed",
                 "service_key": key_fp, "limit": limit}
     if not answer.get("valid"):
-        return {"valid": False, "service_key": key_fp,
+        return {"valid": False, "state": "invalid", "service_key": key_fp,
                 "reason": _no_paths(str(answer.get("reason") or "invalid"), folder),
                 "hint": _no_paths(str(answer.get("hint") or ""), folder) or None}
     return await asyncio.to_thread(_valid_answer, svc, answer)
@@ -476,8 +477,16 @@ def _no_paths(text: str, folder: Path) -> str:
     return text
 
 
+#: What ``state`` says of a verified card (the API's and the page's one meaning of valid):
+#: ``valid`` only where every layer was checked; a card whose signature and payload check out
+#: but whose visible content could not be compared with them is ``visible_not_checked``, and
+#: ``valid`` is then false (issue 50): what a reader sees may not be what was signed.
+VERIFY_STATES = ("valid", "visible_not_checked", "invalid")
+
+
 def _valid_answer(svc: Services, answer: dict[str, Any]) -> dict[str, Any]:
-    """A valid card's answer, with where the transparency log has it."""
+    """The answer for a card whose signature and payload check out, with where the
+    transparency log has it: ``valid`` only where its visible layer was compared too."""
     from certify.service.tlog import statement_digest
 
     signed = answer.get("signed") or {}
@@ -486,12 +495,22 @@ def _valid_answer(svc: Services, answer: dict[str, Any]) -> dict[str, Any]:
     run_id = answer.get("run_id")
     logged_run = svc.tlog.entry(index)["run_id"] if index is not None else None
     said = {k: v for k, v in answer.items() if k not in ("signed", "run_id", "valid")}
-    return {
-        "valid": True, "key_fingerprint": answer.get("key_fingerprint"),
+    checked = answer.get("visible_compared") is not False
+    out = {
+        "valid": checked, "state": "valid" if checked else "visible_not_checked",
+        "signature_valid": True, "key_fingerprint": answer.get("key_fingerprint"),
         "statement_digest": digest, "log_index": index,
         "in_log": index is not None and (run_id is None or run_id == logged_run),
         "run_id": run_id, "log_run_id": logged_run, **said,
     }
+    if not checked:
+        out["reason"] = ("the signature and the signed payload are intact, but the card's "
+                         "visible content was not compared with them "
+                         f"({answer.get('visible') or 'no reason given'}): what a reader of "
+                         "this file sees may not be what was signed")
+        out["hint"] = ("trust the signed figures below, not the file's pages; verify the "
+                       "card with the certify that rendered it, or its results.json")
+    return out
 
 
 def copy_limited(upload: UploadFile, dest: Path, limit: int) -> None:
