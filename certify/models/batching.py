@@ -254,16 +254,17 @@ Rule = Callable[[onnx.NodeProto, set[str], dict[str, np.ndarray], "int | None", 
                  dict[str, "list[int | str | None] | None"]], "str | None"]
 
 
-def _axis_rule(default: int, pre13_flattens: bool = False) -> Rule:
+def _axis_rule(default: int, pre13_flattens: bool = False, verb: str = "acts") -> Rule:
     """An operation along one ``axis``: it must not be the batch axis (before opset 13,
-    Softmax-like operations flatten from ``axis`` on, which is per sample for ``axis >= 1``)."""
+    Softmax-like operations flatten from ``axis`` on, which is per sample for ``axis >= 1``);
+    ``verb`` names what it does there."""
     def rule(node: onnx.NodeProto, carried: set[str], consts: dict[str, np.ndarray],
              rank: int | None, opset: int, shapes: Any) -> str | None:
         axis = int(_attr(node, "axis", 1 if pre13_flattens and opset < 13 else default))
         if rank is None:
-            return "acts on an axis of a tensor of unknown rank"
+            return f"{verb} along an axis of a tensor of unknown rank"
         if axis % rank == 0:
-            return "acts along the batch axis"
+            return f"{verb} along the batch axis"
         return None
     return rule
 
@@ -364,12 +365,6 @@ def _slice(node: onnx.NodeProto, carried: set[str], consts: dict[str, np.ndarray
     return None
 
 
-def _split(node: onnx.NodeProto, carried: set[str], consts: dict[str, np.ndarray],
-           rank: int | None, opset: int, shapes: Any) -> str | None:
-    axis = int(_attr(node, "axis", 0))
-    return "splits along the batch axis" if rank is None or axis % rank == 0 else None
-
-
 def _matmul(node: onnx.NodeProto, carried: set[str], consts: dict[str, np.ndarray],
             rank: int | None, opset: int, shapes: Any) -> str | None:
     a, b = node.input[:2]
@@ -388,12 +383,6 @@ def _gemm(node: onnx.NodeProto, carried: set[str], consts: dict[str, np.ndarray]
     if node.input[0] in carried and _attr(node, "transA", 0):
         return "transposes the batch axis into the contraction"
     return None
-
-
-def _concat(node: onnx.NodeProto, carried: set[str], consts: dict[str, np.ndarray],
-            rank: int | None, opset: int, shapes: Any) -> str | None:
-    axis = int(_attr(node, "axis", 0))
-    return "concatenates along the batch axis" if rank is None or axis % rank == 0 else None
 
 
 def _pad(node: onnx.NodeProto, carried: set[str], consts: dict[str, np.ndarray],
@@ -462,7 +451,8 @@ _RULES: dict[str, Rule] = {
                                  else None),
     "Transpose": _transpose, "Flatten": _flatten, "Squeeze": _squeeze,
     "Unsqueeze": _unsqueeze, "Reshape": _reshape, "Gather": _gather, "Slice": _slice,
-    "Split": _split, "MatMul": _matmul, "Gemm": _gemm, "Concat": _concat, "Pad": _pad,
+    "Split": _axis_rule(0, verb="splits"), "MatMul": _matmul, "Gemm": _gemm,
+    "Concat": _axis_rule(0, verb="concatenates"), "Pad": _pad,
     "Resize": _resize, "Upsample": _resize, "Tile": _tile, "Expand": _expand,
     "LayerNormalization": _layer_norm,
 }

@@ -40,6 +40,7 @@ from certify.models.base import (
     endpoint_of,
     preprocess,
 )
+from certify.models.batching import opset_of
 
 #: Operations allowed between the last linear layer and the output (per-sample, no mixing
 #: across the batch): the gradient is taken before them (BPDA), decisions after them.
@@ -220,8 +221,7 @@ class TorchCopy(torch.nn.Module):
         #: the batch the graph is written for (``None``: any); a batch of 1 runs per image
         #: through ``torch.func.vmap``, a larger one in padded chunks (:func:`per_sample`)
         self.fixed_batch = fixed_batch
-        self.opset = next((int(o.version) for o in proto.opset_import
-                           if o.domain in ("", "ai.onnx")), 1)
+        self.opset = opset_of(proto)
         # each node's operation, inputs, outputs and attributes, read once (not per pass)
         self.nodes = [(n.op_type, op_for(n.op_type, self.opset), list(n.input), list(n.output),
                        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},

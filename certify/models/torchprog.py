@@ -51,6 +51,7 @@ from certify.models.base import (
     probe_images,
     require_finite_probe,
 )
+from certify.models.batching import same_alone_and_batched
 from certify.models.torchcopy import (
     QUANTISING_NAMES,
     TOLERANCE,
@@ -618,8 +619,6 @@ def batch_disagreement(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Ten
     the answer it gets alone (a batch size baked into a traced graph, an answer that depends
     on the whole input tensor), or ``None`` when every batch make-up tried agrees
     (:func:`certify.models.batching.same_alone_and_batched`)."""
-    from certify.models.batching import same_alone_and_batched
-
     def call(arr: np.ndarray) -> np.ndarray:
         with torch.no_grad(), quiet_torch():
             out = run(torch.from_numpy(arr).to(x.device))
