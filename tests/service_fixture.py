@@ -45,6 +45,10 @@ class Service:
 
     def start(self, timeout: float = 60.0) -> Service:
         """Start the server and wait until its health endpoint answers."""
+        return self.launch().wait_up(timeout)
+
+    def launch(self) -> Service:
+        """Start the server's process without waiting for it (then :meth:`wait_up`)."""
         self.home.mkdir(parents=True, exist_ok=True)
         logf = self.log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -53,6 +57,12 @@ class Service:
             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **self.env})
         logf.close()
+        return self
+
+    def wait_up(self, timeout: float = 60.0) -> Service:
+        """Wait until the launched server answers its health endpoint (a worker: until its
+        first heartbeat line); a RuntimeError with its log if it exits or takes too long."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -348,9 +348,12 @@ def test_genuine_cards_verify_in_certify_and_in_the_service(
 def test_pdfsig_refuses_each_pdf_forgery_and_trusts_the_genuine_cards(
         genuine: Path, other_card: Path, keys: dict[str, Path], nss: Path,
         tmp_path: Path) -> None:
+    prefix = _fingerprint(keys["pub"]).split(":", 1)[1][:8]
     for card in (genuine, other_card):
         sigs = pdfsig(card / "card.pdf", nss)
         assert len(sigs) == 1 and accepted_by_pdfsig(sigs), sigs
+        # the signer's name tells keys apart: it carries the fingerprint's prefix (issue 50)
+        assert sigs[0]["Signer Certificate Common Name"] == f"certify signing key {prefix}", sigs
     seen = {}
     for name, (_, suffix, _) in FORGERIES.items():
         if suffix != ".pdf":
@@ -364,6 +367,9 @@ def test_pdfsig_refuses_each_pdf_forgery_and_trusts_the_genuine_cards(
     assert seen["resigned_with_another_key"][0]["Signature Validation"] == "Signature is Valid."
     assert seen["resigned_with_another_key"][0]["Certificate Validation"] \
         == "Certificate issuer isn't Trusted."
+    attacker = _fingerprint(keys["other_key"].with_suffix(".pub")).split(":", 1)[1][:8]
+    assert seen["resigned_with_another_key"][0]["Signer Certificate Common Name"] \
+        == f"certify signing key {attacker}" != f"certify signing key {prefix}"
     for name in ("white_box", "trailing_bytes", "incremental_update"):
         assert seen[name][0]["total"] == "no", (name, seen[name])
     assert seen["header_byte"][0]["Signature Validation"] != "Signature is Valid."

@@ -103,3 +103,43 @@ def test_serve_submit_verify_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         assert not (tmp_path / "home" / "state.db").exists()  # the state is in PostgreSQL
     finally:
         svc.stop()
+
+
+def test_four_api_nodes_started_together_on_an_empty_database_all_come_up(
+        pg_url: str, tmp_path: Path) -> None:
+    """Issue 50: every node migrates the schema at start; on an empty database four nodes
+    started at the same moment used to race (one exited 2 on ``pg_type``'s unique index or
+    ``alembic_version`` already existing). Under the advisory lock all four come up, on one
+    schema and one identity."""
+    import os
+
+    import psycopg
+
+    from certify.report.sign import keygen
+
+    base, _, _ = pg_url.rpartition("/")
+    with psycopg.connect(base.replace("postgresql+psycopg://", "postgresql://") + "/postgres",
+                         autocommit=True) as conn:
+        conn.execute("CREATE DATABASE together")
+    url = f"{base}/together"
+    key, _pub = keygen(tmp_path / "keys", "service")
+    env = {"CERTIFY_SESSION_SECRET": os.urandom(32).hex()}
+    nodes = [Service(tmp_path / f"api-{n}", "--workers", "0", "--sign-key", str(key),
+                     db=url, env=env) for n in range(4)]
+    try:
+        for node in nodes:
+            node.launch()
+        for node in nodes:
+            node.wait_up(120)
+        keys = {n.get("/log").json()["key_fingerprint"] for n in nodes}
+        assert len(keys) == 1, keys
+    finally:
+        for node in nodes:
+            node.stop()
+    logs = "\n".join(n.log() for n in nodes)
+    assert "Traceback" not in logs and "already exists" not in logs, logs
+    with _engine(url) as engine, engine.connect() as conn:
+        from alembic.autogenerate import compare_metadata
+        from alembic.migration import MigrationContext
+
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []

@@ -64,17 +64,32 @@ def fingerprint(public_key: ec.EllipticCurvePublicKey) -> str:
 
 # --- certificates ---------------------------------------------------------------------------
 
+#: The certificate's common name: this, then the first :data:`NAME_FINGERPRINT_HEX` hex digits of
+#: the key's fingerprint (``certify signing key 7f3a9c21``), so that a PDF reader showing only
+#: the signer's name tells one key from another.
+COMMON_NAME = "certify signing key"
+NAME_FINGERPRINT_HEX = 8
+
+
+def common_name_for(key: ec.EllipticCurvePublicKey) -> str:
+    """The common name a certificate of ``key`` carries: :data:`COMMON_NAME` and the key's
+    fingerprint prefix."""
+    return f"{COMMON_NAME} {fingerprint(key).split(':', 1)[1][:NAME_FINGERPRINT_HEX]}"
+
+
 def self_issued_certificate(key: ec.EllipticCurvePrivateKey,
-                            common_name: str = "certify signing key") -> x509.Certificate:
+                            common_name: str | None = None) -> x509.Certificate:
     """A certificate for ``key`` issued by ``key`` itself, usable as its own CA.
 
     basicConstraints CA:TRUE (a reader's trust store can hold it as a root) and keyUsage
     digitalSignature, nonRepudiation and keyCertSign; valid from a day before now for
-    :data:`VALIDITY_DAYS`. The common name carries the key's fingerprint, so that a reader
-    showing the signer names the key ``certify verify`` prints.
+    :data:`VALIDITY_DAYS`. The common name carries the key's fingerprint prefix
+    (:func:`common_name_for`) and the serial number attribute the whole fingerprint, so that a
+    reader showing the signer names the key ``certify verify`` prints.
     """
     fp = fingerprint(key.public_key())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+    cn = common_name if common_name is not None else common_name_for(key.public_key())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn),
                       x509.NameAttribute(NameOID.SERIAL_NUMBER, fp)])
     now = datetime.datetime.now(datetime.timezone.utc)
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())

@@ -6,7 +6,10 @@ ever created by the Alembic migrations in :mod:`certify.service.migrations`, run
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from sqlalchemy import (
     create_engine,
     event,
     false,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -183,8 +187,6 @@ def db_now(session: Any) -> dt.datetime:
     file, so every process using it shares this machine's clock."""
     bind = session.get_bind()
     if bind.dialect.name == "postgresql":
-        from sqlalchemy import text
-
         value = session.scalar(text("SELECT now() AT TIME ZONE 'UTC'"))
         return value.replace(tzinfo=None)
     return utcnow()
@@ -212,16 +214,49 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
+#: The PostgreSQL advisory lock key that serialises schema migrations (any number of nodes may
+#: start together on an empty database): ``certify`` in ASCII.
+MIGRATION_LOCK_KEY = int.from_bytes(b"certify", "big")
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest migration (Alembic ``upgrade head``)."""
+    """Bring the schema to the newest migration (Alembic ``upgrade head``), one node at a time.
+
+    On PostgreSQL the migration's transaction first takes a transaction-scoped advisory lock
+    (:data:`MIGRATION_LOCK_KEY`): a node that starts beside another waits for its migration
+    to commit, then finds the schema at head (without it, two nodes on an empty database both
+    created the tables and one failed on ``pg_type``'s unique index). On SQLite the migration
+    holds an exclusive ``flock`` on the database file itself (SQLite's own locks are byte-range
+    ``fcntl`` locks, which ``flock`` does not touch on Linux)."""
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
-    with engine.begin() as conn:
+    with _migration_lock(engine), engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                         {"key": MIGRATION_LOCK_KEY})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    """An exclusive lock on a SQLite database file for the migration (nothing elsewhere)."""
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not path or path == ":memory:" or path.startswith("file:"):
+        yield
+        return
+    import fcntl
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the file releases the lock
 
 
 def sessions(engine: Engine) -> sessionmaker[Any]:
