@@ -27,8 +27,8 @@ from certify.engine.plan import TimeBudget, calibrate, choose_samples
 from certify.errors import ModelError, UsageError
 from certify.models import HttpOptions, Model, Preprocessing, load_model
 from certify.progress import NullProgress, Progress
-from certify.report import write_report
 from certify.report.card import renderer_info
+from certify.report.write import write_report
 from certify.results import ModelCardDoc, RunResult
 from certify.rundir import DEMO_DATA, RunDir, check_out_dir
 from certify.suite import classes_for_run, load_suite
@@ -274,7 +274,7 @@ def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
 
         signature = sign(result.to_json(), key)
     paths = write_report(result, opts.out, outcome.images, pdf=opts.pdf, signature=signature,
-                         pdf_signer=pdf_key)
+                         key=key, pdf_signer=pdf_key)
     return result, paths
 
 
@@ -358,9 +358,9 @@ def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
 
     from certify.canonical import canonical_json
     from certify.errors import UsageError
-    from certify.report import load_images
     from certify.report.pades import PdfSigningKey
     from certify.report.sign import is_older_format, load_private_key, sign
+    from certify.report.write import load_images
     from certify.results import OLD_SCHEMAS, SCHEMA, SchemaError, parse_result
 
     key = load_private_key(key_path, passphrase)
@@ -390,7 +390,8 @@ def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
         result = result.model_copy(update={"provenance": result.provenance.model_copy(
             update={"renderer": renderer_info()})})
         return write_report(result, run_dir, load_images(run_dir), pdf=pdf,
-                            signature=sign(result.to_json(), key), pdf_signer=pdf_key)
+                            signature=sign(result.to_json(), key), key=key,
+                            pdf_signer=pdf_key)
     except SchemaError as exc:
         raise UsageError(f"{path} cannot be signed: {exc.message}", hint=rerun) from None
     except (jinja2.TemplateError, KeyError, AttributeError, TypeError) as exc:

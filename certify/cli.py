@@ -28,6 +28,7 @@ refused (2).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -37,20 +38,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from certify.device import DEVICE_CHOICES
 from certify.errors import (
@@ -69,7 +59,25 @@ from certify.model_card import model_card_from, model_card_options
 from certify.redact import install_log_filters, redact
 from certify.version import __version__
 
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@functools.cache
+def _err() -> Console:
+    """The console certify's messages go to (stderr), made on first use: rich is imported
+    only by commands that print through it (``verify`` and ``keygen`` print plain lines)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def escape(text: str) -> str:
+    """``text`` with rich markup escaped."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
 log = logging.getLogger("certify")
 
 
@@ -88,6 +96,15 @@ class RichProgress:
 
     def __init__(self, console: Console, enabled: bool) -> None:
         self._console = console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         self._plain = enabled and not console.is_terminal
         self._progress = Progress(
             TextColumn("[bold]{task.description:<14}"),
@@ -194,7 +211,9 @@ class RichProgress:
 
 def _setup_logging(debug: bool, quiet: bool) -> None:
     level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
-    handler = RichHandler(console=err_console, show_time=False, show_path=False,
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=_err(), show_time=False, show_path=False,
                           markup=False, rich_tracebacks=debug)
     handler.setFormatter(logging.Formatter("%(message)s"))
     install_log_filters(handler)
@@ -207,9 +226,9 @@ def _fail(exc: CertifyError, debug: bool) -> int:
     if debug:
         import traceback
 
-        err_console.print(escape(redact(traceback.format_exc())), highlight=False)
+        _err().print(escape(redact(traceback.format_exc())), highlight=False)
     hint = f" [dim](hint: {escape(exc.hint)})[/]" if exc.hint else ""
-    err_console.print(f"[bold red]error:[/] {escape(exc.message)}{hint}", highlight=False,
+    _err().print(f"[bold red]error:[/] {escape(exc.message)}{hint}", highlight=False,
                       soft_wrap=True)
     return exc.exit_code
 
@@ -300,7 +319,7 @@ class _Group(click.Group):
             sys.exit(_fail(e, debug))
         except (KeyboardInterrupt, click.exceptions.Abort):
             # click turns Ctrl-C into Abort; records already on disk are durable.
-            err_console.print("[yellow]interrupted[/]: what a run recorded is kept; where "
+            _err().print("[yellow]interrupted[/]: what a run recorded is kept; where "
                               "its --out folder was made, the same command with --resume "
                               "continues it")
             sys.exit(EXIT_INTERRUPTED)
@@ -312,7 +331,7 @@ class _Group(click.Group):
                 sys.exit(EXIT_INTERNAL)
             how = ("--debug" if getattr(self, "_debug_flag", False)
                    else "CERTIFY_DEBUG=1 in the environment")
-            err_console.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
+            _err().print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: "
                               f"{escape(redact(str(e)))} [dim](hint: rerun with {how} for the "
                               "traceback, and report it)[/]", highlight=False, soft_wrap=True)
             sys.exit(EXIT_INTERNAL)
@@ -529,7 +548,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
         provenance=provenance, labels=labels_path,
         time_budget=_duration(time_budget),
     )
-    with _records_hint(out_dir), RichProgress(err_console, enabled=not quiet) as progress:
+    with _records_hint(out_dir), RichProgress(_err(), enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)
     _print_summary(result, paths)
     _note_missing_pdf(paths, not no_pdf, "rerun the same certify run with --resume")
@@ -568,6 +587,7 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
     """The end of a run: a line per check and per threat model, the verdict with the counts
     of the rows that decide it, the records a resumed run reused, every row's warnings (the
     card's appendix lists the same) and the files written."""
+    from rich.console import Console
     from rich.text import Text
 
     from certify.report.card import COUNT_WORDS, deciding_counts, headline
@@ -684,8 +704,10 @@ def init_cmd(model: str, data_path: str, out_path: Path, labels_path: Path | Non
     opts = InitOptions(model=model, data=data_path, out=out_path, labels=labels_path,
                        samples=samples, input_size=input_size or None, device=device,
                        http=_http_options(model, None, http), force=force)
-    with RichProgress(err_console, enabled=not quiet) as progress:
+    with RichProgress(_err(), enabled=not quiet) as progress:
         found = init_suite(opts, progress)
+    from rich.console import Console
+
     out = Console()
     out.print(f"{'preprocessing':<44} {'accuracy':>9} {'correct':>9}", highlight=False)
     for sc in found.report.scores:
@@ -725,7 +747,7 @@ def demo(out_dir: Path, resume: bool, no_pdf: bool, suite: str, executor: str,
     _refuse_idle_ray_flags(executor)
     from certify.api import run_demo
 
-    with RichProgress(err_console, enabled=not quiet) as progress:
+    with RichProgress(_err(), enabled=not quiet) as progress:
         result, paths = run_demo(out_dir, progress, pdf=not no_pdf, resume=resume,
                                  suite=suite, executor=executor, ray_address=ray_address,
                                  workers=workers, threads=threads)
@@ -927,6 +949,8 @@ def compare_cmd(old: Path, new: Path, tolerance: float, pubkey: Path | None,
     if json_out == "-":
         click.echo(doc)
     else:
+        from rich.console import Console
+
         view.print_table(result, Console())
         if json_out:
             atomic_write(Path(json_out), doc.encode())

@@ -12,9 +12,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a tensor is converted: a verifier needs none
+    import torch
 
 DATA_URI_PREFIX = "data:image/png;base64,"
 
@@ -22,7 +25,7 @@ DATA_URI_PREFIX = "data:image/png;base64,"
 def to_uint8(img: torch.Tensor | np.ndarray) -> np.ndarray:
     """A ``[C, H, W]`` float image in [0, 1] (tensor) or an ``[H, W, 3]`` float array in [0, 1]
     as a contiguous ``[H, W, 3]`` uint8 array (grayscale is repeated to three channels)."""
-    if isinstance(img, torch.Tensor):
+    if not isinstance(img, np.ndarray):  # a torch tensor (numpy arrays need no torch)
         arr = img.detach().cpu().float().clamp(0, 1).permute(1, 2, 0).numpy()
     else:
         arr = np.clip(np.asarray(img, dtype=np.float64), 0, 1)

@@ -9,10 +9,11 @@ A run result has two parts, both signed:
   host, the arguments as given (paths, URLs with credentials removed), endpoint traffic
   (requests, retries), the renderer's version.
 
-Each check kind's part of the schema (its metrics) is generated from the check registry
-(:data:`certify.checks.CHECKS`), so a new check declares its metrics next to its code and never
-edits this module. :func:`json_schema` is the versioned JSON Schema that ``certify schema``
-prints; :func:`parse_result` checks a parsed ``results.json`` against it.
+Each check kind's part of the schema (its metrics) is generated from the kinds' light
+descriptions (:data:`certify.kinds.KINDS`), so a new check declares its metrics beside its kind
+and never edits this module; reading results imports no part of the engine (torch and the
+rest), which ``certify verify`` relies on. :func:`json_schema` is the versioned JSON Schema
+that ``certify schema`` prints; :func:`parse_result` checks a parsed ``results.json`` against it.
 
 What the card and ``certify compare`` read about a row besides its figures is typed here too,
 written by the engine where it decides: ``settled`` (what keeps a figure from being final: a
@@ -33,12 +34,13 @@ import base64
 import functools
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
 
-from certify.checks import CHECKS
-from certify.checks.base import Settlement
 from certify.errors import CertifyError
+from certify.kinds import KINDS, Settlement
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: The schema version this certify writes and reads.
 SCHEMA = "certify.results/3"
@@ -160,7 +162,7 @@ class CheckResult(_Strict):
         """The value of one metric (``None`` when the check measured nothing or the metric is
         optional and absent); a name this check kind does not declare is a KeyError."""
         metrics = getattr(self, "metrics", None)
-        declared = {m.name for m in CHECKS[self.kind].metrics}
+        declared = {m.name for m in KINDS[self.kind].metrics}
         if name not in declared:
             raise KeyError(f"check kind {self.kind!r} has no metric {name!r}")
         value = None if metrics is None else getattr(metrics, name)
@@ -173,16 +175,16 @@ def _metrics_model(cls: Any) -> type[BaseModel]:
         desc = f"{m.description} ({m.unit}; better: {m.direction})"
         kind: Any = int | None if m.unit == "count" else float | None
         fields[m.name] = (kind, Field(None if m.optional else ..., description=desc))
-    return create_model(f"{cls.__name__}Metrics", __base__=_Strict, **fields)
+    return create_model(f"{cls.name}Metrics", __base__=_Strict, **fields)
 
 
 @functools.cache
 def _check_models() -> dict[str, type[CheckResult]]:
     models: dict[str, type[CheckResult]] = {}
-    for kind, cls in CHECKS.items():
+    for kind, cls in KINDS.items():
         fields: dict[str, Any] = {"kind": (Literal[kind], ...),
                                   "metrics": (_metrics_model(cls) | None, ...)}
-        models[kind] = create_model(f"{cls.__name__}Result", __base__=CheckResult, **fields)
+        models[kind] = create_model(f"{cls.name}Result", __base__=CheckResult, **fields)
     return models
 
 
@@ -548,11 +550,15 @@ def json_schema() -> dict[str, Any]:
 
 def pack_bits(flags: np.ndarray) -> str:
     """A boolean vector as base64 of its little-endian packed bits."""
+    import numpy as np  # here, not at the top: reading results (verify) needs no numpy
+
     return base64.b64encode(np.packbits(flags.astype(bool), bitorder="little").tobytes()
                             ).decode("ascii")
 
 
 def unpack_bits(text: str, n: int) -> np.ndarray:
     """The boolean vector of length ``n`` packed by :func:`pack_bits`."""
+    import numpy as np
+
     raw = np.frombuffer(base64.b64decode(text), dtype=np.uint8)
     return np.unpackbits(raw, bitorder="little")[:n].astype(bool)

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from certify.checks import CHECKS
-from certify.checks.base import Settlement
 from certify.engine import judge
+from certify.kinds import Settlement
 from certify.report import card as card_mod
 from certify.report import glance
 from certify.results import DecidedBy, SchemaError, parse_result

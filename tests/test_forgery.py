@@ -295,8 +295,8 @@ FORGERIES: dict[str, tuple[Callable[..., bytes], str, str]] = {
                                          "carries no PDF signature"),
     "resigned_with_another_key": (resigned, ".pdf", "not by the given key"),
     "payload_swap_pdf": (payload_swap_pdf, ".pdf", "does not cover the whole file"),
-    "payload_swap_html": (payload_swap_html, ".html", "visible text is not what"),
-    "css_only": (css_only, ".html", "markup differs"),
+    "payload_swap_html": (payload_swap_html, ".html", "changed after signing"),
+    "css_only": (css_only, ".html", "changed after signing"),
 }
 
 
@@ -417,8 +417,6 @@ def test_cards_whose_visible_layer_cannot_be_compared_exit_8(
     import requests
 
     from certify.errors import EXIT_VISIBLE_NOT_COMPARED
-    from certify.report import load_images, write_report
-    from certify.report.sign import load_private_key, sign
     from certify.results import parse_result
 
     payload = (genuine / "results.json").read_bytes()
@@ -439,8 +437,8 @@ def test_cards_whose_visible_layer_cannot_be_compared_exit_8(
         update={"renderer": renderer})})
     other = tmp_path / "other-renderer"
     other.mkdir()
-    write_report(result, other, load_images(genuine), pdf=False,
-                 signature=sign(result.to_json(), load_private_key(keys["key"])))
+    # as cards were before they were sealed over their bytes (issue 50): the signature inline
+    (other / "card.html").write_bytes(_unsealed_card(result, genuine, keys["key"]))
     for path, why in ((old / "card.pdf", "carries no PDF signature (made before certify "
                                          "signed PDFs)"),
                       (other / "card.html", "not compared: the card was rendered by certify "
@@ -465,6 +463,19 @@ def test_cards_whose_visible_layer_cannot_be_compared_exit_8(
         assert 'class="verdict PASS">VALID<' not in page.text and "verdict WARN" in page.text
     proc = builders.run_cli("verify", old / "results.json", "--pubkey", keys["pub"])
     assert proc.returncode == 0 and "payload:" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def _unsealed_card(result: Any, images_of: Path, key_path: Path) -> bytes:
+    """A card.html of ``result`` signed as certify signed cards before issue 50: the signature
+    document inline in its script, no byte-range signature (what 47b4ef2 wrote)."""
+    from certify.images import data_uri
+    from certify.report.card import render_html, unsealed_form
+    from certify.report.sign import load_private_key, sign
+    from certify.report.write import load_images
+
+    signature = sign(result.to_json(), load_private_key(key_path))
+    images = {d: data_uri(b) for d, b in load_images(images_of).items()}
+    return unsealed_form(render_html(result, signature, images), signature).encode("utf-8")
 
 
 def _fingerprint(pub: Path) -> str:
@@ -569,3 +580,128 @@ def test_keygen_writes_a_self_issued_ca_certificate_for_the_key(keys: dict[str, 
     assert proc.returncode == EXIT_USAGE and "is for key" in proc.stderr, proc.stderr
     with pytest.raises(UsageError, match="is for key"):
         ensure_certificate(bare, load_private_key(bare))
+
+
+# --- card.html sealed over its exact bytes (issue 50) -----------------------------------------
+
+def _tamper_text(html: bytes) -> bytes:
+    """The card's visible verdict word changed (outside the embedded JSON)."""
+    for a, b in ((b">PASS<", b">FAIL<"), (b">FAIL<", b">PASS<"), (b">WARN<", b">PASS<")):
+        at = html.find(a)
+        if at >= 0:
+            return html[:at] + b + html[at + len(a):]
+    raise AssertionError("no verdict word in the card")
+
+
+def test_a_sealed_card_verifies_after_an_upgrade_and_tampering_is_refused_before_and_after(
+        genuine: Path, keys: dict[str, Path], service: Service, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """card.html is signed over its exact bytes: nothing is rendered to check it, so a later
+    certify (another code digest) verifies the untouched card and refuses a tampered one
+    exactly as the certify that signed it does. The service is a different build from the
+    card's renderer too: a card whose signed provenance names another renderer."""
+    import json
+
+    from certify.report import card as card_module
+    from certify.report.sign import load_private_key, sign
+    from certify.report.write import load_images, write_report
+    from certify.results import parse_result
+
+    html = (genuine / "card.html").read_bytes()
+    tampered = tmp_path / "tampered" / "card.html"
+    tampered.parent.mkdir()
+    tampered.write_bytes(_tamper_text(html))
+    result = parse_result(json.loads((genuine / "results.json").read_bytes()))
+    renderer = {**result.provenance.renderer, "certify": "0.0.9", "code": "sha256:" + "0" * 64}
+    assert not card_module.same_renderer(renderer)
+    old = result.model_copy(update={"provenance": result.provenance.model_copy(
+        update={"renderer": renderer})})
+    other = tmp_path / "other-renderer"
+    other.mkdir()
+    key = load_private_key(keys["key"])
+    write_report(old, other, load_images(genuine), pdf=False, signature=sign(old.to_json(), key),
+                 key=key)
+    other_tampered = tmp_path / "other-tampered" / "card.html"
+    other_tampered.parent.mkdir()
+    other_tampered.write_bytes(_tamper_text((other / "card.html").read_bytes()))
+
+    def check(upgraded: bool) -> None:
+        for path in (genuine / "card.html", other / "card.html"):
+            proc = builders.run_cli("verify", path, "--pubkey", keys["pub"])
+            assert proc.returncode == 0, (upgraded, proc.stdout + proc.stderr)
+            assert "visible content: the signature covers the card's exact bytes" in proc.stdout
+        for path in (tampered, other_tampered):
+            proc = builders.run_cli("verify", path, "--pubkey", keys["pub"])
+            assert proc.returncode == 1, (upgraded, proc.stdout + proc.stderr)
+            assert "changed after signing" in proc.stderr and "edited" in proc.stderr
+
+    check(upgraded=False)
+    # an upgrade of certify: another code digest (a comment added to one .py file is enough)
+    monkeypatch.setattr(card_module, "code_digest", lambda: "sha256:" + "1" * 64)
+    assert not card_module.same_renderer(dict(result.provenance.renderer))
+    check(upgraded=True)
+    for path, valid in ((other / "card.html", True), (other_tampered, False),
+                        (tampered, False)):
+        with path.open("rb") as f:
+            doc = service.post("/verify", files={"file": (path.name, f)}).json()
+        assert doc["valid"] is valid, doc
+        if valid:
+            assert doc["visible_compared"] is True and doc["state"] == "valid", doc
+        else:
+            assert "changed after signing" in doc["reason"], doc
+
+
+def test_ordinary_handling_of_a_sealed_card_is_diagnosed(genuine: Path, keys: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    """CRLF line endings, a byte-order mark and appended bytes are refused, each with what
+    would verify; markup in the signature slot, a second slot appended and a slot moved are
+    refused."""
+    html = (genuine / "card.html").read_bytes()
+    slot_open = b'<script type="application/json" id="certify-signature">'
+    at = html.rfind(slot_open) + len(slot_open)
+    end = html.find(b"</script>", at)
+    cases = {
+        "crlf": (html.replace(b"\n", b"\r\n"), "would verify with LF line endings"),
+        "bom": (b"\xef\xbb\xbf" + html, "would verify without the byte-order mark"),
+        "bom_crlf": (b"\xef\xbb\xbf" + html.replace(b"\n", b"\r\n"),
+                     "would verify with LF line endings and without the byte-order mark"),
+        "appended": (html + b"\n", "would verify without the 1 byte added after its signed end"),
+        "markup_in_slot": (html[:end - 7] + b"<b>x</b" + html[end - 6:],
+                           "the signature slot holds more than the signature"),
+        "second_slot": (html + slot_open + html[at:end] + b"</script>",
+                        "bytes added after its signed end"),
+        "slot_moved_up": (html[:at - len(slot_open)] + html[end + 9:] .replace(
+            b"</body>", slot_open + html[at:end] + b"</script></body>", 1),
+            "not the whole file but its signature slot"),
+    }
+    for name, (data, says) in cases.items():
+        path = tmp_path / f"{name}.html"
+        path.write_bytes(data)
+        proc = builders.run_cli("verify", path, "--pubkey", keys["pub"])
+        assert proc.returncode == 1, (name, proc.stdout + proc.stderr)
+        assert says in proc.stderr, (name, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_verifying_imports_no_engine_and_renders_nothing(genuine: Path, keys: dict[str, Path]
+                                                        ) -> None:
+    """``certify verify`` of card.pdf and of card.html in a fresh interpreter imports no
+    torch, onnxruntime, kornia, scikit-image or WeasyPrint, and nothing that renders a card
+    (jinja2, matplotlib, certify's card and check modules)."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "onnxruntime", "kornia", "skimage", "weasyprint", "jinja2", "matplotlib",
+             "certify.report.card", "certify.report.visible", "certify.checks", "certify.engine",
+             "certify.models")
+    code = ("import sys\nfrom certify.cli import main\nfolder, pub = sys.argv[1:3]\n"
+            "for name in ('card.pdf', 'card.html'):\n"
+            "    sys.argv = ['certify', 'verify', folder + '/' + name, '--pubkey', pub]\n"
+            "    try:\n        main()\n    except SystemExit as e:\n"
+            "        assert e.code == 0, (name, e.code)\n"
+            f"print('LOADED', sorted(m for m in {heavy!r} if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(genuine), str(keys["pub"])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK: ") == 2, proc.stdout
+    assert "LOADED []" in proc.stdout, proc.stdout

@@ -49,18 +49,16 @@ from certify.checks.attack_verdict import BT_NOT_L0, PASS_SCORE, RASR_MARGIN
 from certify.checks.base import (
     Check,
     CheckContext,
-    ExportMetric,
     Measurement,
-    Metric,
     ResultView,
 )
 from certify.checks.confidence import (
-    WORST_CASE_METRICS,
     confidences,
     top_probability,
 )
 from certify.data import Dataset
 from certify.errors import ModelError, SuiteError
+from certify.kinds import AttackKind
 from certify.models.base import TRANSFER, WHITE_BOX, Model, ModelInfo
 from certify.models.torchcopy import (
     WhiteBoxUnavailable,
@@ -91,7 +89,7 @@ SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 CONFIDENT_QUERIES = 100
 
 
-class AttackCheck(AttackSchedule, Check[AttackRecord]):
+class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
     """Robust accuracy at ε under one attack and budget (queries per sample).
 
     Parameters: ``attack`` (square_linf, square_l2, hopskipjump, random, spatial_grid,
@@ -122,57 +120,6 @@ class AttackCheck(AttackSchedule, Check[AttackRecord]):
     initial budget.
     """
 
-    kind: ClassVar[str] = "attack"
-    glance_group: ClassVar[str] = "Attacks"
-    family: ClassVar[str] = "Query-based attacks validated by the binarization test"
-    metrics: ClassVar[tuple[Metric, ...]] = (
-        Metric("robust_accuracy", "share of all samples correct and not broken by the attack "
-               "(an empirical upper bound)", "higher", threshold=True),
-        Metric("attack_success_rate", "share of correctly classified samples the attack broke",
-               "lower", threshold=True),
-        Metric("binarization_score", "the attack's success rate on planted problems "
-               "(Zimmermann et al. 2022)", "higher", threshold=True, optional=True),
-        Metric("binarization_rasr", "random sampling's success rate on the same problems",
-               optional=True),
-        Metric("binarization_tested", "planted problems run", unit="count", optional=True),
-        Metric("binarization_setup_failed", "samples where no planted problem could be built",
-               unit="count", optional=True),
-        Metric("n_start_failed", "samples counted robust only because the attack found no "
-               "adversarial starting point (HopSkipJump)", unit="count", optional=True),
-        Metric("clean_accuracy", "share of samples correct before the attack", "higher"),
-        Metric("n", "samples evaluated", unit="count"),
-        Metric("n_robust", "samples robust to the attack", unit="count"),
-        Metric("n_broken", "samples the attack broke", unit="count"),
-        Metric("queries_median", "median attack queries per attacked sample", unit="queries"),
-        Metric("queries_mean", "mean attack queries per attacked sample", unit="queries"),
-        Metric("queries_max", "most attack queries on one sample", unit="queries"),
-        Metric("query_budget", "attack queries per sample a never-broken sample got, over all "
-               "rounds", unit="queries"),
-        Metric("rounds", "attack rounds run (max_queries: auto doubles the total per round)",
-               unit="count"),
-        Metric("gradient_evaluations", "white-box attacks: gradient evaluations of the torch "
-               "copy over all samples (not model queries)", unit="count", optional=True),
-        Metric("late_breaks", "samples first broken in the last half of the budget",
-               unit="count", optional=True),
-        Metric("approaching", "unbroken samples still being approached: their gap to success "
-               "(margin, or distance beyond ε) fell in the last half by at least what is left",
-               unit="count", optional=True),
-        Metric("stalled", "unbroken samples with no accepted improvement in the last half of "
-               "the latest run's budget", unit="count", optional=True),
-        *(dataclasses.replace(m, optional=True) for m in WORST_CASE_METRICS),
-        Metric("first_break_accuracy_at_coverage", "accuracy at the coverage level with each "
-               "broken sample at the confidence of its first break (before the confident-"
-               "mistake search): inflated, shown for comparison", optional=True),
-        Metric("confident_queries_total", "queries spent raising broken samples' wrong-class "
-               "confidence", unit="count", optional=True),
-        Metric("worst_case_abstentions", "samples whose worst case is the model's explicit "
-               "abstain class", unit="count", optional=True),
-    )
-    #: compare: both rates pair on "correct and not broken" over all samples
-    compare_outcomes = {"robust_accuracy": ("robust", "higher"),
-                        "attack_success_rate": ("robust", "higher")}
-    export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
-                                                         "Robust accuracy")
     #: Attacks spend thousands of queries per sample: record them in small units.
     record_batch: ClassVar[int | None] = 64
 

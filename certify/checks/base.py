@@ -13,46 +13,20 @@ import inspect
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from certify.canonical import JSONLike
 from certify.data import Dataset
 from certify.errors import SuiteError
+from certify.kinds import Kind
+from certify.kinds import Settlement as Settlement  # re-exported: the checks build it
 from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed, mix_seeds
 from certify.rundir import SampleRecord
 from certify.validation import expect
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One metric a check reports: its name, what it means and which way is better.
-
-    ``direction`` is ``higher`` or ``lower`` (better) or ``none`` (a count or a setting);
-    ``unit`` says how to read and compare it (``rate`` in [0, 1], ``score`` on its own scale,
-    ``count``, ``queries``); ``threshold`` says whether a suite may put a pass threshold on it;
-    ``optional`` marks a metric that only some configurations produce.
-    """
-
-    name: str
-    description: str
-    direction: Literal["higher", "lower", "none"] = "none"
-    unit: Literal["rate", "score", "count", "queries"] = "rate"
-    threshold: bool = False
-    optional: bool = False
-
-
-@dataclass(frozen=True)
-class ExportMetric:
-    """How a check's headline metric appears in a Hugging Face ``model-index`` entry."""
-
-    metric: str
-    type: str
-    label: str
 
 
 class ResultView(Protocol):
@@ -74,50 +48,6 @@ class ResultView(Protocol):
     def details(self) -> Mapping[str, Any]: ...  # JSON, read by the kind that wrote it
     @property
     def warnings(self) -> list[str]: ...
-
-
-class Settlement(BaseModel):
-    """Whether a check's figure is final, as the check found it when it summarised its records:
-    written by the engine beside ``details`` (the evidence) as the result's typed ``settled``
-    field, which the card (its summary and limitations) and ``certify compare`` read.
-
-    All false or null: a figure no stronger search can lower (a plain measurement, or an
-    exhaustive grid).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    random_draw: bool = Field(
-        default=False, description="a random draw, not a search for the worst case (an attack "
-        "at the same bound says what an adversary finds)")
-    search_converged: bool | None = Field(
-        default=None, description="a searched corruption property: whether its escalated "
-        "search converged (or was exhaustive) before its budget ran out; null: not a search")
-    attack_converged: bool | None = Field(
-        default=None, description="an attack: whether its last run converged; null: not "
-        "judged (not an attack, or a grid searched exhaustively)")
-    stalled: bool = Field(
-        default=False, description="a black-box attack whose last run stalled: the model's "
-        "outputs gave it no signal")
-    binarization_failed: bool = Field(
-        default=False, description="an attack that failed the binarization test: too weak to "
-        "trust its robust accuracy")
-    short_of_floor: bool = Field(
-        default=False, description="a black-box attack short of what a PASS on its own needs "
-        "(its query floor, two doubled rounds, the binarization test): evidence, not a PASS")
-    statistical: bool = Field(
-        default=False, description="a random corruption decided per sample at a stated "
-        "confidence from noise draws at its bound (issue 40): its figure is a statement about "
-        "the noise's distribution, not a worst case")
-
-    def converged(self) -> bool | None:
-        """Whether the figure's search converged: ``False`` when a search or an attack had not
-        (or stalled), ``True`` when one did, ``None`` for a figure that is not a search."""
-        if self.search_converged is False or self.attack_converged is False or self.stalled:
-            return False
-        if self.search_converged or self.attack_converged:
-            return True
-        return None
 
 
 @dataclass
@@ -194,61 +124,21 @@ def interval_text(iv: Any) -> str:
 R = TypeVar("R", bound=SampleRecord)
 
 
-class Check(Generic[R]):
+class Check(Kind, Generic[R]):
     """Base class of all checks; subclasses set ``kind`` and write ``run_batch``/``summarize``.
 
     ``R`` is the kind's record type: a :class:`~certify.rundir.SampleRecord` with the kind's
     own fields, which ``run_batch`` returns one per sample and ``summarize`` reads back.
 
-    A check also owns its presentation, declared here next to its code: ``metrics`` (every
-    metric ``summarize`` may report, with its direction), ``family`` (the card's grouping),
-    ``headline`` (one sentence), ``partial`` (its card section, a template under
-    ``templates/checks/``), ``figures`` (inline SVGs for that section) and ``export`` (its
-    ``model-index`` metric). The report layer iterates over these; it never switches on kinds.
+    What a kind *is* (its metrics, family, export, how compare pairs it, its card template) is
+    its light description in :mod:`certify.kinds`, which each compute class inherits; the
+    compute class adds ``headline`` (one sentence) and ``figures`` (inline SVGs for its card
+    section). The report layer iterates over these; it never switches on kinds.
     """
 
-    kind: ClassVar[str] = ""
-    #: The card's family heading this check is shown under (and listed as untested without it).
-    family: ClassVar[str] = ""
-    #: The card's at-a-glance figure groups checks by this
-    #: (see :data:`certify.report.glance.GROUPS`).
-    glance_group: ClassVar[str] = "Brittleness and other"
-    #: Every metric ``summarize`` reports; the result schema is generated from these.
-    metrics: ClassVar[tuple[Metric, ...]] = ()
-    #: The metrics a suite threshold may name (derived from ``metrics``).
-    metric_names: ClassVar[tuple[str, ...]] = ()
-    #: The metric a model-index export reports, if any.
-    export: ClassVar[ExportMetric | None] = None
     #: At most this many samples per batch, so that a kill loses little work (``None``: the
     #: runner's batch size). Set by checks whose per-sample work is long (attacks, LIME).
     record_batch: ClassVar[int | None] = None
-    #: ``certify compare``: metric -> (outcome bitmap, better direction). A metric named here
-    #: is compared as the share of the check's selected samples with that outcome set (the
-    #: unconditional outcome, e.g. "correct and stays correct" for robustness scores), paired
-    #: by McNemar's exact test when both runs evaluated the same samples with the same seed.
-    compare_outcomes: ClassVar[dict[str, tuple[str, Literal["higher", "lower"]]]] = {}
-    #: ``certify compare``: metric -> the per-sample ``values`` whose mean it is (paired
-    #: bootstrap when both runs kept them for the same samples).
-    compare_values: ClassVar[dict[str, str]] = {}
-    #: How this kind measures its compared figures, when a certify release changed it (empty:
-    #: as first released). Written to the result's ``details["method"]``; ``certify compare``
-    #: lists a check measured by another method as not comparable rather than calling the
-    #: difference a change of the model.
-    method: ClassVar[str] = ""
-    #: A top-1 accuracy this check reports that sits at chance level when the model is fed
-    #: the wrong preprocessing (``None``: none). The runner then probes other preprocessings
-    #: (:mod:`certify.probe`) and, when one is clearly better, names it in a warning.
-    chance_metric: ClassVar[str | None] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "metrics" in cls.__dict__:
-            cls.metric_names = tuple(m.name for m in cls.metrics if m.threshold)
-
-    @classmethod
-    def partial(cls) -> str:
-        """The template of this kind's card section."""
-        return f"checks/{cls.kind}.html.j2"
 
     @classmethod
     def headline(cls, result: ResultView) -> str:

@@ -59,14 +59,13 @@ from certify.canonical import JSONLike
 from certify.checks.base import (
     Check,
     CheckContext,
-    ExportMetric,
     Measurement,
-    Metric,
     ResultView,
 )
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.images import ImageSink
+from certify.kinds import BrittlenessKind
 from certify.models.base import Model, ModelInfo, QueryCounter
 from certify.models.onnx import CPU_CHUNK, cpu_call_size
 from certify.perturbations.base import mix_seed
@@ -536,12 +535,9 @@ _SCORES = (
            "relative_improvement_grid"),
 )
 
-_VARIANT = ("decision-target variant (not Vora et al.'s target): the same LIME fit on 1 where "
-            "the masked image's top class is still the model's top class on the unmasked "
-            "image, else 0; a positive scaling of the logits leaves it unchanged")
 
 
-class Brittleness(Check[BrittlenessRecord]):
+class Brittleness(BrittlenessKind, Check[BrittlenessRecord]):
     """Brittle score (Eq. 2) of the model, and R.I. (Eq. 3) against a reference model.
 
     Parameters: ``num_masks`` (k, LIME's ``num_samples``), ``n_segments`` and ``compactness``
@@ -552,48 +548,6 @@ class Brittleness(Check[BrittlenessRecord]):
     variant (scale-free); R.I. is the variant's.
     """
 
-    kind: ClassVar[str] = "brittleness"
-    family: ClassVar[str] = "Black-box brittle score (LIME)"
-    metrics: ClassVar[tuple[Metric, ...]] = (
-        Metric("brittle_score", "mean L1 norm of LIME weights per superpixel (Vora et al. "
-               "2023, Eq. 2), SLIC superpixels; its target, the probability of the top class, "
-               "moves with the scale of the logits", "lower", unit="score", threshold=True),
-        Metric("relative_improvement", "R.I. = (reference - model) / reference (Eq. 3) on the "
-               "decision-target variant (brittle_score_decision), which a positive scaling of "
-               "the logits leaves unchanged; SLIC; positive: this model scores lower",
-               "higher", unit="score", threshold=True, optional=True),
-        Metric("reference_brittle_score", "the reference model's brittle score", "lower",
-               unit="score", optional=True),
-        Metric("brittle_score_grid", "brittle score on a regular grid of square cells",
-               "lower", unit="score"),
-        Metric("relative_improvement_grid", "R.I. on the decision-target variant, grid "
-               "segmentation", "higher", unit="score", optional=True),
-        Metric("reference_brittle_score_grid", "the reference model's grid brittle score",
-               "lower", unit="score", optional=True),
-        Metric("n", "samples explained", unit="count"),
-        Metric("superpixels_mean", "mean superpixels per sample", unit="score"),
-        Metric("brittle_score_decision", f"brittle score, {_VARIANT}; SLIC superpixels",
-               "lower", unit="score", threshold=True, optional=True),
-        Metric("reference_brittle_score_decision", "the reference model's brittle score, "
-               "decision-target variant", "lower", unit="score", optional=True),
-        Metric("brittle_score_decision_grid", "brittle score, decision-target variant, on the "
-               "grid segmentation", "lower", unit="score", optional=True),
-        Metric("reference_brittle_score_decision_grid", "the reference model's brittle "
-               "score, decision-target variant, grid segmentation", "lower", unit="score",
-               optional=True),
-        Metric("relative_improvement_probability", "Vora et al.'s R.I. (Eq. 3) on their "
-               "target (brittle_score, the probability of the top class): moves with the "
-               "scale of the logits; SLIC", "higher", unit="score", threshold=True,
-               optional=True),
-        Metric("relative_improvement_probability_grid", "Vora et al.'s R.I. on the grid "
-               "segmentation: moves with the scale of the logits", "higher", unit="score",
-               optional=True),
-    )
-    compare_values = {"brittle_score": "l1_per_dim", "brittle_score_grid": "grid_l1_per_dim",
-                      "brittle_score_decision": "decision_l1_per_dim",
-                      "brittle_score_decision_grid": "grid_decision_l1_per_dim"}
-    export: ClassVar[ExportMetric | None] = ExportMetric("brittle_score", "brittle_score",
-                                                         "Brittle score (LIME)")
     #: LIME spends 2 * num_masks queries per sample and model: record in small units.
     record_batch: ClassVar[int | None] = 8
 

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 
 from certify.checks.base import (
     Check,
     CheckContext,
-    ExportMetric,
     Measurement,
-    Metric,
     ResultView,
     interval_text,
     pct,
 )
 from certify.data import Dataset
+from certify.kinds import CleanAccuracyKind
 from certify.models.base import Model
 from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
@@ -32,24 +30,13 @@ class CleanRecord(SampleRecord, total=False):
     score: float
 
 
-class CleanAccuracy(Check[CleanRecord]):
+class CleanAccuracy(CleanAccuracyKind, Check[CleanRecord]):
     """Top-1 accuracy on the evaluation data, with a 95% Wilson interval.
 
     Threat model: none (clean inputs). One query per sample. Also reports per-class accuracy and
     the ``top_confusions`` most frequent (true, predicted) pairs among the mistakes.
     """
 
-    kind: ClassVar[str] = "clean_accuracy"
-    glance_group: ClassVar[str] = "Clean, coverage and confidence"
-    family: ClassVar[str] = "Clean accuracy"
-    metrics: ClassVar[tuple[Metric, ...]] = (
-        Metric("accuracy", "top-1 accuracy on clean data", "higher", threshold=True),
-        Metric("n", "samples evaluated", unit="count"),
-        Metric("correct", "correctly classified samples", unit="count"),
-    )
-    compare_outcomes = {"accuracy": ("correct", "higher")}
-    export: ClassVar[ExportMetric | None] = ExportMetric("accuracy", "accuracy", "Clean accuracy")
-    chance_metric: ClassVar[str | None] = "accuracy"
 
     def __init__(self, top_confusions: int = 5) -> None:
         self.top_confusions = top_confusions

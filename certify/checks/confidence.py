@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -28,14 +28,13 @@ from certify.attacks.base import top_two_margin
 from certify.checks.base import (
     Check,
     CheckContext,
-    ExportMetric,
     Measurement,
-    Metric,
     ResultView,
     pct,
 )
 from certify.data import Dataset
 from certify.errors import SuiteError
+from certify.kinds import CoverageKind
 from certify.models.base import Model, ModelInfo
 from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
@@ -59,18 +58,8 @@ def margin_cutoff(margins: Sequence[float], coverage: float = 0.8) -> float | No
     return ranked[keep - 1] if keep else None
 
 
-FAMILY = "Coverage, confident mistakes and suspect-model checks"
-
 #: The coverage level at which corruption and attack results are also reported.
 COVERAGE = 0.8
-
-
-#: The metrics :func:`worst_case_coverage` adds to a check's result.
-WORST_CASE_METRICS = (
-    Metric("worst_case_accuracy_at_coverage", "accuracy at the coverage level over each "
-           "sample's worst case (Brown et al. 2018)", "higher"),
-    Metric("worst_case_coverage", "the coverage level of the worst-case accuracy", unit="score"),
-)
 
 
 class ConfidenceRecord(SampleRecord, total=False):
@@ -119,7 +108,7 @@ class CoverageRecord(ConfidenceRecord, total=False):
     pred: int
 
 
-class Coverage(Check[CoverageRecord]):
+class Coverage(CoverageKind, Check[CoverageRecord]):
     """Accuracy at a coverage level and the confident-mistake rate on clean data.
 
     Parameters: ``coverage`` (share of inputs answered; 0.8), ``confidence_threshold`` (unset:
@@ -130,27 +119,6 @@ class Coverage(Check[CoverageRecord]):
     abstain output, if the model has one). One query per sample.
     """
 
-    kind: ClassVar[str] = "coverage"
-    glance_group: ClassVar[str] = "Clean, coverage and confidence"
-    family: ClassVar[str] = FAMILY
-    metrics: ClassVar[tuple[Metric, ...]] = (
-        Metric("accuracy_at_coverage", "accuracy on the answered inputs", "higher",
-               threshold=True),
-        Metric("confident_mistake_rate", "share of inputs that are wrong with a confidence at "
-               "or above the cut-off", "lower", threshold=True),
-        Metric("coverage", "share of inputs answered", unit="score"),
-        Metric("answered", "inputs answered", unit="count"),
-        Metric("n", "samples evaluated", unit="count"),
-        Metric("explicit_abstentions", "predictions of the abstain class", unit="count"),
-        Metric("confident_mistakes", "confident mistakes", unit="count"),
-        Metric("accuracy_full_coverage", "accuracy without abstaining", "higher"),
-    )
-    compare_outcomes = {"confident_mistake_rate": ("confident_mistake", "lower")}
-    method: ClassVar[str] = ("2: confidence is the top-two margin; a confident mistake is at or "
-                             "above the clean coverage quantile unless a fixed threshold is set")
-    # typed as what it is: accuracy on the answered share is not the model's accuracy
-    export: ClassVar[ExportMetric | None] = ExportMetric(
-        "accuracy_at_coverage", "accuracy_at_coverage", "Accuracy at coverage")
 
     def __init__(self, coverage: float = COVERAGE, confidence_threshold: float | None = None,
                  abstain_class: int | None = None) -> None:

@@ -41,7 +41,7 @@ import copy
 import math
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -51,16 +51,13 @@ from certify.checks.attack import CONVERGENCE_SHARE
 from certify.checks.base import (
     Check,
     CheckContext,
-    ExportMetric,
     Measurement,
-    Metric,
     ResultView,
     Settlement,
     interval_text,
     pct,
 )
 from certify.checks.confidence import (
-    WORST_CASE_METRICS,
     ConfidenceRecord,
     WorstSeen,
     confidences,
@@ -70,6 +67,7 @@ from certify.checks.confidence import (
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.images import ImageSink
+from certify.kinds import CorruptionKind, CorruptionPairKind
 from certify.models.base import Model
 from certify.models.torchcopy import WhiteBoxUnavailable
 from certify.perturbations import PROPERTIES, Property
@@ -112,7 +110,6 @@ def _bound_steps(prop: Property, bound: Any, steps: Any, where: str) -> tuple[fl
     return float(b), s
 
 
-FAMILY = "Corruption properties (noise, geometric, colour, stickers)"
 
 class CorruptionRecord(ConfidenceRecord, total=False):
     """A corruption record: label, clean prediction, the weakest break found (its intensity,
@@ -161,8 +158,6 @@ class PairRecord(CorruptionRecord, total=False):
 CR = TypeVar("CR", bound=CorruptionRecord)
 
 class _CorruptionBase(Check[CR]):
-    family: ClassVar[str] = FAMILY
-    glance_group: ClassVar[str] = "Corruptions"
 
     def _clean(self, model: Model, x: torch.Tensor, y: torch.Tensor, ctx: CheckContext,
                flip_only: bool
@@ -253,7 +248,7 @@ def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.T
 BUDGET_FACTOR = 8
 
 
-class Corruption(_CorruptionBase[CorruptionRecord]):
+class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
     """Robustness score of one corruption property within a bound (Berghoff et al. 2021).
 
     Parameters: ``property`` (see :data:`certify.perturbations.PROPERTIES`), ``bound`` (in the
@@ -264,39 +259,6 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
     the card's gallery).
     """
 
-    kind: ClassVar[str] = "corruption"
-    metrics: ClassVar[tuple[Metric, ...]] = (
-        Metric("robustness_score", "share of correctly classified samples that stay correct "
-               "for every transform the search tried within the bound", "higher",
-               threshold=True),
-        *WORST_CASE_METRICS,
-        Metric("n_evaluated", "correctly classified samples searched", unit="count"),
-        Metric("n_robust", "samples robust within the bound", unit="count"),
-        Metric("n_misclassified", "samples wrong before any transform", unit="count"),
-        Metric("n_not_applicable", "samples the property does not apply to", unit="count"),
-        Metric("candidates", "transforms tried per sample at most (every round)",
-               unit="count"),
-        # optional: results written before the search had rounds (issue 29) lack them
-        Metric("rounds", "search rounds run", unit="count", optional=True),
-        Metric("late_breaks", "samples first broken by the last round", unit="count",
-               optional=True),
-        # random corruptions (issue 40): decided per sample at a stated confidence
-        Metric("n_undecided", "samples neither shown robust nor not robust within max_draws "
-               "draws (a random corruption)", unit="count", optional=True),
-        Metric("mean_accuracy_under_noise", "average accuracy under the noise at the bound "
-               "over all samples (each sample's first draws; a random corruption)", "higher",
-               threshold=True, optional=True),
-        Metric("delta", "the failure probability a robust sample may have under the noise",
-               optional=True),
-        Metric("confidence", "the confidence of each sample's decision", optional=True),
-        Metric("mean_draws", "noise draws per searched sample at the bound, on average",
-               unit="queries", optional=True),
-    )
-    compare_outcomes = {"robustness_score": ("robust", "higher")}
-    export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
-                                                         "Robustness score")
-    method: ClassVar[str] = ("2: searched in rounds under the convergence rule; worst case the "
-                             "most confident mistake")
 
     def __init__(self, property: str, bound: float | None = None, steps: int | None = None,
                  tries: int | None = None, max_queries: int | None = None,
@@ -966,7 +928,7 @@ class Corruption(_CorruptionBase[CorruptionRecord]):
         return out
 
 
-class CorruptionPair(_CorruptionBase[PairRecord]):
+class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
     """Two properties combined over their joint parameter space (Berghoff et al. 2021, §4.3).
 
     ``first`` and ``second`` are ``{property, bound, steps}`` mappings. Reports the joint
@@ -974,25 +936,6 @@ class CorruptionPair(_CorruptionBase[PairRecord]):
     weaker of the two (negative: the combination finds failures neither finds alone).
     """
 
-    kind: ClassVar[str] = "corruption_pair"
-    metrics: ClassVar[tuple[Metric, ...]] = (
-        Metric("robustness_score", "share of correctly classified samples that stay correct "
-               "over the joint grid of both properties", "higher", threshold=True),
-        Metric("change_vs_weaker", "joint score minus the weaker property's own score",
-               "higher", unit="score", threshold=True),
-        Metric("score_first", "the first property's own score on its grid", "higher"),
-        Metric("score_second", "the second property's own score on its grid", "higher"),
-        *WORST_CASE_METRICS,
-        Metric("n_evaluated", "correctly classified samples searched", unit="count"),
-        Metric("n_robust", "samples robust to the combination", unit="count"),
-        Metric("joint_only_failures", "samples only the combination breaks", unit="count"),
-        Metric("candidates", "transforms tried per sample at most", unit="count"),
-        Metric("n_undecided", "samples undecided within max_draws draws (a pair with a random "
-               "corruption)", unit="count", optional=True),
-    )
-    compare_outcomes = {"robustness_score": ("robust", "higher")}
-    export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
-                                                         "Joint robustness score")
 
     def __init__(self, first: dict[str, Any], second: dict[str, Any], tries: int = 2,
                  max_examples: int = 4, delta: float | None = None,

@@ -9,7 +9,6 @@ is a warning on the card.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 
@@ -17,12 +16,12 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
-    Metric,
     ResultView,
 )
-from certify.checks.confidence import FAMILY, top_probability
+from certify.checks.confidence import top_probability
 from certify.data import Dataset
 from certify.errors import SuiteError
+from certify.kinds import SanityKind
 from certify.models.base import Model
 from certify.rundir import SampleRecord
 
@@ -114,7 +113,7 @@ class SanityRecord(SampleRecord, total=False):
     quant_stepped: bool
 
 
-class Sanity(Check[SanityRecord]):
+class Sanity(SanityKind, Check[SanityRecord]):
     """Suspect-model checks before any attack: randomness, saturation, probabilities.
 
     Randomness is probed twice per sample, each with ``repeats`` queries of one input: on the
@@ -139,27 +138,6 @@ class Sanity(Check[SanityRecord]):
     little signal, and no score-based attack row may PASS on its own (the runner applies it).
     """
 
-    kind: ClassVar[str] = "sanity"
-    glance_group: ClassVar[str] = "Clean, coverage and confidence"
-    family: ClassVar[str] = FAMILY
-    metrics: ClassVar[tuple[Metric, ...]] = (
-        Metric("nondeterministic_share", "share of samples whose repeated queries differ, on "
-               "the sample or near its decision boundary", "lower", threshold=True),
-        Metric("boundary_nondeterministic_share", "share of samples whose repeated queries "
-               "differ near the decision boundary", "lower", optional=True),
-        Metric("saturated_share", "share of samples with a saturated top probability", "lower",
-               threshold=True),
-        Metric("label_flip_share", "share of samples whose label changed between repeats, on "
-               "the sample or near its decision boundary", "lower"),
-        Metric("one_hot_share", "share of samples answered one-hot", "lower"),
-        Metric("boundary_margin_median", "median top-2 probability margin of the "
-               "near-boundary inputs", unit="score", optional=True),
-        Metric("quantised", "1 when small random noise moved the outputs in steps or not at "
-               "all (quantised scores), else 0", unit="count", optional=True),
-        Metric("quantisation_identical_share", "share of the quantisation probe's noise draws "
-               "answered bit-identically", optional=True),
-        Metric("n", "samples evaluated", unit="count"),
-    )
 
     def __init__(self, repeats: int = MIN_REPEATS, saturation_threshold: float = 0.999,
                  saturated_share: float = 0.5, tolerance: float = 1e-5,

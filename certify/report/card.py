@@ -22,6 +22,7 @@ from certify.canonical import script_safe_json
 from certify.checks import CHECKS
 from certify.engine.assemble import verdict_statuses
 from certify.report import glance
+from certify.report.sealed import blank_slot
 from certify.results import RunResult, Status
 from certify.suite import DECISION_RULE_TEXT
 
@@ -475,9 +476,16 @@ def card_context(result: RunResult, signature: Any = None,
         "img": img,
         "payload": script_safe_json(result.to_json()),
         "signature": signature,
-        "signature_json": "null" if signature is None else signature.to_json().strip()
-        .replace("<", "\\u003c"),
+        # a signed card's slot is sealed over the card's bytes once rendered (report.sealed)
+        "signature_json": "null" if signature is None else blank_slot(),
     }
+
+
+def unsealed_form(html: str, signature: Any) -> str:
+    """``html`` rendered for ``signature`` in the form cards had before they were sealed (the
+    signature document inline in its script, no byte-range signature): what an older card's
+    re-rendering is compared with (:func:`certify.report.visible.check_html`)."""
+    return html.replace(blank_slot(), signature.to_json().strip().replace("<", "\\u003c"), 1)
 
 
 def render_html(result: RunResult, signature: Any = None,

@@ -67,7 +67,6 @@ from typing import Any
 
 import numpy as np
 
-from certify.checks import CHECKS
 from certify.errors import (
     EXIT_FAIL,
     EXIT_INCONCLUSIVE,
@@ -76,6 +75,7 @@ from certify.errors import (
     CertifyError,
     UsageError,
 )
+from certify.kinds import KINDS
 from certify.report.glance import threat_name
 from certify.results import OLDER_SCHEMAS, SCHEMA, RunResult, parse_result, unpack_bits
 from certify.stats import wilson_interval
@@ -388,7 +388,7 @@ class Row:
 
 
 def _metric_of(c: Any) -> Any:
-    cls = CHECKS[c.kind]
+    cls = KINDS[c.kind]
     name = (c.threshold.metric if c.threshold is not None
             else cls.export.metric if cls.export is not None else None)
     if name is None:
@@ -408,7 +408,7 @@ def _selected(c: Any) -> np.ndarray | None:
 
 def _row(co: Any, cn: Any, seeds_equal: bool, tolerance: float) -> Row:
     metric = _metric_of(co)
-    cls = CHECKS[co.kind]
+    cls = KINDS[co.kind]
     base = dict(id=co.id, kind=co.kind, has_threshold=co.threshold is not None)
     if metric is None:
         return Row(**base, metric="", unit="", direction="none", old=None, old_interval=[],

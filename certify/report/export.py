@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from certify.canonical import canonical_json
-from certify.checks import CHECKS
+from certify.kinds import KINDS
 from certify.redact import redact
 from certify.report.card import headline
 from certify.report.sign import part_digest
@@ -116,7 +116,7 @@ def front_matter(result: RunResult, *, dataset_id: str | None = None,
     m = result.measurement
     metrics = []
     for c in result.checks:
-        export = CHECKS[c.kind].export
+        export = KINDS[c.kind].export
         if c.status in ("ERROR", "SKIPPED") or export is None:
             continue
         value = getattr(c.metrics, export.metric, None)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
 
-from certify.checks import CHECKS
+from certify.kinds import KINDS
 
 #: Group order on the figure (a check class names its group in ``glance_group``).
 GROUPS = ("Corruptions", "Attacks", "Clean, coverage and confidence", "Brittleness and other")
@@ -94,7 +94,7 @@ def _threshold_text(r: Row) -> str:
 def headline_metric(c: Any) -> str | None:
     """The metric a check is judged on: its threshold's, else its export metric, else its
     first thresholdable metric that it reported (None when it has none)."""
-    cls = CHECKS[c.kind]
+    cls = KINDS[c.kind]
     if c.threshold is not None:
         return str(c.threshold.metric)
     if cls.export is not None:
@@ -107,7 +107,7 @@ def rows(checks: Sequence[Any]) -> list[Row]:
     """The figure's rows, in group order and the suite's order within a group."""
     out: list[Row] = []
     for c in checks:
-        cls = CHECKS[c.kind]
+        cls = KINDS[c.kind]
         name = headline_metric(c)
         decl = next((m for m in cls.metrics if m.name == name), None)
         values = dict(c.metrics) if c.metrics is not None else {}

@@ -12,10 +12,12 @@ type ``certify.signed-results/1`` (part digests only) still verify the old way: 
 digest recomputed from the parsed payload.
 
 card.pdf also carries a standard PDF signature (:mod:`certify.report.pades`) over the whole
-file; card.html is compared with a fresh rendering of the signed payload
-(:mod:`certify.report.visible`). Where the visible layer cannot be compared (a card from
-another renderer, a card.pdf from before PDF signatures, an older results format),
-:class:`Verified` says so (``visible_compared`` False) and ``certify verify`` exits 8.
+file; card.html is sealed over its exact bytes (:mod:`certify.report.sealed`): both are checked
+without rendering anything, by any later certify. An older card.html (made before cards were
+sealed) is compared with a fresh rendering of the signed payload
+(:mod:`certify.report.visible`). Where the visible layer cannot be compared (such a card from
+another renderer, a card.pdf from before PDF signatures), :class:`Verified` says so
+(``visible_compared`` False) and ``certify verify`` exits 8.
 
 The key pair is ECDSA P-256 (PEM, PKCS#8 / SubjectPublicKeyInfo), which cosign-style tooling
 reads too; ``certify keygen`` also writes the key's self-issued certificate (``NAME.crt``).
@@ -37,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from certify.canonical import canonical_json, script_safe_json
 from certify.errors import UsageError, VerificationError
+from certify.report import sealed
 
 ALGORITHM = "ecdsa-p256-sha256"
 
@@ -222,6 +225,8 @@ class Embedded:
     digest_key: str
     #: card.pdf's PDF signature, checked (``None``: not a PDF, or a PDF without one)
     pdf_signature: Any = None
+    #: a sealed card.html whose bytes checked out: how (``None``: not one)
+    sealed_how: str | None = None
 
 
 def _read_bounded(path: Path, limit: int, what: str) -> bytes:
@@ -263,8 +268,19 @@ def read_embedded(path: Path, key: ec.EllipticCurvePublicKey, max_inflated_bytes
                          str(sig_path))
         return Embedded(sig, _read_bounded(path, max_inflated_bytes, "payload"), "payload")
     if suffix in (".html", ".htm"):
-        text = _read_bounded(path, max_inflated_bytes + 2**20, "card").decode(
-            "utf-8", errors="replace")
+        data = _read_bounded(path, max_inflated_bytes + 2**20, "card")
+        slot = sealed.signature_text(data)
+        if slot is not None:  # sealed over its exact bytes: nothing is decoded or rendered
+            card = sealed.read_sealed(data, key, fingerprint(key), str(path),
+                                      MAX_SIGNATURE_BYTES)
+            sig = _signature(card.signature_text, str(path))
+            verify_statement(sig, key)
+            if sealed.statement_digest(sig.signed) != sealed.read_statement_link(slot):
+                raise VerificationError(f"{path}: the card's signature seals other results "
+                                        "than the results signature beside it",
+                                        hint="do not trust this card")
+            return Embedded(sig, card.payload, "html_payload", sealed_how=card.how)
+        text = data.decode("utf-8", errors="replace")
         parts = embedded_parts(text)
         if "results" not in parts:
             raise VerificationError(f"{path} carries no certify results", hint="not a card?")
@@ -456,10 +472,12 @@ def _visible(path: Path, doc: dict[str, Any], got: Embedded) -> Verified:
         return Verified(result, sig, "not compared: this card.pdf carries no PDF signature "
                         "(made before certify signed PDFs), so its pages are not covered by a "
                         "signature", False, fmt)
+    if got.sealed_how is not None:
+        return Verified(result, sig, got.sealed_how, True, fmt)
     if result is None:
         return Verified(None, sig, f"not compared: the card's results format {fmt} is "
                         "older than this certify's", False, fmt)
-    from certify.report.visible import check_html
+    from certify.report.visible import check_html  # an older, unsealed card: re-rendered
 
     compared, how = check_html(path.read_bytes(), result, sig, str(path))
     return Verified(result, sig, how, compared, fmt)

@@ -1,7 +1,8 @@
-"""Does card.html *show* what was signed? Compare it with a fresh rendering of the payload.
+"""Does an *older* card.html show what was signed? Compare it with a fresh rendering.
 
-The signature covers the payload embedded in a card, not the markup around it, and no
-standard signature format exists for HTML. So ``certify verify`` re-renders the card from the
+Cards are sealed over their exact bytes now (:mod:`certify.report.sealed`): this module is
+only for cards made before that, whose signature covers the payload embedded in the card but
+not the markup around it. For those, ``certify verify`` re-renders the card from the
 verified payload and compares the two byte for byte, when the card names this verifier's own
 renderer (:func:`certify.report.card.same_renderer`: certify's version, a digest of its
 templates and of its code). Any change a reader could see (text, an image, a style) is then a
@@ -23,7 +24,13 @@ from typing import Any
 
 from certify.errors import VerificationError
 from certify.images import image_digest, pixels_of_data_uri
-from certify.report.card import html_renderer, render_html, renderer_text, same_renderer
+from certify.report.card import (
+    html_renderer,
+    render_html,
+    renderer_text,
+    same_renderer,
+    unsealed_form,
+)
 from certify.results import RunResult
 
 _WS = re.compile(r"\s+")
@@ -123,7 +130,7 @@ def check_html(data: bytes, result: RunResult, signature: Any, where: str
                        f"this verifier renders with {renderer_text(html_renderer())}")
     html = data.decode("utf-8", errors="replace")
     card = html_view(html)
-    rerendered = render_html(result, signature, card.sources)
+    rerendered = unsealed_form(render_html(result, signature, card.sources), signature)
     if rerendered.encode("utf-8") == data:
         return True, "the card is exactly what the signed payload renders to"
     expected = html_view(rerendered)
