@@ -143,3 +143,25 @@ def test_four_api_nodes_started_together_on_an_empty_database_all_come_up(
         from alembic.migration import MigrationContext
 
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+
+
+def test_four_processes_migrating_one_new_sqlite_database_together_all_succeed(
+        tmp_path: Path) -> None:
+    """SQLite's side of the migration lock: a lock file beside the database (a lock on the
+    database file itself would drop SQLite's own locks when released)."""
+    import subprocess
+    import sys
+
+    url = sqlite_url(tmp_path)
+    code = ("import sys\nfrom certify.service.db import make_engine, migrate\n"
+            "engine = make_engine(sys.argv[1])\nmigrate(engine)\nengine.dispose()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    assert (tmp_path / "state.db.migrate-lock").exists()
+    with _engine(url) as engine, engine.connect() as conn:
+        from alembic.autogenerate import compare_metadata
+        from alembic.migration import MigrationContext
+
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []

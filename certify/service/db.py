@@ -226,8 +226,9 @@ def migrate(engine: Engine) -> None:
     (:data:`MIGRATION_LOCK_KEY`): a node that starts beside another waits for its migration
     to commit, then finds the schema at head (without it, two nodes on an empty database both
     created the tables and one failed on ``pg_type``'s unique index). On SQLite the migration
-    holds an exclusive ``flock`` on the database file itself (SQLite's own locks are byte-range
-    ``fcntl`` locks, which ``flock`` does not touch on Linux)."""
+    holds an exclusive ``flock`` on ``<database>.migrate-lock`` beside the database: never on
+    the database file itself, since closing any descriptor of that file drops every POSIX lock
+    SQLite holds on it in this process."""
     from alembic import command
     from alembic.config import Config
 
@@ -243,7 +244,7 @@ def migrate(engine: Engine) -> None:
 
 @contextlib.contextmanager
 def _migration_lock(engine: Engine) -> Iterator[None]:
-    """An exclusive lock on a SQLite database file for the migration (nothing elsewhere)."""
+    """An exclusive lock beside a SQLite database for the migration (nothing elsewhere)."""
     path = engine.url.database if engine.dialect.name == "sqlite" else None
     if not path or path == ":memory:" or path.startswith("file:"):
         yield
@@ -251,7 +252,7 @@ def _migration_lock(engine: Engine) -> Iterator[None]:
     import fcntl
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(f"{path}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
