@@ -436,18 +436,35 @@ class RayExecutor:
                       timeout=DRAIN_TIMEOUT_S)
 
     def traffic(self) -> dict[str, dict[str, int]]:
-        """Endpoint traffic of all workers: the live ones asked now, dead ones as they last
-        reported."""
-        for actor in self._actors:
-            with contextlib.suppress(Exception):
-                self._traffic[actor] = self._ray.get(actor.traffic.remote(),
-                                                     timeout=DRAIN_TIMEOUT_S)
+        """Endpoint traffic of all workers: the live ones asked now (twice before giving up),
+        dead ones as they last reported.
+
+        Counts as last reported miss what a worker sent after its last batch reply (a batch
+        cancelled at a check's end, whose reply Ray discards, or a worker replaced mid-batch):
+        such counts are a lower bound, and the totals say so: ``workers_counted_early`` is the
+        number of workers (live ones whose counts could not be read, and replaced ones) whose
+        counts are as of an earlier reply."""
+        early = self._restarts
+        for slot, actor in enumerate(self._actors):
+            for attempt in (1, 2):
+                try:
+                    self._traffic[actor] = self._ray.get(actor.traffic.remote(),
+                                                         timeout=DRAIN_TIMEOUT_S)
+                    break
+                except Exception as exc:  # noqa: BLE001 - said, and counted as a lower bound
+                    if attempt == 2:
+                        early += 1
+                        log.warning("ray worker %d: its final endpoint traffic counts could not "
+                                    "be read (%s: %s); the card counts its requests as of its "
+                                    "last reply", slot, type(exc).__name__, exc)
         total: dict[str, dict[str, int]] = {}
         for per_model in self._traffic.values():
             for name, counts in per_model.items():
                 t = total.setdefault(name, dict.fromkeys(TRAFFIC_COUNTS, 0))
                 for k in TRAFFIC_COUNTS:
                     t[k] += counts[k]
+        for t in total.values():
+            t["workers_counted_early"] = early
         return total
 
     def _replace(self, slot: int, idx: list[int], queue: list[list[int]]) -> None:

@@ -217,8 +217,15 @@ def test_endpoint_concurrency_and_budget_hold_across_workers(model_path, suite, 
     assert traffic["hedges"] <= 0.05 * traffic["requests"]
     assert r["measurement"]["queries"]["total"] <= 2000
     # the workers' traffic is added to the driver's: every image the server ran is accounted,
-    # a hedge's images too unless its loser was closed before the server ran it
-    assert traffic["images"] <= served <= traffic["images"] + traffic["hedged_images"]
+    # a hedge's images too unless its loser was closed before the server ran it; where a
+    # worker's counts could only be read as of an earlier reply (it was replaced, or its final
+    # counts could not be read: both logged), the card says its counts are a lower bound
+    said = (proc.stderr, traffic)
+    assert traffic["images"] <= served, said
+    if traffic["workers_counted_early"] == 0:
+        assert served <= traffic["images"] + traffic["hedged_images"], said
+    else:
+        assert "ray worker" in proc.stderr, said
     checks = r["measurement"]["checks"]
     assert any(c["status"] == "ERROR" and "budget" in c["error"] for c in checks)
     assert too_many.returncode == 2 and "--concurrency" in too_many.stderr
