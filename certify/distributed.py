@@ -403,7 +403,7 @@ class RayExecutor:
                     if queue:
                         submit(slot)
                     continue
-                self._traffic[self._actors[slot]] = out["traffic"]
+                self._note_traffic(self._actors[slot], out["traffic"])
                 if "error" in out:
                     err = _ERRORS.get(out["error"])
                     if err is not None:
@@ -428,12 +428,20 @@ class RayExecutor:
             except Exception:  # noqa: BLE001 - cancelled, dead or stuck: asked again below
                 continue
             if isinstance(out, dict) and "traffic" in out:
-                self._traffic[self._actors[slot]] = out["traffic"]
+                self._note_traffic(self._actors[slot], out["traffic"])
 
     def disable_hedging(self, why: str) -> None:
         """Tell every worker to send no more hedged requests."""
         self._ray.get([a.disable_hedging.remote(why) for a in self._actors],
                       timeout=DRAIN_TIMEOUT_S)
+
+    def _note_traffic(self, actor: Any, counts: dict[str, dict[str, int]]) -> None:
+        """Keep a worker's cumulative traffic counts: the larger of each, since two replies of
+        one worker can be read in either order (``ray.wait`` returns whichever is ready)."""
+        seen = self._traffic.get(actor, {})
+        self._traffic[actor] = {
+            name: {k: max(c[k], seen.get(name, {}).get(k, 0)) for k in TRAFFIC_COUNTS}
+            for name, c in counts.items()}
 
     def traffic(self) -> dict[str, dict[str, int]]:
         """Endpoint traffic of all workers: the live ones asked now (twice before giving up),
@@ -448,8 +456,8 @@ class RayExecutor:
         for slot, actor in enumerate(self._actors):
             for attempt in (1, 2):
                 try:
-                    self._traffic[actor] = self._ray.get(actor.traffic.remote(),
-                                                         timeout=DRAIN_TIMEOUT_S)
+                    self._note_traffic(actor, self._ray.get(actor.traffic.remote(),
+                                                            timeout=DRAIN_TIMEOUT_S))
                     break
                 except Exception as exc:  # noqa: BLE001 - said, and counted as a lower bound
                     if attempt == 2:
