@@ -2,17 +2,19 @@
 group, its ``model-index`` export, how ``certify compare`` pairs it, and its card template.
 
 This is what the results schema (:mod:`certify.results`), ``certify verify``, ``certify
-compare`` and the export read; it imports no torch, onnxruntime, kornia or scikit-image, so a
-verifier needs none of them. Each compute class (:mod:`certify.checks`) inherits its kind's
-description; the engine imports the compute classes. The card's per-kind text (headline and
-figures) is drawn by the compute classes, which rendering imports.
+compare``, the export and the card read: each kind's headline (one sentence) and figures (inline
+SVGs, drawn by :mod:`certify.figures` when asked), and its card template. It imports no torch,
+onnxruntime, kornia or scikit-image, so a verifier, a comparison and the card's rendering need
+none of them. Each compute class (:mod:`certify.checks`) inherits its kind's description and
+adds how the kind is measured; the engine imports the compute classes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -88,6 +90,38 @@ class Settlement(BaseModel):
         return None
 
 
+class ResultView(Protocol):
+    """What a check's presentation reads of its own result (a typed check result)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def metrics(self) -> Any: ...  # the kind's own metrics model (its fields: its metrics)
+    @property
+    def intervals(self) -> Mapping[str, Sequence[float | None]]: ...
+    @property
+    def details(self) -> Mapping[str, Any]: ...  # JSON, read by the kind that wrote it
+    @property
+    def warnings(self) -> list[str]: ...
+
+
+def pct(v: float | None) -> str:
+    """A rate as a percentage with one decimal (``–`` when unknown)."""
+    return "–" if v is None else f"{100 * float(v):.1f}%"
+
+
+def interval_text(iv: Any) -> str:
+    """``lo–hi`` of a 95% interval of rates."""
+    lo, hi = iv
+    return f"{pct(lo)}–{pct(hi)}"
+
+
 class Kind:
     """A check kind's description (subclassed once per kind, then by its compute class)."""
 
@@ -132,6 +166,21 @@ class Kind:
     def partial(cls) -> str:
         """The template of this kind's card section."""
         return f"checks/{cls.kind}.html.j2"
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """One line that says what the check measured (card summary and CLI)."""
+        return ", ".join(f"{k}={v}" for k, v in dict(result.metrics).items())
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """Inline SVG figures for the card section, by name (none by default)."""
+        return {}
+
+    @classmethod
+    def section_figures(cls, results: Sequence[ResultView]) -> dict[str, str]:
+        """Inline SVG figures over all of this kind's checks, by name (none by default)."""
+        return {}
 
 
 CONFIDENCE_FAMILY = "Coverage, confident mistakes and suspect-model checks"
@@ -178,6 +227,16 @@ class SanityKind(Kind):
     )
 
 
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """How many suspect behaviours were found."""
+        found = len(result.warnings)
+        probe = (" and near their decision boundaries"
+                 if result.metrics.boundary_nondeterministic_share is not None else "")
+        return (f"{found} suspect behaviour(s) found" if found else "no suspect behaviour "
+                "found (randomness, saturation, probability outputs)") + \
+            f" on {result.metrics.n} samples{probe}, {result.details['repeats']} repeats each"
+
 class CleanAccuracyKind(Kind):
     """Clean accuracy (:class:`certify.checks.clean.CleanAccuracy`)."""
 
@@ -194,6 +253,19 @@ class CleanAccuracyKind(Kind):
     export: ClassVar[ExportMetric | None] = ExportMetric("accuracy", "accuracy", "Clean accuracy")
     chance_metric: ClassVar[str | None] = "accuracy"
 
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Accuracy with its interval."""
+        return (f"accuracy {pct(result.metrics.accuracy)} "
+                f"(95% CI {interval_text(result.intervals['accuracy'])})")
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """Per-class accuracy as a bar chart."""
+        from certify.figures import per_class_svg
+
+        return {"per_class": per_class_svg(result.details["per_class"])}
 
 class CoverageKind(Kind):
     """Accuracy at a coverage level and confident mistakes
@@ -222,6 +294,15 @@ class CoverageKind(Kind):
     export: ClassVar[ExportMetric | None] = ExportMetric(
         "accuracy_at_coverage", "accuracy_at_coverage", "Accuracy at coverage")
 
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Accuracy at coverage and the confident-mistake rate."""
+        m, d = result.metrics, result.details
+        return (f"accuracy {pct(m.accuracy_at_coverage)} at {pct(m.coverage)} coverage "
+                f"(full coverage {pct(m.accuracy_full_coverage)}); confident mistakes "
+                f"{pct(m.confident_mistake_rate)} ({d.get('cutoff_rule') or 'at ≥ '}"
+                f"{'' if d.get('cutoff_rule') else format(d['confidence_threshold'], 'g')})")
 
 class CorruptionKind(Kind):
     """One corruption property within a bound (:class:`certify.checks.corruption.Corruption`)."""
@@ -264,6 +345,55 @@ class CorruptionKind(Kind):
                              "most confident mistake")
 
 
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Score with its interval, the bound, the sample count and the search."""
+        m, d = result.metrics, result.details
+        st = d.get("statistical")
+        if st:
+            text = (f"robust at δ = {pct(st['delta'])} with confidence {pct(st['confidence'])}: "
+                    f"{pct(m.robustness_score)} (95% CI "
+                    f"{interval_text(result.intervals['robustness_score'])}, undecided counted "
+                    f"both ways) at {d['bound']:g} {d['unit']}, n={m.n_evaluated}, "
+                    f"{st['undecided']} undecided; average accuracy under the noise "
+                    f"{pct(m.mean_accuracy_under_noise)}")
+            for c in d.get("worst_case_comparison") or ():
+                text += (f"; {pct(c['surviving_share'])} survive the worst-case search "
+                         f"{c['attack_check']} at the same bound")
+            return text
+        text = (f"robustness {pct(m.robustness_score)} (95% CI "
+                f"{interval_text(result.intervals['robustness_score'])}) within "
+                f"{d['bound']:g} {d['unit']}, n={m.n_evaluated}")
+        st = d.get("search_rounds")
+        if st:
+            text += (f"; searched in {len(st['rounds'])} round(s), "
+                     f"{st['spent']:,} of ≤{st['budget']:,} queries per sample: "
+                     + st["why"].split(":")[0])
+        for c in d.get("worst_case_comparison") or ():
+            text += (f"; a random draw: {pct(c['surviving_share'])} survive the worst-case "
+                     f"search {c['attack_check']} at the same bound")
+        return text
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """The robustness curve over the bound, and over the search's queries."""
+        from certify.figures import curve_svg, failure_bound_svg, queries_curve_svg
+
+        st = result.details.get("statistical")
+        if st:  # a random corruption: the failure probability's bound per intensity
+            return {"curve": failure_bound_svg(result.details["curve"], result.details["unit"],
+                                               float(st["confidence"]))}
+        out = {"curve": curve_svg(result.details["curve"], result.details["unit"])}
+        st = result.details.get("search_rounds")
+        if st and len(st["rounds"]) > 1 and st.get("evaluated"):
+            n, left, spent = st["evaluated"], st["evaluated"], 0
+            curve: list[dict[str, Any]] = [{"queries": 0, "robust_accuracy": 1.0}]
+            for r in st["rounds"]:  # the robust share after each round's total queries
+                left, spent = left - r["broken"], spent + r["candidates"]
+                curve.append({"queries": spent, "robust_accuracy": left / n})
+            out["search"] = queries_curve_svg(curve, [int(p["queries"]) for p in curve[1:]])
+        return out
+
 class CorruptionPairKind(Kind):
     """Two corruption properties combined (:class:`certify.checks.corruption.CorruptionPair`)."""
 
@@ -290,6 +420,31 @@ class CorruptionPairKind(Kind):
     export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
                                                          "Joint robustness score")
 
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Joint score, each property alone, and the change against the weaker."""
+        m = result.metrics
+        st = result.details.get("statistical")
+        if st:
+            return (f"joint robustness at δ = {pct(st['delta'])} with confidence "
+                    f"{pct(st['confidence'])}: {pct(m.robustness_score)} (95% CI "
+                    f"{interval_text(result.intervals['robustness_score'])}, "
+                    f"{st['undecided']} undecided); alone {pct(m.score_first)} and "
+                    f"{pct(m.score_second)}; change vs weaker "
+                    f"{100 * m.change_vs_weaker:+.1f} points; {result.details['how']}")
+        return (f"joint robustness {pct(m.robustness_score)}; alone "
+                f"{pct(m.score_first)} and {pct(m.score_second)}; change vs weaker "
+                f"{100 * m.change_vs_weaker:+.1f} points")
+
+    @classmethod
+    def section_figures(cls, results: Sequence[ResultView]) -> dict[str, str]:
+        """The matrix of the combinations' joint robustness scores (checks that ran)."""
+        from certify.figures import pair_matrix_svg
+
+        pairs = [(r.details["first"], r.details["second"], float(r.metrics.robustness_score))
+                 for r in results if r.status not in ("ERROR", "SKIPPED")]
+        return {"matrix": pair_matrix_svg(pairs)} if pairs else {}
 
 class AttackKind(Kind):
     """An attack validated by the binarization test (:class:`certify.checks.attack.AttackCheck`)."""
@@ -348,6 +503,57 @@ class AttackKind(Kind):
                                                          "Robust accuracy")
 
 
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Robust accuracy with its interval, the threat model and the binarization test."""
+        m, d = result.metrics, result.details
+        bound = "spatial grid" if d["norm"] == "spatial" else (
+            f"l0 k={d['epsilon']:.0f} pixels" if d["norm"] == "l0" else
+            f"{d['norm']} ε={d['epsilon']:.4g}")
+        wb = d.get("white_box")
+        effort = (("transfer from the surrogate" if wb.get("transfer") else "white-box")
+                  + f", {wb['iterations']} iterations × {wb['restarts']} restart(s)"
+                  + (f" × {wb['targets']} target(s)" if wb.get("targets") else "")
+                  + ", judged on the model" if wb else f"≤{int(m.query_budget):,} queries")
+        runs = [int(r["budget"]) for r in (d.get("convergence") or {}).get("rounds", [])]
+        if not wb and len(runs) > 1:
+            effort = (f"runs of {', '.join(f'{b:,}' for b in runs)} queries per sample (each "
+                      "round from scratch)")
+        text = (f"robust accuracy {pct(m.robust_accuracy)} (95% CI "
+                f"{interval_text(result.intervals['robust_accuracy'])}) under {d['attack']} at "
+                f"{bound}, {effort}")
+        conv = d.get("convergence")
+        if conv:
+            text += (f" in {int(m.rounds)} round(s), " if conv["auto"] else ", ") + \
+                ("converged" if conv["converged"] else "budget not converged")
+        bt = d.get("binarization")
+        if bt:
+            ci = result.intervals.get("binarization_score")
+            ci_text = f", 95% CI {interval_text(ci)}" if ci else ""
+            hardest = bt.get("hardest_passed")
+            text += (f"; binarization test {m.binarization_score:.2f}{ci_text} "
+                     f"(R-ASR {m.binarization_rasr:.2f}); hardest configuration passed: "
+                     f"{hardest['label'] if hardest else 'none'}")
+        elif d.get("binarization_note"):
+            text += "; binarization test not available for L0 threat models"
+        ev = d.get("evidence")
+        if ev and ev.get("stalled"):
+            text += "; stalled: the model's outputs gave the attack no signal"
+        if ev and ev.get("short_of_pass"):
+            text += "; evidence, not a PASS on its own"
+        return text
+
+    @classmethod
+    def figures(cls, result: ResultView) -> dict[str, str]:
+        """Robust accuracy against queries per sample, with the rounds' totals marked."""
+        from certify.figures import queries_curve_svg
+
+        conv = result.details.get("convergence")
+        if not conv or result.details.get("white_box"):
+            return {}
+        return {"convergence": queries_curve_svg(conv["curve"],
+                                                 [r["total"] for r in conv["rounds"]])}
+
 class BrittlenessKind(Kind):
     """The LIME brittle score (:class:`certify.checks.brittleness.Brittleness`)."""
 
@@ -395,6 +601,36 @@ class BrittlenessKind(Kind):
     export: ClassVar[ExportMetric | None] = ExportMetric("brittle_score", "brittle_score",
                                                          "Brittle score (LIME)")
 
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """The brittle score with its interval; the decision-target variant; and the
+        comparison with the reference in words (or "no difference resolved"), saying which
+        target R.I. is on."""
+        m, iv = result.metrics, result.intervals
+        text = f"brittle score {m.brittle_score:.4g}"
+        if iv.get("brittle_score"):
+            lo, hi = iv["brittle_score"]
+            text += f" (95% CI {lo:.4g}–{hi:.4g})"
+        text += f" on {m.n} samples"
+        variant = getattr(m, "brittle_score_decision", None)
+        if variant is None:  # a result from before the variant: R.I. is Vora et al.'s
+            if m.relative_improvement is not None:
+                words = result.details.get("comparison", {}).get("words", "")
+                text += (f"; reference {m.reference_brittle_score:.4g}, "
+                         f"R.I. {100 * m.relative_improvement:+.1f}%: {words}")
+            return text
+        if m.relative_improvement_probability is not None:
+            text += (f", reference {m.reference_brittle_score:.4g} (Vora et al.'s R.I. "
+                     f"{100 * m.relative_improvement_probability:+.1f}%, which moves with the "
+                     "scale of the logits)")
+        text += f"; decision-target variant {variant:.4g}"
+        if m.relative_improvement is not None:
+            words = result.details.get("comparison", {}).get("words", "")
+            text += (f", reference {m.reference_brittle_score_decision:.4g}: R.I. "
+                     f"{100 * m.relative_improvement:+.1f}% on the decision-target variant, "
+                     f"which a positive scaling of the logits leaves unchanged: {words}")
+        return text
 
 #: Every check kind's description, by its suite ``kind``, in the card's order.
 KINDS: dict[str, type[Kind]] = {

@@ -705,3 +705,24 @@ def test_verifying_imports_no_engine_and_renders_nothing(genuine: Path, keys: di
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("OK: ") == 2, proc.stdout
     assert "LOADED []" in proc.stdout, proc.stdout
+
+
+def test_a_card_html_from_47b4ef2_still_verifies_with_the_visible_layer_caveat(
+        tmp_path: Path) -> None:
+    """An unsealed card.html written by certify at 47b4ef2 (tests/data/card_47b4ef2): its
+    signature and payload check out, its visible layer is not compared (another renderer), so
+    ``verify`` exits 8, never 0; a changed payload in it is still refused (exit 1)."""
+    from certify.errors import EXIT_VISIBLE_NOT_COMPARED
+
+    here = Path(__file__).parent / "data" / "card_47b4ef2"
+    proc = builders.run_cli("verify", here / "card.html", "--pubkey", here / "certify.pub")
+    assert proc.returncode == EXIT_VISIBLE_NOT_COMPARED, proc.stdout + proc.stderr
+    assert "not compared: the card was rendered by certify 0.1.0, templates 289257ca8ae5" \
+        in proc.stdout
+    assert "verdict: PASS" in proc.stdout
+    html = (here / "card.html").read_bytes()
+    changed = tmp_path / "card.html"
+    changed.write_bytes(html.replace(b'"accuracy": 1', b'"accuracy": 0.9', 1))
+    assert changed.read_bytes() != html
+    proc = builders.run_cli("verify", changed, "--pubkey", here / "certify.pub")
+    assert proc.returncode == 1 and "changed after signing" in proc.stderr, proc.stderr

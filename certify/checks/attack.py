@@ -28,7 +28,7 @@ from certify.attacks.binarization import (
 )
 from certify.attacks.confident import maximise_confidence
 from certify.attacks.simple import cut_grid_message
-from certify.checks import attack_card, attack_verdict
+from certify.checks import attack_verdict
 from certify.checks.attack_card import (
     CONFIDENCE_OF,
     GALLERY_EXAMPLES,
@@ -50,7 +50,6 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
-    ResultView,
 )
 from certify.checks.confidence import (
     confidences,
@@ -586,16 +585,6 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
 
 
     # -- verdict and presentation ----------------------------------------------------------
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """Robust accuracy with its interval, the threat model and the binarization test."""
-        return attack_card.headline(result)
-
-    @classmethod
-    def figures(cls, result: ResultView) -> dict[str, str]:
-        """Robust accuracy against queries per sample, with the rounds' totals marked."""
-        return attack_card.figures(result)
-
     def summarize(self, records: list[AttackRecord], data: Dataset) -> Measurement:
         """The row's measurement (:func:`certify.checks.attack_verdict.summarize`)."""
         return attack_verdict.summarize(self, records, data)

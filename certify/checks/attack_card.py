@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from certify.checks.attack_schedule import AttackRecord
-from certify.checks.base import ResultView, interval_text, pct
 from certify.data import Dataset
 from certify.images import ImageSink, decode_png, png_bytes, to_uint8
 
@@ -26,57 +25,6 @@ GALLERY_EXAMPLES = 6
 #: What the confidence beside an adversarial label is, per kind of model output.
 CONFIDENCE_OF = {"probs": "probability", "logits": "softmax of logits",
                  "labels": "labels only: no confidence"}
-
-
-def headline(result: ResultView) -> str:
-    """Robust accuracy with its interval, the threat model and the binarization test."""
-    m, d = result.metrics, result.details
-    bound = "spatial grid" if d["norm"] == "spatial" else (
-        f"l0 k={d['epsilon']:.0f} pixels" if d["norm"] == "l0" else
-        f"{d['norm']} ε={d['epsilon']:.4g}")
-    wb = d.get("white_box")
-    effort = (("transfer from the surrogate" if wb.get("transfer") else "white-box")
-              + f", {wb['iterations']} iterations × {wb['restarts']} restart(s)"
-              + (f" × {wb['targets']} target(s)" if wb.get("targets") else "")
-              + ", judged on the model" if wb else f"≤{int(m.query_budget):,} queries")
-    runs = [int(r["budget"]) for r in (d.get("convergence") or {}).get("rounds", [])]
-    if not wb and len(runs) > 1:
-        effort = (f"runs of {', '.join(f'{b:,}' for b in runs)} queries per sample (each "
-                  "round from scratch)")
-    text = (f"robust accuracy {pct(m.robust_accuracy)} (95% CI "
-            f"{interval_text(result.intervals['robust_accuracy'])}) under {d['attack']} at "
-            f"{bound}, {effort}")
-    conv = d.get("convergence")
-    if conv:
-        text += (f" in {int(m.rounds)} round(s), " if conv["auto"] else ", ") + \
-            ("converged" if conv["converged"] else "budget not converged")
-    bt = d.get("binarization")
-    if bt:
-        ci = result.intervals.get("binarization_score")
-        ci_text = f", 95% CI {interval_text(ci)}" if ci else ""
-        hardest = bt.get("hardest_passed")
-        text += (f"; binarization test {m.binarization_score:.2f}{ci_text} "
-                 f"(R-ASR {m.binarization_rasr:.2f}); hardest configuration passed: "
-                 f"{hardest['label'] if hardest else 'none'}")
-    elif d.get("binarization_note"):
-        text += "; binarization test not available for L0 threat models"
-    ev = d.get("evidence")
-    if ev and ev.get("stalled"):
-        text += "; stalled: the model's outputs gave the attack no signal"
-    if ev and ev.get("short_of_pass"):
-        text += "; evidence, not a PASS on its own"
-    return text
-
-
-def figures(result: ResultView) -> dict[str, str]:
-    """Robust accuracy against queries per sample, with the rounds' totals marked."""
-    from certify.figures import queries_curve_svg
-
-    conv = result.details.get("convergence")
-    if not conv or result.details.get("white_box"):
-        return {}
-    return {"convergence": queries_curve_svg(conv["curve"],
-                                             [r["total"] for r in conv["rounds"]])}
 
 
 def histogram(values: list[int], top: int, bins: int = 10) -> list[dict[str, int]]:

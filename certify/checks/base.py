@@ -13,7 +13,7 @@ import inspect
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -22,32 +22,14 @@ from certify.canonical import JSONLike
 from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.kinds import Kind
+from certify.kinds import ResultView as ResultView  # re-exported for the checks
 from certify.kinds import Settlement as Settlement  # re-exported: the checks build it
+from certify.kinds import interval_text as interval_text
+from certify.kinds import pct as pct
 from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed, mix_seeds
 from certify.rundir import SampleRecord
 from certify.validation import expect
-
-
-class ResultView(Protocol):
-    """What a check's presentation reads of its own result (a typed check result)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def error(self) -> str | None: ...
-    @property
-    def metrics(self) -> Any: ...  # the kind's own metrics model (its fields: its metrics)
-    @property
-    def intervals(self) -> Mapping[str, Sequence[float | None]]: ...
-    @property
-    def details(self) -> Mapping[str, Any]: ...  # JSON, read by the kind that wrote it
-    @property
-    def warnings(self) -> list[str]: ...
 
 
 @dataclass
@@ -109,17 +91,6 @@ class CheckContext:
                                                            for m in more))
 
 
-def pct(v: float | None) -> str:
-    """A rate as a percentage with one decimal (``–`` when unknown)."""
-    return "–" if v is None else f"{100 * float(v):.1f}%"
-
-
-def interval_text(iv: Any) -> str:
-    """``lo–hi`` of a 95% interval of rates."""
-    lo, hi = iv
-    return f"{pct(lo)}–{pct(hi)}"
-
-
 #: The record type of one check kind (a :class:`~certify.rundir.SampleRecord` extended).
 R = TypeVar("R", bound=SampleRecord)
 
@@ -130,20 +101,15 @@ class Check(Kind, Generic[R]):
     ``R`` is the kind's record type: a :class:`~certify.rundir.SampleRecord` with the kind's
     own fields, which ``run_batch`` returns one per sample and ``summarize`` reads back.
 
-    What a kind *is* (its metrics, family, export, how compare pairs it, its card template) is
-    its light description in :mod:`certify.kinds`, which each compute class inherits; the
-    compute class adds ``headline`` (one sentence) and ``figures`` (inline SVGs for its card
-    section). The report layer iterates over these; it never switches on kinds.
+    What a kind *is* and shows (its metrics, family, export, how compare pairs it, its
+    headline, figures and card template) is its light description in :mod:`certify.kinds`,
+    which each compute class inherits; the compute class adds how it is measured. The report
+    layer iterates over the descriptions; it never switches on kinds.
     """
 
     #: At most this many samples per batch, so that a kill loses little work (``None``: the
     #: runner's batch size). Set by checks whose per-sample work is long (attacks, LIME).
     record_batch: ClassVar[int | None] = None
-
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """One line that says what the check measured (card summary and CLI)."""
-        return ", ".join(f"{k}={v}" for k, v in dict(result.metrics).items())
 
     def next_round(self, records: dict[int, R], done: int
                    ) -> tuple[Check[R], list[int]] | None:
@@ -161,16 +127,6 @@ class Check(Kind, Generic[R]):
     def merge_round(self, records: dict[int, R], new: dict[int, R], r: int) -> dict[int, R]:
         """Fold round ``r``'s records into the merged records (checks with rounds only)."""
         raise NotImplementedError(f"{type(self).__name__} runs a single round")
-
-    @classmethod
-    def figures(cls, result: ResultView) -> dict[str, str]:
-        """Inline SVG figures for the card section, by name (none by default)."""
-        return {}
-
-    @classmethod
-    def section_figures(cls, results: Sequence[ResultView]) -> dict[str, str]:
-        """Inline SVG figures over all of this kind's checks, by name (none by default)."""
-        return {}
 
     def outcome_bits(self, records: list[R]) -> dict[str, list[bool]]:
         """Per-sample binary outcomes kept (as packed bitmaps) for later comparisons.

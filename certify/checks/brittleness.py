@@ -60,7 +60,6 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
-    ResultView,
 )
 from certify.data import Dataset
 from certify.errors import SuiteError
@@ -676,36 +675,6 @@ class Brittleness(BrittlenessKind, Check[BrittlenessRecord]):
                             "ref_queries": 2 * self.num_masks})
             out.append(rec)
         return out
-
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """The brittle score with its interval; the decision-target variant; and the
-        comparison with the reference in words (or "no difference resolved"), saying which
-        target R.I. is on."""
-        m, iv = result.metrics, result.intervals
-        text = f"brittle score {m.brittle_score:.4g}"
-        if iv.get("brittle_score"):
-            lo, hi = iv["brittle_score"]
-            text += f" (95% CI {lo:.4g}–{hi:.4g})"
-        text += f" on {m.n} samples"
-        variant = getattr(m, "brittle_score_decision", None)
-        if variant is None:  # a result from before the variant: R.I. is Vora et al.'s
-            if m.relative_improvement is not None:
-                words = result.details.get("comparison", {}).get("words", "")
-                text += (f"; reference {m.reference_brittle_score:.4g}, "
-                         f"R.I. {100 * m.relative_improvement:+.1f}%: {words}")
-            return text
-        if m.relative_improvement_probability is not None:
-            text += (f", reference {m.reference_brittle_score:.4g} (Vora et al.'s R.I. "
-                     f"{100 * m.relative_improvement_probability:+.1f}%, which moves with the "
-                     "scale of the logits)")
-        text += f"; decision-target variant {variant:.4g}"
-        if m.relative_improvement is not None:
-            words = result.details.get("comparison", {}).get("words", "")
-            text += (f", reference {m.reference_brittle_score_decision:.4g}: R.I. "
-                     f"{100 * m.relative_improvement:+.1f}% on the decision-target variant, "
-                     f"which a positive scaling of the logits leaves unchanged: {words}")
-        return text
 
     def outcome_bits(self, records: list[BrittlenessRecord]) -> dict[str, list[bool]]:
         """No binary outcome: the brittle score is continuous (see ``sample_values``)."""

@@ -11,9 +11,6 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
-    ResultView,
-    interval_text,
-    pct,
 )
 from certify.data import Dataset
 from certify.kinds import CleanAccuracyKind
@@ -57,19 +54,6 @@ class CleanAccuracy(CleanAccuracyKind, Check[CleanRecord]):
             }
             for p, t, s in zip(pred.tolist(), y.tolist(), top.tolist(), strict=True)
         ]
-
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """Accuracy with its interval."""
-        return (f"accuracy {pct(result.metrics.accuracy)} "
-                f"(95% CI {interval_text(result.intervals['accuracy'])})")
-
-    @classmethod
-    def figures(cls, result: ResultView) -> dict[str, str]:
-        """Per-class accuracy as a bar chart."""
-        from certify.figures import per_class_svg
-
-        return {"per_class": per_class_svg(result.details["per_class"])}
 
     def outcome_bits(self, records: list[CleanRecord]) -> dict[str, list[bool]]:
         """``correct`` per sample."""

@@ -29,7 +29,6 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
-    ResultView,
     pct,
 )
 from certify.data import Dataset
@@ -160,15 +159,6 @@ class Coverage(CoverageKind, Check[CoverageRecord]):
                  "abstained": self.abstain_class is not None and int(p) == self.abstain_class}
                 for p, t, c, q in zip(pred.tolist(), y.cpu().tolist(), conf.tolist(),
                                       prob.tolist(), strict=True)]
-
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """Accuracy at coverage and the confident-mistake rate."""
-        m, d = result.metrics, result.details
-        return (f"accuracy {pct(m.accuracy_at_coverage)} at {pct(m.coverage)} coverage "
-                f"(full coverage {pct(m.accuracy_full_coverage)}); confident mistakes "
-                f"{pct(m.confident_mistake_rate)} ({d.get('cutoff_rule') or 'at ≥ '}"
-                f"{'' if d.get('cutoff_rule') else format(d['confidence_threshold'], 'g')})")
 
     def _confident(self, records: Sequence[CoverageRecord]) -> tuple[list[bool], float | None]:
         """Per record: a confident mistake; and the margin cut-off (``None`` for a fixed

@@ -52,10 +52,7 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
-    ResultView,
     Settlement,
-    interval_text,
-    pct,
 )
 from certify.checks.confidence import (
     ConfidenceRecord,
@@ -756,55 +753,6 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
             settled=Settlement(random_draw=not self.searched(), statistical=True),
         )
 
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """Score with its interval, the bound, the sample count and the search."""
-        m, d = result.metrics, result.details
-        st = d.get("statistical")
-        if st:
-            text = (f"robust at δ = {pct(st['delta'])} with confidence {pct(st['confidence'])}: "
-                    f"{pct(m.robustness_score)} (95% CI "
-                    f"{interval_text(result.intervals['robustness_score'])}, undecided counted "
-                    f"both ways) at {d['bound']:g} {d['unit']}, n={m.n_evaluated}, "
-                    f"{st['undecided']} undecided; average accuracy under the noise "
-                    f"{pct(m.mean_accuracy_under_noise)}")
-            for c in d.get("worst_case_comparison") or ():
-                text += (f"; {pct(c['surviving_share'])} survive the worst-case search "
-                         f"{c['attack_check']} at the same bound")
-            return text
-        text = (f"robustness {pct(m.robustness_score)} (95% CI "
-                f"{interval_text(result.intervals['robustness_score'])}) within "
-                f"{d['bound']:g} {d['unit']}, n={m.n_evaluated}")
-        st = d.get("search_rounds")
-        if st:
-            text += (f"; searched in {len(st['rounds'])} round(s), "
-                     f"{st['spent']:,} of ≤{st['budget']:,} queries per sample: "
-                     + st["why"].split(":")[0])
-        for c in d.get("worst_case_comparison") or ():
-            text += (f"; a random draw: {pct(c['surviving_share'])} survive the worst-case "
-                     f"search {c['attack_check']} at the same bound")
-        return text
-
-    @classmethod
-    def figures(cls, result: ResultView) -> dict[str, str]:
-        """The robustness curve over the bound, and over the search's queries."""
-        from certify.figures import curve_svg, failure_bound_svg, queries_curve_svg
-
-        st = result.details.get("statistical")
-        if st:  # a random corruption: the failure probability's bound per intensity
-            return {"curve": failure_bound_svg(result.details["curve"], result.details["unit"],
-                                               float(st["confidence"]))}
-        out = {"curve": curve_svg(result.details["curve"], result.details["unit"])}
-        st = result.details.get("search_rounds")
-        if st and len(st["rounds"]) > 1 and st.get("evaluated"):
-            n, left, spent = st["evaluated"], st["evaluated"], 0
-            curve: list[dict[str, Any]] = [{"queries": 0, "robust_accuracy": 1.0}]
-            for r in st["rounds"]:  # the robust share after each round's total queries
-                left, spent = left - r["broken"], spent + r["candidates"]
-                curve.append({"queries": spent, "robust_accuracy": left / n})
-            out["search"] = queries_curve_svg(curve, [int(p["queries"]) for p in curve[1:]])
-        return out
-
     def summarize(self, records: list[CorruptionRecord], data: Dataset) -> Measurement:
         prop, bound, _ = self._prop()
         if prop.statistical:
@@ -1220,31 +1168,6 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
             images=sink.images, unsettled=unsettled,
             settled=Settlement(statistical=True),
         )
-
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """Joint score, each property alone, and the change against the weaker."""
-        m = result.metrics
-        st = result.details.get("statistical")
-        if st:
-            return (f"joint robustness at δ = {pct(st['delta'])} with confidence "
-                    f"{pct(st['confidence'])}: {pct(m.robustness_score)} (95% CI "
-                    f"{interval_text(result.intervals['robustness_score'])}, "
-                    f"{st['undecided']} undecided); alone {pct(m.score_first)} and "
-                    f"{pct(m.score_second)}; change vs weaker "
-                    f"{100 * m.change_vs_weaker:+.1f} points; {result.details['how']}")
-        return (f"joint robustness {pct(m.robustness_score)}; alone "
-                f"{pct(m.score_first)} and {pct(m.score_second)}; change vs weaker "
-                f"{100 * m.change_vs_weaker:+.1f} points")
-
-    @classmethod
-    def section_figures(cls, results: Sequence[ResultView]) -> dict[str, str]:
-        """The matrix of the combinations' joint robustness scores (checks that ran)."""
-        from certify.figures import pair_matrix_svg
-
-        pairs = [(r.details["first"], r.details["second"], float(r.metrics.robustness_score))
-                 for r in results if r.status not in ("ERROR", "SKIPPED")]
-        return {"matrix": pair_matrix_svg(pairs)} if pairs else {}
 
     def outcome_bits(self, records: list[PairRecord]) -> dict[str, list[bool]]:
         """Joint outcomes, plus robustness to each property alone."""

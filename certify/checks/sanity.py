@@ -16,7 +16,6 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
-    ResultView,
 )
 from certify.checks.confidence import top_probability
 from certify.data import Dataset
@@ -253,16 +252,6 @@ class Sanity(SanityKind, Check[SanityRecord]):
             return set()
         n, m = len(sel), min(QUANT_SAMPLES, len(sel))
         return {int(sel[(k * n) // m]) for k in range(m)}
-
-    @classmethod
-    def headline(cls, result: ResultView) -> str:
-        """How many suspect behaviours were found."""
-        found = len(result.warnings)
-        probe = (" and near their decision boundaries"
-                 if result.metrics.boundary_nondeterministic_share is not None else "")
-        return (f"{found} suspect behaviour(s) found" if found else "no suspect behaviour "
-                "found (randomness, saturation, probability outputs)") + \
-            f" on {result.metrics.n} samples{probe}, {result.details['repeats']} repeats each"
 
     def outcome_bits(self, records: list[SanityRecord]) -> dict[str, list[bool]]:
         """Per sample: randomised (anywhere), randomised near the boundary, saturated."""

@@ -19,8 +19,8 @@ import jinja2
 import markupsafe
 
 from certify.canonical import script_safe_json
-from certify.checks import CHECKS
 from certify.engine.assemble import verdict_statuses
+from certify.kinds import KINDS
 from certify.report import glance
 from certify.report.sealed import blank_slot
 from certify.results import RunResult, Status
@@ -48,7 +48,7 @@ def headline(c: Any) -> str:
         return f"error: {c.error}"
     if c.status == "SKIPPED":
         return f"skipped: {c.decision}"
-    text = CHECKS[c.kind].headline(c)
+    text = KINDS[c.kind].headline(c)
     if c.sample_errors:
         text += f"; {c.sample_errors} sample(s) errored"
     return text
@@ -417,17 +417,17 @@ def card_context(result: RunResult, signature: Any = None,
     m, p = result.measurement, result.provenance
     checks = result.checks
     kinds = {c.kind for c in checks}
-    families = list(dict.fromkeys(cls.family for cls in CHECKS.values()))
-    present = {CHECKS[k].family for k in kinds}
+    families = list(dict.fromkeys(cls.family for cls in KINDS.values()))
+    present = {KINDS[k].family for k in kinds}
     not_tested = [{"family": f, "why": "not in this suite"} for f in families
                   if f not in present]
     figures: dict[str, dict[str, str]] = {}
     for c in checks:
-        figures[c.id] = {} if c.status in ("ERROR", "SKIPPED") else CHECKS[c.kind].figures(c)
+        figures[c.id] = {} if c.status in ("ERROR", "SKIPPED") else KINDS[c.kind].figures(c)
     sections = [{"kind": kind, "partial": cls.partial(),
                  "checks": [c for c in checks if c.kind == kind],
                  "figures": cls.section_figures([c for c in checks if c.kind == kind])}
-                for kind, cls in CHECKS.items() if kind in kinds]
+                for kind, cls in KINDS.items() if kind in kinds]
     warnings = [{"check": c.id, "text": w} for c in checks for w in c.warnings]
     rule = {"name": m.suite.decision, "text": DECISION_RULE_TEXT[m.suite.decision],
             "others": [{"check": c.id, "name": c.threshold.rule, "text":
