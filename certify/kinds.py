@@ -237,6 +237,7 @@ class SanityKind(Kind):
                 "found (randomness, saturation, probability outputs)") + \
             f" on {result.metrics.n} samples{probe}, {result.details['repeats']} repeats each"
 
+
 class CleanAccuracyKind(Kind):
     """Clean accuracy (:class:`certify.checks.clean.CleanAccuracy`)."""
 
@@ -266,6 +267,7 @@ class CleanAccuracyKind(Kind):
         from certify.figures import per_class_svg
 
         return {"per_class": per_class_svg(result.details["per_class"])}
+
 
 class CoverageKind(Kind):
     """Accuracy at a coverage level and confident mistakes
@@ -304,13 +306,19 @@ class CoverageKind(Kind):
                 f"{pct(m.confident_mistake_rate)} ({d.get('cutoff_rule') or 'at ≥ '}"
                 f"{'' if d.get('cutoff_rule') else format(d['confidence_threshold'], 'g')})")
 
-class CorruptionKind(Kind):
+
+class _CorruptionFamily(Kind):
+    """What a corruption property and a pair of them share: their family and glance group."""
+
+    family: ClassVar[str] = CORRUPTION_FAMILY
+    glance_group: ClassVar[str] = "Corruptions"
+
+
+class CorruptionKind(_CorruptionFamily):
     """One corruption property within a bound (:class:`certify.checks.corruption.Corruption`)."""
 
     name: ClassVar[str] = "Corruption"
     kind: ClassVar[str] = "corruption"
-    family: ClassVar[str] = CORRUPTION_FAMILY
-    glance_group: ClassVar[str] = "Corruptions"
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("robustness_score", "share of correctly classified samples that stay correct "
                "for every transform the search tried within the bound", "higher",
@@ -394,13 +402,12 @@ class CorruptionKind(Kind):
             out["search"] = queries_curve_svg(curve, [int(p["queries"]) for p in curve[1:]])
         return out
 
-class CorruptionPairKind(Kind):
+
+class CorruptionPairKind(_CorruptionFamily):
     """Two corruption properties combined (:class:`certify.checks.corruption.CorruptionPair`)."""
 
     name: ClassVar[str] = "CorruptionPair"
     kind: ClassVar[str] = "corruption_pair"
-    family: ClassVar[str] = CORRUPTION_FAMILY
-    glance_group: ClassVar[str] = "Corruptions"
     metrics: ClassVar[tuple[Metric, ...]] = (
         Metric("robustness_score", "share of correctly classified samples that stay correct "
                "over the joint grid of both properties", "higher", threshold=True),
@@ -445,6 +452,7 @@ class CorruptionPairKind(Kind):
         pairs = [(r.details["first"], r.details["second"], float(r.metrics.robustness_score))
                  for r in results if r.status not in ("ERROR", "SKIPPED")]
         return {"matrix": pair_matrix_svg(pairs)} if pairs else {}
+
 
 class AttackKind(Kind):
     """An attack validated by the binarization test (:class:`certify.checks.attack.AttackCheck`)."""
@@ -553,6 +561,7 @@ class AttackKind(Kind):
             return {}
         return {"convergence": queries_curve_svg(conv["curve"],
                                                  [r["total"] for r in conv["rounds"]])}
+
 
 class BrittlenessKind(Kind):
     """The LIME brittle score (:class:`certify.checks.brittleness.Brittleness`)."""
