@@ -726,3 +726,32 @@ def test_a_card_html_from_47b4ef2_still_verifies_with_the_visible_layer_caveat(
     assert changed.read_bytes() != html
     proc = builders.run_cli("verify", changed, "--pubkey", here / "certify.pub")
     assert proc.returncode == 1 and "changed after signing" in proc.stderr, proc.stderr
+
+
+def test_the_small_pdf_reader_reads_what_pypdf_reads(genuine: Path, other_card: Path,
+                                                     tmp_path: Path) -> None:
+    """``certify verify`` reads a PDF-signed card.pdf's attachments with a small reader (no
+    pypdf import); on certify's cards, signed and unsigned, and on a PDF pypdf wrote (a
+    classic cross-reference table) it reads exactly what pypdf reads."""
+    from certify.report import pades
+    from certify.report.pdfread import embedded_files
+
+    limits = {"results.json": 2**28, "results.json.sig": 2**16}
+    w = _unsealed_pages_with(genuine)
+    rewritten = tmp_path / "pypdf.pdf"
+    with rewritten.open("wb") as f:
+        w.write(f)
+    for path in (genuine / "card.pdf", other_card / "card.pdf", rewritten):
+        data = path.read_bytes()
+        fast = embedded_files(data, set(limits))  # parses, no fallback
+        assert set(fast) == set(limits), path
+        got = pades.attachments(data, limits, str(path), signed=True)
+        assert got == pades.attachments(data, limits, str(path)), path
+        assert got["results.json"].startswith(b"{")
+
+
+def _unsealed_pages_with(card: Path) -> PdfWriter:
+    w = _unsigned_pages(card / "card.pdf")
+    w.add_attachment("results.json", (card / "results.json").read_bytes())
+    w.add_attachment("results.json.sig", (card / "results.json.sig").read_bytes())
+    return w

@@ -354,12 +354,27 @@ def _signer_certificate(sd: Any, sid: Any) -> Any:
 
 # --- attachments, inflated within bounds ----------------------------------------------------
 
-def attachments(data: bytes, limits: dict[str, int], where: str) -> dict[str, bytes]:
+def attachments(data: bytes, limits: dict[str, int], where: str, signed: bool = False
+                ) -> dict[str, bytes]:
     """The embedded files named in ``limits``, each inflated to at most its limit in bytes.
 
     An attachment larger than its limit is refused before it is inflated in full (a zlib
     stream inflates in steps of at most the limit); an encoding other than Flate is refused.
+    ``signed``: the whole file is covered by a PDF signature already checked with the
+    verifying key; it is then read by :mod:`certify.report.pdfread` (a small reader, no
+    pypdf import), falling back to pypdf where that reader cannot parse it.
     """
+    if signed:
+        from certify.report.pdfread import PdfParseError, embedded_files
+
+        try:
+            streams = embedded_files(data, set(limits))
+        except (PdfParseError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+            streams = None
+        if streams is not None:
+            return {name: _inflate_raw(head.get("Filter"), head.get("DecodeParms"), raw,
+                                       limits[name], f"{where}: attachment {name}")
+                    for name, (head, raw) in streams.items()}
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
@@ -399,13 +414,17 @@ def _name_tree(node: Any, wanted: set[str], depth: int = 0) -> dict[str, Any]:
 
 
 def _inflate(stream: Any, limit: int, where: str) -> bytes:
-    filters = stream.get("/Filter")
+    return _inflate_raw(stream.get("/Filter"), stream.get("/DecodeParms"),
+                        bytes(getattr(stream, "_data", b"")), limit, where)
+
+
+def _inflate_raw(filters: Any, params: Any, raw: bytes, limit: int, where: str) -> bytes:
+    """A stream's bytes decoded (none, or Flate without parameters), at most ``limit``."""
     filters = [] if filters is None else [filters] if not isinstance(filters, list) \
         else list(filters)
-    raw = bytes(getattr(stream, "_data", b""))
     if not filters:
         body = raw
-    elif [str(f) for f in filters] == ["/FlateDecode"] and stream.get("/DecodeParms") is None:
+    elif [str(f).lstrip("/") for f in filters] == ["FlateDecode"] and params is None:
         d = zlib.decompressobj()
         try:
             body = d.decompress(raw, limit + 1)

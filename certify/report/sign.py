@@ -295,7 +295,8 @@ def read_embedded(path: Path, key: ec.EllipticCurvePublicKey, max_inflated_bytes
         pdf_sig = (pades.verify_pdf_signature(data, key, str(path))
                    if pades.has_signature(data) else None)
         files = pades.attachments(data, {"results.json": max_inflated_bytes,
-                                         "results.json.sig": MAX_SIGNATURE_BYTES}, str(path))
+                                         "results.json.sig": MAX_SIGNATURE_BYTES}, str(path),
+                                  signed=pdf_sig is not None)
         if "results.json" not in files:
             raise VerificationError(f"{path} carries no results.json", hint="not a card?")
         if "results.json.sig" not in files:
