@@ -686,14 +686,15 @@ def test_ordinary_handling_of_a_sealed_card_is_diagnosed(genuine: Path, keys: di
 def test_verifying_imports_no_engine_and_renders_nothing(genuine: Path, keys: dict[str, Path]
                                                         ) -> None:
     """``certify verify`` of card.pdf and of card.html in a fresh interpreter imports no
-    torch, onnxruntime, kornia, scikit-image or WeasyPrint, and nothing that renders a card
-    (jinja2, matplotlib, certify's card and check modules)."""
+    torch, onnxruntime, kornia, scikit-image or WeasyPrint, nothing that renders a card
+    (jinja2, matplotlib, certify's card and check modules), and no pypdf (a signed card.pdf's
+    attachments are read by certify's small reader)."""
     import subprocess
     import sys
 
     heavy = ("torch", "onnxruntime", "kornia", "skimage", "weasyprint", "jinja2", "matplotlib",
              "certify.report.card", "certify.report.visible", "certify.checks", "certify.engine",
-             "certify.models")
+             "certify.models", "pypdf")
     code = ("import sys\nfrom certify.cli import main\nfolder, pub = sys.argv[1:3]\n"
             "for name in ('card.pdf', 'card.html'):\n"
             "    sys.argv = ['certify', 'verify', folder + '/' + name, '--pubkey', pub]\n"
