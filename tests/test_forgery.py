@@ -672,7 +672,7 @@ def test_ordinary_handling_of_a_sealed_card_is_diagnosed(genuine: Path, keys: di
                         "bytes added after its signed end"),
         "slot_moved_up": (html[:at - len(slot_open)] + html[end + 9:] .replace(
             b"</body>", slot_open + html[at:end] + b"</script></body>", 1),
-            "not the whole file but its signature slot"),
+            "its bytes changed after signing"),
     }
     for name, (data, says) in cases.items():
         path = tmp_path / f"{name}.html"

@@ -74,6 +74,14 @@ def _gap(data: bytes) -> tuple[int, int] | None:
     return None if b < 0 else (a, b)
 
 
+def blank_slot_of(data: bytes) -> bytes:
+    """``data`` with its signature slot blank again (as rendered, before sealing)."""
+    found = _gap(data)
+    if found is None:
+        return data
+    return data[:found[0]] + blank_slot().encode("ascii") + data[found[1]:]
+
+
 def _signed_bytes(data: bytes, a: int, b: int) -> bytes:
     return data[:a] + data[b:]
 
@@ -95,6 +103,10 @@ def seal(html: bytes, results_signature: Any, key: ec.EllipticCurvePrivateKey) -
     if len(text) > SLOT_BYTES or b"<" in text:
         raise RuntimeError(f"the sealed signature ({len(text)} bytes) does not fit its slot")
     return html[:a] + text + b" " * (SLOT_BYTES - len(text)) + html[b:]
+
+
+class SealBroken(VerificationError):
+    """A sealed card whose signatures check out but whose bytes are not the signed ones."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +187,7 @@ def read_sealed(data: bytes, key: ec.EllipticCurvePublicKey, key_fingerprint: st
                                 hint="do not trust this card") from None
     why = _bytes_problem(data, signed)
     if why is not None:
-        raise VerificationError(f"{where}: {why}", hint=_diagnosis(data, signed))
+        raise SealBroken(f"{where}: {why}", hint=_diagnosis(data, signed))
     if CHARSET not in data[:1024]:
         raise VerificationError(f"{where}: the card declares no UTF-8 charset in its first "
                                 "1024 bytes", hint="not a card certify wrote")

@@ -271,8 +271,11 @@ def read_embedded(path: Path, key: ec.EllipticCurvePublicKey, max_inflated_bytes
         data = _read_bounded(path, max_inflated_bytes + 2**20, "card")
         slot = sealed.signature_text(data)
         if slot is not None:  # sealed over its exact bytes: nothing is decoded or rendered
-            card = sealed.read_sealed(data, key, fingerprint(key), str(path),
-                                      MAX_SIGNATURE_BYTES)
+            try:
+                card = sealed.read_sealed(data, key, fingerprint(key), str(path),
+                                          MAX_SIGNATURE_BYTES)
+            except sealed.SealBroken as exc:
+                raise _explain_broken_seal(data, slot, key, path, exc) from None
             sig = _signature(card.signature_text, str(path))
             verify_statement(sig, key)
             if sealed.statement_digest(sig.signed) != sealed.read_statement_link(slot):
@@ -305,6 +308,39 @@ def read_embedded(path: Path, key: ec.EllipticCurvePublicKey, max_inflated_bytes
                         files["results.json"], "payload", pdf_sig)
     raise UsageError(f"cannot verify a {suffix or 'suffix-less'} file",
                      hint="pass card.html, card.pdf or results.json")
+
+
+def _explain_broken_seal(data: bytes, slot: str, key: ec.EllipticCurvePublicKey, path: Path,
+                         exc: VerificationError) -> VerificationError:
+    """Why a sealed card's bytes are not the signed ones, where that can be said: its embedded
+    payload changed; or (a card this certify rendered) what a reader sees differs from a
+    fresh rendering of its signed payload (the text, an image, the markup). The refusal
+    itself never depends on this: ``exc`` stands where nothing more can be said."""
+    if "would verify" in (exc.hint or ""):  # ordinary handling, already said
+        return exc
+    try:
+        sig = _signature(slot, str(path))
+        verify_statement(sig, key)
+        start = data.rfind(sealed.RESULTS_OPEN)
+        end = data.find(sealed.CLOSE, start)
+        payload = data[start + len(sealed.RESULTS_OPEN):end] if 0 <= start < end else b""
+    except VerificationError:
+        return exc
+    if _sha256(payload) != sig.signed.get("html_payload"):
+        return VerificationError(f"{path}: the card's bytes changed after signing: the signed "
+                                 "payload changed after signing (its sha256 is not the signed "
+                                 "one)", hint="do not trust this card")
+    try:
+        from certify.report.visible import check_html
+        from certify.results import parse_result
+
+        check_html(data, parse_result(_parse(payload, path)), sig, str(path), sealed=True,
+                   prefix=" (its bytes changed after signing)")
+    except VerificationError as specific:
+        return specific
+    except Exception:  # noqa: BLE001 - an explanation that fails leaves the refusal as it is
+        return exc
+    return exc
 
 
 def _parse(data: bytes, where: Path) -> dict[str, Any]:

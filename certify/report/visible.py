@@ -31,6 +31,7 @@ from certify.report.card import (
     same_renderer,
     unsealed_form,
 )
+from certify.report.sealed import blank_slot_of
 from certify.results import RunResult
 
 _WS = re.compile(r"\s+")
@@ -116,13 +117,17 @@ def _check_images(actual: list[str], expected: list[str], where: str) -> None:
                             hint="do not trust this card")
 
 
-def check_html(data: bytes, result: RunResult, signature: Any, where: str
-               ) -> tuple[bool, str]:
+def check_html(data: bytes, result: RunResult, signature: Any, where: str,
+               sealed: bool = False, prefix: str = "") -> tuple[bool, str]:
     """Compare a card's bytes with a fresh rendering of its verified payload.
 
     Returns ``(True, how)`` when the card is exactly what the payload renders to, ``(False,
     why)`` when the card names another renderer (its visible layer is not compared), and
     raises VerificationError when this renderer made it and the bytes differ.
+
+    ``sealed``: a sealed card whose bytes were already found changed, compared only to say
+    where a reader sees the change (its signature slot is blanked on both sides); ``prefix``
+    starts the message.
     """
     recorded = dict(result.provenance.renderer)
     if not same_renderer(recorded):
@@ -130,9 +135,13 @@ def check_html(data: bytes, result: RunResult, signature: Any, where: str
                        f"this verifier renders with {renderer_text(html_renderer())}")
     html = data.decode("utf-8", errors="replace")
     card = html_view(html)
-    rerendered = unsealed_form(render_html(result, signature, card.sources), signature)
+    fresh_html = render_html(result, signature, card.sources)
+    rerendered = fresh_html if sealed else unsealed_form(fresh_html, signature)
+    if sealed:
+        data = blank_slot_of(data)
     if rerendered.encode("utf-8") == data:
         return True, "the card is exactly what the signed payload renders to"
+    where = where + prefix
     expected = html_view(rerendered)
     if card.text != expected.text:
         raise VerificationError(f"{where}: the visible text is not what the signed payload "
