@@ -281,6 +281,20 @@ def css_only(card: Path, other: Path) -> bytes:
     return html.replace(css, edited).encode("utf-8")
 
 
+def seal_removed(card: Path, other: Path) -> bytes:
+    """The card's seal taken out of its signature slot (the results signature left inline, as
+    cards were before they were sealed), so that it would be checked the older way."""
+    import json
+
+    html = (card / "card.html").read_bytes()
+    slot_open = b'<script type="application/json" id="certify-signature">'
+    at = html.rfind(slot_open) + len(slot_open)
+    end = html.find(b"</script>", at)
+    doc = json.loads(html[at:end])
+    doc.pop("html")
+    return html[:at] + json.dumps(doc, indent=2).encode() + html[end:]
+
+
 #: name: (forge, file suffix, what certify says, whether pdfsig reads it)
 FORGERIES: dict[str, tuple[Callable[..., bytes], str, str]] = {
     "vector_strokes": (vector_strokes, ".pdf", "does not cover the whole file"),
@@ -297,6 +311,7 @@ FORGERIES: dict[str, tuple[Callable[..., bytes], str, str]] = {
     "payload_swap_pdf": (payload_swap_pdf, ".pdf", "does not cover the whole file"),
     "payload_swap_html": (payload_swap_html, ".html", "changed after signing"),
     "css_only": (css_only, ".html", "changed after signing"),
+    "seal_removed": (seal_removed, ".html", "its seal was removed"),
 }
 
 
@@ -468,12 +483,23 @@ def test_cards_whose_visible_layer_cannot_be_compared_exit_8(
 def _unsealed_card(result: Any, images_of: Path, key_path: Path) -> bytes:
     """A card.html of ``result`` signed as certify signed cards before issue 50: the signature
     document inline in its script, no byte-range signature (what 47b4ef2 wrote)."""
+    import base64
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from certify.canonical import canonical_json
     from certify.images import data_uri
     from certify.report.card import render_html, unsealed_form
-    from certify.report.sign import load_private_key, sign
+    from certify.report.sign import ALGORITHM, Signature, fingerprint, load_private_key, statement
     from certify.report.write import load_images
 
-    signature = sign(result.to_json(), load_private_key(key_path))
+    key = load_private_key(key_path)
+    # the statement as it was before sealing: no html_seal
+    signed = {k: v for k, v in statement(result.to_json()).items() if k != "html_seal"}
+    der = key.sign(canonical_json(signed), ec.ECDSA(hashes.SHA256()))
+    signature = Signature(ALGORITHM, base64.b64encode(der).decode(),
+                          fingerprint(key.public_key()), signed)
     images = {d: data_uri(b) for d, b in load_images(images_of).items()}
     return unsealed_form(render_html(result, signature, images), signature).encode("utf-8")
 

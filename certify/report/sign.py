@@ -71,11 +71,14 @@ def part_digest(doc: dict[str, Any], part: str) -> str:
 def statement(doc: dict[str, Any]) -> dict[str, str]:
     """What a signature covers: the schema version, the digest of each part, and the digests
     of the exact payload bytes a verifier reads (results.json and card.pdf's attachment:
-    ``payload``; card.html's embedded script: ``html_payload``)."""
+    ``payload``; card.html's embedded script: ``html_payload``), and that card.html is sealed
+    over its bytes (``html_seal``: a card.html without a seal is then refused)."""
     return {"type": STATEMENT_TYPE, "schema": str(doc.get("schema")),
             **{p: part_digest(doc, p) for p in PARTS},
             "payload": _sha256(canonical_json(doc)),
-            "html_payload": _sha256(script_safe_json(doc).encode("utf-8"))}
+            "html_payload": _sha256(script_safe_json(doc).encode("utf-8")),
+            # card.html of these results is sealed over its bytes: an unsealed one is refused
+            "html_seal": sealed.HTML_STATEMENT_TYPE}
 
 
 @dataclass(frozen=True)
@@ -289,8 +292,14 @@ def read_embedded(path: Path, key: ec.EllipticCurvePublicKey, max_inflated_bytes
             raise VerificationError(f"{path} carries no certify results", hint="not a card?")
         if "signature" not in parts or parts["signature"].strip() in ("", "null"):
             raise VerificationError(f"{path} is not signed", hint="sign with `certify sign`")
-        return Embedded(_signature(parts["signature"], str(path)),
-                        parts["results"].encode("utf-8"), "html_payload")
+        sig = _signature(parts["signature"], str(path))
+        if sig.signed.get("html_seal") is not None:
+            verify_statement(sig, key)
+            raise VerificationError(
+                f"{path}: the card carries no seal over its bytes, yet its results were signed "
+                "by a certify that seals card.html: its seal was removed (and what it shows may "
+                "have been changed)", hint="do not trust this card")
+        return Embedded(sig, parts["results"].encode("utf-8"), "html_payload")
     if suffix == ".pdf":
         from certify.report import pades
 
