@@ -106,7 +106,18 @@ def seal(html: bytes, results_signature: Any, key: ec.EllipticCurvePrivateKey) -
 
 
 class SealBroken(VerificationError):
-    """A sealed card whose signatures check out but whose bytes are not the signed ones."""
+    """A sealed card whose signatures check out but whose bytes are not the signed ones;
+    ``ordinary``: the hint already names the ordinary handling that would explain it."""
+
+    ordinary = False
+
+
+def payload_of(data: bytes, before: int | None = None) -> bytes | None:
+    """The inside of the card's last ``certify-results`` script (before byte ``before``), or
+    ``None`` when it has none."""
+    start = data.rfind(RESULTS_OPEN, 0, len(data) if before is None else before)
+    end = data.find(CLOSE, start) if start >= 0 else -1
+    return None if start < 0 or end < 0 else data[start + len(RESULTS_OPEN):end]
 
 
 @dataclass(frozen=True)
@@ -187,15 +198,17 @@ def read_sealed(data: bytes, key: ec.EllipticCurvePublicKey, key_fingerprint: st
                                 hint="do not trust this card") from None
     why = _bytes_problem(data, signed)
     if why is not None:
-        raise SealBroken(f"{where}: {why}", hint=_diagnosis(data, signed))
+        hint, ordinary = _diagnosis(data, signed)
+        broken = SealBroken(f"{where}: {why}", hint=hint)
+        broken.ordinary = ordinary
+        raise broken
     if CHARSET not in data[:1024]:
         raise VerificationError(f"{where}: the card declares no UTF-8 charset in its first "
                                 "1024 bytes", hint="not a card certify wrote")
-    start = data.rfind(RESULTS_OPEN, 0, a)
-    end = data.find(CLOSE, start) if start >= 0 else -1
-    if start < 0 or end < 0:
+    payload = payload_of(data, a)
+    if payload is None:
         raise VerificationError(f"{where} carries no certify results", hint="not a card?")
-    return SealedCard(json.dumps(doc), data[start + len(RESULTS_OPEN):end],
+    return SealedCard(json.dumps(doc), payload,
                       f"the signature covers the card's exact bytes ({len(data):,} bytes, all "
                       f"but its {b - a:,}-byte signature slot): nothing was rendered to check it")
 
@@ -217,9 +230,9 @@ def _bytes_problem(data: bytes, signed: dict[str, Any]) -> str | None:
     return None
 
 
-def _diagnosis(data: bytes, signed: dict[str, Any]) -> str:
-    """What ordinary handling would explain a change, checked by undoing it (or a plain
-    warning when none does)."""
+def _diagnosis(data: bytes, signed: dict[str, Any]) -> tuple[str, bool]:
+    """What ordinary handling would explain a change, checked by undoing it, and ``True``; or
+    a plain warning and ``False`` when none does."""
     tries: list[tuple[str, bytes]] = []
     if data.startswith(BOM):
         tries.append(("would verify without the byte-order mark at its start: an editor added "
@@ -239,7 +252,7 @@ def _diagnosis(data: bytes, signed: dict[str, Any]) -> str:
                       "after its signed end", data[:rng[3]]))
     for why, candidate in tries:
         if _bytes_problem(candidate, signed) is None:
-            return why + "; use the file as certify wrote it (e.g. mark *.html binary in "\
-                         ".gitattributes)"
+            return (why + "; use the file as certify wrote it (e.g. mark *.html binary in "
+                    ".gitattributes)", True)
     return ("what the card shows was edited after signing, or the page was re-saved (a "
-            "browser's \"Save page as\", a minifier): do not trust it")
+            "browser's \"Save page as\", a minifier): do not trust it", False)

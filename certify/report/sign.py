@@ -320,21 +320,19 @@ def read_embedded(path: Path, key: ec.EllipticCurvePublicKey, max_inflated_bytes
 
 
 def _explain_broken_seal(data: bytes, slot: str, key: ec.EllipticCurvePublicKey, path: Path,
-                         exc: VerificationError) -> VerificationError:
+                         exc: sealed.SealBroken) -> VerificationError:
     """Why a sealed card's bytes are not the signed ones, where that can be said: its embedded
     payload changed; or (a card this certify rendered) what a reader sees differs from a
     fresh rendering of its signed payload (the text, an image, the markup). The refusal
     itself never depends on this: ``exc`` stands where nothing more can be said."""
-    if "would verify" in (exc.hint or ""):  # ordinary handling, already said
+    if exc.ordinary:  # ordinary handling, already said
         return exc
     try:
         sig = _signature(slot, str(path))
         verify_statement(sig, key)
-        start = data.rfind(sealed.RESULTS_OPEN)
-        end = data.find(sealed.CLOSE, start)
-        payload = data[start + len(sealed.RESULTS_OPEN):end] if 0 <= start < end else b""
     except VerificationError:
         return exc
+    payload = sealed.payload_of(data) or b""
     if _sha256(payload) != sig.signed.get("html_payload"):
         return VerificationError(f"{path}: the card's bytes changed after signing: the signed "
                                  "payload changed after signing (its sha256 is not the signed "

@@ -9,7 +9,6 @@ service's key over ``{"type": "certify.tree-head/1", "tree_size", "root_hash", "
 from __future__ import annotations
 
 import base64
-import hashlib
 import threading
 import time
 from typing import Any
@@ -20,6 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from certify.canonical import canonical_json
+from certify.report.sealed import statement_digest as statement_digest  # the leaf's data
 from certify.report.sign import ALGORITHM, fingerprint
 from certify.service import merkle
 from certify.service.db import LogEntry, utcnow
@@ -30,11 +30,6 @@ TREE_HEAD_TYPE = "certify.tree-head/1"
 def b64(b: bytes) -> str:
     """Standard base64 text."""
     return base64.b64encode(b).decode("ascii")
-
-
-def statement_digest(statement: dict[str, Any]) -> str:
-    """``sha256:<hex>`` of a signed statement's canonical JSON: the leaf's data."""
-    return "sha256:" + hashlib.sha256(canonical_json(statement)).hexdigest()
 
 
 def tree_head_payload(size: int, root_b64: str, timestamp: int) -> bytes:
