@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -130,6 +131,26 @@ def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
     return 1.0 - clopper_pearson_upper(n - k, n, alpha)
 
 
+def _pmf(n: int, p: float, upto: int) -> list[float]:
+    """P(X = i) for i = 0..min(n, upto), X ~ Binomial(n, p), 0 <= p <= 1."""
+    m = min(n, upto)
+    if p <= 0.0:
+        return [1.0] + [0.0] * m
+    if p >= 1.0:
+        return [0.0] * m + ([1.0] if m == n else [0.0])
+    return [math.exp(t) for t in _log_pmf(n, p)[: m + 1]]
+
+
+class OutcomeProbabilities(NamedTuple):
+    """What a sequential test does with a sample of a given failure probability: the
+    probabilities of each decision and the expected draws."""
+
+    robust: float
+    not_robust: float
+    undecided: float
+    mean_draws: float
+
+
 class SequentialBinomialTest:
     """Decide per sample whether its failure probability ``p`` is at most ``delta``, from
     failures seen in draws that stop as soon as the answer is known.
@@ -220,6 +241,37 @@ class SequentialBinomialTest:
         if failures >= self.not_robust_min[look]:
             return "not_robust"
         return None
+
+    def outcome_probabilities(self, p: float) -> OutcomeProbabilities:
+        """For a sample whose draws fail independently with probability ``p``: the exact
+        probabilities that the test decides it robust, not robust or leaves it undecided after
+        the last look, and its expected draws (dynamic programming over the failure count of
+        the samples still going, from one look to the next)."""
+        if not 0 <= p <= 1:
+            raise ValueError(f"p must lie in [0, 1], got {p}")
+        going = [1.0]  # going[f]: P(still undecided with f failures so far)
+        robust = not_robust = draws = 0.0
+        done = 0
+        for look, n in enumerate(self.looks):
+            step = n - done
+            draws += step * sum(going)
+            top = self.robust_max[look]
+            # counts from here on decide not robust (robust wins a tie, as in decide())
+            cut = max(self.not_robust_min[look], top + 1)
+            pmf = _pmf(step, p, max(0, cut - 1))
+            after = [0.0] * min(cut, len(going) + step)
+            for f, w in enumerate(going):
+                if w == 0.0:
+                    continue
+                for k, q in enumerate(pmf[: len(after) - f]):
+                    after[f + k] += w * q
+            not_robust += sum(going) - sum(after)
+            robust += sum(after[: top + 1])
+            going = [0.0] * (top + 1) + after[top + 1 :] if top >= 0 else after
+            done = n
+        left = max(0.0, sum(going))
+        robust, not_robust = min(1.0, robust), max(0.0, min(1.0, not_robust))
+        return OutcomeProbabilities(robust, not_robust, left, draws)
 
     def can_decide_robust(self) -> bool:
         """Whether any look can decide a sample robust (no failure in the last look's draws)."""

@@ -124,6 +124,11 @@ class Check(Kind, Generic[R]):
         so that a paid endpoint's owner sees the cost before any query."""
         return None
 
+    def plan_note(self) -> str | None:
+        """What the most queries per sample are made of, in words, for the run's query plan
+        line (``None``: nothing to add)."""
+        return None
+
     def merge_round(self, records: dict[int, R], new: dict[int, R], r: int) -> dict[int, R]:
         """Fold round ``r``'s records into the merged records (checks with rounds only)."""
         raise NotImplementedError(f"{type(self).__name__} runs a single round")

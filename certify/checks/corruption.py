@@ -341,6 +341,10 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
         """A random corruption's draw plan (δ, confidence, draws per sample at most)."""
         return noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
 
+    def plan_note(self) -> str | None:
+        """A random corruption's draws per sample: its looks and the cap."""
+        return self.plan().cost_note() if self.statistical() else None
+
     def searched(self) -> bool:
         """Whether the check searches in rounds: random_linf and random_l0 stay one round of
         random draws (the attack of the same bound searches their worst case)."""
@@ -708,8 +712,9 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
         draws = [int(r.get("draws", 0)) for r in searched]
         unsettled = None
         if undecided:
-            unsettled = (f"{undecided} sample(s) undecided after {plan.max_draws:,} noise draws "
-                         "each count on both sides of the interval: a larger max_draws decides "
+            unsettled = (f"{undecided} sample(s) still undecided at the cap of "
+                         f"{plan.max_draws:,} noise draws each count on both sides of the "
+                         "interval: a larger cap (max_draws) decides "
                          "them, more samples narrow it")
         # examples: the first failing draw of the samples shown not robust
         shown = [r for r in records if r["outcome"] == "broken"]
@@ -937,6 +942,14 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
         g = self._grids()
         return 1 + len(g["ra"]) + len(g["rb"]) + len(g["joint"])
 
+    def plan_note(self) -> str | None:
+        """With a random corruption: its draws per sample, taken twice (alone and with the
+        other transform at its worst point)."""
+        if not self.statistical():
+            return None
+        plan = noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
+        return f"twice (alone and with the other transform), {plan.cost_note()}"
+
     def statistical(self) -> bool:
         """Whether one part is a random corruption (the pair is then decided by draws)."""
         return (PROPERTIES[self._spec(self.first, "first")[0].name].statistical
@@ -1144,8 +1157,9 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
                f"that one point of {gp.name}, not over its whole grid")
         unsettled = None
         if uj:
-            unsettled = (f"{uj} sample(s) undecided after {plan.max_draws:,} noise draws each "
-                         "count on both sides of the interval: a larger max_draws decides them, "
+            unsettled = (f"{uj} sample(s) still undecided at the cap of {plan.max_draws:,} "
+                         "noise draws each count on both sides of the interval: a larger cap "
+                         "(max_draws) decides them, "
                          "more samples narrow it")
         a_name, b_name = (sp.name, gp.name) if noise_first else (gp.name, sp.name)
         a_bound, b_bound = (sbound, gbound) if noise_first else (gbound, sbound)

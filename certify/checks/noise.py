@@ -8,10 +8,17 @@ the property's bound: it is **robust at level δ** when an exact one-sided upper
 bound on ``p`` is at most δ, **not robust** when the lower bound exceeds δ, and **undecided**
 otherwise. Draws are sequential: a sample stops at the first look of a fixed schedule (16, 32,
 64 draws for samples that fail often, then the fewest draws that can show a sample robust,
-twice that, ... up to ``max_draws``) where it is decided; each side of the test splits
-``α = 1 - confidence`` over its own looks (Bonferroni,
+twice that, ... up to the cap ``max_draws``) where it is decided, and a sample still undecided
+at a look draws on to the next; each side of the test splits ``α = 1 - confidence`` over its
+own looks, every look up to the cap, fixed before any draw (Bonferroni,
 :class:`~certify.stats.SequentialBinomialTest`), so the stated confidence holds for a sample
 whatever look decided it.
+
+**The cap.** The default cap (:data:`DEFAULT_MAX_DRAWS`, 512) is the smallest cap of the
+doubling schedule (16, 32, 64, ...) at which a sample failing on a fifth of δ (1% of draws at
+δ = 5%) is decided robust at confidence 0.99 with probability at least 0.95, computed exactly
+over the plan's looks (:func:`deciding_cap`; 0.998 at 512, 0.891 at the former default of
+256). Every plan states that probability and its expected draws (:meth:`DrawPlan.power`).
 
 The robust share counts undecided samples on both sides of its interval: from the Wilson
 lower bound of the decided-robust count to the Wilson upper bound of decided-robust plus
@@ -34,6 +41,7 @@ from certify.checks.confidence import WorstSeen, confidences, top_probability
 from certify.errors import SuiteError
 from certify.models.base import Model
 from certify.stats import (
+    OutcomeProbabilities,
     SequentialBinomialTest,
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -45,7 +53,12 @@ from certify.stats import (
 FIRST_LOOK = 16
 DEFAULT_DELTA = 0.05
 DEFAULT_CONFIDENCE = 0.99
-DEFAULT_MAX_DRAWS = 256
+#: The cap on draws per sample: :func:`deciding_cap` at the defaults (a test holds it there).
+DEFAULT_MAX_DRAWS = 512
+#: A plan's power is stated for a sample failing on δ / POWER_DIVISOR of its draws (1% at
+#: δ = 5%), and the default cap decides such a sample robust with at least POWER_TARGET.
+POWER_DIVISOR = 5
+POWER_TARGET = 0.95
 #: The most draws a suite may ask for per sample.
 MAX_DRAWS_LIMIT = 1 << 20
 #: Seed keys of a statistical property's draws: (kind, level, draw).
@@ -55,8 +68,9 @@ _AT_BOUND, _BELOW = 40, 41
 @dataclass(frozen=True)
 class DrawPlan:
     """How a random corruption is decided: the failure probability ``delta`` a robust sample
-    may have, the ``confidence`` of each sample's decision, and the draws per sample at most
-    (``max_draws``, at the bound)."""
+    may have, the ``confidence`` of each sample's decision, and the cap on draws per sample
+    (``max_draws``, at the bound: a sample still undecided at a look draws on to the next, up
+    to the cap)."""
 
     delta: float
     confidence: float
@@ -67,6 +81,28 @@ class DrawPlan:
         """The sequential test (its looks double from :data:`FIRST_LOOK` to ``max_draws``)."""
         return SequentialBinomialTest.schedule(self.delta, self.confidence,
                                                min(FIRST_LOOK, self.max_draws), self.max_draws)
+
+    def power_at(self, p: float) -> OutcomeProbabilities:
+        """What the plan does with a sample failing on ``p`` of its draws (exact)."""
+        return self.test.outcome_probabilities(p)
+
+    @cached_property
+    def power(self) -> OutcomeProbabilities:
+        """What the plan does with a sample failing on δ / :data:`POWER_DIVISOR` of its draws
+        (exact, over its looks): the chance it is decided robust within the cap, and its
+        expected draws."""
+        return self.power_at(self.delta / POWER_DIVISOR)
+
+    def cost_note(self) -> str:
+        """The plan's draws per sample, in words (the run's query plan line): its looks, the
+        cap, and what the cap buys a sample that fails now and then."""
+        t, pw = self.test, self.power
+        return (f"noise draws per sample: looks after {', '.join(str(n) for n in t.looks)}; "
+                f"a sample still undecided at a look draws on, up to the cap of "
+                f"{self.max_draws:,}; one failing on {pct(self.delta / POWER_DIVISOR)} of draws "
+                f"is decided robust within the cap with probability {pw.robust:.1%} "
+                f"({pw.mean_draws:,.0f} draws expected), one that never fails stops after "
+                f"{t.fewest_robust_draws()}")
 
     def sentence(self) -> str:
         """What a robust sample means, in words (the card's row reading)."""
@@ -85,7 +121,23 @@ class DrawPlan:
                 "max_draws": self.max_draws, "looks": list(t.looks),
                 "alpha_per_look": t.alpha_per_look, "rule": t.describe(),
                 "fewest_robust_draws": t.fewest_robust_draws(),
+                "power": {"failure_probability": self.delta / POWER_DIVISOR,
+                          "decided_robust": self.power.robust,
+                          "mean_draws": self.power.mean_draws},
                 "sentence": self.sentence(), "reading": self.reading()}
+
+
+def deciding_cap(delta: float, confidence: float, p: float, target: float) -> int | None:
+    """The smallest cap of the doubling schedule (:data:`FIRST_LOOK` times a power of two, at
+    most :data:`MAX_DRAWS_LIMIT`) whose plan decides a sample failing on ``p`` of its draws
+    robust with probability at least ``target`` (exact, over the plan's looks); ``None`` when
+    none does (``p`` too close to ``delta``)."""
+    cap = FIRST_LOOK
+    while cap <= MAX_DRAWS_LIMIT:
+        if DrawPlan(delta, confidence, cap).power_at(p).robust >= target:
+            return cap
+        cap *= 2
+    return None
 
 
 def draw_plan(delta: Any, confidence: Any, max_draws: Any, where: str) -> DrawPlan:
@@ -105,11 +157,15 @@ def draw_plan(delta: Any, confidence: Any, max_draws: Any, where: str) -> DrawPl
     plan = DrawPlan(float(d), float(c), int(m))
     if not plan.test.can_decide_robust():
         need = math.ceil(math.log(1 - plan.confidence) / math.log1p(-plan.delta) - 1e-9)
+        good = deciding_cap(plan.delta, plan.confidence, plan.delta / POWER_DIVISOR,
+                            POWER_TARGET) if need <= MAX_DRAWS_LIMIT else None
+        more = (f" ({good:,} decides a sample failing on {pct(plan.delta / POWER_DIVISOR)} "
+                f"of draws robust in at least {pct(POWER_TARGET)} of cases)" if good else "")
         raise SuiteError(
             f"{where}: {m} draws cannot show any sample robust at delta {plan.delta:g} with "
             f"confidence {plan.confidence:g} (not even without a failure)",
-            hint=(f"raise max_draws to at least {need} (a few times that decides samples that "
-                  "fail now and then), or delta" if need <= MAX_DRAWS_LIMIT else
+            hint=(f"raise max_draws to at least {need}{more}, or delta"
+                  if need <= MAX_DRAWS_LIMIT else
                   f"no max_draws up to {MAX_DRAWS_LIMIT} can: raise delta or lower confidence"))
     return plan
 

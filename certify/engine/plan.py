@@ -198,9 +198,11 @@ def log_plan(checks: Sequence[CheckSpec], data: Dataset, skips: Mapping[str, str
         secs = rates.seconds(queries * n, gradients * n) if rates else None
         if secs is not None:
             total_s += secs
-        log.info("query plan: %s at most %s queries%s per sample x %s samples%s", spec.id,
+        note = spec.check.plan_note()
+        log.info("query plan: %s at most %s queries%s per sample x %s samples%s%s", spec.id,
                  f"{queries:,}", f" and {gradients:,} gradient evaluations" if gradients
-                 else "", f"{n:,}", f", at most {_duration(secs)}" if secs is not None else "")
+                 else "", f"{n:,}", f", at most {_duration(secs)}" if secs is not None else "",
+                 f" ({note})" if note else "")
     if total_q:
         log.info("query plan: at most %s queries for the checks above%s (the others bound "
                  "theirs by their own budgets)", f"{total_q:,}",
