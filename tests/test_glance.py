@@ -23,6 +23,7 @@ from pypdf import PdfReader
 
 from certify import figures
 from certify.report import glance
+from certify.results import parse_result
 
 pytestmark = pytest.mark.e2e
 
@@ -64,9 +65,9 @@ def _suite():
 
 
 def _rows(svg: str) -> dict[str, str]:
-    """Each row's SVG group, by check id (from the group's <title>)."""
-    return {m.group(1): m.group(0) for m in
-            re.finditer(r"<g><title>([^:<]+):.*?</g>", svg, flags=re.S)}
+    """Each row's SVG group, by its id (the group's ``data-row``)."""
+    return {html_lib.unescape(m.group(1)): m.group(0) for m in
+            re.finditer(r'<g class="glance-row" data-row="([^"]*)".*?</g>', svg, flags=re.S)}
 
 
 def test_every_status_is_a_word_and_a_shape_not_only_a_colour():
@@ -309,15 +310,17 @@ def test_the_glance_figure_and_the_verdicts_are_on_pdf_page_one(demo_run, tmp_pa
 
     pdf = demo_run / "card.pdf"
     results = json.loads((demo_run / "results.json").read_text())
-    checks = results["measurement"]["checks"]
+    parsed = parse_result(results)
+    # the figure's rows are the rows that decide: threat models in place of their attack rows
+    shown = glance.deciding_rows(parsed.checks, parsed.measurement.attack_worst_case)
     text = PdfReader(pdf).pages[0].extract_text()
-    # selectable text on page 1: the verdict words, the check ids (the figure's text is text)
+    # selectable text on page 1: the verdict words, the rows' names (the figure's text is text)
     assert "At a glance" in text and "Worst case per threat model" in text
     assert f"Overall verdict: {results['measurement']['verdict']}" in text
     assert "Corruptions · robustness score" in text and "Attacks · robust accuracy" in text
-    for c in checks:
-        assert c["id"] in text, c["id"]
-    for status in {c["status"] for c in checks}:
+    for r in shown:
+        assert r.name in text, r.name
+    for status in {r.status for r in shown}:
         assert status in text
     # the drawing: against the same card rendered without the figure's SVG, page 1 has a tall
     # band between the heading and the caption, drawn in every verdict colour present
@@ -332,7 +335,7 @@ def test_the_glance_figure_and_the_verdicts_are_on_pdf_page_one(demo_run, tmp_pa
     assert bare_bottom - bare_top < 60, (bare_top, bare_bottom)
     assert bottom - top > 250, (top, bottom)  # the figure: over 88 mm tall, on page 1
     band = full[int(top) + 20:int(bottom) - 2]
-    for status in {c["status"] for c in checks}:
+    for status in {r.status for r in shown}:
         near = (np.abs(band - _hex(glance.COLOURS[status])).max(axis=-1) < 30).sum()
         assert near >= 8, (status, near)
 

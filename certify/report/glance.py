@@ -1,10 +1,17 @@
-"""The card's "at a glance" figure: every check's headline value, 95% interval and threshold.
+"""The card's "at a glance" figure: the headline value, 95% interval and threshold of every
+row that decides the run's verdict.
 
-One hand-written inline SVG (no JavaScript, no matplotlib: its text stays text in the PDF and
-it scales with its ``viewBox``), grouped by the checks' ``glance_group``. Rates share a 0-100%
-axis per group; a headline metric that is not a rate (a brittle score) is never put on that
-axis: it is written as its value and interval in its own panel. Every status is drawn as a
-colour *and* a shape *and* a word, so no verdict is told by colour alone. Leaf module: no I/O,
+The rows are those the card's header counts (:func:`deciding_rows`): every check, except that
+a threat model's row stands in place of the attack rows it summarises; those attack rows are
+drawn only as its evidence (small grey rings at their own robust accuracies, no status of
+their own). One hand-written inline SVG (no JavaScript, no matplotlib: its text stays text in
+the PDF and it scales with its ``viewBox``), grouped by the checks' ``glance_group``. Rates
+share a 0-100% axis per group; a headline metric that is not a rate (a brittle score) is never
+put on that axis: it is written as its value and interval in its own panel. Every status is
+drawn as a colour *and* a shape *and* a word, so no verdict is told by colour alone. Each
+row's group carries ``class="glance-row"`` with ``data-row`` (its id) and ``data-status``, and
+each evidence ring ``class="glance-evidence"`` with ``data-check`` and ``data-for``, so what
+the figure shows can be read back without reading its drawing. Leaf module: no I/O,
 deterministic output for the same results.
 """
 
@@ -40,11 +47,22 @@ MIN_FONT = 8.5
 #: the bar), so that its text stays at 12 px or more when the figure is 366 px wide.
 NARROW_W = 258
 _FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
+#: The evidence rings' colour: grey, apart from every status colour.
+EVIDENCE_COLOUR = "#90a4ae"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """An attack row drawn as evidence for its threat model's row: its own robust accuracy."""
+
+    id: str
+    value: float | None
 
 
 @dataclass
 class Row:
-    """One check on the figure."""
+    """One row of the figure: a check, or a threat model's row (with its attack rows as
+    ``evidence``); ``label`` is the name written on the figure where it differs from ``id``."""
 
     id: str
     status: str
@@ -56,6 +74,13 @@ class Row:
     interval: tuple[float, float] | None
     threshold: tuple[float | None, float | None] | None
     reference: tuple[float, tuple[float, float] | None] | None = None
+    label: str | None = None
+    evidence: tuple[Evidence, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """What the figure writes at the row's left."""
+        return self.label or self.id
 
     def sentence(self) -> str:
         """The row in words (the figure's text alternative)."""
@@ -69,7 +94,12 @@ class Row:
         if self.reference is not None:
             text += f", reference {_fmt(self.reference[0], self.rate)}"
         text += f", threshold {_threshold_text(self)}" if self.threshold else ", no threshold"
-        return text + f", {self.status}."
+        text += f", {self.status}"
+        if self.evidence:
+            text += "; its attacks alone (evidence): " + ", ".join(
+                f"{e.id} {'no value' if e.value is None else _fmt(e.value, self.rate)}"
+                for e in self.evidence)
+        return text + "."
 
 
 def _no_value(status: str) -> str:
@@ -124,6 +154,49 @@ def rows(checks: Sequence[Any]) -> list[Row]:
             threshold=thr,
             reference=None if ref is None else (
                 float(ref), c.intervals.get(f"reference_{name}"))))
+    order = {g: i for i, g in enumerate(GROUPS)}
+    return sorted(out, key=lambda r: order.get(r.group, len(GROUPS)))
+
+
+def threat_row(w: Any, group: str, evidence: Sequence[Row] = ()) -> Row:
+    """A threat model's row (its robust accuracy against all its attacks at once, decided
+    against its threshold), with its attack rows' own robust accuracies as evidence."""
+    name = threat_name(w.norm, w.epsilon)
+    n = len(w.attacks)
+    iv = list(w.interval or [])
+    return Row(id=f"threat model {name}", status=w.status, group=group,
+               metric="robust_accuracy", words="robust accuracy", rate=True,
+               value=None if w.status == "ERROR" else float(w.robust_accuracy),
+               interval=(float(iv[0]), float(iv[1])) if len(iv) == 2 else None,
+               threshold=None if w.threshold is None else (float(w.threshold), None),
+               label=f"{name} ({n} attack{'s' if n != 1 else ''})",
+               evidence=tuple(Evidence(e.id, e.value) for e in evidence))
+
+
+def deciding_rows(checks: Sequence[Any], worst: Sequence[Any] = ()) -> list[Row]:
+    """The rows that decide the run's verdict, as the figure draws them and the card's header
+    counts them (:func:`certify.engine.assemble.verdict_statuses`): every check's row, except
+    that each threat model's row stands, at its first attack's place, in place of the attack
+    rows it summarises (drawn as its evidence); an errored attack row is its own row. In group
+    order, the suite's order within a group."""
+    own = {r.id: r for r in rows(checks)}
+    by_attack = {a: k for k, w in enumerate(worst) for a in w.attacks}
+    evidence: dict[int, list[Row]] = {}
+    for c in checks:
+        k = by_attack.get(c.id)
+        if k is not None and c.status != "ERROR":
+            evidence.setdefault(k, []).append(own[c.id])
+    out: list[Row] = []
+    placed: set[int] = set()
+    for c in checks:
+        k = by_attack.get(c.id)
+        if k is None or c.status == "ERROR":
+            out.append(own[c.id])
+        elif k not in placed:
+            placed.add(k)
+            out.append(threat_row(worst[k], own[c.id].group, evidence[k]))
+    out += [threat_row(w, KINDS["attack"].glance_group) for k, w in enumerate(worst)
+            if k not in placed]
     order = {g: i for i, g in enumerate(GROUPS)}
     return sorted(out, key=lambda r: order.get(r.group, len(GROUPS)))
 
@@ -186,12 +259,25 @@ def _clip(s: str, n: int = 21) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _legend(y: float, statuses: list[str], width: float) -> tuple[list[str], float]:
-    """Legend of the statuses present, the interval and the threshold mark."""
+def _name(r: Row, narrow: bool = False) -> str:
+    """A row's name as written at its left, cut to its column: a check id at 21 characters
+    (19 on a phone); a threat model's label, whose characters are ours and narrower, at 24
+    (22)."""
+    if r.label:
+        return _clip(r.label, 22 if narrow else 24)
+    return _clip(r.id, 19 if narrow else 21)
+
+
+def _legend(y: float, statuses: list[str], width: float, evidence: bool = False
+            ) -> tuple[list[str], float]:
+    """Legend of the statuses present, the interval and the threshold mark (and the evidence
+    ring, where a threat model's row shows its attacks)."""
     parts: list[str] = []
     x: float = _LABEL_X + 4
     items: list[tuple[str, str]] = [(s, s) for s in statuses]
     items += [("interval", "95% interval"), ("threshold", "threshold")]
+    if evidence:
+        items.append(("evidence", "one attack alone"))
     for key, label in items:
         w = 12 + 5.6 * len(label) + 10
         if x + w > width:
@@ -202,6 +288,9 @@ def _legend(y: float, statuses: list[str], width: float) -> tuple[list[str], flo
         elif key == "threshold":
             parts.append(f'<path d="M{x:.1f},{y - 8:.1f}L{x:.1f},{y + 2:.1f}" stroke="#1d2330" '
                          'stroke-width="1.4"/>')
+        elif key == "evidence":
+            parts.append(f'<circle cx="{x:.1f}" cy="{y - 3:.1f}" r="2.2" fill="#fff" '
+                         f'stroke="{EVIDENCE_COLOUR}" stroke-width="1"/>')
         else:
             parts.append(_shape(key, x, y - 3, 3.8))
         parts.append(_text(x + 9, y, label, MIN_FONT))
@@ -215,13 +304,33 @@ def _status_mark(g: _Geometry, r: Row, cy: float) -> list[str]:
             _text(g.status_x + 11, cy + 3.2, r.status, MIN_FONT, fill=col, weight="bold")]
 
 
+def _attr(s: str) -> str:
+    return escape(s, {'"': "&quot;"})
+
+
+def _open_row(r: Row) -> str:
+    """A row's group, carrying its id and status (what a reader of the SVG counts)."""
+    return (f'<g class="glance-row" data-row="{_attr(r.id)}" data-status="{_attr(r.status)}">'
+            f"<title>{escape(r.sentence())}</title>")
+
+
+def _evidence_marks(g: _Geometry, r: Row, cy: float) -> list[str]:
+    """Small grey rings at each attack row's own robust accuracy: evidence for the threat
+    model's row, drawn under its marker, with no status of their own."""
+    return [f'<circle class="glance-evidence" data-check="{_attr(e.id)}" '
+            f'data-for="{_attr(r.id)}" cx="{g.x(e.value):.1f}" cy="{cy:.1f}" r="2.2" '
+            f'fill="#fff" stroke="{EVIDENCE_COLOUR}" stroke-width="1"/>'
+            for e in r.evidence if e.value is not None]
+
+
 def _rate_row(g: _Geometry, r: Row, y: float, two: bool) -> tuple[list[str], float]:
-    """One rate's row: its name, interval, threshold tick, value marker, value and verdict."""
-    body = [f"<g><title>{escape(r.sentence())}</title>"]
+    """One rate's row: its name, interval, threshold tick, value marker, value and verdict
+    (and a threat model's evidence rings)."""
+    body = [_open_row(r)]
     col = COLOURS.get(r.status, "#455a64")
     if g.two_line:  # name, value and verdict on one line, the bar under them
         ty = y + 9
-        body.append(_text(g.label_x, ty, _clip(r.id, 19)))
+        body.append(_text(g.label_x, ty, _name(r, narrow=True)))
         if r.value is not None:
             body.append(_text(g.value_x, ty, _fmt(r.value, True), MIN_FONT))
         body += _status_mark(g, r, ty - 3.2)
@@ -232,7 +341,7 @@ def _rate_row(g: _Geometry, r: Row, y: float, two: bool) -> tuple[list[str], flo
             h += 10
     else:
         cy = y + 5.5
-        body.append(_text(g.label_x, cy + 3.1, _clip(r.id), MIN_FONT))
+        body.append(_text(g.label_x, cy + 3.1, _name(r), MIN_FONT))
         if two:
             body.append(_text(g.label_x, cy + 11.2, _clip(r.words, 28), MIN_FONT,
                               fill="#5b6475"))
@@ -242,6 +351,7 @@ def _rate_row(g: _Geometry, r: Row, y: float, two: bool) -> tuple[list[str], flo
         body.append(_text(g.plot_x0 + 4, cy + 3.3, _no_value(r.status), MIN_FONT,
                           fill="#5b6475"))
     else:
+        body += _evidence_marks(g, r, cy)
         if r.interval is not None:
             lo, hi = g.x(r.interval[0]), g.x(r.interval[1])
             body.append(f'<path d="M{lo:.1f},{cy:.1f}L{hi:.1f},{cy:.1f}M{lo:.1f},'
@@ -262,7 +372,7 @@ def _rate_row(g: _Geometry, r: Row, y: float, two: bool) -> tuple[list[str], flo
 
 def _other_row(g: _Geometry, r: Row, y: float) -> tuple[list[str], float]:
     """A score that is not a rate: its value and interval in words, never on the % axis."""
-    body = [f"<g><title>{escape(r.sentence())}</title>"]
+    body = [_open_row(r)]
     if r.value is None:
         line = _no_value(r.status)
     else:
@@ -277,7 +387,7 @@ def _other_row(g: _Geometry, r: Row, y: float) -> tuple[list[str], float]:
         ref += "; own scale, not a rate"
     if g.two_line:
         ty = y + 9
-        body.append(_text(g.label_x, ty, _clip(r.id, 19)))
+        body.append(_text(g.label_x, ty, _name(r, narrow=True)))
         body += _status_mark(g, r, ty - 3.2)
         lines = [line] + ([ref.removesuffix("; own scale, not a rate"), "own scale, not a rate"]
                           if ref else [])
@@ -286,7 +396,7 @@ def _other_row(g: _Geometry, r: Row, y: float) -> tuple[list[str], float]:
         h: float = 11 * (len(lines) + 1) + 2
     else:
         cy = y + 5.5
-        body.append(_text(g.label_x, cy + 3.1, _clip(r.id), MIN_FONT))
+        body.append(_text(g.label_x, cy + 3.1, _name(r), MIN_FONT))
         body.append(_text(g.plot_x0, cy + 3.1, line, MIN_FONT))
         h = _ROW
         if ref:
@@ -297,16 +407,20 @@ def _other_row(g: _Geometry, r: Row, y: float) -> tuple[list[str], float]:
     return body, h
 
 
-def glance_svg(checks: Sequence[Any], narrow: bool = False) -> str:
-    """The at-a-glance figure as inline SVG (with ``<title>`` and ``<desc>``): every check's
-    headline value, interval, threshold and verdict, grouped, on one 0–100% axis drawn once at
-    the top. ``narrow``: the phone variant (:data:`NARROW_W` wide, two lines per row)."""
+def glance_svg(checks: Sequence[Any], worst: Sequence[Any] = (), *, narrow: bool = False
+               ) -> str:
+    """The at-a-glance figure as inline SVG (with ``<title>`` and ``<desc>``): the headline
+    value, interval, threshold and verdict of every row that decides (:func:`deciding_rows`
+    of ``checks`` and the threat models' rows ``worst``), grouped, on one 0–100% axis drawn
+    once at the top. ``narrow``: the phone variant (:data:`NARROW_W` wide, two lines per
+    row)."""
     g = NARROW if narrow else WIDE
-    rs = rows(checks)
+    rs = deciding_rows(checks, worst)
     statuses = [s for s in COLOURS if any(r.status == s for r in rs)]
     # the phone's variant has room for a legend; the wide one's caption says what the marks
     # are, and every row writes its verdict as a word beside its shape
-    body, y = _legend(14, statuses, g.width) if narrow else ([], 0.0)
+    body, y = (_legend(14, statuses, g.width, any(r.evidence for r in rs)) if narrow
+               else ([], 0.0))
     groups = [gr for gr in GROUPS if any(r.group == gr for r in rs)] + sorted(
         {r.group for r in rs} - set(GROUPS))
     if any(r.rate for r in rs):  # the axis, once: every group's rates share it
@@ -340,7 +454,8 @@ def glance_svg(checks: Sequence[Any], narrow: bool = False) -> str:
                        for t in (0.0, 0.25, 0.5, 0.75, 1.0))
         body.insert(0, grid)
     height = y + 6
-    title = "At a glance: every check's headline value, 95% interval and threshold"
+    title = ("At a glance: the headline value, 95% interval and threshold of every row that "
+             "decides the verdict")
     desc = " ".join(r.sentence() for r in rs)
     ident = "glance-n" if narrow else "glance"
     return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {g.width:g} {height:.0f}" '
@@ -355,9 +470,9 @@ def smallest_text(svg: str) -> float:
     return min(float(v) for v in re.findall(r'font-size="([\d.]+)"', svg))
 
 
-def alt_text(checks: Sequence[Any]) -> str:
+def alt_text(checks: Sequence[Any], worst: Sequence[Any] = ()) -> str:
     """The figure's numbers in words (its text alternative)."""
-    return " ".join(r.sentence() for r in rows(checks))
+    return " ".join(r.sentence() for r in deciding_rows(checks, worst))
 
 
 def _eps(norm: str, eps: float) -> str:
