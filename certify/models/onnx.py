@@ -121,6 +121,22 @@ def external_data_files(path: str | Path) -> list[str]:
     ``..``) and for a referenced file that is missing.
     """
     path = Path(path)
+    locations = external_data_locations(path)
+    for loc in locations:
+        if not (path.parent / loc).is_file():
+            raise ModelError(f"{path.name} references external data {loc!r}, which is missing "
+                             f"from {path.parent}", hint="copy the weights file beside the model")
+    return locations
+
+
+def external_data_locations(path: str | Path) -> list[str]:
+    """The external-data locations an ONNX graph references, relative to its folder, sorted,
+    whether or not the files are there (:func:`external_data_files` checks that they are).
+
+    Raises :class:`ModelError` for an unreadable graph and for a location outside the model's
+    folder (absolute, or with ``..``).
+    """
+    path = Path(path)
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt file
@@ -141,10 +157,6 @@ def external_data_files(path: str | Path) -> list[str]:
                      "(onnx.save_model(..., location='weights.bin'))",
             )
         locations.add(rel.as_posix())
-    for loc in sorted(locations):
-        if not (path.parent / loc).is_file():
-            raise ModelError(f"{path.name} references external data {loc!r}, which is missing "
-                             f"from {path.parent}", hint="copy the weights file beside the model")
     return sorted(locations)
 
 

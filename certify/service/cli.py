@@ -1,4 +1,5 @@
-"""``certify serve`` (the service and its tokens) and ``certify submit`` (its client).
+"""``certify serve`` (the service and its tokens), ``certify submit`` and ``certify runs``
+(its client).
 
 Registered on the main command group by :mod:`certify.cli`; everything heavy (FastAPI,
 SQLAlchemy, uvicorn) is imported only when a command runs.
@@ -417,9 +418,30 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
     click.echo(f"token {token_id} revoked")
 
 
+def _client_options(f: Any) -> Any:
+    """The options every client command shares: the service, and where its token is."""
+    f = click.option("--token-env", default="CERTIFY_TOKEN", show_default=True, metavar="VAR",
+                     help="Variable holding the API token.")(f)
+    return click.option("--server", required=True, metavar="URL",
+                        help="The certify service.")(f)
+
+
+def _client(server: str, token_env: str) -> Any:
+    """A :class:`~certify.service.client.Client` of ``server`` with the token that
+    ``token_env`` holds (a usage error when it is unset: tokens never go on the command
+    line)."""
+    from certify.service.client import Client
+
+    tok = os.environ.get(token_env)
+    if not tok:
+        raise UsageError(f"no API token: {token_env} is not set",
+                         hint="export it (certify serve token create prints one)")
+    return Client(server, tok)
+
+
 @click.command("submit")
 @click.argument("model")
-@click.option("--server", required=True, metavar="URL", help="The certify service.")
+@_client_options
 @click.option("--suite", required=True, metavar="NAME|FILE.yaml",
               help="A packaged suite name, or a suite file to upload.")
 @click.option("--dataset", required=True, metavar="NAME|FILE.npz",
@@ -435,9 +457,8 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
                    "judges every candidate (a transfer attack).")
 @click.option("--external-data", "extra", multiple=True,
               type=click.Path(dir_okay=False, path_type=Path),
-              help="An external-data file of the model (repeatable).")
-@click.option("--token-env", default="CERTIFY_TOKEN", show_default=True, metavar="VAR",
-              help="Variable holding the API token.")
+              help="An external-data file of the model kept elsewhere than beside it "
+                   "(repeatable; the files its graph names beside it are found and uploaded).")
 @click.option("--auth-env", metavar="VAR",
               help="Endpoint: variable holding the secret the service sends to it.")
 @click.option("--auth-header", metavar="NAME", help="Endpoint: header for that secret.")
@@ -457,17 +478,16 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
            intended_use: str | None, device: str, wait: bool, out: Path | None) -> int:
     """Submit MODEL (.onnx or endpoint URL) to a certify service; exit codes as `certify run`.
 
+    An ONNX model's external-data files (torch.onnx.export's .data beside a large model) are
+    found beside it and uploaded with it, as `certify run` finds them. With --no-wait it
+    prints the run's id: `certify runs watch ID` follows it later.
+
     \b
     Example:
       CERTIFY_TOKEN=... certify submit model.onnx --server https://certify.example.com \\
           --suite gtsrb --dataset gtsrb --out card/
     """
-    from certify.service.client import Client, exit_code_of
-
-    tok = os.environ.get(token_env)
-    if not tok:
-        raise UsageError(f"no API token: {token_env} is not set",
-                         hint="export it (certify serve token create prints one)")
+    client = _client(server, token_env)
     secret = None
     if auth_env:
         secret = os.environ.get(auth_env)
@@ -478,17 +498,28 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
     card = {} if stated is None else {
         "model_name": stated.name, "owner": stated.owner, "license": stated.license,
         "intended_use": stated.intended_use}
-    client = Client(server, tok)
     run = client.submit(model, suite, dataset, samples=samples, seed=seed,
                         reference=reference, extra_files=extra, endpoint_secret=secret,
                         endpoint_header=auth_header,
                         model_version=None if stated is None else stated.version,
                         surrogate=surrogate, card={k: v for k, v in card.items() if v},
                         device=device)
-    click.echo(f"run {run['id']} queued ({server.rstrip('/')}/runs/{run['id']})", err=True)
+    click.echo(f"run {run['id']} queued ({client.server}/runs/{run['id']})", err=True)
     if not wait:
         click.echo(run["id"])
         return 0
+    # the model's identity is checked where the upload was the model file and the files
+    # beside it (external data given from elsewhere is laid out otherwise on this machine)
+    from certify.models.registry import is_endpoint
+
+    local = None if is_endpoint(model) or extra else Path(model)
+    return _follow(client, run["id"], out or Path(f"card-{run['id']}"), local)
+
+
+def _follow(client: Any, run_id: str, out: Path | None, model: Path | None = None) -> int:
+    """Follow run ``run_id`` to its end, printing its progress (stderr), then report it
+    (:func:`_ended`); returns the exit code `certify run` would have given. Ctrl-C stops
+    following and leaves the run running."""
     shown: dict[str, str] = {}
 
     def update(r: dict[str, Any]) -> None:
@@ -497,25 +528,47 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
             shown["last"] = line
             click.echo(line, err=True)
 
-    final = client.wait(run["id"], update)
+    from certify.service.client import WatchInterrupted
+
+    try:
+        final = client.wait(run_id, update)
+    except KeyboardInterrupt:
+        raise WatchInterrupted(
+            f"stopped following run {run_id}; it goes on running on the service",
+            hint=f"follow it again with `certify runs watch {run_id} --server "
+                 f"{client.server}`") from None
+    try:
+        return _ended(client, final, out, model)
+    except KeyboardInterrupt:
+        raise WatchInterrupted(
+            f"stopped downloading the card of run {run_id} (it ended {final['state']})",
+            hint=f"`certify runs fetch {run_id} --server {client.server} --out DIR` "
+                 "downloads it") from None
+
+
+def _ended(client: Any, final: dict[str, Any], out: Path | None,
+           model: Path | None = None) -> int:
+    """Report a run that ended: a finished one's card downloaded into ``out`` (its paths on
+    stdout) and checked to be this run's (and, given the uploaded ``model`` file, to have
+    measured it), or where the card is without ``out``; a failed run's error. Returns the
+    exit code `certify run` would have given."""
+    from certify.service.client import check_downloaded, exit_code_of
+
+    run_id = final["id"]
     if final["state"] == "done":
-        from certify.service.client import check_downloaded
-
-        folder = out or Path(f"card-{run['id']}")
-        for p in client.download(run["id"], folder):
-            click.echo(str(p))
-        # the model file's identity, where it is computed from that file alone (external
-        # data elsewhere on this machine may be laid out differently from the upload)
-        from certify.models.registry import is_endpoint
-
-        local = None if is_endpoint(model) or extra else Path(model)
-        click.echo(check_downloaded(folder, run["id"], local), err=True)
+        if out is None:
+            click.echo(f"card: {client.server}/runs/{run_id} (download it with `certify runs "
+                       f"fetch {run_id} --server {client.server} --out DIR`)", err=True)
+        else:
+            for p in client.download(run_id, out, final):
+                click.echo(str(p))
+            click.echo(check_downloaded(out, run_id, model), err=True)
         click.echo(f"verdict: {final['verdict']} (transparency log entry "
                    f"{final['log_index']})", err=True)
     elif final["state"] == "error":
-        click.echo(f"error: {final['error']}", err=True)
+        click.echo(f"error: run {run_id} failed: {final['error']}", err=True)
     else:
-        click.echo(f"run {final['state']}", err=True)
+        click.echo(f"run {run_id} {final['state']}", err=True)
     return exit_code_of(final)
 
 
@@ -526,3 +579,110 @@ def _progress_line(r: dict[str, Any]) -> str:
         step = (p.get("steps") or {}).get(cur, {})
         return f"running: {cur} {step.get('done', 0)}/{step.get('total', '?')}"
     return r["state"]
+
+
+def _when(stamp: Any) -> str:
+    """An API time (ISO 8601, UTC) to the second, as ``2026-11-28 12:52:57``."""
+    return str(stamp or "")[:19].replace("T", " ")
+
+
+@click.group("runs")
+def runs() -> None:
+    """Follow and download runs submitted to a certify service (this token's runs; another
+    token's run answers like a missing one).
+
+    \b
+    Example:
+      id=$(certify submit model.onnx --server URL --suite gtsrb --dataset gtsrb --no-wait)
+      certify runs watch "$id" --server URL --out card/
+    """
+
+
+@runs.command("list")
+@_client_options
+@click.option("--state", type=click.Choice(["queued", "running", "done", "error",
+                                            "cancelled"]), help="Only runs in this state.")
+@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True,
+              help="Newest runs to list.")
+@click.option("--json", "as_json", is_flag=True, help="The API's JSON.")
+def runs_list(server: str, token_env: str, state: str | None, limit: int,
+              as_json: bool) -> None:
+    """This token's runs, newest first (an admin token's: every run): id, state, verdict,
+    created, suite, model."""
+    import json
+
+    page = _client(server, token_env).runs(limit=limit, state=state)
+    if as_json:
+        click.echo(json.dumps(page, indent=2))
+        return
+    rows = page.get("runs") or []
+    if rows:
+        click.echo(f"{'ID':<32}  {'STATE':<9} {'VERDICT':<12} {'CREATED':<16}  SUITE  MODEL")
+    for r in rows:
+        click.echo(f"{r['id']:<32}  {r['state']:<9} {r.get('verdict') or '-':<12} "
+                   f"{_when(r.get('created'))[:16]:<16}  "
+                   f"{r.get('suite', '')}  {r.get('model', '')}")
+    total = int(page.get("total", len(rows)))
+    if total > len(rows):
+        click.echo(f"{len(rows)} of {total} runs (--limit for more)", err=True)
+    elif not rows:
+        click.echo("no runs", err=True)
+
+
+@runs.command("show")
+@click.argument("run_id")
+@_client_options
+@click.option("--json", "as_json", is_flag=True, help="The API's JSON.")
+def runs_show(run_id: str, server: str, token_env: str, as_json: bool) -> None:
+    """One run: its state, progress, verdict and card."""
+    import json
+
+    client = _client(server, token_env)
+    r = client.run(run_id)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"run       {r['id']}")
+    click.echo(f"state     {_progress_line(r)}")
+    click.echo(f"model     {r.get('model')} ({r.get('model_kind')})")
+    click.echo(f"suite     {r.get('suite')}   dataset {r.get('dataset')}")
+    click.echo(f"created   {_when(r.get('created'))}   updated {_when(r.get('updated'))}")
+    checks = (r.get("progress") or {}).get("checks") or {}
+    if checks:
+        click.echo("checks    " + ", ".join(f"{k} {v}" for k, v in checks.items()))
+    if r["state"] == "done":
+        click.echo(f"verdict   {r.get('verdict')} (exit code {r.get('exit_code')}, "
+                   f"transparency log entry {r.get('log_index')})")
+        click.echo(f"card      {client.server}/runs/{r['id']}")
+    elif r["state"] == "error":
+        click.echo(f"error     {r.get('error')}")
+
+
+@runs.command("watch")
+@click.argument("run_id")
+@_client_options
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Download the card into this folder once the run is done.")
+def runs_watch(run_id: str, server: str, token_env: str, out: Path | None) -> int:
+    """Follow a run to its end, as `certify submit` does; exit codes as `certify run`.
+    Ctrl-C stops following (the run goes on)."""
+    return _follow(_client(server, token_env), run_id, out)
+
+
+@runs.command("fetch")
+@click.argument("run_id")
+@_client_options
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to put the card [default: card-RUNID].")
+def runs_fetch(run_id: str, server: str, token_env: str, out: Path | None) -> int:
+    """Download a finished run's card and results (card.html, card.pdf, results.json and its
+    signature); exit codes as `certify run`."""
+    from certify.service.client import FINAL_STATES
+
+    client = _client(server, token_env)
+    r = client.run(run_id)
+    if r["state"] not in FINAL_STATES:
+        raise UsageError(f"run {r['id']} is {r['state']}: it has no card yet",
+                         hint=f"`certify runs watch {r['id']} --server {client.server} --out "
+                              "DIR` follows it and downloads the card")
+    return _ended(client, r, out or Path(f"card-{r['id']}"))

@@ -272,7 +272,9 @@ def _check_external(info: dict[str, str], tensor: str, folder: Path, model: str)
     target = folder / loc
     if target.is_symlink() or not target.is_file():
         raise UploadError(f"{where}, which is not among the uploaded files",
-                          hint="upload the external-data files with the model")
+                          hint="upload the external-data files with the model (`certify "
+                               "submit` finds them beside it; --external-data PATH names "
+                               "one kept elsewhere)")
     if target.resolve().parent != folder:
         raise UploadError(f"{where}, outside the upload")
     size = target.stat().st_size
