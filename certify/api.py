@@ -26,7 +26,7 @@ from certify.engine import run_fingerprint, run_suite
 from certify.engine.plan import TimeBudget, calibrate, choose_samples
 from certify.errors import ModelError, UsageError
 from certify.models import HttpOptions, Model, Preprocessing, load_model
-from certify.progress import NullProgress, Progress
+from certify.progress import NullProgress, Progress, TextProgress
 from certify.report.card import renderer_info
 from certify.report.write import write_report
 from certify.results import ModelCardDoc, RunResult
@@ -461,7 +461,8 @@ def run_demo(
 
 
 def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None = None, *,
-             output: str | None = None, progress: Progress | None = None,
+             output: str | None = None,
+             progress: Progress | Literal["text"] | None = "text",
              **options: Any) -> RunResult:
     """Evaluate ``model`` on ``data`` with ``suite``: the Python API, the same engine as
     ``certify run`` and ``certify serve``.
@@ -482,9 +483,29 @@ def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None
     ``N×C×H×W`` float in ``[0, 1]``, labels ``[N]`` integers; both checked), or an iterable of
     such pairs (read once and kept). ``suite``: a packaged suite's name or a suite file.
     ``out``: the folder the card (``card.html``, ``card.pdf``, ``results.json``) is written
-    to; without it nothing is written and only the result is returned. Further keyword
-    arguments are :class:`RunOptions` fields (``samples``, ``seed``, ``device``,
-    ``input_size``, ``reference``, ``model_card``, ``pdf``, ``sign_key``, ...).
+    to; without it nothing is written and only the result is returned. ``output``
+    (``"logits"``, ``"probs"`` or ``"labels"``): what a ``predict`` object returns.
+    ``progress``: ``"text"`` (the default) shows each task's progress on stderr, one line
+    rewritten in place in a terminal or a notebook (:class:`~certify.progress.TextProgress`);
+    ``None`` is quiet; any object with ``start``/``advance``/``finish``
+    (:class:`~certify.progress.Progress`) receives it instead.
+
+    Further keyword arguments are :class:`RunOptions` fields, among them:
+
+    - ``samples`` (``int``, or ``"all"``): a class-stratified subset of the data;
+      ``sample_offset`` (``int``) skips the first ones of its seeded order;
+    - ``seed`` (``int``): overrides the suite's seed;
+    - ``device`` (``"auto"``, ``"cpu"`` or ``"cuda"``); ``batch_size`` (``int``);
+    - ``input_size`` (``(H, W)``): the model's input size, for a model in memory;
+    - ``reference`` (``str``): a reference model's path, as ``--reference``;
+    - ``model_card`` (:class:`~certify.results.ModelCardDoc`, or a ``dict`` of its fields
+      ``name``, ``version``, ``owner``, ``license``, ``intended_use``, all ``str``): what the
+      model's team states about it, shown on the card;
+    - ``pdf`` (``bool``): write ``card.pdf`` too; ``sign_key`` (``Path``) and
+      ``passphrase`` (``bytes``): sign the card;
+    - ``time_budget`` (``float``, seconds), ``query_budget`` (``int``), ``labels``
+      (``Path``), ``surrogate`` (``str``), ``mean``/``std`` (three ``float``),
+      ``input_scale`` (``float``), ``channel_order`` (``"RGB"`` or ``"BGR"``).
 
     Returns the typed :class:`~certify.results.RunResult`. Raises certify's errors
     (:class:`~certify.errors.UsageError`, ``ModelError``, ``DataError``, ``SuiteError``) for
@@ -496,6 +517,16 @@ def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None
 
     for reserved in ("model", "data", "suite", "out"):
         options.pop(reserved, None)
+    if isinstance(options.get("model_card"), dict):
+        from pydantic import ValidationError
+
+        try:
+            options["model_card"] = ModelCardDoc(**options["model_card"])
+        except ValidationError as exc:
+            raise UsageError(f"model_card: {exc.errors()[0]['msg']} "
+                             f"({'.'.join(map(str, exc.errors()[0]['loc']))})",
+                             hint="its fields: name, version, owner, license, "
+                                  "intended_use (strings)") from None
     arrays = None
     data_name: str | None = None
     if isinstance(data, (str, Path)):
@@ -521,7 +552,12 @@ def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None
         except TypeError as exc:
             raise UsageError(f"evaluate() got an option it does not know ({exc})",
                              hint="the options are RunOptions' fields") from None
-        result, _ = _certify(opts, progress, factory=factory, arrays=arrays,
+        shown: Progress | None = TextProgress() if progress == "text" else (
+            None if isinstance(progress, str) else progress)
+        if isinstance(progress, str) and progress != "text":
+            raise UsageError(f"progress={progress!r} is not 'text', None or a Progress",
+                             hint="progress=None is quiet")
+        result, _ = _certify(opts, shown, factory=factory, arrays=arrays,
                              report=out is not None)
     return result
 

@@ -55,7 +55,8 @@ INPUTS: dict[str, tuple[str, str]] = {
     "CERTIFY_DATA": ("", "evaluation data (folder, CSV or .npz); empty: the suite's data.path"),
     "CERTIFY_PREVIOUS_CARD": ("none", "the previous release's card: path, http(s) URL or none"),
     "CERTIFY_OUT": ("certify-card", "folder for the new card (must not hold another run)"),
-    "CERTIFY_TOLERANCE": ("0", "compare --tolerance: points for rates, percent for scores"),
+    "CERTIFY_TOLERANCE": ("", "compare --tolerance: points for rates, percent for scores "
+                          "(empty: the suite's release_tolerance, 2 unless it states another)"),
     "CERTIFY_SIGNING_KEY": ("", "PEM private key from `certify keygen` (a secret)"),
     "CERTIFY_KEY_PASSPHRASE": ("", "its passphrase, if it has one (a secret)"),
     "CERTIFY_PUBKEY": ("", "public key: verify both cards before comparing"),
@@ -213,7 +214,8 @@ def release_check(env: Mapping[str, str]) -> Outcome:
         if not inp["CERTIFY_MODEL"]:
             raise UsageError("no model given", hint="set the action's `model` input")
         try:
-            tolerance = float(inp["CERTIFY_TOLERANCE"])
+            tolerance = (float(inp["CERTIFY_TOLERANCE"]) if inp["CERTIFY_TOLERANCE"].strip()
+                         else None)
         except ValueError:
             raise UsageError(f"tolerance {inp['CERTIFY_TOLERANCE']!r} is not a number",
                              hint="e.g. 1 (points for rates, percent for scores)") from None
@@ -286,8 +288,8 @@ def _run(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, o: Outc
     return proc.returncode
 
 
-def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, tolerance: float,
-             o: Outcome) -> None:
+def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool,
+             tolerance: float | None, o: Outcome) -> None:
     o.say("### Comparison with the previous release", "")
     previous = fetch_previous(inp["CERTIFY_PREVIOUS_CARD"],
                               out.parent / f"{out.name}-previous")
@@ -296,7 +298,8 @@ def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, tol
         o.say("No previous card (`previous-card: none`): nothing to compare. This is the "
               "first card of this model; the next release is compared with it.")
         return
-    args = ["compare", str(previous), str(out), "--tolerance", str(tolerance),
+    args = ["compare", str(previous), str(out),
+            *(["--tolerance", str(tolerance)] if tolerance is not None else []),
             "--json", str(out / "compare.json"), "--html", str(out / "compare.html")]
     if pdf:
         args += ["--pdf", str(out / "compare.pdf")]
@@ -323,6 +326,7 @@ def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool, tol
         o.say(f"**Not compared** with the previous card ({where}): {_md(_error_line(proc))}.")
         return
     doc = json.loads(js.read_text(encoding="utf-8"))
+    tolerance = float(doc["tolerance"]["rates_pp"])  # as the comparison used it
     regs = list(doc["regressions"])
     o.outputs["regressions"] = ",".join(regs)
     if proc.returncode == EXIT_FAIL:

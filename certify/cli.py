@@ -906,9 +906,10 @@ def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
 @main.command("compare")
 @click.argument("old", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
-@click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Changes smaller than this are not regressions: percentage points for "
-                   "rates, percent of OLD's value for scores.")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=None,
+              help="The largest drop a release may take per gating row: percentage points "
+                   "for rates, percent of OLD's value for scores. [default: NEW's suite's "
+                   "release_tolerance, 2 unless the suite states another]")
 @click.option("--pubkey", type=click.Path(dir_okay=False, path_type=Path),
               help="Verify both signatures with this public key before comparing.")
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the comparison as JSON.")
@@ -916,7 +917,7 @@ def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
               help="Write a comparison card (HTML).")
 @click.option("--pdf", "pdf_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the comparison card as PDF.")
-def compare_cmd(old: Path, new: Path, tolerance: float, pubkey: Path | None,
+def compare_cmd(old: Path, new: Path, tolerance: float | None, pubkey: Path | None,
                 json_out: str | None, html_out: Path | None, pdf_out: Path | None) -> int:
     """Did NEW get less robust than OLD? Compare two runs on the rows that decide their cards.
 
@@ -928,10 +929,11 @@ def compare_cmd(old: Path, new: Path, tolerance: float, pubkey: Path | None,
     fewer gets one block per row.
 
     \b
-    Exit codes: 0 no change or non-inferior within --tolerance on every comparable threat
+    Exit codes: 0 no change or non-inferior within the tolerance on every comparable threat
     model and check; 1 a resolved regression beyond the tolerance on one with a threshold; 6
-    inconclusive (neither a regression nor non-inferiority shown); 2 usage; 4 not comparable
-    at all (the message says what differs).
+    inconclusive (neither a regression nor non-inferiority shown: the row says how many
+    samples would decide it); 2 usage; 4 not comparable at all (the message says what
+    differs). A row one run SKIPPED is listed as not compared and does not block.
 
     \b
     Example:
@@ -1072,10 +1074,11 @@ def suites_show(name: str) -> None:
     click.echo(resolve_suite_path(name).read_text(encoding="utf-8"), nl=False)
 
 
-from certify.service.cli import serve, submit, worker  # noqa: E402 - the service's commands
+from certify.service.cli import runs, serve, submit, worker  # noqa: E402 - the service's commands
 
 main.add_command(serve)
 main.add_command(submit)
+main.add_command(runs)
 main.add_command(worker)
 from certify.service.store_cli import store  # noqa: E402 - `certify store migrate`
 

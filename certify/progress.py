@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import sys
+import time
+from typing import Protocol, TextIO, runtime_checkable
 
 
 class Progress(Protocol):
@@ -51,3 +53,87 @@ class NullProgress:
 
     def finish(self) -> None:  # noqa: D102
         pass
+
+
+class TextProgress:
+    """Progress as text on a stream (``certify.evaluate``'s default): one line rewritten in
+    place (``\\r``) in a terminal and in a Jupyter notebook, which both honour it, at most
+    every :attr:`REDRAW_S` seconds; elsewhere (a log file, a pipe) one line when a task
+    starts, every :attr:`LINE_EVERY_S` seconds and when it ends. Standard library only."""
+
+    REDRAW_S = 0.2
+    LINE_EVERY_S = 30.0
+
+    def __init__(self, stream: TextIO | None = None, inplace: bool | None = None) -> None:
+        self._stream = stream
+        self._inplace = inplace
+        self._label = ""
+        self._total = 0
+        self._done = 0
+        self._reused = 0
+        self._t0 = 0.0
+        self._drawn = 0.0
+
+    @property
+    def stream(self) -> TextIO:
+        """Where the lines go (``sys.stderr`` at the time of writing unless given)."""
+        return self._stream if self._stream is not None else sys.stderr
+
+    def _rewrites(self) -> bool:
+        if self._inplace is not None:
+            return self._inplace
+        isatty = getattr(self.stream, "isatty", None)
+        return bool(isatty and isatty()) or "ipykernel" in sys.modules
+
+    def text(self) -> str:
+        """The current line: task, samples done of total, share, rate, elapsed and ETA."""
+        elapsed = time.perf_counter() - self._t0
+        new = self._done - self._reused
+        rate = new / elapsed if elapsed > 0 else 0.0
+        total, done = self._total, self._done
+        parts = [f"{self._label}: {done:,}/{total:,}" + (f" ({100 * done / total:.0f}%)"
+                                                         if total else "")]
+        if self._reused:
+            parts.append(f"{self._reused:,} reused")
+        if new > 0:
+            parts.append(f"{rate:,.1f}/s")
+        parts.append(f"{elapsed:,.0f} s")
+        if total and done >= total:
+            parts.append("done")
+        elif rate > 0 and total:
+            parts.append(f"ETA {(total - done) / rate:,.0f} s")
+        return ", ".join(parts)
+
+    def _show(self, final: bool = False) -> None:
+        now = time.perf_counter()
+        if self._rewrites():
+            if final or now - self._drawn >= self.REDRAW_S:
+                self.stream.write("\r" + self.text() + ("\n" if final else ""))
+                self.stream.flush()
+                self._drawn = now
+        elif final or now - self._drawn >= self.LINE_EVERY_S:
+            self.stream.write(self.text() + "\n")
+            self.stream.flush()
+            self._drawn = now
+
+    def start(self, label: str, total: int) -> None:  # noqa: D102
+        self._label, self._total = label, total
+        self._done = self._reused = 0
+        self._t0 = time.perf_counter()
+        self._drawn = 0.0
+        self._show()
+
+    def reuse(self, n: int) -> None:
+        """``n`` units were done by an earlier run (shown, kept out of the rate)."""
+        self._done += n
+        self._reused += n
+        self._show()
+
+    def advance(self, n: int) -> None:  # noqa: D102
+        self._done += n
+        self._show()
+
+    def finish(self) -> None:  # noqa: D102
+        if self._label:
+            self._show(final=True)
+        self._label = ""

@@ -201,6 +201,11 @@ else:
                                Field(discriminator="kind")]
 
 
+#: The largest drop a release may take per gating row in ``certify compare`` when the suite
+#: states none: percentage points for rates, percent of the old value for scores.
+DEFAULT_RELEASE_TOLERANCE = 2.0
+
+
 class SuiteDoc(_Strict):
     """The suite, identified by content."""
 
@@ -209,6 +214,11 @@ class SuiteDoc(_Strict):
     description: str
     decision: Literal["interval", "point"] = Field(
         "point", description="the suite's decision rule for thresholds (checks may override)")
+    release_tolerance: float | None = Field(
+        None, ge=0, le=100, description="the largest drop a release may take per gating row "
+        "in `certify compare` (percentage points for rates, percent of the old value for "
+        "scores), as the suite states it or certify's default; null in results written "
+        "before certify recorded it")
 
 
 class ModelDoc(_Strict):
@@ -257,10 +267,20 @@ class SkippedDoc(_Strict):
     examples: list[str] = Field(description="the first few, relative to the data folder")
 
 
+class OlderDigestsDoc(_Strict):
+    """The data's digests by the definition of certify before content digests."""
+
+    digest: str = Field(description="the evaluated samples with their ids")
+    source_digest: str = Field(description="the source's file bytes (or resized arrays) with "
+                               "the layout's name and the preprocessing")
+
+
 class DataDoc(_Strict):
     """The evaluation data, identified by content (its local path is provenance)."""
 
-    digest: str
+    digest: str = Field(description="digest of the evaluated samples' content: their pixels at "
+                        "the model's input size and labels, in order (their ids and the "
+                        "source's name are not part of it)")
     layout: str
     n: int
     image_shape: list[int]
@@ -268,10 +288,18 @@ class DataDoc(_Strict):
     per_class_counts: list[int]
     name: str
     source_digest: str | None = Field(
-        default=None, description="digest of the whole source dataset and its preprocessing, "
-        "which the samples were drawn from (runs on different subsets of one dataset share it)")
+        default=None, description="digest of the whole source dataset the samples were drawn "
+        "from, by content: each image's decoded RGB pixels with their shape (after the ROI crop "
+        "where one applies) and its label, in the source's order, with the model's input size "
+        "and, when images are resized, the interpolation. The same images as an .npz, a folder "
+        "or arrays from Python share it (the layout and name are recorded beside it, not in "
+        "it), and so do runs on different subsets of one dataset")
     selection: str | None = Field(default=None,
                                   description="how the samples were chosen from the source")
+    older_digests: OlderDigestsDoc | None = Field(
+        default=None, description="the same digests by the definition of certify before "
+        "content digests (file bytes and the layout's name), so that results written then "
+        "(which lack this field) are still compared, by that definition")
     class_names: list[str] | None = Field(
         default=None, description="the class names, in class-id order (runs before issue 30 "
         "have none)")

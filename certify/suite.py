@@ -27,6 +27,7 @@ from certify.data.classes import resolve_class_names
 from certify.data.loaders import LAYOUTS
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
+from certify.results import DEFAULT_RELEASE_TOLERANCE
 from certify.validation import expect_keys, plain_data, plain_keys
 
 #: How a threshold decides: ``interval`` (PASS only when the metric's whole 95% interval meets
@@ -46,7 +47,7 @@ DECISION_RULE_TEXT = {
 }
 
 _TOP_KEYS = {"name", "description", "version", "seed", "classes", "flip_invariant_classes",
-             "data", "preprocessing", "checks", "decision"}
+             "data", "preprocessing", "checks", "decision", "release_tolerance"}
 _REQUIRED_TOP = {"name", "checks"}
 _DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
 _PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
@@ -57,7 +58,7 @@ _TOP_TYPES: dict[str, Any] = {
     "name": str, "description": str, "version": int | float | str, "seed": int,
     "classes": list[str] | int, "flip_invariant_classes": list[int], "data": dict[Any, Any] | None,
     "preprocessing": dict[Any, Any] | None, "checks": list[dict[Any, Any]],
-    "decision": DecisionRule,
+    "decision": DecisionRule, "release_tolerance": float,
 }
 _DATA_TYPES: dict[str, Any] = {"path": str | None, "layout": str, "roi_crop": bool,
                                "interpolation": str, "samples": int | None}
@@ -143,6 +144,9 @@ class Suite:
     class_count: int | None = None
     #: Where ``classes`` came from, in words (:data:`FROM_SUITE` for a listed suite).
     classes_source: str = FROM_SUITE
+    #: The largest drop a release may take per gating row in ``certify compare``: percentage
+    #: points for rates, percent of the old value for scores (``release_tolerance``).
+    release_tolerance: float = DEFAULT_RELEASE_TOLERANCE
 
     def with_classes(self, names: Sequence[str], source: str) -> Suite:
         """This suite with its class names resolved (``source`` says where they came from).
@@ -570,6 +574,14 @@ def parse_suite(raw: Any, source: str) -> Suite:
         raise SuiteError(f"{source}: flip_invariant_classes must list class ids",
                          hint="integers from 0" + (f" to {top - 1}" if top != MAX_SEED else ""))
 
+    tolerance = raw.get("release_tolerance", DEFAULT_RELEASE_TOLERANCE)
+    if not (isinstance(tolerance, int | float) and not isinstance(tolerance, bool)
+            and math.isfinite(tolerance) and 0 <= tolerance <= 100):
+        raise SuiteError(f"{source}: release_tolerance must be a number of percentage points "
+                         f"from 0 to 100, got {tolerance!r}",
+                         hint=f"e.g. release_tolerance: {DEFAULT_RELEASE_TOLERANCE:g} (the "
+                              "largest drop a release may take per gating row)")
+
     plain_data(raw, source)  # what no annotation typed: dates, binary, NaN under Any
     canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return Suite(
@@ -587,6 +599,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
         decision=rule,
         raw=raw,
         class_count=class_count,
+        release_tolerance=float(tolerance),
     )
 
 

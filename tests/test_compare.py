@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,11 +100,14 @@ def _result(correct: np.ndarray, selected: np.ndarray, *, seed: int = 0, data: s
 
 
 def _doc(checks: list[dict], n: int, *, seed: int = 0, data: str = "d1", suite: str = "s1",
-         reference: str | None = None) -> dict:
+         reference: str | None = None, tolerance: float | None = 0.0) -> dict:
+    """A results document; its suite states ``release_tolerance`` ``tolerance`` (0: these
+    unit tests decide at no tolerance unless they pass one; ``None``: not stated)."""
     ref = None if reference is None else {**_MODEL, "identity": reference}
     return {"schema": "certify.results/3", "measurement": {
         "certify_version": "0", "suite": {"name": "s", "digest": suite, "description": "",
-                                          "decision": "interval"},
+                                          "decision": "interval",
+                                          "release_tolerance": tolerance},
         "model": _MODEL, "reference_model": ref,
         "data": {"digest": data, "layout": "npz", "n": n, "image_shape": [32, 32, 3],
                  "num_classes": 43, "per_class_counts": [], "name": "d.npz"},
@@ -454,6 +460,221 @@ def test_the_comparison_card_s_badge_follows_the_decision(which, code, badge):
         assert cmp.to_json()["regressions"] == [] and "REGRESSION</span>" not in html
 
 
+# --- the release question (issue 51) ----------------------------------------------------------
+
+def _skipped(doc: dict, which: str) -> dict:
+    """``doc`` with attack ``which`` SKIPPED (no measurement) and left out of its threat
+    model's worst case, as the engine writes it."""
+    for c in doc["measurement"]["checks"]:
+        if c["id"] == which:
+            c.update(status="SKIPPED", metrics=None, intervals={}, outcomes=None, details={},
+                     decision="a score-based attack of its threat model ran without stalling",
+                     settled={}, decided_by={"rule": "skipped"})
+    for w in doc["measurement"]["attack_worst_case"]:
+        w["attacks"] = [a for a in w["attacks"] if a != which]
+        w["support"] = [a for a in w["support"] if a != which]
+        w["broken_by"].pop(which, None)
+    return doc
+
+
+def test_a_row_skipped_in_both_runs_neither_gates_nor_blocks():
+    """The demo's hopskipjump_l2 was SKIPPED in both runs and gated (exit 6 on a card compared
+    with itself): now it is evidence, listed as not evaluated, and identical runs are NO
+    CHANGE, exit 0; the same when every attack of a threat model was SKIPPED (no summary)."""
+    n = 300
+    a = np.zeros(n, dtype=bool)
+    a[:200] = True
+    doc = _skipped(_threat_doc(a, a), "b")
+    cmp = compare(parse_result(doc), parse_result(copy.deepcopy(doc)), tolerance=None)
+    rows = {r.id: r for r in cmp.rows}
+    assert rows["b"].role == "evidence" and rows["b"].outcome == "not compared"
+    assert not rows["b"].blocks and "did not evaluate it" in rows["b"].reason
+    assert cmp.threat_models[0].outcome == "no change"
+    assert (cmp.exit_code, cmp.decision) == (EXIT_OK, "NO CHANGE")
+    assert cmp.to_json()["not_evaluated"] == ["b"]
+    from certify.report.comparison import summary_line
+
+    assert "not evaluated in one run" in summary_line(cmp) and "INCONCLUSIVE" not in \
+        summary_line(cmp)
+    # every attack of the threat model SKIPPED: no summary row, and still no gate
+    both = _skipped(_skipped(_threat_doc(a, a), "a"), "b")
+    both["measurement"]["attack_worst_case"] = []
+    cmp = compare(parse_result(both), parse_result(copy.deepcopy(both)))
+    assert all(r.role == "evidence" and not r.blocks for r in cmp.rows)
+    assert cmp.exit_code == EXIT_OK and not cmp.inconclusive
+
+
+def test_an_attack_skipped_in_one_run_compares_the_threat_model_on_the_attacks_both_ran():
+    """NEW skipped attack b (OLD ran it): the threat model is compared on attack a alone, in
+    both runs, and says so; a drop there is still a regression."""
+    n = 400
+    a = np.zeros(n, dtype=bool)
+    a[:300] = True
+    old = _threat_doc(a, a)
+    new = _skipped(_threat_doc(a, a), "b")
+    (tm,) = compare(parse_result(old), parse_result(new)).threat_models
+    assert tm.left_out == ["b"] and "left out: b (SKIPPED in NEW)" in tm.compared
+    assert tm.outcome == "no change" and tm.blocks
+    worse = a.copy()
+    worse[:100] = False
+    cmp = compare(parse_result(old), parse_result(_skipped(_threat_doc(worse, a), "b")))
+    assert cmp.threat_models[0].outcome == "regression" and cmp.exit_code == EXIT_FAIL
+    # an attack that errored keeps the gate open instead (its worst case left it out)
+    errored = _skipped(_threat_doc(a, a), "b")
+    errored["measurement"]["checks"][1]["status"] = "ERROR"
+    cmp = compare(parse_result(old), parse_result(errored))
+    assert cmp.threat_models[0].outcome == "not compared" and cmp.threat_models[0].blocks
+    assert cmp.exit_code == EXIT_INCONCLUSIVE
+
+
+def test_the_default_tolerance_is_the_suite_s_and_decides_a_planted_change():
+    """No --tolerance: NEW's suite's release_tolerance (2 points unless it states another;
+    results that state none get certify's default). A planted regression beyond it on the
+    threat-model row exits 1, a planted improvement exits 0 with IMPROVEMENT, and a change
+    too small for the samples exits 6 saying how many samples would decide it."""
+    from certify.results import DEFAULT_RELEASE_TOLERANCE
+
+    n = 600
+    base = np.zeros(n, dtype=bool)
+    base[:420] = True  # 70% robust to both attacks
+
+    def run(robust: np.ndarray, tolerance: float | None = None) -> Any:
+        doc = _threat_doc(robust, robust)
+        doc["measurement"]["suite"]["release_tolerance"] = tolerance
+        return parse_result(doc)
+
+    assert DEFAULT_RELEASE_TOLERANCE == 2.0
+    unstated = compare(run(base), run(base))
+    assert unstated.tolerance == 2.0 and "certify's default" in unstated.tolerance_source
+    stated = compare(run(base, 5.0), run(base, 3.0))
+    assert stated.tolerance == 3.0 and "NEW's suite" in stated.tolerance_source
+    assert compare(run(base), run(base), tolerance=0).tolerance_source == "--tolerance"
+
+    drop = base.copy()
+    drop[:60] = False  # -10 points
+    regression = compare(run(base), run(drop))
+    assert regression.threat_models[0].outcome == "regression"
+    assert (regression.exit_code, regression.decision) == (EXIT_FAIL, "REGRESSION")
+    gain = base.copy()
+    gain[420:480] = True  # +10 points
+    better = compare(run(base), run(gain))
+    assert better.threat_models[0].outcome == "improvement"
+    assert (better.exit_code, better.decision) == (EXIT_OK, "IMPROVEMENT")
+    # 12 samples lost, 6 gained: -1 point, within 2 points but not shown at n = 600
+    noisy = base.copy()
+    noisy[:12] = False
+    noisy[420:426] = True
+    undecided = compare(run(base), run(noisy))
+    (tm,) = undecided.threat_models
+    assert tm.outcome == "inconclusive" and undecided.exit_code == EXIT_INCONCLUSIVE
+    assert tm.discordant == {"worse": 12, "better": 6} and tm.samples_needed is not None
+    # McNemar's power at the observed discordant rates (Connor 1987), computed here alone
+    from scipy.stats import norm
+
+    pw, pb = 12 / n, 6 / n
+    z = norm.ppf(0.975) + norm.ppf(0.8)
+    expect = math.ceil((pw + pb - (pb - pw) ** 2) * (z / (pb - pw + 0.02)) ** 2)
+    assert tm.samples_needed == expect and expect > n
+    assert f"about {expect:,} paired samples" in tm.reason
+    from certify.report.comparison import summary_line
+
+    assert f"about {expect:,} samples would decide it" in summary_line(undecided)
+    # with that many pairs at the same discordant rates, the row is decided non-inferior
+    k = expect // n + 1
+    more_old, more_new = np.tile(base, k), np.tile(noisy, k)
+    assert compare(run(more_old), run(more_new)).threat_models[0].outcome == "non-inferior"
+
+
+def test_each_row_shows_its_change_on_one_denominator():
+    """A conditional rate (attack success among correct samples) is compared as the share of
+    all samples robust: OLD, NEW and the change are on that share, the card's figure beside."""
+    from certify.report.comparison import rows_context
+
+    n = 400
+    a = np.zeros(n, dtype=bool)
+    a[:300] = True
+    old, new = _threat_doc(a, a), _threat_doc(a, a)
+    for d in (old, new):  # gate the attack rows on their success rate (another denominator)
+        for c in d["measurement"]["checks"]:
+            c["metrics"]["attack_success_rate"] = 0.4
+            c["threshold"] = {"metric": "attack_success_rate", "min": None, "max": 0.5,
+                              "text": "≤ 0.5", "rule": "interval"}
+    cmp = compare(parse_result(old), parse_result(new))
+    row = rows_context(cmp)[0]
+    assert row["old"] == "75.0% (card: 40.0%)" and row["new"] == "75.0% (card: 40.0%)"
+    assert row["change"].startswith("+0.0 pp") and "→" not in row["change"]
+
+
+def boxes_beyond_the_page(html: str) -> list[tuple[int, str, float]]:
+    """Every laid-out box of ``html`` in WeasyPrint (as ``certify compare --pdf`` renders it)
+    whose right edge lies beyond its page's content area: (page, tag, points beyond)."""
+    from weasyprint import HTML
+
+    out = []
+    for k, page in enumerate(HTML(string=html).render().pages):
+        box = page._page_box
+        right = box.content_box_x() + box.width
+        for b in box.descendants():
+            if b is box or getattr(b, "width", None) is None or not hasattr(b, "position_x"):
+                continue
+            edge = b.position_x + b.margin_width()
+            if edge > right + 0.5:
+                out.append((k + 1, str(getattr(b, "element_tag", "")), round(edge - right, 1)))
+    return out
+
+
+def _crowded_comparison() -> Any:
+    """A comparison whose cells hold the longest texts it writes: inconclusive and
+    not-comparable reasons, long ids, threat models with many attacks."""
+    n = 400
+    a = np.zeros(n, dtype=bool)
+    a[:300] = True
+    worse = a.copy()
+    worse[:3] = False
+    old = _threat_doc(a, a)
+    new = _threat_doc(a, worse, settled_b={"attack_converged": False})
+    for d in (old, new):
+        for c in d["measurement"]["checks"]:
+            c["id"] = c["id"] + "_apgd_targeted_dlr_linf_eight_over_255_restarts"
+        w = d["measurement"]["attack_worst_case"][0]
+        w["attacks"] = [c["id"] for c in d["measurement"]["checks"]]
+        w["broken_by"] = {c["id"]: 1 for c in d["measurement"]["checks"]}
+        w["support"] = w["attacks"]
+    new["measurement"]["checks"].append(_result(a, np.ones(n, dtype=bool))["measurement"]
+                                        ["checks"][0])
+    return compare(parse_result(old), parse_result(new))
+
+
+def test_the_comparison_card_fits_its_pages_and_a_phone():
+    """The PDF cut off the Result column on pages 1-2: every box now lies within the page,
+    and at 390 px no table scrolls or is cut (Chromium, the card's phone layout)."""
+    from certify.report.comparison import render_html
+
+    html = render_html(_crowded_comparison())
+    assert boxes_beyond_the_page(html) == []
+    # the check that found the bug: the old template's table overflowed by 200 points
+    old_style = html.replace('class="compare"', 'class="wide"').replace("<colgroup>",
+                                                                          "<colgroup hidden>")
+    old_style = old_style.replace("table-layout: fixed", "table-layout: auto").replace(
+        "overflow-wrap: anywhere", "overflow-wrap: normal")
+    assert boxes_beyond_the_page(old_style.replace("word-break: break-word", "")), \
+        "the check sees nothing: it would not have caught the cut column"
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is installed by setup.sh")
+def test_the_comparison_card_fits_a_phone_in_chromium(tmp_path):
+    from test_glance import layout
+
+    from certify.report.comparison import render_html
+
+    page = tmp_path / "compare.html"
+    page.write_text(render_html(_crowded_comparison()), encoding="utf-8")
+    result = layout(page, 390, tmp_path)
+    assert result["innerWidth"] == 390 and result["checked"] > 50
+    assert result["scrollWidth"] <= result["clientWidth"], result["cut"][:5]
+    assert not result["cut"], result["cut"][:10]
+
+
 # --- the command on the tiny model ---------------------------------------------------------------
 
 def _suite(path: Path) -> Path:
@@ -482,15 +703,56 @@ def runs(net, model_path, tmp_path_factory) -> dict[str, Path]:
         proc = builders.run_cli("run", model_path, "--suite", suite, "--data", data, "--out",
                                 out[f"seed{seed}"], "--no-pdf", "--quiet", "--seed", str(seed))
         assert proc.returncode in (0, 1, 6, 7), proc.stderr
-    copy = tmp / "copy"
-    shutil.copytree(out["base"], copy)
-    out["copy"] = copy
+    copied = tmp / "copy"
+    shutil.copytree(out["base"], copied)
+    out["copy"] = copied
+    # a rerun of the same model, and the same model saved as a PyTorch program (.pt2)
+    pt2, _ = builders.save_programs(net, tmp / "programs")
+    for name, model in (("rerun", model_path), ("pt2", pt2)):
+        out[name] = tmp / name
+        proc = builders.run_cli("run", model, "--suite", suite, "--data", data, "--out",
+                                out[name], "--no-pdf", "--quiet")
+        assert proc.returncode in (0, 1, 6, 7), proc.stderr
     return out
+
+
+@pytest.mark.parametrize("other", ["copy", "rerun", "pt2"])
+def test_a_card_a_rerun_and_the_same_model_as_a_program_are_no_change(runs, other):
+    """A CI gate on the same model must pass: the run against its card, a rerun, and the
+    same network saved with torch.export instead of ONNX are NO CHANGE, exit 0 (issue 51)."""
+    target = runs[other] / "card.html" if other == "copy" else runs[other]
+    proc = builders.run_cli("compare", runs["base"], target, "--json", "-")
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["decision"] == "NO CHANGE" and doc["tolerance"]["rates_pp"] == 2.0, doc
+    assert "NEW's suite" in doc["tolerance"]["source"]
+    assert all(r["outcome"] == "no change" for r in [*doc["threat_models"], *doc["checks"]]
+               if r["has_threshold"]), doc
+    if other == "copy":  # the card states the gate's tolerance
+        html = (runs["base"] / "card.html").read_text(encoding="utf-8")
+        assert 'id="release-tolerance"' in html and "at most 2 percentage points" in html
+
+
+@pytest.mark.parametrize(("value", "ok"), [(5, True), (0.5, True), (-1, False), (101, False),
+                                            ("2", False), (True, False)])
+def test_a_suite_states_its_release_tolerance_or_is_refused(tmp_path, value, ok):
+    from certify.errors import SuiteError
+    from certify.suite import load_suite
+
+    path = _suite(tmp_path / "s.yaml")
+    raw = yaml.safe_load(path.read_text())
+    raw["release_tolerance"] = value
+    path.write_text(yaml.safe_dump(raw))
+    if ok:
+        assert load_suite(str(path)).release_tolerance == float(value)
+    else:
+        with pytest.raises(SuiteError, match="release_tolerance"):
+            load_suite(str(path))
 
 
 def test_the_same_model_with_other_seeds_is_compared_unpaired_without_a_change(runs):
     proc = builders.run_cli("compare", runs["seed1"], runs["seed2"], "--json", "-")
-    # at tolerance 0 the gate cannot show non-inferiority from other samples' draws
+    # at the suite's 2 points the gate cannot show non-inferiority from other draws
     assert proc.returncode == EXIT_INCONCLUSIVE, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert all(not r["paired"] for r in doc["checks"])
@@ -721,3 +983,19 @@ def test_an_offset_past_the_data_is_refused_in_one_line(demo_runs, tmp_path):
                             demo_runs["data"], "--out", tmp_path / "o", "--sample-offset", "430")
     assert proc.returncode == 2 and "skips all 430 samples" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+def test_the_demo_card_compared_with_itself_is_no_change_and_its_pdf_fits(demo_run, tmp_path):
+    """`certify compare demo-card demo-card` exited 6 (hopskipjump_l2, SKIPPED in both runs,
+    gated): now NO CHANGE, exit 0; and the comparison card of two demo-size cards keeps
+    every table within its pages (the PDF is WeasyPrint's rendering of this HTML)."""
+    html = tmp_path / "compare.html"
+    proc = builders.run_cli("compare", demo_run, demo_run / "card.html", "--json",
+                            tmp_path / "c.json", "--html", html)
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["decision"] == "NO CHANGE" and doc["inconclusive"] == [], doc["decision"]
+    statuses = {c["id"]: c["status"] for c in json.loads(
+        (demo_run / "results.json").read_text())["measurement"]["checks"]}
+    assert doc["not_evaluated"] == [i for i, s in statuses.items() if s == "SKIPPED"]
+    assert boxes_beyond_the_page(html.read_text(encoding="utf-8")) == []

@@ -134,3 +134,36 @@ def test_bad_api_inputs_are_refused_before_any_query(net: nn.Module, api_suite: 
     assert not (tmp_path / "again").exists()
     with pytest.raises(UsageError, match="option it does not know"):
         certify.evaluate(net, (x, np.zeros(4, int)), suite=str(api_suite), colour="red")
+
+
+def test_evaluate_shows_progress_by_default_and_is_quiet_with_none(
+        model_path: Path, dataset_arrays: tuple, clean_suite: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A notebook run printed nothing for 29 minutes: evaluate() now shows each task's
+    progress on stderr by default (one line rewritten in place where the stream is a
+    terminal or a notebook), and progress=None keeps it quiet. model_card= takes a dict."""
+    import io
+
+    from certify.progress import TextProgress
+
+    x, y = dataset_arrays
+    result = certify.evaluate(str(model_path), (x[:40], y[:40]), suite=str(clean_suite),
+                              model_card={"name": "signs", "version": "2"})
+    err = capsys.readouterr().err
+    assert "clean: 40/40 (100%)" in err and "done" in err, err
+    card = result.to_json()["measurement"]["model_card"]
+    assert card["name"] == "signs" and card["version"] == "2"
+    certify.evaluate(str(model_path), (x[:40], y[:40]), suite=str(clean_suite), progress=None)
+    assert "40/40" not in capsys.readouterr().err
+    with pytest.raises(UsageError, match="model_card"):
+        certify.evaluate(str(model_path), (x[:40], y[:40]), suite=str(clean_suite),
+                         model_card={"name": 3}, progress=None)
+    # in a terminal or notebook the line is rewritten in place; in a log, one line per task
+    for inplace, marks in ((True, "\r"), (False, "\n")):
+        stream = io.StringIO()
+        p = TextProgress(stream, inplace=inplace)
+        p.start("apgd", 10)
+        p.advance(10)
+        p.finish()
+        text = stream.getvalue()
+        assert text.count(marks) >= 2 and "apgd: 10/10 (100%)" in text, text

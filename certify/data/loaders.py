@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import logging
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,13 +60,19 @@ class Dataset:
     class_names: list[str]
     source: str
     layout: str
+    #: Digest of the evaluated samples' content (:func:`from_arrays`): their pixels at the
+    #: model's input size and labels, in order; what ``certify compare`` pairs runs on.
     digest: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
-    #: Digest of the whole source the samples were drawn from, with its preprocessing
-    #: (layout, input size, interpolation, ROI crop); equal for two subsets of one dataset.
+    #: Digest of the whole source the samples were drawn from, by content
+    #: (:class:`ContentDigest`): equal for two subsets of one dataset, and for the same images
+    #: given as a file, a folder or arrays; the source's name and layout are recorded beside it.
     source_digest: str = ""
     #: How the samples were chosen from the source, in words.
     selection: str = ""
+    #: The same two digests by the definition of certify before content digests (file bytes
+    #: and the layout's name; the samples' ids), kept so that results written then compare.
+    older_digests: dict[str, str] | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -83,6 +91,7 @@ class Dataset:
             "per_class_counts": counts,
             "source_digest": self.source_digest or self.digest,
             "selection": self.selection or f"all {len(self)} samples",
+            "older_digests": self.older_digests,
             **self.extra,
         }
 
@@ -93,6 +102,46 @@ class _Item:
     label: int
     roi: tuple[int, int, int, int] | None
     where: str  # "file:row" for error messages
+
+
+class ContentDigest:
+    """Digest of a data source by content, whatever holds it (an ``.npz``, a GTSRB layout or
+    class folders, arrays from Python, an upload).
+
+    It covers each sample in the source's order (an ``.npz``'s or the arrays' index order; a
+    GTSRB CSV's row order; an image folder's sorted class subfolders, each's files sorted by
+    name): its decoded pixels as RGB uint8 with their shape, after the annotated region's crop
+    where one applies (``roi_crop`` on a GTSRB layout), and its label; then the preprocessing
+    that changes pixels: the model's input size, and the interpolation when an image is
+    resized to it. File names, formats, the layout and the source's name are not part of it.
+    """
+
+    TAG = b"certify.data-content/1\n"
+
+    def __init__(self, input_size: tuple[int, int]) -> None:
+        self.input_size = (int(input_size[0]), int(input_size[1]))
+        self.resized = False
+        self._h = hashlib.sha256(self.TAG)
+
+    def add(self, pixels: np.ndarray, label: int) -> None:
+        """One sample: uint8 ``[H, W, 3]`` pixels as decoded (before resizing) and its label."""
+        h, w, c = pixels.shape
+        self.resized |= (h, w) != self.input_size
+        self._h.update(struct.pack("<4q", h, w, c, int(label)))
+        self._h.update(np.ascontiguousarray(pixels, dtype=np.uint8).tobytes())
+
+    def add_all(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Every sample of uint8 ``[N, H, W, 3]`` images with their ``[N]`` labels."""
+        for img, label in zip(x, y, strict=True):
+            self.add(img, int(label))
+
+    def hexdigest(self, interpolation: str) -> str:
+        """``sha256:…`` of the samples so far and the preprocessing."""
+        h = self._h.copy()
+        h.update(json.dumps({"input_size": list(self.input_size),
+                             "interpolation": interpolation if self.resized else None},
+                            sort_keys=True).encode())
+        return f"sha256:{h.hexdigest()}"
 
 
 def stratified_subset(labels: Sequence[int] | np.ndarray, n: int, seed: int,
@@ -264,30 +313,39 @@ def _detect_layout(path: Path) -> tuple[str, Path]:
     )
 
 
-def _load_image(item: _Item, roi_crop: bool, size: tuple[int, int], resample: Any
-                ) -> tuple[np.ndarray, tuple[int, int]]:
-    """The image as uint8 ``[H, W, 3]`` at ``size``, and its size ``(h, w)`` before resizing."""
+def _read_image(item: _Item, roi_crop: bool) -> tuple[bytes, Image.Image]:
+    """The image file's bytes, and its image decoded as RGB and cropped to its annotated region
+    when ``roi_crop`` (a region that leaves nothing is not applied)."""
     try:
-        with Image.open(item.path) as im:
-            im = im.convert("RGB")
-            if roi_crop and item.roi is not None:
-                x1, y1, x2, y2 = item.roi
-                w, h = im.size
-                box = (max(0, x1), max(0, y1), min(w, x2 + 1), min(h, y2 + 1))
-                if box[2] > box[0] and box[3] > box[1]:
-                    im = im.crop(box)
-            was = (im.size[1], im.size[0])
-            if im.size != (size[1], size[0]):
-                im = im.resize((size[1], size[0]), resample)
-            return np.asarray(im, dtype=np.uint8), was
+        body = item.path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{item.where}: image not found: {item.path}",
                         hint="check the path") from None
+    except OSError as exc:
+        raise DataError(f"{item.where}: cannot read {item.path}: {exc.strerror or exc}",
+                        hint="check the file's permissions") from None
+    try:
+        with Image.open(io.BytesIO(body)) as raw:
+            im = raw.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DataError(
             f"{item.where}: unreadable image {item.path} ({type(exc).__name__})",
             hint="replace or remove the file",
         ) from None
+    if roi_crop and item.roi is not None:
+        x1, y1, x2, y2 = item.roi
+        w, h = im.size
+        box = (max(0, x1), max(0, y1), min(w, x2 + 1), min(h, y2 + 1))
+        if box[2] > box[0] and box[3] > box[1]:
+            im = im.crop(box)
+    return body, im
+
+
+def _fit(im: Image.Image, size: tuple[int, int], resample: Any) -> np.ndarray:
+    """``im`` as uint8 ``[H, W, 3]`` at ``size`` (H, W)."""
+    if im.size != (size[1], size[0]):
+        im = im.resize((size[1], size[0]), resample)
+    return np.asarray(im, dtype=np.uint8)
 
 
 def npz_class_names(path: Path) -> list[str] | None:
@@ -369,7 +427,7 @@ def load_dataset(
     skipped: list[str] = []
 
     if layout == "npz":
-        x, y, ids, sizes, source, total = _array_source(
+        x, y, ids, sizes, (source, older_source), total = _array_source(
             *_load_npz(target), target.name, spec, input_size, k, seed)
     else:
         if layout == "folder":
@@ -382,21 +440,31 @@ def load_dataset(
                     f"{it.where}: label {it.label} is outside 0..{k - 1}",
                     hint="the suite names the classes; labels must index them",
                 )
-        source, total = _digest_items(items), len(items)
+        total = len(items)
         idx = _subset(np.array([it.label for it in items], dtype=np.int64), spec, seed)
         chosen = [items[i] for i in idx]
+        wanted = set(idx.tolist())
+        # every image of the source is decoded once: its pixels make the source's digest,
+        # and the chosen samples' are kept (the progress counts every image read)
+        content = ContentDigest(input_size)
+        older = hashlib.sha256()
         if progress is not None:
-            progress.start("load data", len(chosen))
+            progress.start("load data", total)
         arrays = []
         sizes = []
-        for it in chosen:
-            arr, size = _load_image(it, spec.roi_crop, input_size, resample)
-            arrays.append(arr)
-            sizes.append(size)
+        for i, it in enumerate(items):
+            body, im = _read_image(it, spec.roi_crop)
+            older.update(hashlib.sha256(body).digest())
+            older.update(json.dumps([it.label, it.roi]).encode())
+            content.add(np.asarray(im, dtype=np.uint8), it.label)
+            if i in wanted:
+                arrays.append(_fit(im, input_size, resample))
+                sizes.append((im.size[1], im.size[0]))
             if progress is not None:
                 progress.advance(1)
         if progress is not None:
             progress.finish()
+        source, older_source = content.hexdigest(spec.interpolation), older.hexdigest()
         x = np.stack(arrays) if arrays else np.zeros((0, *input_size, 3), np.uint8)
         y = np.array([it.label for it in chosen], dtype=np.int64)
         root = target.parent if layout != "folder" else target
@@ -405,9 +473,9 @@ def load_dataset(
     if len(y) == 0:
         raise DataError(f"no samples found in {path}", hint="check the data path and layout")
     data = from_arrays(x, y, ids, class_names, str(path), layout)
-    prep = hashlib.sha256(json.dumps(
-        [source, layout, list(input_size), spec.interpolation, spec.roi_crop]).encode())
-    data.source_digest = f"sha256:{prep.hexdigest()}"
+    data.source_digest = source
+    data.older_digests = _older_digests(
+        x, y, ids, [older_source, layout, list(input_size), spec.interpolation, spec.roi_crop])
     data.selection = _selection(spec, seed, len(y), total)
     data.extra.update(_changes(spec, layout, input_size, sizes, total, skipped, path.name))
     return data
@@ -415,13 +483,12 @@ def load_dataset(
 
 def _array_source(x_all: np.ndarray, y_all: np.ndarray, name: str, spec: DataSpec,
                   input_size: tuple[int, int], k: int, seed: int
-                  ) -> tuple[np.ndarray, np.ndarray, list[str], list[tuple[int, ...]], str, int]:
+                  ) -> tuple[np.ndarray, np.ndarray, list[str], list[tuple[int, ...]],
+                             tuple[str, str], int]:
     """Resize, check and subsample uint8 ``[N, H, W, 3]`` images with their labels: (x, y,
-    ids, original sizes, the whole source's digest, its size)."""
+    ids, original sizes, the whole source's digests (by content, and certify's older one of
+    the resized arrays), its size)."""
     resample = INTERPOLATIONS[spec.interpolation]
-    was = [tuple(int(v) for v in x_all.shape[1:3])] * len(y_all)
-    x_all = _resize_all(x_all, input_size, resample)
-    ids_all = [f"{name}[{i}]" for i in range(len(y_all))]
     bad = np.flatnonzero((y_all < 0) | (y_all >= k))
     if len(bad):
         raise DataError(
@@ -429,10 +496,32 @@ def _array_source(x_all: np.ndarray, y_all: np.ndarray, name: str, spec: DataSpe
             f"is outside 0..{k - 1}",
             hint="the suite names the classes; labels must index them",
         )
-    source, total = _digest_arrays(x_all, y_all), len(y_all)
+    content = ContentDigest(input_size)
+    content.add_all(x_all, y_all)
+    was = [tuple(int(v) for v in x_all.shape[1:3])] * len(y_all)
+    x_all = _resize_all(x_all, input_size, resample)
+    ids_all = [f"{name}[{i}]" for i in range(len(y_all))]
+    older = hashlib.sha256()
+    older.update(np.ascontiguousarray(x_all, dtype=np.uint8).tobytes())
+    older.update(np.ascontiguousarray(y_all, dtype=np.int64).tobytes())
+    sources, total = (content.hexdigest(spec.interpolation), older.hexdigest()), len(y_all)
     idx = _subset(y_all, spec, seed)
-    return (x_all[idx], y_all[idx], [ids_all[i] for i in idx], [was[i] for i in idx], source,
+    return (x_all[idx], y_all[idx], [ids_all[i] for i in idx], [was[i] for i in idx], sources,
             total)
+
+
+def _older_digests(x: np.ndarray, y: np.ndarray, ids: Sequence[str],
+                   prep: list[Any]) -> dict[str, str]:
+    """The evaluated samples' and the source's digests as certify computed them before content
+    digests: the samples with their ids, and the source's digest (its files' bytes, or its
+    resized arrays) with ``prep``, the layout's name and preprocessing. Only results written
+    then are compared by them."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(x, dtype=np.uint8).tobytes())
+    h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
+    h.update("\n".join(ids).encode())
+    source = hashlib.sha256(json.dumps(prep).encode())
+    return {"digest": f"sha256:{h.hexdigest()}", "source_digest": f"sha256:{source.hexdigest()}"}
 
 
 def images_from_python(images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -488,12 +577,12 @@ def load_arrays(x_all: np.ndarray, y_all: np.ndarray, spec: DataSpec,
                 name: str = "arrays") -> Dataset:
     """:func:`load_dataset` for images already in memory (:func:`images_from_python`):
     resized, checked and subsampled the same way as an ``.npz`` file's."""
-    x, y, ids, sizes, source, total = _array_source(
+    x, y, ids, sizes, (source, older_source), total = _array_source(
         x_all, y_all, name, spec, input_size, len(class_names), seed)
     data = from_arrays(x, y, ids, class_names, name, "arrays")
-    prep = hashlib.sha256(json.dumps(
-        [source, "arrays", list(input_size), spec.interpolation]).encode())
-    data.source_digest = f"sha256:{prep.hexdigest()}"
+    data.source_digest = source
+    data.older_digests = _older_digests(
+        x, y, ids, [older_source, "arrays", list(input_size), spec.interpolation])
     data.selection = _selection(spec, seed, len(y), total)
     data.extra.update(_changes(spec, "arrays", input_size, sizes, total, [], name))
     return data
@@ -569,28 +658,6 @@ def _selection(spec: DataSpec, seed: int, n: int, total: int) -> str:
     return (f"{n} of {total} samples, class-stratified in a seeded order (seed {seed}){skip}")
 
 
-def _digest_arrays(x: np.ndarray, y: np.ndarray) -> str:
-    """Digest of a whole in-memory source (images and labels)."""
-    h = hashlib.sha256()
-    h.update(np.ascontiguousarray(x, dtype=np.uint8).tobytes())
-    h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
-    return h.hexdigest()
-
-
-def _digest_items(items: Sequence[_Item]) -> str:
-    """Digest of a whole image-file source: each file's bytes, label and ROI, in listing order
-    (reads every file once; the images themselves are decoded only for the chosen samples)."""
-    h = hashlib.sha256()
-    for it in items:
-        try:
-            body = it.path.read_bytes()
-        except OSError as e:
-            raise DataError(f"{it.where}: cannot read {it.path}: {e.strerror or e}") from e
-        h.update(hashlib.sha256(body).digest())
-        h.update(json.dumps([it.label, it.roi]).encode())
-    return h.hexdigest()
-
-
 def from_arrays(
     x: np.ndarray,
     y: np.ndarray,
@@ -599,11 +666,13 @@ def from_arrays(
     source: str,
     layout: str,
 ) -> Dataset:
-    """Build a :class:`Dataset` from uint8 ``[N, H, W, 3]`` images; computes the digest."""
-    h = hashlib.sha256()
+    """Build a :class:`Dataset` from uint8 ``[N, H, W, 3]`` images; computes the digest of
+    their content (shape, pixels and labels, in order; the ids and the source's name are
+    not part of it, so the same samples from a file or from Python have one digest)."""
+    h = hashlib.sha256(b"certify.data-samples/1\n")
+    h.update(struct.pack("<4q", *np.shape(x)))
     h.update(np.ascontiguousarray(x, dtype=np.uint8).tobytes())
     h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
-    h.update("\n".join(ids).encode())
     tx = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).float().div_(255.0)
     return Dataset(
         x=tx,

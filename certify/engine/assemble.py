@@ -77,7 +77,8 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
     measurement = RunMeasurement(
         certify_version=__version__,
         suite=SuiteDoc(name=suite.name, digest=suite.digest, description=suite.description,
-                       decision=typing.cast(Any, suite.decision)),
+                       decision=typing.cast(Any, suite.decision),
+                       release_tolerance=suite.release_tolerance),
         model=_model_doc(model),
         reference_model=None if reference is None else _model_doc(reference),
         data=_data_doc(data),

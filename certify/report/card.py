@@ -159,21 +159,31 @@ def renderer_text(r: Mapping[str, Any]) -> str:
 
 
 def _glance(checks: list[Any], worst: list[Any]) -> dict[str, Any]:
-    return {"svg": glance.glance_svg(checks), "narrow": glance.glance_svg(checks, narrow=True),
-            "alt": glance.alt_text(checks), "worst": glance.worst_case_line(worst)}
+    """The at-a-glance figure (wide and phone variants) of the rows the header counts."""
+    return {"svg": glance.glance_svg(checks, worst),
+            "narrow": glance.glance_svg(checks, worst, narrow=True),
+            "alt": glance.alt_text(checks, worst), "worst": glance.worst_case_line(worst)}
 
 
-#: How severe a verdict is, for the card's findings: the most severe first.
-SEVERITY = {"ERROR": 0, "FAIL": 1, "INCONCLUSIVE": 2, "WARN": 3}
+#: How severe a verdict is, for the card's findings: failures first, then what established
+#: nothing (an error) or could not decide, then warnings.
+SEVERITY = {"FAIL": 0, "ERROR": 1, "INCONCLUSIVE": 2, "WARN": 3}
 
 
-def _distance(value: float | None, bounds: list[float], rate: bool) -> float:
-    """How far a figure is from its threshold's bounds: percentage points for a rate, a
-    relative difference otherwise (0 without a value or a bound)."""
-    if value is None or not bounds:
+def _shortfall(value: float | None, threshold: tuple[float | None, float | None] | None,
+               rate: bool) -> float:
+    """How far a figure lies on the wrong side of its threshold (negative: on the right side
+    by that much): percentage points for a rate, a share of the bound otherwise; 0 without a
+    value or a threshold."""
+    if value is None or threshold is None:
         return 0.0
-    gap = min(abs(value - b) for b in bounds)
-    return gap if rate else gap / max(abs(bounds[0]), 1e-12)
+    lo, hi = threshold
+    gaps = ([] if lo is None else [(lo - value, lo)]) + ([] if hi is None else
+                                                        [(value - hi, hi)])
+    if not gaps:
+        return 0.0
+    gap, bound = max(gaps)
+    return gap if rate else gap / max(abs(bound), 1e-12)
 
 
 def _first_clause(text: str, limit: int = 220) -> str:
@@ -214,15 +224,22 @@ def _why(status: str, error: str, warnings: list[str], decision: str, by: Any) -
 
 
 def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, str]]:
-    """The card's most important findings, in words: the most severe verdicts first (ERROR,
-    FAIL, INCONCLUSIVE, WARN), ties broken by how far the figure is from its threshold.
+    """The card's most important findings, in words.
 
-    Candidates are the checks and the threat-model rows; an attack row summarised by its
-    threat model's row is evidence for that row and does not compete with it, unless it
-    carries a warning of its own (an attack too weak, or not converged)."""
+    Failures first, then errors and inconclusive verdicts, then warnings (:data:`SEVERITY`);
+    within each, the figure farthest on the wrong side of its threshold first. Among the
+    failures, each group of the at-a-glance figure (corruptions, attacks, clean accuracy …)
+    names its worst failure before any group names a second one, and every group that failed
+    is named even where that takes more than ``n`` findings: a clean accuracy far below its
+    threshold is not crowded out by attacks that fail farther below theirs.
+
+    Candidates are the rows that decide (:func:`~certify.report.glance.deciding_rows`: the
+    checks and the threat-model rows); an attack row summarised by its threat model's row is
+    evidence for that row and does not compete with it, unless its verdict differs (an attack
+    too weak, or not converged, says so itself)."""
     rows = {r.id: r for r in glance.rows(checks)}
     grouped = {a: w for w in worst for a in w.attacks}
-    found: list[tuple[int, float, dict[str, str]]] = []
+    found: list[tuple[int, float, str, dict[str, str]]] = []
     for c in checks:
         if c.status not in SEVERITY:
             continue
@@ -234,9 +251,7 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
         if c.threshold is not None:
             what += f", threshold {_short_threshold(c, r)}"
         why = _why(c.status, c.error or "", c.warnings, c.decision, c.decided_by)
-        bounds = [] if c.threshold is None else [
-            b for b in (c.threshold.min, c.threshold.max) if b is not None]
-        found.append((SEVERITY[c.status], _distance(r.value, bounds, r.rate),
+        found.append((SEVERITY[c.status], _shortfall(r.value, r.threshold, r.rate), r.group,
                       {"status": c.status, "check": c.id, "what": what, "why": why}))
     for w in worst:
         if w.status not in SEVERITY:
@@ -248,12 +263,17 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
             what += f" (95% CI {100 * w.interval[0]:.1f}%–{100 * w.interval[1]:.1f}%)"
         if w.threshold is not None:
             what += f", threshold ≥ {100 * w.threshold:.0f}%"
-        bounds = [] if w.threshold is None else [w.threshold]
-        found.append((SEVERITY[w.status], _distance(w.robust_accuracy, bounds, True),
+        group = next((rows[a].group for a in w.attacks if a in rows),
+                     KINDS["attack"].glance_group)
+        thr = None if w.threshold is None else (float(w.threshold), None)
+        found.append((SEVERITY[w.status], _shortfall(w.robust_accuracy, thr, True), group,
                       {"status": w.status, "check": f"threat model {name}", "what": what,
                        "why": _why(w.status, "", w.warnings, w.decision, w.decided_by)}))
     found.sort(key=lambda f: (f[0], -f[1]))
-    return [f[2] for f in found[:n]]
+    failed = [f for f in found if f[0] == SEVERITY["FAIL"]]
+    leaders = [f for i, f in enumerate(failed) if all(g[2] != f[2] for g in failed[:i])]
+    ordered = leaders + [f for f in found if not any(f is x for x in leaders)]
+    return [f[3] for f in ordered[:max(n, len(leaders))]]
 
 
 def _unsettled(c: Any) -> dict[str, bool]:
@@ -432,7 +452,8 @@ def card_context(result: RunResult, signature: Any = None,
     rule = {"name": m.suite.decision, "text": DECISION_RULE_TEXT[m.suite.decision],
             "others": [{"check": c.id, "name": c.threshold.rule, "text":
                         DECISION_RULE_TEXT[c.threshold.rule]} for c in checks
-                       if c.threshold is not None and c.threshold.rule != m.suite.decision]}
+                       if c.threshold is not None and c.threshold.rule != m.suite.decision],
+            "release_tolerance": m.suite.release_tolerance}
 
     def img(digest: str, alt: str) -> markupsafe.Markup:
         """An <img> of a signed image; ``data-digest`` says which pixels it must show."""

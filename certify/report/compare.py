@@ -77,7 +77,14 @@ from certify.errors import (
 )
 from certify.kinds import KINDS
 from certify.report.glance import threat_name
-from certify.results import OLDER_SCHEMAS, SCHEMA, RunResult, parse_result, unpack_bits
+from certify.results import (
+    DEFAULT_RELEASE_TOLERANCE,
+    OLDER_SCHEMAS,
+    SCHEMA,
+    RunResult,
+    parse_result,
+    unpack_bits,
+)
 from certify.stats import wilson_interval
 
 #: Family-wise error rate of the comparison (Holm).
@@ -260,10 +267,35 @@ def _short(d: str) -> str:
     return d.split(":")[-1][:12]
 
 
-def _source(data: Any) -> str:
-    """The source dataset's digest; results written before it was recorded name only the
-    evaluated samples, so those compare only with the same samples."""
-    return str(data.source_digest or data.digest)
+def _own_digests(data: Any) -> tuple[str, str]:
+    """The source dataset's digest and the evaluated samples'; results written before the
+    source's was recorded name only the evaluated samples, so those compare only with the
+    same samples."""
+    return str(data.source_digest or data.digest), str(data.digest)
+
+
+def _older_digests(data: Any) -> tuple[str, str]:
+    """:func:`_own_digests` by the definition of certify before content digests: results
+    written since carry them as ``older_digests``; results written before are of it."""
+    older = getattr(data, "older_digests", None)
+    return _own_digests(data) if older is None else (older.source_digest, older.digest)
+
+
+def data_digests(old: Any, new: Any) -> tuple[tuple[str, str], tuple[str, str], list[str]]:
+    """OLD's and NEW's data digests (source, evaluated samples) by one definition, and the
+    sides written by a certify before content digests (their definition is then used: file
+    bytes and the layout's name, so there the same images as a file and as arrays differ)."""
+    before = [side for side, d in (("OLD", old), ("NEW", new))
+              if getattr(d, "older_digests", None) is None]
+    if not before:
+        return _own_digests(old), _own_digests(new), before
+    return _older_digests(old), _older_digests(new), before
+
+
+def same_samples(old: Any, new: Any) -> bool:
+    """Whether two runs evaluated the very same samples, in the same order (by content)."""
+    o, n, _ = data_digests(old, new)
+    return o[1] == n[1]
 
 
 def check_comparable(old: RunResult, new: RunResult) -> None:
@@ -271,13 +303,23 @@ def check_comparable(old: RunResult, new: RunResult) -> None:
     the source data, the reference model, or no check in common (same id, kind and
     parameters). Other differences of the suite leave the checks both have comparable."""
     mo, mn = old.measurement, new.measurement
-    src_o, src_n = _source(mo.data), _source(mn.data)
+    (src_o, _), (src_n, _), before = data_digests(mo.data, mn.data)
     if src_o != src_n:
+        why, hint = "", ("evaluate both releases on the same dataset (subsets of one dataset, "
+                         "e.g. --samples/--sample-offset, are comparable)")
+        if before:
+            why = (f"; {' and '.join(before)} {'was' if len(before) == 1 else 'were'} written "
+                   "by a certify whose data digest covered the image files' bytes and the "
+                   "layout's name, not the decoded images, so the digests are compared by "
+                   "that definition")
+            whose = "the older release's model" if len(before) == 1 else "both releases' models"
+            hint = (f"rerun {whose} with this certify on the same data: its digest is of the "
+                    "decoded images and labels, so the same images as a file, a folder or "
+                    "arrays from Python compare")
         raise NotComparable(
             f"the data digest differs: OLD {_short(src_o)} ({mo.data.name}, "
             f"{mo.data.n} samples), NEW {_short(src_n)} ({mn.data.name}, "
-            f"{mn.data.n} samples)", hint="evaluate both releases on the same dataset "
-            "(subsets of one dataset, e.g. --samples/--sample-offset, are comparable)")
+            f"{mn.data.n} samples){why}", hint=hint)
     if not any(why_not_comparable(c, n) is None for c, n in paired_checks(old, new)):
         raise NotComparable(
             f"no check in common: OLD ran {mo.suite.name} ({_short(mo.suite.digest)}), NEW "
@@ -375,7 +417,17 @@ class Row:
     converged_new: bool | None = None
     role: str = GATE
     evidence_for: str | None = None
+    #: Whether this row, when not decided, keeps the gate open (exit 6): ``False`` for a row
+    #: one run did not evaluate (SKIPPED, or a threat model all of whose attacks were SKIPPED
+    #: in one run), which is listed as not compared with why, and neither gates nor blocks.
+    blocks: bool = True
+    #: Inconclusive rows: about how many samples (paired: pairs) would decide the row at the
+    #: observed change, with 80% power (see :func:`samples_to_decide`).
+    samples_needed: int | None = None
     attacks: list[str] = field(default_factory=list)
+    #: Attacks of the threat model left out of its comparison because one run did not
+    #: evaluate them (the rows are compared on the attacks both runs evaluated).
+    left_out: list[str] = field(default_factory=list)
     norm: str | None = None
     epsilon: float | None = None
     _interval: Any = field(default=None, repr=False)
@@ -424,8 +476,12 @@ def _row(co: Any, cn: Any, seeds_equal: bool, tolerance: float) -> Row:
     row = Row(**base, metric=name, unit=metric.unit, direction=metric.direction, old=vo,
               old_interval=io, new=vn, new_interval=inn)
     for c, which in ((co, "OLD"), (cn, "NEW")):
-        if c.status in ("ERROR", "SKIPPED") or c.metrics is None:
-            row.reason = f"{which} has no measurement ({c.status})"
+        if c.status == "SKIPPED":
+            row.reason, row.blocks = f"{which} did not evaluate it: {_skip_reason(c)}", False
+            return row
+        if c.status == "ERROR" or c.metrics is None:
+            row.reason = (f"{which} has no measurement ({c.status}): its evaluation failed, "
+                          "so the gate stays open")
             return row
     same_samples = seeds_equal
     so, sn = _selected(co), _selected(cn)
@@ -449,6 +505,12 @@ def _row(co: Any, cn: Any, seeds_equal: bool, tolerance: float) -> Row:
         row.tolerance = (tolerance / 100 if row.unit == "rate"
                          else tolerance / 100 * abs(row.old_value or 0.0))
     return row
+
+
+def _skip_reason(c: Any) -> str:
+    """Why a run SKIPPED a check, in a few words (its decision sentence, first clause)."""
+    text = str(getattr(c, "decision", "") or "SKIPPED").strip()
+    return text if len(text) <= 160 else text[:157].rstrip() + "…"
 
 
 def _set_binary(row: Row, ko: int, no: int, kn: int, nn: int,
@@ -614,7 +676,14 @@ def _threat_outcomes(checks: list[Any]) -> tuple[np.ndarray, np.ndarray] | None:
 def _threat_row(tm_id: str, wo: Any, wn: Any, old: RunResult, new: RunResult,
                 tolerance: float) -> Row:
     """One threat model's comparison (``wo``, ``wn``: its worst-case rows, either may be
-    ``None``), on the share of samples robust to every attack of it."""
+    ``None``), on the share of samples robust to every attack of it that both runs evaluated.
+
+    An attack one run SKIPPED (the scheduler found it adds nothing there, or the model gives
+    no gradients) is left out of both sides, and the row says so; an attack that errored in
+    a run keeps the row from being compared (its worst case left it out), which keeps the gate
+    open. A threat model with no attack both runs evaluated is not compared and, when that is
+    because of SKIPPED attacks only, does not block.
+    """
     w = wo if wo is not None else wn
     checks_o = {c.id: c for c in old.checks}
     checks_n = {c.id: c for c in new.checks}
@@ -632,25 +701,42 @@ def _threat_row(tm_id: str, wo: Any, wn: Any, old: RunResult, new: RunResult,
         if why is not None:
             row.outcome, row.reason = NOT_COMPARABLE, f"its attack {i}: {why}"
             return row
+    skipped: list[str] = []
     for x, which, checks in ((wo, "OLD", checks_o), (wn, "NEW", checks_n)):
         left = [i for i in ids if x is None or i not in x.attacks]
-        if left:  # an attack of the suite that errored or was skipped in that run
-            row.reason = (f"{which}'s worst case leaves out {', '.join(left)} ("
-                          + ", ".join(f"{i}: {checks[i].status}" for i in left)
+        failed = [i for i in left if checks[i].status != "SKIPPED"]
+        if failed:  # an attack that errored in that run: its worst case left it out
+            row.reason = (f"{which}'s worst case leaves out {', '.join(failed)} ("
+                          + ", ".join(f"{i}: {checks[i].status}" for i in failed)
                           + "): the two worst cases are over different attacks")
             return row
-    assert wo is not None and wn is not None  # neither leaves an attack out
-    co, cn = [checks_o[i] for i in ids], [checks_n[i] for i in ids]
+        skipped += [f"{i} (SKIPPED in {which})" for i in left]
+    common = [i for i in ids if wo is not None and wn is not None
+              and i in wo.attacks and i in wn.attacks]
+    row.left_out = [i for i in ids if i not in common]
+    if not common:
+        row.blocks = False
+        row.reason = ("no attack of it was evaluated in both runs: " + ", ".join(skipped)
+                      if skipped else "no attack of it was evaluated in both runs")
+        return row
+    assert wo is not None and wn is not None
+    co, cn = [checks_o[i] for i in common], [checks_n[i] for i in common]
     row.converged_old, row.converged_new = converged_all(co), converged_all(cn)
     mo, mn = old.measurement, new.measurement
-    same_seeds = (mo.seeds.suite == mn.seeds.suite and mo.data.digest == mn.data.digest
-                  and all(mo.seeds.checks.get(i) == mn.seeds.checks.get(i) for i in ids))
+    same_seeds = (mo.seeds.suite == mn.seeds.suite and same_samples(mo.data, mn.data)
+                  and all(mo.seeds.checks.get(i) == mn.seeds.checks.get(i) for i in common))
     so, sn = _threat_outcomes(co), _threat_outcomes(cn)
-    # the bitmaps must give the rows' own worst case (they do, from the same records)
-    usable = (so is not None and sn is not None
-              and (int(so[0].sum()), int(so[1].sum())) == (wo.n, wo.n_robust)
-              and (int(sn[0].sum()), int(sn[1].sum())) == (wn.n, wn.n_robust))
+    # over all its attacks, the bitmaps must give the rows' own worst case (they do, from the
+    # same records); over the common attacks they give that subset's worst case
+    usable = so is not None and sn is not None and (row.left_out or (
+        (int(so[0].sum()), int(so[1].sum())) == (wo.n, wo.n_robust)
+        and (int(sn[0].sum()), int(sn[1].sum())) == (wn.n, wn.n_robust)))
     if so is None or sn is None or not usable:
+        if row.left_out:
+            row.reason = ("the runs kept no per-sample outcomes to compare it on the attacks "
+                          f"both evaluated ({', '.join(common)}; left out: "
+                          f"{', '.join(skipped)})")
+            return row
         _normal_approx(row)
     else:
         # paired when every attack evaluated the very same samples in both runs
@@ -659,6 +745,9 @@ def _threat_row(tm_id: str, wo: Any, wn: Any, old: RunResult, new: RunResult,
              and a.outcomes.selected == b.outcomes.selected)
             for a, b in zip(co, cn, strict=True))
         row.compared = "share of all samples robust to every attack of the threat model"
+        if row.left_out:
+            row.compared += (f" that both runs evaluated ({', '.join(common)}; left out: "
+                             f"{', '.join(skipped)})")
         _binary_outcomes(row, so[0], sn[0], so[1], sn[1], paired)
     if row.change is not None:
         row.tolerance = tolerance / 100
@@ -676,6 +765,9 @@ class Comparison:
     tolerance: float
     rows: list[Row]
     threat_models: list[Row] = field(default_factory=list)
+    #: Where the tolerance came from, in words (``--tolerance``, NEW's suite, or certify's
+    #: default for results that state none).
+    tolerance_source: str = "--tolerance"
 
     @property
     def gating(self) -> list[Row]:
@@ -692,7 +784,15 @@ class Comparison:
     def inconclusive(self) -> list[Row]:
         """Gating rows with a threshold for which neither a regression nor non-inferiority
         (nor no change) was shown, or that could not be compared."""
-        return [r for r in self.gating if r.has_threshold and r.outcome in GATE_OPEN]
+        return [r for r in self.gating
+                if r.has_threshold and r.blocks and r.outcome in GATE_OPEN]
+
+    @property
+    def not_evaluated(self) -> list[Row]:
+        """Rows one run did not evaluate (SKIPPED): listed as not compared, neither gating
+        nor blocking."""
+        return [r for r in (*self.threat_models, *self.rows)
+                if not r.blocks and r.outcome == NOT_COMPARED]
 
     @property
     def exit_code(self) -> int:
@@ -714,7 +814,8 @@ class Comparison:
         if code == EXIT_INCONCLUSIVE:
             return "INCONCLUSIVE"
         seen = {r.outcome for r in self.gating
-                if r.has_threshold and r.outcome != NOT_COMPARABLE}
+                if r.has_threshold and r.blocks and r.outcome not in (NOT_COMPARABLE,
+                                                                      NOT_COMPARED)}
         if not seen:
             return "NO THRESHOLD GATED"
         if seen == {NO_CHANGE}:
@@ -730,12 +831,13 @@ class Comparison:
                               "row of a threat model (the rows that decide the card); attack "
                               "rows are evidence (role: evidence), not gating",
                 "tolerance": {"rates_pp": self.tolerance, "scores_relative_percent":
-                              self.tolerance},
+                              self.tolerance, "source": self.tolerance_source},
                 "old": self.old, "new": self.new,
                 "threat_models": [r.to_json() for r in self.threat_models],
                 "checks": [r.to_json() for r in self.rows],
                 "regressions": [r.id for r in self.regressions],
                 "inconclusive": [r.id for r in self.inconclusive],
+                "not_evaluated": [r.id for r in self.not_evaluated],
                 "decision": self.decision,
                 "exit_code": self.exit_code}
 
@@ -748,18 +850,34 @@ def _side(result: RunResult, path: Path) -> dict[str, Any]:
             "results_schema": result.schema_version}
 
 
-def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
+def release_tolerance(new: RunResult, given: float | None) -> tuple[float, str]:
+    """The tolerance a comparison uses and where it came from: ``given`` (``--tolerance``),
+    else the one NEW's suite states (the release being gated), else certify's default
+    (:data:`~certify.results.DEFAULT_RELEASE_TOLERANCE`, for results that state none)."""
+    if given is not None:
+        if not math.isfinite(given) or given < 0:
+            raise UsageError(f"--tolerance must be a finite number >= 0, got {given}",
+                             hint="percentage points for rates, percent for scores")
+        return float(given), "--tolerance"
+    stated = new.measurement.suite.release_tolerance
+    if stated is not None:
+        return float(stated), f"NEW's suite {new.measurement.suite.name!r} (release_tolerance)"
+    return DEFAULT_RELEASE_TOLERANCE, ("certify's default (NEW's results state no "
+                                       "release_tolerance)")
+
+
+def compare(old: RunResult, new: RunResult, tolerance: float | None = None,
             old_path: Path = Path("OLD"), new_path: Path = Path("NEW")) -> Comparison:
     """Compare two comparable runs on their threat models and checks (raises
-    :class:`NotComparable`)."""
-    if not math.isfinite(tolerance) or tolerance < 0:
-        raise UsageError(f"--tolerance must be a finite number >= 0, got {tolerance}",
-                         hint="percentage points for rates, percent for scores")
+    :class:`NotComparable`). ``tolerance``: percentage points for rates, percent of OLD for
+    scores; ``None`` takes the one NEW's suite states (:func:`release_tolerance`)."""
+    tolerance, source = release_tolerance(new, tolerance)
     check_comparable(old, new)
     seeds_o, seeds_n = old.measurement.seeds, new.measurement.seeds
     threats = [_threat_row(tm_id, wo, wn, old, new, tolerance)
                for tm_id, wo, wn in _threat_models(old, new)]
     evidence_for = {a: t.id for t in threats for a in t.attacks}
+    named = {(t.norm, t.epsilon): t.id for t in threats}
     rows = []
     for co, cn in paired_checks(old, new):
         why = why_not_comparable(co, cn)
@@ -773,13 +891,17 @@ def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
             # in the evaluated data) with the same seeds
             same_seed = (seeds_o.checks.get(co.id) == seeds_n.checks.get(co.id)
                          and seeds_o.suite == seeds_n.suite
-                         and old.measurement.data.digest == new.measurement.data.digest)
+                         and same_samples(old.measurement.data, new.measurement.data))
             row = _row(co, cn, same_seed, tolerance)
             row.converged_old, row.converged_new = converged(co), converged(cn)
-        if row.id in evidence_for:  # an attack row: evidence for its threat model's row
-            row.role, row.evidence_for = EVIDENCE, evidence_for[row.id]
+        if row.id in evidence_for or row.kind == "attack":
+            # an attack row: evidence for its threat model's row, never a gate (also when
+            # its threat model has no row, e.g. every attack of it was SKIPPED)
+            row.role = EVIDENCE
+            row.evidence_for = evidence_for.get(row.id) or _threat_of(co, cn, named)
         rows.append(row)
-    result = Comparison(_side(old, old_path), _side(new, new_path), tolerance, rows, threats)
+    result = Comparison(_side(old, old_path), _side(new, new_path), tolerance, rows, threats,
+                        tolerance_source=source)
     tested = [r for r in result.gating if r.p is not None and r._interval is not None]
     adjusted, reject, levels = holm([r.p or 1.0 for r in tested])
     level_of: dict[str, float] = {}
@@ -794,7 +916,68 @@ def compare(old: RunResult, new: RunResult, tolerance: float = 0.0,
     for r in (*threats, *rows):  # compared without a test: identical outcomes are no change
         if r.p is None and r.change == 0 and r.discordant == {"worse": 0, "better": 0}:
             r.outcome = NO_CHANGE
+        if r.outcome == INCONCLUSIVE and not (r.converged_old is False
+                                              or r.converged_new is False):
+            r.samples_needed = samples_to_decide(r)
+            if r.samples_needed is not None:
+                r.reason = (f"neither a regression nor non-inferiority within the tolerance "
+                            f"is shown: about {r.samples_needed:,} "
+                            f"{'paired samples' if r.paired else 'samples per run'} (now "
+                            f"{min(r.n_old, r.n_new):,}) would decide it at the observed "
+                            f"change ({POWER:.0%} power)")
     return result
+
+
+def _threat_of(co: Any, cn: Any, named: dict[Any, str]) -> str:
+    """The threat-model row an attack row is evidence for, from its details (``norm``,
+    ``epsilon``) in either run; a SKIPPED row records none, so it is named by its check."""
+    for c in (co, cn):
+        d = c.details if c is not None and isinstance(c.details, dict) else {}
+        if "norm" in d and "epsilon" in d:
+            key = (d["norm"], float(d["epsilon"]))
+            return named.get(key, threat_row_id(*key))
+    return "its threat model"
+
+
+#: The power :func:`samples_to_decide` plans for.
+POWER = 0.8
+
+
+def samples_to_decide(r: Row) -> int | None:
+    """About how many samples (paired rows: pairs; unpaired: per run) would decide an
+    inconclusive rate or score row at its observed change with :data:`POWER`: showing
+    non-inferiority when the change is better than the tolerance's edge, a regression when it
+    is worse (at the level Holm used for the row). Paired rates use the power of McNemar's
+    test at the observed discordant rates (normal approximation: per-pair variance
+    ``p_worse + p_better - (p_better - p_worse)^2``, Connor 1987); unpaired rates the two
+    binomial variances; scores scale the interval's standard error. ``None`` when the change
+    sits on the tolerance's edge (no sample size decides it) or nothing is known to scale."""
+    from scipy.stats import norm
+
+    if r.change is None or r.change_interval is None:
+        return None
+    gain = r.change if r.direction != "lower" else -r.change  # better is positive
+    margin = gain + r.tolerance
+    if abs(margin) < 1e-9:  # on the tolerance's edge: no sample size decides it
+        return None
+    level = ALPHA if margin > 0 else 1 - (r.confidence or 1 - ALPHA)
+    z = float(norm.ppf(1 - level / 2) + norm.ppf(POWER))
+    n = min(r.n_old, r.n_new)
+    if r.unit == "rate" and r.paired and r.discordant is not None and n:
+        pw, pb = r.discordant["worse"] / n, r.discordant["better"] / n
+        var = pw + pb - (pb - pw) ** 2
+    elif r.unit == "rate" and not r.paired and r.old_value is not None and \
+            r.new_value is not None:
+        var = (r.old_value * (1 - r.old_value) + r.new_value * (1 - r.new_value))
+    else:
+        var = 0.0
+    if var <= 0:  # scale the interval's standard error
+        lo, hi = r._interval(1 - ALPHA) if r._interval is not None else (None, None)
+        if lo is None or hi is None or not n or hi <= lo:
+            return None
+        var = n * ((hi - lo) / (2 * float(norm.ppf(1 - ALPHA / 2)))) ** 2
+    need = var * (z / margin) ** 2
+    return max(1, math.ceil(need)) if need < 1e9 else None
 
 
 def _decide(r: Row, resolved: bool, level: float) -> None:
@@ -849,7 +1032,7 @@ def _gate(r: Row, resolved: bool, corrected: tuple[float, float],
     return INCONCLUSIVE
 
 
-def compare_paths(old: Path, new: Path, tolerance: float = 0.0,
+def compare_paths(old: Path, new: Path, tolerance: float | None = None,
                   pubkey: Path | None = None) -> Comparison:
     """Load (verifying first when ``pubkey`` is given) and compare two runs or cards."""
     _, ro = load_run(old, pubkey)

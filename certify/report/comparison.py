@@ -35,19 +35,30 @@ def fmt_interval(iv: Any, unit: str) -> str:
 
 
 def fmt_change(r: Row) -> str:
-    """The change with its corrected interval: pp for rates, the score's own units else.
-
-    When the compared quantity is not the metric itself (a conditional robustness score is
-    compared on the unconditional share "correct and stays correct"), the compared values
-    come first: ``88.3% → 0.0%: -88.3 pp [...]``.
-    """
+    """The change with its corrected interval: pp for rates, the score's own units else (on
+    the compared quantity, the one the OLD and NEW columns show)."""
     if r.change is None:
         return "–"
-    prefix = ""
-    if any(a is None or b is None or abs(a - b) > 1e-9
-           for a, b in ((r.old_value, r.old), (r.new_value, r.new))):
-        prefix = f"{fmt_value(r.old_value, r.unit)} → {fmt_value(r.new_value, r.unit)}: "
-    return prefix + _change_only(r)
+    return _change_only(r)
+
+
+def _differs_from_card(r: Row) -> bool:
+    """Whether the compared quantity is not the card's own figure (another denominator: a
+    conditional rate compared as the unconditional share "correct and stays correct", the
+    samples both runs evaluated, or the attacks both runs evaluated)."""
+    return r.change is not None and any(
+        a is None or b is None or abs(a - b) > 1e-9
+        for a, b in ((r.old_value, r.old), (r.new_value, r.new)))
+
+
+def _side_text(r: Row, compared: float | None, card: float | None, iv: Any) -> str:
+    """One side's value: the compared quantity when the row was compared (so OLD, NEW and the
+    change share one denominator), with the card's own figure after it where that differs;
+    else the card's figure with its interval."""
+    unit = r.unit if r.unit == "rate" else "score"
+    if not _differs_from_card(r):
+        return f"{fmt_value(card, unit)} {fmt_interval(iv, r.unit)}"
+    return f"{fmt_value(compared, unit)} (card: {fmt_value(card, unit)})"
 
 
 def _change_only(r: Row) -> str:
@@ -66,10 +77,8 @@ def _change_only(r: Row) -> str:
 def _row_context(r: Row) -> dict[str, Any]:
     return {
         "id": r.id, "metric": r.metric or "–",
-        "old": f"{fmt_value(r.old, r.unit if r.unit == 'rate' else 'score')} "
-               f"{fmt_interval(r.old_interval, r.unit)}",
-        "new": f"{fmt_value(r.new, r.unit if r.unit == 'rate' else 'score')} "
-               f"{fmt_interval(r.new_interval, r.unit)}",
+        "old": _side_text(r, r.old_value, r.old, r.old_interval),
+        "new": _side_text(r, r.new_value, r.new, r.new_interval),
         "compared": r.compared or "–",
         "pairing": ("paired" if r.paired else "unpaired") if r.method else "–",
         "method": r.method,
@@ -100,15 +109,20 @@ def summary_line(c: Comparison) -> str:
     """One sentence: the decision and why."""
     regs = c.regressions
     gated = [r.id for r in regs if r.has_threshold]
-    skipped = [r.id for r in c.gating if r.outcome == "not compared"]
+    skipped = [r.id for r in c.gating if r.outcome == "not compared" and r.blocks]
+    unevaluated = [r.id for r in c.not_evaluated]
     apart = [r.id for r in (*c.threat_models, *c.rows) if r.outcome == "not comparable"]
     note = (f"; not compared: {', '.join(skipped)} (see why in the table)" if skipped else "")
+    if unevaluated:
+        note += (f"; not evaluated in one run (SKIPPED, neither gating nor blocking): "
+                 f"{', '.join(unevaluated)}")
     if apart:
         note += f"; not comparable (only in one run, or changed): {', '.join(apart)}"
     if gated:
         return (f"RESOLVED REGRESSION on {', '.join(gated)} (a row with a threshold): "
                 f"exit 1{note}")
-    open_ = [r.id for r in c.inconclusive]
+    open_ = [r.id + (f" (about {r.samples_needed:,} samples would decide it)"
+                     if r.samples_needed else "") for r in c.inconclusive]
     if open_:
         return (f"INCONCLUSIVE on {', '.join(open_)}: neither a regression nor "
                 f"non-inferiority within the tolerance ({c.tolerance:g}) is shown: exit 6"
@@ -125,10 +139,10 @@ def _method_note(c: Comparison) -> str:
     return (f"Decided on the threat-model rows and the checks that are not attack rows (attack "
             f"rows are evidence, shown at their threat model's level). Holm correction over "
             f"{gating} compared rows at family-wise {ALPHA:g}; tolerance {c.tolerance:g} (pp "
-            "for rates, % of OLD for scores). Rates compare the share of all evaluated samples "
-            "with the row's outcome (robustness: correct and stays correct; a threat model: "
-            "robust to every attack of it); where that share is not the metric itself, it is "
-            "shown before the change.")
+            f"for rates, % of OLD for scores; from {c.tolerance_source}). Rates compare the "
+            "share of all evaluated samples with the row's outcome (robustness: correct and "
+            "stays correct; a threat model: robust to every attack of it); OLD, NEW and the "
+            "change are on that share, with the card's own figure beside it where it differs.")
 
 
 def print_table(c: Comparison, console: Console) -> None:

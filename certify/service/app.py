@@ -533,9 +533,10 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
 
     @app.get(f"{API}/runs/{{a}}/compare/{{b}}", tags=["runs"])
     def compare_runs(a: str, b: str, who: Reader,
-                     tolerance: float = 0.0) -> dict[str, Any]:
+                     tolerance: float | None = Query(None, ge=0, le=100)) -> dict[str, Any]:
         """``certify compare`` of two finished runs (a = old, b = new), from their stored
-        results once these pass their signature check; the sides are named by run id."""
+        results once these pass their signature check; the sides are named by run id.
+        ``tolerance`` defaults to NEW's suite's ``release_tolerance``, as in the CLI."""
         from certify.report.compare import NotComparable, compare
         from certify.results import OLDER_SCHEMAS, SCHEMA, parse_result
 
