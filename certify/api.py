@@ -517,6 +517,11 @@ def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None
 
     for reserved in ("model", "data", "suite", "out"):
         options.pop(reserved, None)
+    if progress != "text" and progress is not None and not all(
+            callable(getattr(progress, m, None)) for m in ("start", "advance", "finish")):
+        raise UsageError(f"progress={progress!r} is not 'text', None or a Progress",
+                         hint="progress=None is quiet; a Progress has start, advance and "
+                              "finish")
     if isinstance(options.get("model_card"), dict):
         from pydantic import ValidationError
 
@@ -552,11 +557,7 @@ def evaluate(model: Any, data: Any, suite: str = "gtsrb", out: str | Path | None
         except TypeError as exc:
             raise UsageError(f"evaluate() got an option it does not know ({exc})",
                              hint="the options are RunOptions' fields") from None
-        shown: Progress | None = TextProgress() if progress == "text" else (
-            None if isinstance(progress, str) else progress)
-        if isinstance(progress, str) and progress != "text":
-            raise UsageError(f"progress={progress!r} is not 'text', None or a Progress",
-                             hint="progress=None is quiet")
+        shown: Progress | None = TextProgress() if progress == "text" else progress
         result, _ = _certify(opts, shown, factory=factory, arrays=arrays,
                              report=out is not None)
     return result

@@ -1,4 +1,5 @@
-"""The progress seam: the library reports, the CLI decides how to show it."""
+"""The progress seam: the library reports, its caller decides how to show it (the CLI with
+rich, ``certify.evaluate`` with :class:`TextProgress` unless told otherwise)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def report_reused(progress: Progress, n: int) -> None:
 
 
 class NullProgress:
-    """Shows nothing (the library's default)."""
+    """Shows nothing (the engine's default when its caller passes no reporter)."""
 
     def start(self, label: str, total: int) -> None:  # noqa: D102
         pass
@@ -73,6 +74,7 @@ class TextProgress:
         self._reused = 0
         self._t0 = 0.0
         self._drawn = 0.0
+        self._width = 0  # of the line last drawn in place (a shorter one pads it out)
 
     @property
     def stream(self) -> TextIO:
@@ -108,7 +110,10 @@ class TextProgress:
         now = time.perf_counter()
         if self._rewrites():
             if final or now - self._drawn >= self.REDRAW_S:
-                self.stream.write("\r" + self.text() + ("\n" if final else ""))
+                line = self.text()
+                pad = " " * max(0, self._width - len(line))
+                self._width = 0 if final else len(line)
+                self.stream.write("\r" + line + pad + ("\n" if final else ""))
                 self.stream.flush()
                 self._drawn = now
         elif final or now - self._drawn >= self.LINE_EVERY_S:

@@ -519,12 +519,67 @@ def test_an_attack_skipped_in_one_run_compares_the_threat_model_on_the_attacks_b
     worse[:100] = False
     cmp = compare(parse_result(old), parse_result(_skipped(_threat_doc(worse, a), "b")))
     assert cmp.threat_models[0].outcome == "regression" and cmp.exit_code == EXIT_FAIL
+    # the attack row NEW skipped and OLD evaluated: NEW dropped evidence, the gate stays open
+    rows = {r.id: r for r in cmp.rows}
+    assert rows["b"].role == "evidence" and "OLD evaluated it" in rows["b"].reason
     # an attack that errored keeps the gate open instead (its worst case left it out)
     errored = _skipped(_threat_doc(a, a), "b")
     errored["measurement"]["checks"][1]["status"] = "ERROR"
     cmp = compare(parse_result(old), parse_result(errored))
     assert cmp.threat_models[0].outcome == "not compared" and cmp.threat_models[0].blocks
     assert cmp.exit_code == EXIT_INCONCLUSIVE
+
+
+def test_a_skipped_attack_whose_breaks_a_later_one_took_over_is_not_compared_around():
+    """OLD's b did not attack the samples white-box a broke (they count as broken in b): with
+    a SKIPPED in NEW, b alone would be NEW's 95% against OLD's full worst case, a false
+    IMPROVEMENT. The row is not compared and keeps the gate open."""
+    n = 400
+    a = np.zeros(n, dtype=bool)
+    a[:300] = True
+    old = _threat_doc(a, a)
+    old["measurement"]["checks"][1]["details"] = {"inherited": {"samples": 100,
+                                                                "by": {"a": 100}}}
+    alone = np.ones(n, dtype=bool)
+    alone[:20] = False
+    new = _skipped(_threat_doc(a, alone), "a")
+    cmp = compare(parse_result(old), parse_result(new))
+    (tm,) = cmp.threat_models
+    assert tm.outcome == "not compared" and tm.blocks
+    assert "carry breaks of the one left out" in tm.reason
+    assert cmp.exit_code == EXIT_INCONCLUSIVE and cmp.decision != "IMPROVEMENT"
+
+
+def test_what_old_evaluated_and_new_skipped_or_errored_keeps_the_gate_open():
+    """A release must not pass by dropping evidence: a check OLD evaluated and NEW SKIPPED
+    blocks (exit 6), so does OLD SKIPPED with NEW ERROR, and an attack row ERROR in both runs
+    stays a gate that blocks; SKIPPED only in OLD does not block."""
+    sel = np.ones(100, dtype=bool)
+    ok = _result(sel, sel)
+
+    def with_status(status: str) -> dict:
+        d = _result(sel, sel)
+        d["measurement"]["checks"][0].update(status=status, metrics=None, intervals={},
+                                             outcomes=None, decision="not run here")
+        return d
+
+    dropped = compare(parse_result(ok), parse_result(with_status("SKIPPED")))
+    assert dropped.rows[0].blocks and "OLD evaluated it" in dropped.rows[0].reason
+    assert dropped.exit_code == EXIT_INCONCLUSIVE
+    gained = compare(parse_result(with_status("SKIPPED")), parse_result(ok))
+    assert not gained.rows[0].blocks and gained.exit_code == EXIT_OK
+    hidden = compare(parse_result(with_status("SKIPPED")), parse_result(with_status("ERROR")))
+    assert hidden.rows[0].blocks and "NEW has no measurement (ERROR)" in hidden.rows[0].reason
+    assert hidden.exit_code == EXIT_INCONCLUSIVE
+    n = 300
+    a = np.zeros(n, dtype=bool)
+    a[:200] = True
+    both = _skipped(_threat_doc(a, a), "b")
+    both["measurement"]["checks"][1]["status"] = "ERROR"
+    cmp = compare(parse_result(both), parse_result(copy.deepcopy(both)))
+    rows = {r.id: r for r in cmp.rows}
+    assert rows["b"].role == "gate" and rows["b"].blocks
+    assert cmp.exit_code == EXIT_INCONCLUSIVE and cmp.decision == "INCONCLUSIVE"
 
 
 def test_the_default_tolerance_is_the_suite_s_and_decides_a_planted_change():
@@ -546,8 +601,11 @@ def test_the_default_tolerance_is_the_suite_s_and_decides_a_planted_change():
     assert DEFAULT_RELEASE_TOLERANCE == 2.0
     unstated = compare(run(base), run(base))
     assert unstated.tolerance == 2.0 and "certify's default" in unstated.tolerance_source
-    stated = compare(run(base, 5.0), run(base, 3.0))
-    assert stated.tolerance == 3.0 and "NEW's suite" in stated.tolerance_source
+    # the smaller stated one: the release gated cannot widen its own gate
+    for a, b in ((5.0, 3.0), (3.0, 5.0)):
+        stated = compare(run(base, a), run(base, b))
+        assert stated.tolerance == 3.0 and "smaller" in stated.tolerance_source
+    assert compare(run(base, 4.0), run(base)).tolerance == 4.0
     assert compare(run(base), run(base), tolerance=0).tolerance_source == "--tolerance"
 
     drop = base.copy()
@@ -725,7 +783,7 @@ def test_a_card_a_rerun_and_the_same_model_as_a_program_are_no_change(runs, othe
     assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["decision"] == "NO CHANGE" and doc["tolerance"]["rates_pp"] == 2.0, doc
-    assert "NEW's suite" in doc["tolerance"]["source"]
+    assert "the suite's release_tolerance (OLD and NEW)" in doc["tolerance"]["source"]
     assert all(r["outcome"] == "no change" for r in [*doc["threat_models"], *doc["checks"]]
                if r["has_threshold"]), doc
     if other == "copy":  # the card states the gate's tolerance

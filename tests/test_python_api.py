@@ -155,6 +155,9 @@ def test_evaluate_shows_progress_by_default_and_is_quiet_with_none(
     assert card["name"] == "signs" and card["version"] == "2"
     certify.evaluate(str(model_path), (x[:40], y[:40]), suite=str(clean_suite), progress=None)
     assert "40/40" not in capsys.readouterr().err
+    with pytest.raises(UsageError, match="progress=True"):
+        certify.evaluate(str(model_path), (x[:40], y[:40]), suite=str(clean_suite),
+                         progress=True)
     with pytest.raises(UsageError, match="model_card"):
         certify.evaluate(str(model_path), (x[:40], y[:40]), suite=str(clean_suite),
                          model_card={"name": 3}, progress=None)
@@ -167,3 +170,12 @@ def test_evaluate_shows_progress_by_default_and_is_quiet_with_none(
         p.finish()
         text = stream.getvalue()
         assert text.count(marks) >= 2 and "apgd: 10/10 (100%)" in text, text
+    # a shorter line drawn in place pads out the longer one before it
+    stream = io.StringIO()
+    p = TextProgress(stream, inplace=True)
+    p.start("a-long-task-label", 10_000)
+    p.REDRAW_S = 0.0
+    p._label = "b"
+    p.advance(1)
+    first, second = stream.getvalue().split("\r")[1:3]
+    assert len(second) >= len(first), (first, second)

@@ -731,9 +731,10 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
             "reading": plan.reading(),
             "curve": curve,
             "examples": self._examples(prop.apply, shown, data, sink),
-            "method": ("3: random corruption decided per sample at the bound by sequential "
+            "method": ("4: random corruption decided per sample at the bound by sequential "
                        f"exact binomial tests (delta {plan.delta:g}, confidence "
-                       f"{plan.confidence:g}); undecided samples on both sides of the interval"),
+                       f"{plan.confidence:g}, looks {list(plan.test.looks)} up to the cap); "
+                       "undecided samples on both sides of the interval"),
         }
         return Measurement(
             metrics={
@@ -1177,8 +1178,9 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
                      "examples": examples, "how": how, "reading": plan.reading(),
                      "statistical": {**plan.to_details(), "undecided": uj, "evaluated": n,
                                      "draws": sum(draws)},
-                     "method": "3: the random corruption decided by sequential draws with the "
-                               "other transform at its searched worst case"},
+                     "method": "4: the random corruption decided by sequential draws (looks "
+                               f"{list(plan.test.looks)} up to the cap) with the other "
+                               "transform at its searched worst case"},
             images=sink.images, unsettled=unsettled,
             settled=Settlement(statistical=True),
         )

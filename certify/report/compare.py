@@ -43,7 +43,20 @@ overestimate, so it is never a resolved improvement, and NEW's must have converg
 non-inferior row. A threat model converged when every one of its attacks did (none stalled).
 Convergence is read from the rows' typed ``settled`` field, never from ``details``. The exit
 code follows the gating rows with a threshold: 1 for a regression, else 6 for an inconclusive
-or uncompared row, else 0.
+or uncompared row that blocks, else 0.
+
+**Rows a run did not evaluate.** A check SKIPPED in both runs, or only in OLD, is listed as not
+compared and neither gates nor blocks; one OLD evaluated and NEW SKIPPED blocks (the release
+dropped evidence the last one had), and so does an ERROR in either run. An attack row is
+evidence (never a gate) unless it errored. A threat model with an attack only one run
+evaluated is compared on the attacks both evaluated, unless one of those took over breaks of
+the attack left out (later attacks of a threat model do not attack samples an earlier one
+broke), which blocks.
+
+**The tolerance** (``--tolerance``) defaults to the smaller ``release_tolerance`` the two
+runs' suites state (the release gated cannot widen its own gate), else
+:data:`~certify.results.DEFAULT_RELEASE_TOLERANCE`. An undecided row says about how many
+samples would decide it (:func:`samples_to_decide`).
 
 Runs on different subsets of one dataset (``--samples``, ``--sample-offset``, other seeds) are
 comparable, unpaired. Runs of different suite versions (a card from an older certify) are
@@ -476,13 +489,22 @@ def _row(co: Any, cn: Any, seeds_equal: bool, tolerance: float) -> Row:
     row = Row(**base, metric=name, unit=metric.unit, direction=metric.direction, old=vo,
               old_interval=io, new=vn, new_interval=inn)
     for c, which in ((co, "OLD"), (cn, "NEW")):
-        if c.status == "SKIPPED":
-            row.reason, row.blocks = f"{which} did not evaluate it: {_skip_reason(c)}", False
-            return row
-        if c.status == "ERROR" or c.metrics is None:
+        if c.status == "ERROR" or (c.metrics is None and c.status != "SKIPPED"):
             row.reason = (f"{which} has no measurement ({c.status}): its evaluation failed, "
                           "so the gate stays open")
             return row
+    if cn.status == "SKIPPED":
+        row.reason = f"NEW did not evaluate it: {_skip_reason(cn)}"
+        # skipped in both runs, nothing was lost; evaluated in OLD and not in NEW, the
+        # release dropped evidence the last one had: the gate stays open
+        row.blocks = co.status != "SKIPPED" and co.threshold is not None
+        if row.blocks:
+            row.reason += (f" (OLD evaluated it: {co.status}), so the release dropped evidence "
+                           "and the gate stays open")
+        return row
+    if co.status == "SKIPPED":
+        row.reason, row.blocks = f"OLD did not evaluate it: {_skip_reason(co)}", False
+        return row
     same_samples = seeds_equal
     so, sn = _selected(co), _selected(cn)
     if so is not None and sn is not None:
@@ -508,7 +530,7 @@ def _row(co: Any, cn: Any, seeds_equal: bool, tolerance: float) -> Row:
 
 
 def _skip_reason(c: Any) -> str:
-    """Why a run SKIPPED a check, in a few words (its decision sentence, first clause)."""
+    """Why a run SKIPPED a check: its decision sentence, cut to 160 characters."""
     text = str(getattr(c, "decision", "") or "SKIPPED").strip()
     return text if len(text) <= 160 else text[:157].rstrip() + "…"
 
@@ -715,12 +737,26 @@ def _threat_row(tm_id: str, wo: Any, wn: Any, old: RunResult, new: RunResult,
               and i in wo.attacks and i in wn.attacks]
     row.left_out = [i for i in ids if i not in common]
     if not common:
-        row.blocks = False
-        row.reason = ("no attack of it was evaluated in both runs: " + ", ".join(skipped)
-                      if skipped else "no attack of it was evaluated in both runs")
+        # every attack SKIPPED in NEW that OLD evaluated: the release dropped the evidence
+        row.blocks = wo is not None and any(wn is None or i not in wn.attacks
+                                            for i in wo.attacks)
+        row.reason = "no attack of it was evaluated in both runs: " + ", ".join(skipped)
+        if row.blocks:
+            row.reason += " (OLD evaluated it), so the gate stays open"
         return row
     assert wo is not None and wn is not None
     co, cn = [checks_o[i] for i in common], [checks_n[i] for i in common]
+    inherited = sorted({f"{c.id} ({which})" for c, which in [*((c, "OLD") for c in co),
+                                                             *((c, "NEW") for c in cn)]
+                        if set(_inherited_from(c)) & set(row.left_out)})
+    if inherited:
+        # a later attack took over the breaks of the one left out (samples broken earlier
+        # are not attacked again), so over the common attacks the two runs would measure
+        # different things: not compared, and the gate stays open
+        row.reason = (f"{', '.join(skipped)}: the attacks both runs evaluated carry breaks "
+                      f"of the one left out ({', '.join(inherited)}), so they cannot be "
+                      "compared without it")
+        return row
     row.converged_old, row.converged_new = converged_all(co), converged_all(cn)
     mo, mn = old.measurement, new.measurement
     same_seeds = (mo.seeds.suite == mn.seeds.suite and same_samples(mo.data, mn.data)
@@ -850,28 +886,38 @@ def _side(result: RunResult, path: Path) -> dict[str, Any]:
             "results_schema": result.schema_version}
 
 
-def release_tolerance(new: RunResult, given: float | None) -> tuple[float, str]:
+def release_tolerance(old: RunResult, new: RunResult, given: float | None
+                      ) -> tuple[float, str]:
     """The tolerance a comparison uses and where it came from: ``given`` (``--tolerance``),
-    else the one NEW's suite states (the release being gated), else certify's default
+    else the smaller of the two suites' stated ``release_tolerance`` (so the release being
+    gated cannot widen its own gate), else certify's default
     (:data:`~certify.results.DEFAULT_RELEASE_TOLERANCE`, for results that state none)."""
     if given is not None:
         if not math.isfinite(given) or given < 0:
             raise UsageError(f"--tolerance must be a finite number >= 0, got {given}",
                              hint="percentage points for rates, percent for scores")
         return float(given), "--tolerance"
-    stated = new.measurement.suite.release_tolerance
-    if stated is not None:
-        return float(stated), f"NEW's suite {new.measurement.suite.name!r} (release_tolerance)"
-    return DEFAULT_RELEASE_TOLERANCE, ("certify's default (NEW's results state no "
-                                       "release_tolerance)")
+    stated = {which: r.measurement.suite.release_tolerance
+              for which, r in (("OLD", old), ("NEW", new))
+              if r.measurement.suite.release_tolerance is not None}
+    if not stated:
+        return DEFAULT_RELEASE_TOLERANCE, ("certify's default (neither run's results state a "
+                                           "release_tolerance)")
+    low = min(stated.values())
+    if len(set(stated.values())) == 1:
+        sides = " and ".join(stated)
+        return float(low), f"the suite's release_tolerance ({sides})"
+    which = next(k for k, v in stated.items() if v == low)
+    others = ", ".join(f"{k} {v:g}" for k, v in stated.items())
+    return float(low), f"the smaller suite release_tolerance ({which}; stated: {others})"
 
 
 def compare(old: RunResult, new: RunResult, tolerance: float | None = None,
             old_path: Path = Path("OLD"), new_path: Path = Path("NEW")) -> Comparison:
     """Compare two comparable runs on their threat models and checks (raises
     :class:`NotComparable`). ``tolerance``: percentage points for rates, percent of OLD for
-    scores; ``None`` takes the one NEW's suite states (:func:`release_tolerance`)."""
-    tolerance, source = release_tolerance(new, tolerance)
+    scores; ``None`` takes the smaller one the two suites state (:func:`release_tolerance`)."""
+    tolerance, source = release_tolerance(old, new, tolerance)
     check_comparable(old, new)
     seeds_o, seeds_n = old.measurement.seeds, new.measurement.seeds
     threats = [_threat_row(tm_id, wo, wn, old, new, tolerance)
@@ -894,7 +940,8 @@ def compare(old: RunResult, new: RunResult, tolerance: float | None = None,
                          and same_samples(old.measurement.data, new.measurement.data))
             row = _row(co, cn, same_seed, tolerance)
             row.converged_old, row.converged_new = converged(co), converged(cn)
-        if row.id in evidence_for or row.kind == "attack":
+        errored = any(c is not None and c.status == "ERROR" for c in (co, cn))
+        if row.id in evidence_for or (row.kind == "attack" and not errored):
             # an attack row: evidence for its threat model's row, never a gate (also when
             # its threat model has no row, e.g. every attack of it was SKIPPED)
             row.role = EVIDENCE
@@ -928,6 +975,14 @@ def compare(old: RunResult, new: RunResult, tolerance: float | None = None,
     return result
 
 
+def _inherited_from(c: Any) -> list[str]:
+    """The attacks of its threat model whose breaks an attack row took over (samples an
+    earlier attack broke are not attacked again), from its details."""
+    d = c.details if isinstance(c.details, dict) else {}
+    by = (d.get("inherited") or {}).get("by") or {}
+    return [str(k) for k in by] if isinstance(by, dict) else []
+
+
 def _threat_of(co: Any, cn: Any, named: dict[Any, str]) -> str:
     """The threat-model row an attack row is evidence for, from its details (``norm``,
     ``epsilon``) in either run; a SKIPPED row records none, so it is named by its check."""
@@ -950,8 +1005,10 @@ def samples_to_decide(r: Row) -> int | None:
     is worse (at the level Holm used for the row). Paired rates use the power of McNemar's
     test at the observed discordant rates (normal approximation: per-pair variance
     ``p_worse + p_better - (p_better - p_worse)^2``, Connor 1987); unpaired rates the two
-    binomial variances; scores scale the interval's standard error. ``None`` when the change
-    sits on the tolerance's edge (no sample size decides it) or nothing is known to scale."""
+    binomial variances; scores scale the interval's standard error. A single variance serves
+    both terms (the Wald form of Connor's estimate). ``None`` when the change sits on the
+    tolerance's edge (no sample size decides it), nothing is known to scale, or the estimate
+    does not exceed the samples already used."""
     from scipy.stats import norm
 
     if r.change is None or r.change_interval is None:
@@ -976,8 +1033,10 @@ def samples_to_decide(r: Row) -> int | None:
         if lo is None or hi is None or not n or hi <= lo:
             return None
         var = n * ((hi - lo) / (2 * float(norm.ppf(1 - ALPHA / 2)))) ** 2
-    need = var * (z / margin) ** 2
-    return max(1, math.ceil(need)) if need < 1e9 else None
+    need = math.ceil(var * (z / margin) ** 2)
+    # an estimate at or below the samples already used would contradict the interval that
+    # left the row undecided (it is an approximation): say nothing rather than that
+    return need if n < need < 1e9 else None
 
 
 def _decide(r: Row, resolved: bool, level: float) -> None:

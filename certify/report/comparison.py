@@ -153,7 +153,7 @@ def print_table(c: Comparison, console: Console) -> None:
         return
     t = Table(title=f"certify compare: {c.old['model']} (OLD) -> {c.new['model']} (NEW)",
               show_lines=False)
-    for col in ("row", "metric", "OLD [95%]", "NEW [95%]", "pairing",
+    for col in ("row", "metric", "OLD", "NEW", "pairing",
                 "change [Holm-corrected]", "p (Holm)", "result"):
         t.add_column(col, overflow="fold")
     for r, row in [*zip(c.threat_models, threat_rows_context(c), strict=True),

@@ -201,7 +201,7 @@ def model_files(model: Path, given: tuple[Path, ...] = ()) -> list[Path]:
         raise UsageError(f"{model} not found", hint="check the path")
     if model.suffix.lower() != ".onnx":
         return [model, *given]  # an archive, or a format the service names in its refusal
-    from certify.models.onnx import external_data_locations
+    from certify.onnx_files import external_data_locations
 
     by_name = {p.name: p for p in given}
     files = [model]
@@ -243,7 +243,7 @@ def check_downloaded(folder: Path, run_id: str, model: Path | None) -> str:
                                 hint="the service served another run's card; report it")
     said = f"the card is run {run_id}'s"
     if model is not None:
-        from certify.models.onnx import model_identity
+        from certify.onnx_files import model_identity
 
         mine = model_identity(model)
         if identity != mine:

@@ -46,7 +46,7 @@ def _folder_digest(folder: Path) -> str:
     """sha256 over a model folder's file names and contents (its identity in the store)."""
     import hashlib
 
-    from certify.models.onnx import sha256_file
+    from certify.onnx_files import sha256_file
 
     h = hashlib.sha256()
     for p in sorted(folder.iterdir()):

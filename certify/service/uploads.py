@@ -208,7 +208,7 @@ def check_onnx(path: Path, limits: Limits) -> OnnxSummary:
     import onnx
     from onnx import TensorProto
 
-    from certify.models.onnx import graph_tensors
+    from certify.onnx_files import graph_tensors
 
     folder = path.parent.resolve()
     try:
