@@ -101,7 +101,8 @@ def _hf(name: str, eager: bool = False) -> nn.Module:
             layer_type="basic"))
     elif name == "convnext":
         model = tr.ConvNextForImageClassification(tr.ConvNextConfig(
-            num_labels=NUM_CLASSES, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], patch_size=4))
+            num_labels=NUM_CLASSES, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1],
+            patch_size=4))
     elif name == "vit":
         model = tr.ViTForImageClassification(tr.ViTConfig(
             **common, patch_size=4, hidden_size=32, num_hidden_layers=2,
@@ -119,23 +120,24 @@ def _hf(name: str, eager: bool = False) -> nn.Module:
     return Logits(model)
 
 
-#: family -> how to build it (random weights, eval mode)
-FAMILIES: dict[str, Callable[[], nn.Module]] = {
-    "resnet": lambda: _hf("resnet"),
-    "mobilenetv3": lambda: MobileNetV3Like(),
-    "efficientnet": lambda: MobileNetV3Like(efficient=True),
-    "convnext": lambda: _hf("convnext"),
-    "vit": lambda: _hf("vit"),
-    "deit": lambda: _hf("deit"),
-    "swin": lambda: _hf("swin"),
+#: family -> how to build it (random weights, eval mode; the flag: eager attention)
+FAMILIES: dict[str, Callable[[bool], nn.Module]] = {
+    "resnet": lambda eager: _hf("resnet"),
+    "mobilenetv3": lambda eager: MobileNetV3Like(),
+    "efficientnet": lambda eager: MobileNetV3Like(efficient=True),
+    "convnext": lambda eager: _hf("convnext"),
+    "vit": lambda eager: _hf("vit", eager),
+    "deit": lambda eager: _hf("deit", eager),
+    "swin": lambda eager: _hf("swin", eager),
 }
 
 
-def build(family: str, seed: int = 0) -> nn.Module:
+def build(family: str, seed: int = 0, eager: bool = False) -> nn.Module:
     """A random-weight ``family`` classifier in eval mode (batch-norm statistics randomised,
-    so folding them is not the identity)."""
+    so folding them is not the identity); ``eager``: a transformer's attention written out
+    instead of ``scaled_dot_product_attention``."""
     torch.manual_seed(seed)
-    module = FAMILIES[family]()
+    module = FAMILIES[family](eager)
     for m in module.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.uniform_(-0.2, 0.2)

@@ -242,6 +242,27 @@ def _op_cases() -> dict[str, tuple[list[Any], dict[str, Any]]]:
         "ReduceMean": ([img, t([2, 3])], {}), "ReduceSum": ([img, t([1])], {}),
         "QuantizeLinear": ([img, t(0.05), t(128, dtype=torch.uint8)], {}),
         "DequantizeLinear": ([img, t(0.05), t(3.0)], {}),
+        # the operators of transformer exports, comparisons, logic and shape arithmetic
+        "LayerNormalization": ([(1, 3, 4), t([1.0, 2.0, 3.0, 4.0]), t([0.0, 0.1, 0.2, 0.3])],
+                               {"axis": -1}),
+        "Gelu": ([img], {}), "ConstantOfShape": ([t([3])], {}),
+        "Expand": ([(1, 1, 4), t([1, 3, 4])], {}),
+        "Where": ([img, img, img], {}), "Mod": ([img, img], {"fmod": 1}),
+        "Slice": ([(1, 6, 4), t([1, -1]), t([5, 0]), t([1, 2]), t([2, -1])], {}),
+        "Range": ([t(0.0), t(3.0), t(1.0)], {}),
+        "Tile": ([(1, 2, 3), t([1, 2, 1])], {}),
+        "Split": ([(1, 6, 2), t([2, 4])], {"axis": 1}),
+        "Einsum": ([(1, 2, 3), (1, 3, 4)], {"equation": "bij,bjk->bik"}),
+        "ScatterND": ([(1, 4, 3), t([[0, 1], [0, 3]]), t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])],
+                      {}),
+        "PRelu": ([img, t([0.1, 0.2]).reshape(2, 1, 1)], {}),
+        "IsInf": ([img], {}),
+        **{op: ([img], {}) for op in ("IsNaN", "Softplus", "Sign", "Sin", "Cos", "Not")},
+        **{op: ([img, img], {}) for op in ("Equal", "Less", "Greater", "LessOrEqual",
+                                           "GreaterOrEqual", "And", "Or", "Xor", "Sum",
+                                           "Mean")},
+        **{op: ([img, t([2, 3])], {}) for op in ("ReduceMax", "ReduceMin", "ReduceProd",
+                                                  "ReduceL2")},
     }
 
 
@@ -255,7 +276,7 @@ def test_every_converter_operation_maps_over_a_batch_with_vmap() -> None:
         data = [torch.rand(3, *shape, generator=gen) for shape in inputs
                 if isinstance(shape, tuple)]
         consts = [v for v in inputs if not isinstance(v, tuple)]
-        if op_type in ("Sqrt", "Log", "Reciprocal", "Pow"):
+        if op_type in ("Sqrt", "Log", "Reciprocal", "Pow", "Mod"):
             data = [d + 0.5 for d in data]
 
         def one(*xs: torch.Tensor, op: Any = op, attrs: dict[str, Any] = attrs,
@@ -340,3 +361,61 @@ def test_init_says_when_no_candidate_is_close_to_the_labels(tmp_path: Path) -> N
     text = " ".join(proc.stdout.split())
     assert "even the best candidate agrees with only" in text, text
     assert "--mean R G B --std R G B" in text
+
+
+@pytest.mark.e2e
+def test_an_unsupported_operation_is_named_with_the_way_out(setup: dict[str, Path]) -> None:
+    """A graph with an operation the converter lacks (an identity ``Resize`` of the input, as
+    models that resize their input carry): its white-box rows are SKIPPED naming the operation
+    and the way out, and the card's limitations say the same."""
+    proto = onnx.load(str(setup["dynamic"]))
+    graph = proto.graph
+    scales = onnx.helper.make_tensor("unit_scales", onnx.TensorProto.FLOAT, [4], [1, 1, 1, 1])
+    graph.initializer.append(scales)
+    for node in graph.node:
+        node.input[:] = ["resized" if i == graph.input[0].name else i for i in node.input]
+    graph.node.insert(0, onnx.helper.make_node("Resize", [graph.input[0].name, "", "unit_scales"],
+                                               ["resized"], mode="nearest"))
+    path = setup["root"] / "resize.onnx"
+    onnx.save(proto, str(path))
+    proc, m = _run(setup, path, "run-unsupported")
+    assert proc.returncode in (0, 1, 7), proc.stderr[-2000:]
+    checks = _checks(m)
+    assert checks["clean"]["status"] == "PASS"
+    apgd = checks["apgd_linf"]
+    assert apgd["status"] == "SKIPPED"
+    for words in ("does not support: Resize", ".pt2", "other exporter", "opset_version"):
+        assert words in apgd["decision"], apgd["decision"]
+    card = (setup["root"] / "run-unsupported" / "card.html").read_text()
+    limits = card[card.index("Limitations"):]
+    assert "does not support: Resize" in limits and "model.pt2" in limits
+
+
+@pytest.mark.unit
+def test_a_quantised_network_passes_gradients_straight_through(tmp_path: Path) -> None:
+    """A quantise-dequantise pair inside the network (as a QDQ-quantised model has) answers as
+    onnxruntime does, and passes the gradient on unchanged (BPDA): the integer tensor ONNX
+    defines would stop every gradient, and rounding's own gradient is zero."""
+    src = builders.export(builders.make_net(), tmp_path / "float.onnx")
+    proto = onnx.load(str(src))
+    graph = proto.graph
+    conv = next(n for n in graph.node if n.op_type == "Conv")
+    for node in graph.node:
+        node.input[:] = ["dq" if i == conv.output[0] else i for i in node.input]
+    graph.initializer.extend([onnx.numpy_helper.from_array(np.array(0.05, np.float32), "qs"),
+                              onnx.numpy_helper.from_array(np.array(128, np.uint8), "qz")])
+    at = list(graph.node).index(conv) + 1
+    graph.node.insert(at, onnx.helper.make_node("QuantizeLinear", [conv.output[0], "qs", "qz"],
+                                                ["q"]))
+    graph.node.insert(at + 1, onnx.helper.make_node("DequantizeLinear", ["q", "qs", "qz"],
+                                                    ["dq"]))
+    path = tmp_path / "qdq.onnx"
+    onnx.save(proto, str(path))
+    model = load_model(str(path), choose_device("cpu"))
+    copy = model.torch_copy()  # type: ignore[attr-defined]
+    x = torch.rand(4, 3, 32, 32)
+    same = torchcopy.equivalence(copy.scores(x), model.predict(x), copy.quantised)
+    assert same.ok, same.why()
+    _, _, _, grad = copy.value_and_grad(x, lambda z: z[:, 0] - z[:, 1])
+    assert torch.isfinite(grad).all() and bool((grad.flatten(1).abs().amax(1) > 0).all())
+    model.close()

@@ -39,8 +39,16 @@ from certify.models.base import (
     preprocess,
 )
 from certify.models.batching import opset_of
+from certify.models.onnx_ops import (
+    N_OUTPUTS,
+    NEEDS_OUTPUTS,
+    STRAIGHT_THROUGH,
+    Attrs,
+    Op,
+    op_for,
+    tensor,
+)
 from certify.models.onnx_ops import OPS as _OPS
-from certify.models.onnx_ops import op_for, tensor
 
 #: Operations allowed between the last linear layer and the output (per-sample, no mixing
 #: across the batch): the gradient is taken before them (BPDA), decisions after them.
@@ -66,11 +74,61 @@ log = logging.getLogger("certify")
 _VMAP_REFUSED: list[bool] = []
 
 
+#: What a user whose graph the converter cannot copy does instead (said with the reason).
+WAY_OUT = ("the way out: give certify the PyTorch program as a .pt2 "
+           "(torch.export.save(torch.export.export(model.eval(), (x,)), \"model.pt2\")), whose "
+           "gradients need no converter, or re-export the ONNX file with torch's other exporter "
+           "(dynamo=True or False) or another opset_version")
+
+
 class WhiteBoxUnavailable(Exception):  # noqa: N818 - a reason, not a failure of certify
     """Why a model has no torch copy to take gradients from (said on the card)."""
 
 
 Env = dict[str, torch.Tensor]
+#: One graph node as the copy runs it: (operator type, its converter at the graph's opset,
+#: input names ("" for an omitted optional input), output names, attributes, label).
+Node = tuple[str, Op, list[str], list[str], Attrs, str]
+
+
+def read_nodes(graph: onnx.GraphProto, opset: int) -> list[Node]:
+    """``graph``'s nodes as :func:`run_nodes` runs them, read once (not per pass), each
+    operator's converter taken at ``opset`` (:func:`~certify.models.onnx_ops.op_for`)."""
+    readers: dict[str, set[str]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, set()).add(n.op_type)
+    outputs = {o.name for o in graph.output}
+
+    def added(n: onnx.NodeProto) -> Attrs:
+        extra: Attrs = {N_OUTPUTS: len(n.output)} if n.op_type in NEEDS_OUTPUTS else {}
+        if n.op_type == "QuantizeLinear" and n.output[0] not in outputs and \
+                readers.get(n.output[0]) == {"DequantizeLinear"}:
+            extra[STRAIGHT_THROUGH] = True
+        return extra
+    return [(n.op_type, op_for(n.op_type, opset), list(n.input), list(n.output),
+             {**{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}, **added(n)},
+             n.name or n.op_type) for n in graph.node]
+
+
+def run_nodes(nodes: list[Node], env: Env, stop: str | None = None) -> Env:
+    """Run ``nodes`` in order on ``env`` (the graph's inputs and constants by name), adding
+    each node's outputs to it; returns ``env``, early once the tensor ``stop`` is computed.
+    Raises :class:`WhiteBoxUnavailable` naming the node whose converter failed."""
+    for op_type, op, inputs, outputs, attrs, label in nodes:
+        args = [env[i] if i else None for i in inputs]
+        try:
+            outs = op(args, attrs)
+        except Exception as exc:  # noqa: BLE001 - any failure: the copy cannot be used
+            raise WhiteBoxUnavailable(
+                f"the torch copy failed at node {label} ({op_type}): "
+                f"{type(exc).__name__}: {str(exc)[:200]}; {WAY_OUT}") from exc
+        for name, value in zip(outputs, outs, strict=False):
+            if name:
+                env[name] = value
+        if stop is not None and stop in env:
+            return env
+    return env
 
 
 @dataclass(frozen=True)
@@ -188,7 +246,7 @@ def refusal(proto: onnx.ModelProto) -> str | None:
     unsupported = sorted({n.op_type for n in graph.node if n.op_type not in _OPS})
     if unsupported:
         return ("the graph uses operation(s) certify's torch converter does not support: "
-                f"{', '.join(unsupported)}")
+                f"{', '.join(unsupported)}; {WAY_OUT}")
     return None
 
 
@@ -220,9 +278,7 @@ class TorchCopy(torch.nn.Module):
         self.fixed_batch = fixed_batch
         self.opset = opset_of(proto)
         # each node's operation, inputs, outputs and attributes, read once (not per pass)
-        self.nodes = [(n.op_type, op_for(n.op_type, self.opset), list(n.input), list(n.output),
-                       {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
-                       n.name or n.op_type) for n in graph.node]
+        self.nodes = read_nodes(graph, self.opset)
         self._buffer_of: dict[str, str] = {}
         for k, init in enumerate(sorted(graph.initializer, key=lambda i: i.name)):
             # buffers, so .to(device) moves them
@@ -241,20 +297,7 @@ class TorchCopy(torch.nn.Module):
     def _run(self, x: torch.Tensor, stop: str | None) -> Env:
         env: Env = {name: getattr(self, buf) for name, buf in self._buffer_of.items()}
         env[self.input_name] = self._input(x)
-        for op_type, op, inputs, outputs, attrs, label in self.nodes:
-            args = [env[i] if i else None for i in inputs]
-            try:
-                outs = op(args, attrs)
-            except Exception as exc:  # noqa: BLE001 - any failure: the copy cannot be used
-                raise WhiteBoxUnavailable(
-                    f"the torch copy failed at node {label} ({op_type}): "
-                    f"{type(exc).__name__}: {str(exc)[:200]}") from exc
-            for name, value in zip(outputs, outs, strict=False):
-                if name:
-                    env[name] = value
-            if stop is not None and stop in env:
-                return env
-        return env
+        return run_nodes(self.nodes, env, stop)
 
     def _tensors(self, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
         """The graph's tensors ``names`` for the batch ``x``, the graph run at the batch it is
@@ -276,7 +319,7 @@ class TorchCopy(torch.nn.Module):
 
     def _as_scores(self, out: torch.Tensor, n: int) -> torch.Tensor:
         """The graph's output as ``[N, K]`` scores (labels become one-hot)."""
-        return as_scores(out, n, self.num_classes)
+        return _scores(out, n, self.num_classes)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`scores` (the predictor interface: a white-box attack's forward pass)."""
@@ -303,7 +346,7 @@ class TorchCopy(torch.nn.Module):
         if self.output_name not in env:
             raise WhiteBoxUnavailable("the output head needs more than the last linear "
                                       "layer's output")
-        return as_scores(env[self.output_name], *logits.shape)
+        return _scores(env[self.output_name], *logits.shape)
 
     def value_and_grad(self, x: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -317,9 +360,23 @@ class TorchCopy(torch.nn.Module):
             cut_out, answer = self._tensors(xg, (self.cut, self.output_name))
             cut = cut_out.reshape(len(x), -1).float()
             value = loss(cut)
+            if not value.requires_grad:
+                raise WhiteBoxUnavailable(
+                    "no gradient reaches the input: the graph turns it into integers on the way "
+                    "to its last linear layer (a Cast, or a QuantizeLinear not read by "
+                    f"DequantizeLinear alone); {WAY_OUT}")
             (grad,) = torch.autograd.grad(value.sum(), xg)
         scores = self._as_scores(answer.detach(), len(x))
         return scores, cut.detach(), value.detach(), grad.detach()
+
+
+def _scores(out: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """:func:`~certify.models.base.as_scores` of the copy's answer, read as the real model's
+    is: integer scores ``[N, K]`` (a QuantizeLinear or integer Cast head) are scores, not
+    labels."""
+    if out.dim() >= 2 and not out.is_floating_point() and math.prod(out.shape[1:]) > 1:
+        out = out.float()
+    return as_scores(out, n, k)
 
 
 def batches(x: torch.Tensor, fixed: int | None) -> Iterator[tuple[torch.Tensor, int]]:
