@@ -765,9 +765,7 @@ OPS: dict[str, Op] = {
     "ArgMax": _argmax, "TopK": _topk, "Pad": _pad,
     "ReduceMean": _reduce(torch.mean), "ReduceSum": _reduce(torch.sum),
     "QuantizeLinear": _quant, "DequantizeLinear": _dequant,
-}
-# the operators of transformer exports, comparisons, logic and shape arithmetic
-OPS.update({
+    # the operators of transformer exports, comparisons, logic and shape arithmetic
     "LayerNormalization": _layer_norm, "Gelu": _gelu, "ConstantOfShape": _constant_of_shape,
     "Expand": _expand, "Where": _where, "Mod": _mod, "Slice": _slice, "Range": _range,
     "Tile": _tile, "Split": _split, "Einsum": _einsum, "ScatterND": _scatter_nd,
@@ -782,4 +780,4 @@ OPS.update({
     "ReduceMax": _reduce(_extreme(torch.amax, -math.inf)),
     "ReduceMin": _reduce(_extreme(torch.amin, math.inf)),
     "ReduceProd": _reduce(_reduce_prod), "ReduceL2": _reduce(_reduce_l2),
-})
+}

@@ -1,12 +1,13 @@
 """A torch copy of an ONNX classifier's graph, for white-box (gradient) attacks.
 
-certify's own converter for the operations image classifiers are exported with (convolutions,
-linear layers, pooling, normalisation, activations, reshapes and the usual output heads). A
-graph with any other operation is not converted: :class:`WhiteBoxUnavailable` says which, and
-the black-box attacks carry the verdict. The copy is never trusted on its own: every candidate a
-white-box attack proposes is judged by onnxruntime on the real model (the sealed attack call),
-and :func:`equivalence` compares the copy with the real model's answers on the check's samples
-before it is used.
+certify's own converter, operator by operator (:mod:`certify.models.onnx_ops`: what torch's
+exporters write for CNNs and vision transformers, held to ONNX's node tests). A graph with any
+other operation is not converted: :class:`WhiteBoxUnavailable` names it and the way out
+(:data:`WAY_OUT`), and the black-box attacks carry the verdict. The copy is never trusted on
+its own: every candidate a white-box attack proposes is judged by onnxruntime on the real model
+(the sealed attack call), and :func:`equivalence` compares the copy with the real model's
+answers on the check's samples before it is used. A quantise-dequantise pair inside the network
+passes the gradient straight through (BPDA).
 
 **Heads that starve gradients** (Athalye et al. 2018, BPDA). Rounding, quantising, arg-max,
 top-k and saturating softmax after the classifier's last linear layer leave no useful input
