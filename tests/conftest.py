@@ -30,12 +30,13 @@ DEMO_FIXTURES = {"demo_run", "demo_card"}
 RAY_MODULES = {"test_ray.py", "test_wheel.py"}
 #: The groups that take longest, longest first (seconds in one CI run of 2026-11-27: ray 624,
 #: demo 362, test_service_restart.py 287, test_convergence.py 269, test_white_box.py 243,
-#: test_many_machines.py 202, test_service.py 120, test_ci_action.py 112). A parallel run
+#: test_many_machines.py 202, test_service.py 120, test_ci_action.py 112; the architecture
+#: corpus, test_architectures.py, about 90 alone on 2026-11-28). A parallel run
 #: starts them first, so that it does not end with one worker in a long group and the other
 #: with nothing left to do (xdist's own order is by number of tests).
 LONG_GROUPS = ("ray", "demo", "test_service_restart.py", "test_convergence.py",
                "test_white_box.py", "test_many_machines.py", "test_service.py",
-               "test_ci_action.py")
+               "test_ci_action.py", "test_architectures.py")
 
 
 def worker_group(item: pytest.Item) -> str:
