@@ -384,7 +384,7 @@ def test_an_unsupported_operation_is_named_with_the_way_out(setup: dict[str, Pat
     assert checks["clean"]["status"] == "PASS"
     apgd = checks["apgd_linf"]
     assert apgd["status"] == "SKIPPED"
-    for words in ("does not support: Resize", ".pt2", "other exporter", "opset_version"):
+    for words in ("does not support: Resize", ".pt2", "other exporter", "dynamo=False"):
         assert words in apgd["decision"], apgd["decision"]
     card = (setup["root"] / "run-unsupported" / "card.html").read_text()
     limits = card[card.index("Limitations"):]
@@ -418,4 +418,59 @@ def test_a_quantised_network_passes_gradients_straight_through(tmp_path: Path) -
     assert same.ok, same.why()
     _, _, _, grad = copy.value_and_grad(x, lambda z: z[:, 0] - z[:, 1])
     assert torch.isfinite(grad).all() and bool((grad.flatten(1).abs().amax(1) > 0).all())
+    model.close()
+
+
+class _Rounded(nn.Module):
+    """An input-quantising defence: the image rounded to 16 levels before the network."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.round(x * 15) / 15)
+
+
+class _Masked(nn.Module):
+    """A network whose input is multiplied by zero on the way: no gradient signal at all."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x * 0.0 + 0.5)
+
+
+@pytest.mark.unit
+def test_a_rounding_inside_the_network_passes_gradients_straight_through(tmp_path: Path) -> None:
+    """Round inside the network (an input-quantising defence) would zero every gradient and
+    read as robustness: the copy answers as onnxruntime does, with the identity's gradient
+    there (BPDA), i.e. the network's gradient at the rounded image."""
+    net = builders.make_net()
+    model = load_model(str(_export(_Rounded(net), tmp_path / "r.onnx", dynamo=False,
+                                   dynamic=True)), choose_device("cpu"))
+    copy = model.torch_copy()  # type: ignore[attr-defined]
+    x = torch.rand(4, 3, 32, 32)
+    same = torchcopy.equivalence(copy.scores(x), model.predict(x), copy.quantised)
+    assert same.ok, same.why()
+    _, _, _, grad = copy.value_and_grad(x, lambda z: z[:, 0] - z[:, 1])
+    xr = (torch.round(x * 15) / 15).requires_grad_(True)
+    (want,) = torch.autograd.grad((lambda z: z[:, 0] - z[:, 1])(net(xr)).sum(), xr)
+    assert torch.allclose(grad, want, atol=1e-6)
+    model.close()
+
+
+@pytest.mark.unit
+def test_a_network_that_masks_every_gradient_gets_no_white_box(tmp_path: Path) -> None:
+    """A copy whose input gradient is zero on every image tried is refused before the first
+    check (its attacks would find nothing and prove nothing), with the reason."""
+    from certify.engine.plan import try_white_box
+    model = load_model(str(_export(_Masked(builders.make_net()), tmp_path / "m.onnx",
+                                   dynamo=False, dynamic=True)), choose_device("cpu"))
+    why = try_white_box(model, torch.rand(8, 3, 32, 32), torch.arange(8))
+    assert why is not None and "zero on all 8 images" in why
+    with pytest.raises(torchcopy.WhiteBoxUnavailable, match="zero on all"):
+        model.torch_copy()  # type: ignore[attr-defined]
     model.close()

@@ -92,6 +92,10 @@ def try_white_box(model: Model, x: torch.Tensor, y: torch.Tensor) -> str | None:
         if grad.shape != x.shape:
             raise WhiteBoxUnavailable(f"the gradient has shape {list(grad.shape)} for images "
                                       f"{list(x.shape)}")
+        if not bool((grad.flatten(1).abs().amax(1) > 0).any()):
+            raise WhiteBoxUnavailable(
+                f"the input gradient is zero on all {len(x)} images tried: something inside the "
+                "network masks it, so a white-box attack would find nothing and prove nothing")
     except WhiteBoxUnavailable as exc:
         why = str(exc)
     except Exception as exc:  # noqa: BLE001 - any failure of the copy: said, not fatal

@@ -318,15 +318,26 @@ _INTS: dict[int, torch.dtype] = {
 
 
 def _cast(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
-    """Cast: to float32 for any float type (the copy's float), to bool, or to the integer
-    type (truncating floats toward zero)."""
+    """Cast: to float32 for float and double (the copy's float), rounded as float16 or
+    bfloat16 would round for those (still held in float32, gradients flowing), to bool, or to
+    an integer type (truncating floats toward zero). Other types (float8, strings) are
+    refused: the copy fails with the reason rather than compute another function."""
     x, to = _a(args, 0), int(attrs["to"])
-    if to in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+    if to in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
         return [x.float()]
+    if to in _HALVES:
+        return [x.to(_HALVES[to]).float()]
     if to == onnx.TensorProto.BOOL:
         return [x != 0]
-    dtype = _INTS.get(to, torch.int64)
+    if to not in _INTS:
+        raise ValueError(f"Cast to {onnx.helper.tensor_dtype_to_string(to)} is not supported")
+    dtype = _INTS[to]
     return [x.trunc().to(dtype) if x.is_floating_point() else x.to(dtype)]
+
+
+#: The 16-bit float types a Cast rounds to.
+_HALVES: dict[int, torch.dtype] = {onnx.TensorProto.FLOAT16: torch.float16,
+                                  onnx.TensorProto.BFLOAT16: torch.bfloat16}
 
 
 def _argmax(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
@@ -436,6 +447,18 @@ def _unary(f: Callable[[torch.Tensor], torch.Tensor]) -> Op:
     return lambda args, attrs: [f(_a(args, 0))]
 
 
+def _straight(f: Callable[[torch.Tensor], torch.Tensor]) -> Op:
+    """A step function (Round, Floor, Ceil, Sign) with its exact values and the identity's
+    gradient (BPDA's straight-through estimator, Athalye et al. 2018): its own gradient is zero
+    almost everywhere, so inside a network (an input-quantising defence) it would hand the
+    attacks nothing and their failure would read as robustness."""
+    def op(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
+        x = _a(args, 0)
+        y = f(x)
+        return [y + (x - x.detach()) if x.is_floating_point() else y]
+    return op
+
+
 def _binary(f: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Op:
     return lambda args, attrs: [f(_a(args, 0), _a(args, 1))]
 
@@ -484,7 +507,7 @@ def _quant(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
     if attrs.get(STRAIGHT_THROUGH):
         # BPDA (Athalye et al. 2018): the integer values, as floats, with the gradient of
         # x / scale, so a quantise-dequantise pair passes the gradient on unchanged
-        return [unrounded + (q - unrounded).detach()]
+        return [q + (unrounded - unrounded.detach())]
     return [q.to(dtype)]
 
 
@@ -525,8 +548,9 @@ def _shape(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
     """Shape, of the axes from ``start`` to ``end`` (opset 15; negative from the end,
     clamped to the rank)."""
     end = attrs.get("end")
-    dims = list(_a(args, 0).shape)[int(attrs.get("start", 0)):None if end is None else int(end)]
-    return [torch.tensor(dims, dtype=torch.int64)]
+    x = _a(args, 0)
+    dims = list(x.shape)[int(attrs.get("start", 0)):None if end is None else int(end)]
+    return [torch.tensor(dims, dtype=torch.int64, device=x.device)]
 
 
 # -- operators of transformer exports and shape arithmetic -----------------------------------
@@ -578,8 +602,9 @@ def _constant_of_shape(args: list[torch.Tensor | None], attrs: Attrs) -> list[to
                                           copy=True)).reshape(-1)[:1]
         if value.dtype in (torch.float16, torch.float64):
             value = value.float()
-        return [value.reshape(()).expand(shape).clone()]
-    return [torch.zeros(shape)]
+        return [value.to(args[0].device if args[0] is not None else None)
+                .reshape(()).expand(shape).clone()]
+    return [torch.zeros(shape, device=args[0].device if args[0] is not None else None)]
 
 
 def _expand(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
@@ -598,8 +623,14 @@ def _mod(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
     return [torch.fmod(a, b) if int(attrs.get("fmod", 0)) else torch.remainder(a, b)]
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _slice_bounds(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
-    """ONNX's clamping of a Slice's start and end on an axis of size ``dim``."""
+    """ONNX's clamping of a Slice's start and end on an axis of size ``dim`` (an end of
+    INT64_MAX with a negative step runs to the beginning, as onnxruntime reads it)."""
+    if step < 0 and end >= _INT64_MAX:
+        end = -dim - 1
     start += dim if start < 0 else 0
     end += dim if end < 0 else 0
     if step > 0:
@@ -629,6 +660,8 @@ def _slice(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
             index: list[slice] = [slice(None)] * x.dim()
             index[axis] = slice(lo, hi, step)
             x = x[tuple(index)]
+        elif lo <= hi:  # nothing from lo down to hi
+            x = x.narrow(axis, 0, 0)
         else:
             x = x.index_select(axis, torch.arange(lo, hi, step, device=x.device))
     return [x]
@@ -678,7 +711,7 @@ def _scatter_nd(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Ten
     how = how.decode() if isinstance(how, bytes) else str(how)
     k = indices.shape[-1]
     idx = indices.reshape(-1, k)
-    idx = torch.where(idx < 0, idx + torch.tensor(data.shape[:k]), idx)
+    idx = torch.where(idx < 0, idx + torch.tensor(data.shape[:k], device=idx.device), idx)
     upd = updates.reshape(-1, *data.shape[k:])
     where = tuple(idx.unbind(1))
     if how in ("none", "add"):
@@ -750,7 +783,8 @@ OPS: dict[str, Op] = {
     "HardSwish": _unary(F.hardswish), "Erf": _unary(torch.erf), "Exp": _unary(torch.exp),
     "Log": _unary(torch.log), "Sqrt": _unary(torch.sqrt), "Neg": _unary(torch.neg),
     "Abs": _unary(torch.abs), "Reciprocal": _unary(torch.reciprocal),
-    "Round": _unary(torch.round), "Floor": _unary(torch.floor), "Ceil": _unary(torch.ceil),
+    "Round": _straight(torch.round), "Floor": _straight(torch.floor),
+    "Ceil": _straight(torch.ceil),
     "Identity": _unary(lambda x: x), "Dropout": _dropout,
     "Flatten": _flatten, "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,
     "Transpose": lambda args, attrs: [_a(args, 0).permute(
@@ -770,7 +804,7 @@ OPS: dict[str, Op] = {
     "Expand": _expand, "Where": _where, "Mod": _mod, "Slice": _slice, "Range": _range,
     "Tile": _tile, "Split": _split, "Einsum": _einsum, "ScatterND": _scatter_nd,
     "IsNaN": _unary(torch.isnan), "IsInf": _is_inf, "PRelu": _prelu, "Softplus": _softplus,
-    "Sign": _unary(torch.sign), "Sin": _unary(torch.sin), "Cos": _unary(torch.cos),
+    "Sign": _straight(torch.sign), "Sin": _unary(torch.sin), "Cos": _unary(torch.cos),
     "Equal": _binary(torch.eq), "Less": _binary(torch.lt), "Greater": _binary(torch.gt),
     "LessOrEqual": _binary(torch.le), "GreaterOrEqual": _binary(torch.ge),
     "Not": _unary(torch.logical_not), "And": _binary(torch.logical_and),

@@ -79,7 +79,8 @@ _VMAP_REFUSED: list[bool] = []
 WAY_OUT = ("the way out: give certify the PyTorch program as a .pt2 "
            "(torch.export.save(torch.export.export(model.eval(), (x,)), \"model.pt2\")), whose "
            "gradients need no converter, or re-export the ONNX file with torch's other exporter "
-           "(dynamo=True or False) or another opset_version")
+           "(dynamo=False writes opsets 7 to 20, the dynamo exporter 18 and above), which writes "
+           "other operations")
 
 
 class WhiteBoxUnavailable(Exception):  # noqa: N818 - a reason, not a failure of certify
@@ -244,7 +245,9 @@ def refusal(proto: onnx.ModelProto) -> str | None:
     if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
         return (f"the model's input is {onnx.helper.tensor_dtype_to_string(elem)}: an integer "
                 "input has no gradient, so only black-box attacks apply")
-    unsupported = sorted({n.op_type for n in graph.node if n.op_type not in _OPS})
+    unsupported = sorted({n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+                          for n in graph.node
+                          if n.op_type not in _OPS or n.domain not in ("", "ai.onnx")})
     if unsupported:
         return ("the graph uses operation(s) certify's torch converter does not support: "
                 f"{', '.join(unsupported)}; {WAY_OUT}")
@@ -279,13 +282,19 @@ class TorchCopy(torch.nn.Module):
         self.fixed_batch = fixed_batch
         self.opset = opset_of(proto)
         # each node's operation, inputs, outputs and attributes, read once (not per pass)
-        self.nodes = read_nodes(graph, self.opset)
+        nodes = read_nodes(graph, self.opset)
+        constants = {i.name: tensor(onnx.numpy_helper.to_array(i)) for i in graph.initializer}
+        # Constant nodes are constants too: held with the initializers, so that .to(device)
+        # moves them (a Constant made on the CPU beside a tensor on the GPU would fail)
+        for op_type, op, _, outputs, attrs, _ in nodes:
+            if op_type == "Constant":
+                constants[outputs[0]] = op([], attrs)[0]
+        self.nodes = [n for n in nodes if n[0] != "Constant"]
         self._buffer_of: dict[str, str] = {}
-        for k, init in enumerate(sorted(graph.initializer, key=lambda i: i.name)):
+        for k, name in enumerate(sorted(constants)):
             # buffers, so .to(device) moves them
-            self.register_buffer(f"c{k}", tensor(onnx.numpy_helper.to_array(init)),
-                                 persistent=False)
-            self._buffer_of[init.name] = f"c{k}"
+            self.register_buffer(f"c{k}", constants[name], persistent=False)
+            self._buffer_of[name] = f"c{k}"
         self.cut, self.head = _find_cut(graph, initializers)
         self.quantised = any(op in QUANTISING for op in self.head)
         self.eval()
@@ -363,9 +372,10 @@ class TorchCopy(torch.nn.Module):
             value = loss(cut)
             if not value.requires_grad:
                 raise WhiteBoxUnavailable(
-                    "no gradient reaches the input: the graph turns it into integers on the way "
-                    "to its last linear layer (a Cast, or a QuantizeLinear not read by "
-                    f"DequantizeLinear alone); {WAY_OUT}")
+                    "no gradient reaches the input: the graph turns it into integers or "
+                    "booleans on the way to its last linear layer (a Cast, a comparison, a "
+                    "QuantizeLinear not read by DequantizeLinear alone), so a white-box attack "
+                    "would find nothing and prove nothing")
             (grad,) = torch.autograd.grad(value.sum(), xg)
         scores = self._as_scores(answer.detach(), len(x))
         return scores, cut.detach(), value.detach(), grad.detach()
