@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 import yaml
 
@@ -38,6 +37,7 @@ from certify.models.batching import opset_of
 from certify.results import unpack_bits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from batch1_export import Judge  # noqa: E402  (onnxruntime one image per call)
 from corpus import Logits  # noqa: E402
 
 from pgd_oracle import oracle_candidates  # noqa: E402
@@ -101,19 +101,6 @@ def suite(path: Path, samples: int) -> Path:
               for a in ("apgd_ce", "apgd_t")]
     path.write_text(yaml.safe_dump({"name": "vit-white-box", "seed": SEED, "checks": checks}))
     return path
-
-
-class Judge:
-    """onnxruntime on the export, one image per call (the graph is written for batch 1)."""
-
-    def __init__(self, path: Path) -> None:
-        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        self.name = self.session.get_inputs()[0].name
-
-    def labels(self, x: torch.Tensor) -> torch.Tensor:
-        arr = x.detach().numpy().astype(np.float32)
-        return torch.tensor([int(self.session.run(None, {self.name: arr[i:i + 1]})[0].argmax())
-                             for i in range(len(arr))])
 
 
 def main() -> None:
