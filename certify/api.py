@@ -255,7 +255,7 @@ def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
         if reference is not None:
             reference.close()
     result = outcome.result
-    extra: dict[str, Any] = {"renderer": renderer_info(), "evaluated_at": _now_utc()}
+    extra: dict[str, Any] = {"renderer": renderer_info(opts.pdf), "evaluated_at": _now_utc()}
     if opts.provenance != "full":
         extra.update(public_provenance(result.provenance, opts.out))
     if opts.service is not None:  # a service run: its id, and names instead of its paths
@@ -388,7 +388,7 @@ def sign_run(run_dir: Path, key_path: Path, passphrase: bytes | None = None,
         # the card is rendered now: its provenance names this renderer (a verifier compares
         # card.html with a fresh rendering only where the renderer is its own)
         result = result.model_copy(update={"provenance": result.provenance.model_copy(
-            update={"renderer": renderer_info()})})
+            update={"renderer": renderer_info(pdf)})})
         return write_report(result, run_dir, load_images(run_dir), pdf=pdf,
                             signature=sign(result.to_json(), key), key=key,
                             pdf_signer=pdf_key)

@@ -171,3 +171,38 @@ def test_version_and_help_do_not_import_torch():
     assert "certify, version" in proc.stdout
     assert proc.stdout.splitlines()[-1] == "LOADED []", proc.stdout
 
+
+
+def _loaded_after(argvs: list[list[str]], heavy: tuple[str, ...]) -> tuple[list[str], str]:
+    """Run each ``certify`` argv in turn in one fresh interpreter; the ``heavy`` modules loaded
+    after them, and the output."""
+    code = ("import sys, json\nfrom certify.cli import main\n"
+            f"for args in {argvs!r}:\n"
+            "    try:\n        main(args)\n    except SystemExit as e:\n"
+            "        print('EXIT', args[0], e.code)\n"
+            f"print('LOADED', json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("LOADED "), proc.stdout
+    return json.loads(last.removeprefix("LOADED ")), proc.stdout + proc.stderr
+
+
+def test_a_run_without_pdf_imports_no_weasyprint_and_reading_commands_no_engine(
+        model_path, clean_suite, npz_path, tmp_path):
+    """Issue 53: ``certify run --no-pdf`` never imports WeasyPrint (it did, for the version
+    in provenance); ``compare`` and ``schema`` import neither torch nor WeasyPrint (nor
+    onnxruntime, matplotlib or the checks), in a fresh interpreter as a user starts them.
+    (``suites list|show`` still import torch: they validate through the check classes.)"""
+    out = tmp_path / "run"
+    loaded, said = _loaded_after([["run", str(model_path), "--suite", str(clean_suite),
+                                   "--data", str(npz_path), "--out", str(out), "--no-pdf",
+                                   "-q"]], ("weasyprint", "pydyf", "torch"))
+    assert (out / "card.html").is_file() and not (out / "card.pdf").exists(), said
+    assert loaded == ["torch"], said  # the run needs torch, and never the PDF renderer
+    heavy = ("torch", "onnxruntime", "weasyprint", "matplotlib", "certify.engine",
+             "certify.checks")
+    results = str(out / "results.json")
+    loaded, said = _loaded_after([["compare", results, results], ["schema"]], heavy)
+    assert "EXIT compare 0" in said and loaded == [], said

@@ -119,15 +119,16 @@ def code_digest() -> str:
 SAME_RENDERER_KEYS = ("certify", "templates", "code", "jinja2")
 
 
-def renderer_info() -> dict[str, str]:
+def renderer_info(pdf: bool = True) -> dict[str, str]:
     """What renders the card, recorded in provenance: certify's version, digests of its
     templates and code, jinja2's and WeasyPrint's versions. ``certify verify`` compares card.html
     with a fresh rendering only where these name its own renderer (:func:`same_renderer`).
     Where WeasyPrint cannot load its system libraries, its entry says it was unavailable (no
-    PDF was rendered) instead of failing the run."""
+    PDF was rendered) instead of failing the run. Without a PDF (``pdf=False``) WeasyPrint is
+    not imported at all (seconds of start-up for nothing): its entry says it was not used."""
     from certify.report.weasy import renderer_version
 
-    return {**html_renderer(), "weasyprint": renderer_version()}
+    return {**html_renderer(), "weasyprint": renderer_version(load=pdf)}
 
 
 def html_renderer() -> dict[str, str]:

@@ -63,20 +63,23 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def renderer_version() -> str:
+def renderer_version(load: bool = True) -> str:
     """WeasyPrint's version as the card's provenance records it; where it cannot load, that
-    it was unavailable (and which version pip installed, if any)."""
+    it was unavailable (and which version pip installed, if any); with ``load=False`` (no PDF
+    is rendered) that it was not used, without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("weasyprint")
+    except PackageNotFoundError:
+        installed = ""
+    if not load:
+        return f"not used (no PDF{'; ' + installed + ' installed' if installed else ''})"
     try:
         return str(load_weasyprint().__version__)
     except PdfUnavailableError as exc:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            installed = f"{version('weasyprint')} installed, "
-        except PackageNotFoundError:
-            installed = ""
         cause = exc.__cause__ if exc.__cause__ is not None else exc
-        return f"unavailable ({installed}{_reason(cause)})"
+        return f"unavailable ({installed + ' installed, ' if installed else ''}{_reason(cause)})"
 
 
 def pdf_hint(again: str) -> str:
