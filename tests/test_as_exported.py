@@ -474,3 +474,24 @@ def test_a_network_that_masks_every_gradient_gets_no_white_box(tmp_path: Path) -
     with pytest.raises(torchcopy.WhiteBoxUnavailable, match="zero on all"):
         model.torch_copy()  # type: ignore[attr-defined]
     model.close()
+
+
+@pytest.mark.unit
+def test_a_constant_the_converter_cannot_read_refuses_the_copy_with_the_reason(
+        tmp_path: Path) -> None:
+    """A Constant node in a form the converter does not read (a sparse tensor) refuses the
+    copy as a white-box reason, naming the node, when the copy is built (not an exception of
+    another kind from deep inside)."""
+    src = builders.export(builders.make_net(), tmp_path / "float.onnx")
+    proto = onnx.load(str(src))
+    values = onnx.helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [1.0])
+    where = onnx.helper.make_tensor("i", onnx.TensorProto.INT64, [1], [0])
+    sparse = onnx.helper.make_sparse_tensor(values, where, [3])
+    proto.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["unused"],
+                                                     sparse_value=sparse))
+    path = tmp_path / "sparse.onnx"
+    onnx.save(proto, str(path))
+    model = load_model(str(path), choose_device("cpu"))
+    with pytest.raises(torchcopy.WhiteBoxUnavailable, match=r"\(Constant\).*\.pt2"):
+        model.torch_copy()  # type: ignore[attr-defined]
+    model.close()

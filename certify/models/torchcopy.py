@@ -286,9 +286,14 @@ class TorchCopy(torch.nn.Module):
         constants = {i.name: tensor(onnx.numpy_helper.to_array(i)) for i in graph.initializer}
         # Constant nodes are constants too: held with the initializers, so that .to(device)
         # moves them (a Constant made on the CPU beside a tensor on the GPU would fail)
-        for op_type, op, _, outputs, attrs, _ in nodes:
+        for op_type, op, _, outputs, attrs, label in nodes:
             if op_type == "Constant":
-                constants[outputs[0]] = op([], attrs)[0]
+                try:
+                    constants[outputs[0]] = op([], attrs)[0]
+                except Exception as exc:  # noqa: BLE001 - said as the copy's failure
+                    raise WhiteBoxUnavailable(
+                        f"the torch copy failed at node {label} (Constant): "
+                        f"{type(exc).__name__}: {str(exc)[:200]}; {WAY_OUT}") from exc
         self.nodes = [n for n in nodes if n[0] != "Constant"]
         self._buffer_of: dict[str, str] = {}
         for k, name in enumerate(sorted(constants)):
