@@ -35,13 +35,11 @@ ENV PATH="/opt/venv/bin:${PATH}"
 
 # Caches anyone can write. Run as yourself (`docker run --user "$(id -u):$(id -g)" -v
 # "$PWD:/work" -w /work ...`) so that the card written into the mounted folder is yours: that UID
-# has no home in the image (Docker sets HOME=/, not writable), so matplotlib's font cache
-# (MPLCONFIGDIR; else a fresh temporary one and a warning on every run), fontconfig's cache
-# (WeasyPrint; under XDG_CACHE_HOME) and CUDA's kernel cache would have nowhere to go. /tmp is
+# has no home in the image (Docker sets HOME=/, not writable), so fontconfig's cache (WeasyPrint;
+# under XDG_CACHE_HOME) and CUDA's kernel cache would have nowhere to go. /tmp is
 # writable by every UID (mode 1777) and each tool creates its folder there. certify itself writes
 # only under --out.
 ENV XDG_CACHE_HOME=/tmp/certify-cache \
-    MPLCONFIGDIR=/tmp/certify-cache/matplotlib \
     CUDA_CACHE_PATH=/tmp/certify-cache/nv
 
 USER certify

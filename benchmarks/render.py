@@ -2,10 +2,10 @@
 
 Reads a finished run folder (default: runs ``certify demo --no-pdf`` into a temporary folder
 first), then renders its card as ``certify sign``/``certify run`` do: ``render_html`` (the
-Jinja template, the page-1 figure and every check's matplotlib figures) and ``render_pdf``
+Jinja template, the page-1 figure and every check's figures, written as SVG) and ``render_pdf``
 (WeasyPrint), each ``--repeats`` times in this process after one untimed warm-up (imports and
 font loading are not counted), as CPU seconds of the process (both cores). Every figure of the
-card is drawn alone too, with its own CPU time. The reference workload
+card is drawn alone too, with its own CPU time (milliseconds). The reference workload
 (``benchmarks/reference_workload.py``) runs before and after, for the ratio.
 
 ``.venv/bin/python benchmarks/render.py [--run DIR] [--repeats 5]``: prints JSON and a table.
@@ -87,7 +87,8 @@ def main() -> None:
             html_s.append(s)
             s, pdf = cpu(lambda html=html: render_pdf(html, payload))
             pdf_s.append(s)
-        figure_s = {name: round(cpu(call)[0], 3) for name, call in figure_calls(result).items()}
+        figure_s = {name: round(cpu(call)[0] * 1000, 2)
+                    for name, call in figure_calls(result).items()}
     ref_after = reference_s()
     ref = min(ref_before, ref_after)
     html_med, pdf_med = statistics.median(html_s), statistics.median(pdf_s)
@@ -96,12 +97,12 @@ def main() -> None:
            "html_median_s": round(html_med, 2), "pdf_median_s": round(pdf_med, 2),
            "total_median_s": round(total, 2), "reference_s": [ref_before, ref_after],
            "total_over_reference": round(total / ref, 2), "html_bytes": len(html),
-           "pdf_bytes": len(pdf), "figures_cpu_s": figure_s}
+           "pdf_bytes": len(pdf), "figures_cpu_ms": figure_s}
     print(json.dumps(doc))
     print(f"card HTML {html_med:.2f} s + PDF {pdf_med:.2f} s = {total:.2f} CPU s (median of "
           f"{args.repeats}); reference workload {ref:.2f} s: {total / ref:.2f}×")
     for name, s in sorted(figure_s.items(), key=lambda kv: -kv[1]):
-        print(f"  {s:6.3f} s  {name}")
+        print(f"  {s:7.2f} ms  {name}")
 
 
 if __name__ == "__main__":

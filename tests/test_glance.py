@@ -167,7 +167,7 @@ def test_a_long_suite_figure_keeps_its_text_size_and_grows_in_height():
     assert glance.smallest_text(long) == glance.smallest_text(short) == glance.MIN_FONT
 
 
-def test_matplotlib_figures_carry_a_title_stating_their_numbers():
+def test_the_plots_carry_a_title_stating_their_numbers():
     per_class = figures.per_class_svg([{"class": 0, "accuracy": 0.5}, {"class": 7,
                                                                        "accuracy": 1.0}])
     assert re.search(r"<svg[^>]*role=\"img\"", per_class)
@@ -396,3 +396,80 @@ def test_every_figure_has_a_text_alternative_and_every_verdict_a_word(demo_run):
     assert perturbed and all("true " in a for a in perturbed)
     words = set(STATUS_WORDS) | {"passed", "too weak"}
     assert all(b in words for b in parser.badges), set(parser.badges) - words
+
+
+# --- the plots, written as SVG directly (issue 53) --------------------------------------------
+
+def test_plot_ticks_follow_matplotlibs_rules():
+    """matplotlib is the oracle for the tick rules the plots kept: ``MaxNLocator`` (steps 1,
+    2, 2.5, 5, 10) for where the ticks go, ``ScalarFormatter`` for how they read."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    rng = np.random.default_rng(53)
+    cases = [(-0.02, 1.02, 5), (-0.75, 15.75, 6), (0.08, 0.52, 6), (-0.02, 0.105, 5),
+             (0.0, 1.02, 7), (-2.54, 44.54, 9)]
+    # ranges of the plots' kind (near zero for their width: matplotlib would write an offset
+    # for -39.5177..-39.5148, which no plot of the card has)
+    cases += [(float(a * w), float((a + 1) * w), int(b)) for a, w, b in
+              zip(rng.uniform(-1, 1, 40), 10 ** rng.uniform(-3, 3, 40),
+                  rng.integers(2, 10, 40), strict=True)]
+    for lo, hi, bins in cases:
+        want = [float(t) for t in MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10])
+                .tick_values(lo, hi) if lo - 1e-9 <= t <= hi + 1e-9]
+        got = figures._nice_ticks(lo, hi, bins)
+        assert np.allclose(got, want, rtol=0, atol=1e-9 * (hi - lo)), (lo, hi, bins, got, want)
+        ax = Figure().subplots()
+        ax.set_ylim(lo, hi)
+        ax.set_yticks(want)
+        fmt = ax.yaxis.get_major_formatter()
+        fmt.set_locs(want)
+        labels = [fmt(t) for t in want]
+        assert figures._tick_format(got) == labels, (lo, hi, labels)
+
+
+def test_plots_are_small_valid_svg_with_their_own_ids():
+    import xml.etree.ElementTree as ET
+
+    curve = [{"intensity": x, "score": 1 - x / 30} for x in range(0, 16, 3)]
+    noise = [{"intensity": x / 10, "failure_share": x / 100, "failure_upper": x / 50}
+             for x in range(1, 6)]
+    svgs = [figures.per_class_svg([{"class": k, "accuracy": k / 43} for k in range(43)]),
+            figures.curve_svg(curve, "degrees"), figures.curve_svg(curve[:3], "degrees"),
+            figures.failure_bound_svg(noise, "sigma", 0.95),
+            figures.queries_curve_svg([{"queries": q, "robust_accuracy": 1 - q / 6000}
+                                       for q in (1, 10, 100, 1000, 5000)], [1000, 5000])]
+    ns = "{http://www.w3.org/2000/svg}"
+    ids = []
+    for svg in svgs:
+        root = ET.fromstring(svg)
+        assert root.get("role") == "img" and root.find(f"{ns}title") is not None
+        assert root.get("width") in ("518.4pt", "187.2pt")
+        # matplotlib wrote 150 to 720 elements for these; a plot is now a few dozen
+        assert sum(1 for _ in root.iter()) < 130
+        ids += [c.get("id") for c in root.iter(f"{ns}clipPath")]
+        assert all(f"url(#{c.get('id')})" in svg for c in root.iter(f"{ns}clipPath")) \
+            or "<title>Accuracy per class" in svg  # bars need no clip
+    assert len(ids) == len(set(ids)) == len(svgs), ids
+    # the same results draw the same bytes
+    assert figures.curve_svg(curve, "degrees") == svgs[1]
+    # the per-class chart has a bar for every class, coloured by its band
+    bars = re.findall(r'<path fill="(#[0-9a-f]{6})" d="([^"]*)"/>', svgs[0])
+    assert sum(d.count("z") for _, d in bars) == 43
+    assert {c for c, _ in bars} == {"#c62828", "#f9a825", "#2e7d32"}
+
+
+def test_the_legend_keeps_off_the_data():
+    """The failure-bound legend goes to the first corner of matplotlib's order that covers the
+    fewest points: rising curves leave the upper left free, falling ones the lower left."""
+    rising = [{"intensity": x / 10, "failure_share": x / 100, "failure_upper": x / 50}
+              for x in range(1, 6)]
+    falling = [{"intensity": x / 10, "failure_share": (6 - x) / 100,
+                "failure_upper": (6 - x) / 50} for x in range(1, 6)]
+
+    def legend_x(svg: str) -> float:
+        return float(re.search(r'<text x="([\d.]+)"[^>]*font-size="5">upper bound', svg)
+                     .group(1))
+
+    assert legend_x(figures.failure_bound_svg(rising, "sigma", 0.95)) < 80
+    assert legend_x(figures.failure_bound_svg(falling, "sigma", 0.95)) > 100
