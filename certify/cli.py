@@ -566,8 +566,6 @@ def _duration(text: str | None) -> float | None:
 
 def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> Any:
     """HttpOptions from the HTTP flags, refused when no model is an endpoint."""
-    from certify.models.http import HttpOptions
-
     names = {"auth_env": "auth_env", "auth_header": "auth_header", "timeout": "timeout",
              "retries": "retries", "concurrency": "concurrency", "http_batch": "batch",
              "max_requests": "max_requests", "hedge": "hedge", "breaker_wait": "breaker_wait",
@@ -580,7 +578,11 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
         flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v is not None)
         raise UsageError(f"{flags} only apply to HTTP endpoints",
                          hint="MODEL is a file; drop those options or pass an http(s):// URL")
-    return HttpOptions(**set_) if remote else None
+    if not remote:
+        return None
+    from certify.models.http import HttpOptions
+
+    return HttpOptions(**set_)
 
 
 def _print_summary(result: Any, paths: dict[str, Path]) -> None:

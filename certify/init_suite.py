@@ -13,6 +13,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -27,7 +28,7 @@ from certify.data.classes import (
 )
 from certify.device import DeviceChoice, choose_device
 from certify.errors import DataError, ModelError, UsageError
-from certify.models import HttpOptions, Model, ModelInfo, load_model
+from certify.models import Model, ModelInfo, load_model
 from certify.models.registry import is_endpoint
 from certify.probe import (
     PROBE_SAMPLES,
@@ -40,6 +41,9 @@ from certify.probe import (
 from certify.progress import NullProgress, Progress
 from certify.suite import parse_suite, read_suite_yaml, resolve_suite_path
 from certify.version import __version__
+
+if TYPE_CHECKING:
+    from certify.models.http import HttpOptions
 
 #: The packaged suite ``certify init`` starts from.
 BASE_SUITE = "image-classification"
@@ -147,6 +151,8 @@ def _load(opts: InitOptions, device: DeviceChoice, count: int | None) -> tuple[M
     unreachable URL is better said at once.
     """
     if is_endpoint(opts.model):
+        from certify.models.http import HttpOptions
+
         http = opts.http or HttpOptions()
         opts = dataclasses.replace(opts, http=dataclasses.replace(
             http, retries=min(http.retries, RETRIES)))

@@ -19,13 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from certify.errors import ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, Preprocessing, QueryCounter, Reconfigurable
 from certify.stats import wilson_interval
+
+if TYPE_CHECKING:
+    import torch
 
 #: ImageNet's per-channel mean and std (RGB, for pixels in [0, 1]): torchvision's constants.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -345,6 +346,8 @@ def probe_preprocessing(
     are). ``layouts`` are tried where the model does not state its own (default: its own).
     Queries (``len(x)`` per candidate) go through a counter charged to ``budget``.
     """
+    import torch
+
     if not isinstance(model, Reconfigurable):
         raise ModelError(f"{model.info.name} cannot be asked through another preprocessing",
                          hint="set the preprocessing in the suite by hand")

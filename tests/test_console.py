@@ -175,12 +175,14 @@ def test_version_and_help_do_not_import_torch():
 
 def _loaded_after(argvs: list[list[str]], heavy: tuple[str, ...]) -> tuple[list[str], str]:
     """Run each ``certify`` argv in turn in one fresh interpreter; the ``heavy`` modules loaded
-    after them, and the output."""
+    after them, and the output (which says after each command what was loaded by then)."""
     code = ("import sys, json\nfrom certify.cli import main\n"
+            f"heavy = {heavy!r}\n"
             f"for args in {argvs!r}:\n"
             "    try:\n        main(args)\n    except SystemExit as e:\n"
             "        print('EXIT', args[0], e.code)\n"
-            f"print('LOADED', json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n")
+            "    print('AFTER', ' '.join(args[:2]), sorted(m for m in heavy if m in sys.modules))\n"
+            "print('LOADED', json.dumps(sorted(m for m in heavy if m in sys.modules)))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -193,8 +195,7 @@ def test_a_run_without_pdf_imports_no_weasyprint_and_reading_commands_no_engine(
         model_path, clean_suite, npz_path, tmp_path):
     """Issue 53: ``certify run --no-pdf`` never imports WeasyPrint (it did, for the version
     in provenance); ``compare`` and ``schema`` import neither torch nor WeasyPrint (nor
-    onnxruntime, matplotlib or the checks), in a fresh interpreter as a user starts them.
-    (``suites list|show`` still import torch: they validate through the check classes.)"""
+    onnxruntime, matplotlib or the checks), in a fresh interpreter as a user starts them."""
     out = tmp_path / "run"
     loaded, said = _loaded_after([["run", str(model_path), "--suite", str(clean_suite),
                                    "--data", str(npz_path), "--out", str(out), "--no-pdf",
@@ -206,3 +207,33 @@ def test_a_run_without_pdf_imports_no_weasyprint_and_reading_commands_no_engine(
     results = str(out / "results.json")
     loaded, said = _loaded_after([["compare", results, results], ["schema"]], heavy)
     assert "EXIT compare 0" in said and loaded == [], said
+
+
+def test_suites_reading_commands_and_inits_refusals_import_no_heavy_library(
+        model_path, clean_suite, npz_path, tmp_path):
+    """Issue 53: nothing imported that a command does not use. ``suites list`` and ``suites
+    show`` (which validate every check, attacks and corruptions included), ``export``,
+    ``compare``, ``verify``, ``schema`` and ``init`` up to its first message (a refusal before
+    any model is loaded) import none of torch, onnxruntime, kornia, WeasyPrint or matplotlib,
+    in a fresh interpreter as a user starts them."""
+    keys = tmp_path / "keys"
+    assert builders.run_cli("keygen", "--out", keys).returncode == 0
+    out = tmp_path / "run"
+    proc = builders.run_cli("run", model_path, "--suite", clean_suite, "--data", npz_path,
+                            "--out", out, "--no-pdf", "-q", "--sign-key", keys / "certify.key")
+    assert proc.returncode in (0, 1) and (out / "results.json.sig").is_file(), proc.stderr
+    results = str(out / "results.json")
+    commands = [["suites", "list"], ["suites", "show", "gtsrb"],
+                ["suites", "show", "image-classification"], ["export", str(out)],
+                ["compare", results, results],
+                ["verify", str(out / "card.html"), "--pubkey", str(keys / "certify.pub")],
+                ["schema"],
+                ["init", str(model_path), "--data", str(tmp_path / "missing"), "--out",
+                 str(tmp_path / "suite.yaml")]]
+    heavy = ("torch", "onnxruntime", "kornia", "weasyprint", "matplotlib")
+    loaded, said = _loaded_after(commands, heavy)
+    exits = re.findall(r"^EXIT (\S+) (\S+)$", said, flags=re.M)
+    assert [code for _, code in exits] == ["0"] * 7 + ["2"], said
+    assert "gtsrb" in said and "data path not found" in said, said
+    assert (out / "model-index.md").is_file(), said
+    assert loaded == [], said

@@ -167,3 +167,175 @@ def test_no_function_of_the_engine_is_over_100_lines():
                 if n > 100:
                     long.append(f"{path.name}:{node.name} ({n} lines)")
     assert not long, long
+
+
+#: Libraries that take seconds to import or need system libraries (issue 53): a command imports
+#: them when it computes with them, never because a module it reads imports them.
+HEAVY = ("torch", "kornia", "onnx", "onnxruntime", "skimage", "threadpoolctl", "weasyprint",
+         "matplotlib", "transformers", "ray")
+#: What loading a suite, ``certify init``'s refusals, ``export`` and ``compare`` import: the
+#: modules these import when they are imported (function-level imports left out) must not
+#: import a :data:`HEAVY` library then.
+LIGHT_ROOTS = ("certify.suite", "certify.init_suite", "certify.engine.assemble",
+               "certify.report.export", "certify.report.compare", "certify.results")
+
+
+def _heavy(name: str) -> bool:
+    return name.split(".", 1)[0] in HEAVY
+
+
+def _type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _import_time_nodes(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of a module that run when it is imported, outside ``TYPE_CHECKING``
+    blocks, function bodies left out (their defaults and decorators are kept by callers)."""
+    out: list[ast.stmt] = []
+    for node in body:
+        if _type_checking(node):
+            out.extend(_import_time_nodes(node.orelse))  # type: ignore[attr-defined]
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            blocks = [getattr(node, f, []) for f in ("body", "orelse", "finalbody")]
+            blocks += [h.body for h in getattr(node, "handlers", [])]
+            for block in blocks:
+                out.extend(_import_time_nodes(block))
+        else:
+            out.append(node)
+    return out
+
+
+def _import_time_imports(path: Path, mod: str, mods: dict[str, Path]) -> tuple[set[str],
+                                                                             list[str]]:
+    """(certify modules, heavy libraries) a module imports when it is imported."""
+    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    certify_mods: set[str] = set()
+    heavy: list[str] = []
+    for node in _import_time_nodes(ast.parse(path.read_text()).body):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg
+                for _ in range(node.level - 1):
+                    up = up.rsplit(".", 1)[0]
+                base = f"{up}.{base}" if base else up
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        else:
+            continue
+        for name in names:
+            if _heavy(name):
+                heavy.append(f"{name} (line {node.lineno})")
+            elif name == "certify" or name.startswith("certify."):
+                target = _resolve(name, mods)
+                while target:  # a package's __init__ runs before its submodule
+                    certify_mods.add(target)
+                    target = target.rsplit(".", 1)[0] if "." in target else None
+    return certify_mods - {mod}, heavy
+
+
+def light_modules() -> dict[str, list[str]]:
+    """The modules the :data:`LIGHT_ROOTS` import at import time, each with the heavy
+    libraries it imports then (empty when none)."""
+    mods = _modules()
+    seen: dict[str, list[str]] = {}
+    todo = list(LIGHT_ROOTS)
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        deps, heavy = _import_time_imports(mods[mod], mod, mods)
+        seen[mod] = heavy
+        todo.extend(deps)
+    return seen
+
+
+def unbound_heavy_names(source: str) -> list[str]:
+    """Uses of a heavy library's name where it is not bound when the code runs: at import time
+    (outside functions, annotations and ``TYPE_CHECKING``), or in a function that neither
+    imports it nor sits in one that does (a module that imports torch lazily must import it in
+    every function that uses it; mypy and ruff see the ``TYPE_CHECKING`` import and say
+    nothing). A function called at import time is the fresh interpreters' to catch
+    (``tests/test_console.py``)."""
+    tree = ast.parse(source)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if _heavy(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.module and _heavy(node.module):
+            names |= {a.asname or a.name for a in node.names}
+    found: list[str] = []
+
+    def own_imports(fn: ast.AST) -> set[str]:
+        bound: set[str] = set()
+        stack = list(ast.iter_child_nodes(fn))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda |
+                          ast.ClassDef):
+                continue
+            if isinstance(node, ast.Import):
+                bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                bound |= {a.asname or a.name for a in node.names}
+            stack.extend(ast.iter_child_nodes(node))
+        return bound
+
+    def visit(node: ast.AST, bound: set[str], where: str) -> None:
+        if _type_checking(node):
+            for sub in node.orelse:  # type: ignore[attr-defined]
+                visit(sub, bound, where)
+            return
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            args = node.args
+            for d in [*getattr(node, "decorator_list", []), *args.defaults,
+                      *(d for d in args.kw_defaults if d is not None)]:
+                visit(d, bound, where)  # evaluated where the function is defined
+            inner = bound | own_imports(node)
+            name = getattr(node, "name", "<lambda>")
+            body = node.body if isinstance(node.body, list) else [node.body]
+            for sub in body:
+                visit(sub, inner, name)
+            return
+        if isinstance(node, ast.AnnAssign):
+            for sub in (node.target, node.value):
+                if sub is not None:
+                    visit(sub, bound, where)
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and \
+                node.id in names and node.id not in bound:
+            found.append(f"line {node.lineno} ({where}): {node.id}")
+        for sub in ast.iter_child_nodes(node):
+            visit(sub, bound, where)
+
+    for node in tree.body:
+        visit(node, set(), "import time")
+    return found
+
+
+def test_what_a_suite_and_the_reading_commands_import_imports_no_heavy_library():
+    """Issue 53: loading a suite (``suites list|show``, ``init``), ``export`` and ``compare``
+    import no torch, onnxruntime, kornia or WeasyPrint; the modules they read (checks,
+    attacks, perturbations, model and data descriptions) import those inside the functions
+    that compute, and every such function imports what it uses."""
+    mods = _modules()
+    light = light_modules()
+    assert "certify.checks.attack" in light and "certify.attacks.square" in light
+    eager = {m: heavy for m, heavy in light.items() if heavy}
+    assert not eager, f"imported at import time by modules a suite needs: {eager}"
+    unbound = {m: found for m in sorted(light)
+               if (found := unbound_heavy_names(mods[m].read_text()))}
+    assert not unbound, f"heavy names used where they are not imported: {unbound}"
+
+
+def test_the_light_checker_sees_uses_where_torch_is_not_imported():
+    src = ("from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
+           "if TYPE_CHECKING:\n    import torch\n"
+           "def f(x: torch.Tensor) -> torch.Tensor:\n    import torch\n    return torch.abs(x)\n"
+           "def g(x: torch.Tensor) -> int:\n    return len(torch.nonzero(x))\n"
+           "h = lambda: torch.zeros(1)\n"
+           "ALIAS = torch.Tensor\n")
+    assert unbound_heavy_names(src) == ["line 9 (g): torch", "line 10 (<lambda>): torch",
+                                        "line 11 (import time): torch"]

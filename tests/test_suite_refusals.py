@@ -82,6 +82,27 @@ def test_a_spatial_grid_larger_than_its_budget_is_refused():
     assert "grid" in err.message
 
 
+@pytest.mark.parametrize("extent", [0, 0.0, -15.0, 0.5, 1e-30, 3, 180.0])
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_a_spatial_grids_size_is_counted_as_its_grid_has_it(extent, steps):
+    """The suite counts the grid without building it (issue 53: no torch to load a suite):
+    the count is the built grid's, with an extent of 0 and without."""
+    from certify.attacks import SpatialGrid
+
+    for kw in ({"max_rotation": extent, "rotation_steps": steps},
+               {"max_translation": extent, "translation_steps": steps},
+               {"max_rotation": extent, "max_translation": extent, "rotation_steps": steps,
+                "translation_steps": steps}):
+        grid = SpatialGrid(**kw)
+        assert grid.grid_size() == len(grid.grid()), kw
+
+
+def test_a_spatial_grid_with_negative_steps_is_refused():
+    """Negative steps once crashed the suite's loading (torch's linspace): a suite error."""
+    err = _refused("checks[4].params.attack_params.rotation_steps", -2)
+    assert "checks[4]" in err.message and "rotation_steps" in err.message, err.message
+
+
 def test_budget_keys_belong_to_the_check_not_to_attack_params():
     err = _refused("checks[4].params.attack_params.max_queries", 10_000)
     assert "checks[4]" in err.message and "max_queries" in err.message, err.message

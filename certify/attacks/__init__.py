@@ -1,4 +1,7 @@
-"""Query-based black-box attacks behind one interface (see :mod:`certify.attacks.base`)."""
+"""Query-based black-box attacks behind one interface (see :mod:`certify.attacks.base`).
+
+An attack's facts and constructor are read when a suite is validated, so importing an attack
+imports no torch or kornia: its computing functions import them (issue 53)."""
 
 from __future__ import annotations
 

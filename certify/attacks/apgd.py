@@ -29,20 +29,20 @@ from __future__ import annotations
 import math
 import typing
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, project
 from certify.errors import AttackProtocolError
+
+if TYPE_CHECKING:
+    import torch
 
 #: Momentum of the update (the paper's α).
 ALPHA = 0.75
 #: Share of steps since the last checkpoint that must have raised the loss (the paper's ρ).
 RHO = 0.75
 
-Loss = Callable[[torch.Tensor], torch.Tensor]
+Loss = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
 class Differentiable(Predictor, Protocol):
@@ -84,6 +84,8 @@ def run_group(runs_left: int, samples: int, numel: int, itemsize: int = 4) -> in
 
 def ce_loss(y: torch.Tensor) -> Loss:
     """Per-sample cross-entropy of the cut logits against the true labels."""
+    import torch.nn.functional as F
+
     return lambda z: F.cross_entropy(z, y, reduction="none")
 
 
@@ -146,6 +148,8 @@ class APGD(Attack):
 
     def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
+        import torch
+
         grad_model = typing.cast(Differentiable, model)  # the proxy refuses a plain model
         rng = Uniforms(seeds)
         b = len(x)
@@ -190,6 +194,8 @@ class APGD(Attack):
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """One APGD run on a batch: (proposals, broken ``[B]``, broken after the second-to-last
         checkpoint ``[B]``, gradient evaluations per sample)."""
+        import torch
+
         norm, eps, n_iter = self.norm, self.epsilon, self.iterations
         b = len(x)
         x_adv = project(x + self._start(x, rng, ids), x, norm, eps)
@@ -242,6 +248,8 @@ class APGD(Attack):
     def _start(self, x: torch.Tensor, rng: Uniforms, ids: list[int]) -> torch.Tensor:
         """A random point of the ball per sample: uniform in the L∞ cube scaled to its
         surface, or on the L2 sphere (the reference's starts)."""
+        import torch
+
         shape = tuple(x.shape[1:])
         if self.norm == "linf":
             t = (2 * rng.draw(int(x[0].numel()), ids) - 1).view(len(ids), *shape)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, final
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final
 
 from certify.errors import AttackProtocolError
 from certify.perturbations.base import generators
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -152,6 +153,8 @@ def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> 
     of a pixel count as one, and the ``k`` pixels with the largest change (largest absolute
     change over their channels) keep it while every other pixel is reset to ``x``.
     """
+    import torch
+
     delta = x_adv - x
     if norm == "l0":  # the kept pixels' values exactly, the others exactly x's
         keep = l0_keep(delta, int(epsilon)).ne(0).any(dim=1, keepdim=True)
@@ -178,6 +181,8 @@ def inside(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float,
 
 def l0_keep(delta: torch.Tensor, k: int) -> torch.Tensor:
     """``delta`` ``[B, C, H, W]`` with all but its ``k`` most changed pixels zeroed."""
+    import torch
+
     b, _, h, w = delta.shape
     size = delta.abs().amax(dim=1).flatten(1)  # [B, H*W]
     if k >= h * w:
@@ -198,6 +203,8 @@ def margin(scores: torch.Tensor, y: torch.Tensor, output: str) -> torch.Tensor:
 
     Negative means misclassified.
     """
+    import torch
+
     s = torch.log(scores.clamp(min=1e-12)) if output == "probs" else scores
     true = s.gather(1, y.view(-1, 1)).squeeze(1)
     other = s.clone()
@@ -217,6 +224,8 @@ def top_two_margin(scores: torch.Tensor, output: str) -> torch.Tensor:
     A positive scaling of the logits scales every margin by the same factor, so rankings and
     quantiles of it keep their order; adding a constant to every logit leaves it unchanged.
     """
+    import torch
+
     s = scores.float()
     if output == "labels" or s.ndim != 2 or s.shape[1] < 2:
         return torch.zeros(s.shape[0])
@@ -238,11 +247,15 @@ class Uniforms:
 
     def draw(self, k: int, idx: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """``k`` uniforms in ``[0, 1)`` for each listed sample."""
+        import torch
+
         ids = idx.tolist() if isinstance(idx, torch.Tensor) else idx
         return torch.stack([torch.rand(k, generator=self.gens[i]) for i in ids])
 
     def normal(self, shape: tuple[int, ...], i: int) -> torch.Tensor:
         """Standard normals of ``shape`` from sample ``i``'s stream."""
+        import torch
+
         return torch.randn(shape, generator=self.gens[i])
 
 
@@ -366,6 +379,8 @@ class Attack:
         :class:`~certify.errors.AttackProtocolError` when the proposal's reported queries
         differ from what the proxy counted.
         """
+        import torch
+
         proxy = CountingProxy(model, remember=recall and judge is None)
         if known is not None:
             proxy.learn(*known)
@@ -408,6 +423,8 @@ class Attack:
 def _judge(x_adv: torch.Tensor, judge: Predictor, memory: CountingProxy | None
            ) -> tuple[torch.Tensor, int]:
     """The judge's answers ``[B, K]`` (CPU) at ``x_adv`` and how many images it was asked."""
+    import torch
+
     known = memory.recall(x_adv) if memory is not None else [None] * len(x_adv)
     missing = [k for k, s in enumerate(known) if s is None]
     if len(missing) == len(known):

@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypedDict
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 from certify.attacks import Attack, AttackResult, project
 from certify.attacks.base import Predictor, Uniforms
 from certify.attacks.simple import random_ball_points
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class BinarizedModel:
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Two-class scores in the original model's convention."""
+        import torch
+
         z = self.scale * (self.score(x) - self.threshold)
         logits = torch.stack([torch.zeros_like(z), z], dim=1)
         if self.head is not None and self.output != "labels":
@@ -143,6 +146,8 @@ def _readout(f_in: torch.Tensor, f_b: torch.Tensor) -> torch.Tensor | None:
     on every inner point would get a weight of ~1e6, and the readout would become a needle
     (one dead unit firing) whose flat score gives a score-based attack nothing to follow.
     """
+    import torch
+
     mu = f_in.mean(dim=0)
     sd = f_in.std(dim=0).mean().clamp(min=1e-6)
     a, b = (f_in - mu) / sd, (f_b - mu) / sd
@@ -217,6 +222,8 @@ def binarization_test(
     only what the attack spent before it stopped: an attack that stops early on an easy
     problem must not shrink its own baseline).
     """
+    import torch
+
     if counter.has_features():
         feature_fn, source = counter.features, "penultimate"
     elif output == "labels":
@@ -292,6 +299,8 @@ class RandomBaseline(Attack):
     def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
         """Sample until a draw leaves class ``y`` or the budget is spent."""
+        import torch
+
         x_c = x[0]
         rng = Uniforms(seeds[:1])
         shape = tuple(x_c.shape)
@@ -320,6 +329,8 @@ def random_asr(h: BinarizedModel, x_c: torch.Tensor, norm: str, epsilon: float, 
 
     :class:`RandomBaseline` through the sealed attack call.
     """
+    import torch
+
     y0 = torch.zeros(1, dtype=torch.long, device=x_c.device)
     out = RandomBaseline(norm, epsilon, budget, chunk)(h, x_c.unsqueeze(0), y0,
                                                       torch.tensor([seed]), "labels",

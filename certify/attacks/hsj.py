@@ -32,11 +32,12 @@ Threat model: L2 or L∞ ball of radius ``epsilon``; success means a final point
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms
+
+if TYPE_CHECKING:
+    import torch
 
 _MIN_STEP = 1e-8
 _INIT_TOL = 1e-3  # coarse binary search of the starting point, as in the reference
@@ -95,6 +96,8 @@ class _Run:
 
     def __init__(self, attack: HopSkipJump, model: Any, x: torch.Tensor, y: torch.Tensor,
                  seeds: torch.Tensor) -> None:
+        import torch
+
         self.a, self.model, self.x = attack, model, x
         self.y = y.cpu()
         self.rng = Uniforms(seeds)
@@ -113,6 +116,8 @@ class _Run:
     # -- queries and bookkeeping ------------------------------------------------------------
     def payable(self, idx: torch.Tensor, want: torch.Tensor | None = None) -> torch.Tensor:
         """Positions in ``idx`` (where ``want``) of live samples that can pay one more query."""
+        import torch
+
         pos = torch.arange(len(idx)) if want is None else want.nonzero().flatten()
         pos = pos[self.live[idx[pos]]]
         ok = self.used[idx[pos]] < self.a.max_queries
@@ -121,6 +126,8 @@ class _Run:
 
     def adversarial(self, owner: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
         """One batched query; ``owner[k]`` is the sample that row ``k`` is charged to."""
+        import torch
+
         self.used.index_add_(0, owner, torch.ones(len(owner), dtype=torch.long))
         pred: torch.Tensor = self.model.predict(pts).argmax(1).cpu()
         return (pred != self.y[owner]).cpu()
@@ -142,6 +149,8 @@ class _Run:
     def blend(self, idx: torch.Tensor, a: torch.Tensor, alpha: torch.Tensor,
               linf: bool) -> torch.Tensor:
         """Points between the images (alpha 0) and the adversarial points ``a`` (alpha 1)."""
+        import torch
+
         x = self.x[idx]
         al = alpha.to(x).view(-1, 1, 1, 1)
         if not linf:
@@ -152,6 +161,8 @@ class _Run:
     def boundary(self, idx: torch.Tensor, a: torch.Tensor, tol: float,
                  linf: bool) -> torch.Tensor:
         """Binary search from adversarial ``a`` towards the images down to ``tol``."""
+        import torch
+
         lo = torch.zeros(len(idx))
         hi = torch.ones(len(idx))
         while True:
@@ -173,6 +184,8 @@ class _Run:
         image (nearest): smooth, blocky images that a classifier sends to many more classes
         than pixel noise, which it often maps to one class.
         """
+        import torch
+
         c, h, w = self.x.shape[1:]
         gen = self.rng.gens[i]
         if kind == "uniform":
@@ -188,6 +201,8 @@ class _Run:
         sample's own seeded stream in that order. Samples with neither are marked in
         ``start_failed`` and not attacked.
         """
+        import torch
+
         found = torch.zeros(len(self.x), dtype=torch.bool)
         start = self.x.clone()
         for kind in _STARTS:
@@ -208,6 +223,8 @@ class _Run:
     def gradient(self, idx: torch.Tensor, cur: torch.Tensor, t: int, dist: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Monte-Carlo estimate of the boundary normal at ``cur``; returns (kept idx, update)."""
+        import torch
+
         shape = tuple(self.x.shape[1:])
         n_t = int(min(self.a.init_evals * math.sqrt(t), self.a.max_evals))
         if t == 1:
@@ -243,6 +260,8 @@ class _Run:
     def step(self, idx: torch.Tensor, cur: torch.Tensor, update: torch.Tensor,
              size: torch.Tensor) -> torch.Tensor:
         """Geometric progression: halve the step until the moved point is adversarial."""
+        import torch
+
         out = cur.clone()
         pending = torch.arange(len(idx))
         size = size.clone()
@@ -260,6 +279,8 @@ class _Run:
         return out
 
     def attack(self) -> AttackResult:
+        import torch
+
         idx, start = self.start()
         if len(idx):
             start = self.boundary(idx, start, _INIT_TOL, linf=False)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
-
-import kornia
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, top_two_margin
 from certify.errors import AttackProtocolError, SuiteError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tensor,
@@ -27,6 +27,8 @@ def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tens
     ``u`` holds uniforms shaped like ``x``; ``gauss`` normals shaped like ``x`` (L2 only) and
     ``corner`` a ``[B]`` bool choosing corners or the sphere surface.
     """
+    import torch
+
     if norm == "linf":
         delta = (u * 2 - 1) * epsilon
         if corner is not None:
@@ -61,6 +63,8 @@ def first_success(model: Predictor, x: torch.Tensor, y: torch.Tensor, steps: int
 
     Returns the proposal and, per sample, the step of its first hit (``-1``: none).
     """
+    import torch
+
     b = len(x)
     queries = torch.zeros(b, dtype=torch.long)
     hit_step = torch.full((b,), -1, dtype=torch.long)
@@ -101,6 +105,8 @@ class RandomSearch(Attack):
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
+        import torch
+
         rng = Uniforms(seeds)
         shape = tuple(x.shape[1:])
 
@@ -137,6 +143,8 @@ class SpatialGrid(Attack):
     def __init__(self, max_rotation: float = 30.0, max_translation: float = 3.0,
                  rotation_steps: int = 5, translation_steps: int = 3,
                  max_queries: int | None = None) -> None:
+        if rotation_steps < 0 or translation_steps < 0:
+            raise TypeError("rotation_steps and translation_steps must be at least 0")
         self.max_rotation = max_rotation
         self.max_translation = max_translation
         self.rotation_steps = rotation_steps
@@ -152,6 +160,8 @@ class SpatialGrid(Attack):
 
     def grid(self) -> torch.Tensor:
         """Rows of (angle, dx, dy), weakest first, identity excluded."""
+        import torch
+
         def sym(b: float, s: int) -> torch.Tensor:
             pos = torch.linspace(0, b, s + 1)[1:]
             return torch.cat([torch.zeros(1), pos, -pos])
@@ -165,16 +175,29 @@ class SpatialGrid(Attack):
         return g[torch.argsort(key, stable=True)]
 
     def grid_size(self) -> int:
-        """Grid points, identity excluded: the queries an unbroken sample costs."""
-        return len(self.grid())
+        """Grid points, identity excluded: the queries an unbroken sample costs.
+
+        Counted from the extents, without building the grid (a suite's validation imports no
+        torch): each axis has ``2 * steps + 1`` values, all 0 when its extent is 0, else one;
+        the points whose three values are all 0 are left out. Equal to ``len(grid())``.
+        """
+        axes = ((self.max_rotation, self.rotation_steps),
+                (self.max_translation, self.translation_steps),
+                (self.max_translation, self.translation_steps))
+        return (math.prod(2 * s + 1 for _, s in axes)
+                - math.prod(2 * s + 1 if b == 0 else 1 for b, s in axes))
 
     def transform(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Rotate then translate each image by its row of (angle, dx, dy)."""
+        import kornia
+
         r = kornia.geometry.transform.rotate(x, rows[:, 0].to(x), padding_mode="border")
         return kornia.geometry.transform.translate(r, rows[:, 1:].to(x), padding_mode="border")
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
+        import torch
+
         g = self.grid()
         if self.max_queries is not None and len(g) > self.max_queries:
             raise SuiteError(cut_grid_message(len(g), self.max_queries),
@@ -202,6 +225,8 @@ class SpatialGrid(Attack):
         The candidate images themselves are not trusted: only a rotation and translation on
         the grid is in the threat model.
         """
+        import torch
+
         rows = proposal.params
         if rows is None or tuple(rows.shape) != (len(x), 3):
             raise AttackProtocolError(f"{self.name} proposed no grid point per sample",

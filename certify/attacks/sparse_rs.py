@@ -22,11 +22,12 @@ which other samples share its batch.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms, margin
+
+if TYPE_CHECKING:
+    import torch
 
 # (last iteration of a 10,000-iteration run, divisor of alpha_init) for the L0 attack
 _SCHEDULE = ((0, 1), (50, 2), (200, 4), (500, 5), (1000, 6), (2000, 8), (4000, 10),
@@ -60,6 +61,8 @@ class SparseRS(Attack):
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
+        import torch
+
         b, c, h, w = x.shape
         n = h * w
         k = max(0, min(int(self.epsilon), n))
@@ -127,6 +130,8 @@ class SparseRS(Attack):
         reset and the positions in ``perm[:, k:]`` that were perturbed (``None`` when every
         pixel is in the perturbed set: then the reset pixels are recoloured instead).
         """
+        import torch
+
         a, c = len(active), xa.shape[1]
         ids = active.tolist()
         ip = torch.stack([torch.randperm(k, generator=gens[i])[:m] for i in ids])

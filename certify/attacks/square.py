@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms, margin
+
+if TYPE_CHECKING:
+    import torch
 
 _SCHEDULE = ((10, 1), (50, 2), (200, 4), (500, 8), (1000, 16), (2000, 32), (4000, 64),
              (6000, 128), (8000, 256))
@@ -64,6 +65,8 @@ def _windows(u: torch.Tensor, s: int, h: int, w: int) -> tuple[torch.Tensor, tor
 def _mask(top: torch.Tensor, left: torch.Tensor, s: int, h: int, w: int,
           device: torch.device | None = None) -> torch.Tensor:
     """Boolean ``[n, 1, h, w]`` masks of each sample's ``s``-sided window (one scatter)."""
+    import torch
+
     idx = _flat_window(top, left, s, w).to(device)
     m = torch.zeros(len(idx), 1, h * w, dtype=torch.bool, device=device)
     return m.scatter_(2, idx.unsqueeze(1), True).view(-1, 1, h, w)
@@ -72,6 +75,8 @@ def _mask(top: torch.Tensor, left: torch.Tensor, s: int, h: int, w: int,
 @functools.lru_cache(maxsize=256)
 def _window_offsets(s: int, w: int) -> torch.Tensor:
     """Flat offsets ``[s*s]`` of an ``s``-sided window's pixels from its top-left pixel."""
+    import torch
+
     return (torch.arange(s).view(s, 1) * w + torch.arange(s).view(1, s)).flatten()
 
 
@@ -99,6 +104,8 @@ class _Square(Attack):
         falls), so the active samples' images are kept as compact tensors, shrunk when some
         break, instead of gathered from and scattered into the whole batch every iteration.
         """
+        import torch
+
         queries = torch.ones(len(x), dtype=torch.long)
         loss = margin(model.predict(x_best).cpu(), y.cpu(), output)
         half = torch.full((len(x),), math.inf)  # margins when half the budget was spent
@@ -136,6 +143,8 @@ class SquareLinf(_Square):
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
+        import torch
+
         eps, (b, c, h, w) = self.epsilon, x.shape
         p_init = default_p_init("linf", h, w) if self.p_init is None else self.p_init
         rng = Uniforms(seeds)
@@ -166,6 +175,8 @@ class SquareLinf(_Square):
 
 def _pseudo_gaussian(hh: int, ww: int) -> torch.Tensor:
     """Concentric rectangles with weights 1/(k+1)^2, unit norm (the paper's L2 building block)."""
+    import torch
+
     d = torch.zeros(hh, ww, dtype=torch.float64)
     ch, cw = hh // 2, ww // 2
     for k in range(max(ch, cw) + 1):
@@ -179,6 +190,8 @@ def _pseudo_gaussian(hh: int, ww: int) -> torch.Tensor:
 def _meta_pattern(s: int, transpose: bool) -> torch.Tensor:
     """Two pseudo-Gaussian halves of opposite sign, unit norm (cached: callers never modify
     it; every step of every sample used to rebuild it in Python loops)."""
+    import torch
+
     d = torch.zeros(s, s, dtype=torch.float64)
     d[: s // 2] = _pseudo_gaussian(s // 2, s)
     d[s // 2:] = -_pseudo_gaussian(s - s // 2, s)
@@ -190,6 +203,8 @@ def _meta_pattern(s: int, transpose: bool) -> torch.Tensor:
 @functools.lru_cache(maxsize=256)
 def _meta_patterns(s: int, device: torch.device) -> torch.Tensor:
     """The meta pattern and its transpose, flattened: ``[2, s*s]`` (index 1: transposed)."""
+    import torch
+
     return torch.stack([_meta_pattern(s, False), _meta_pattern(s, True)]).view(2, -1).to(device)
 
 
@@ -205,6 +220,8 @@ class SquareL2(_Square):
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
+        import torch
+
         eps, (b, c, h, w) = self.epsilon, x.shape
         p_init = default_p_init("l2", h, w) if self.p_init is None else self.p_init
         rng = Uniforms(seeds)

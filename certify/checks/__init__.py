@@ -1,4 +1,8 @@
-"""Checks, one module per family, registered here by their suite ``kind``."""
+"""Checks, one module per family, registered here by their suite ``kind``.
+
+Importing them imports no torch: a suite constructs and validates its checks (``certify suites
+list``, ``init``) without it, and each check imports torch inside the methods that compute
+(issue 53; ``tests/test_layout.py`` holds every such method to importing what it uses)."""
 
 from __future__ import annotations
 

@@ -15,9 +15,7 @@ import dataclasses
 import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from certify.attacks import ATTACKS, Attack, SpatialGrid, margin
 from certify.attacks.binarization import (
@@ -26,7 +24,6 @@ from certify.attacks.binarization import (
     BinarizationSettings,
     ladder_test,
 )
-from certify.attacks.confident import maximise_confidence
 from certify.attacks.simple import cut_grid_message
 from certify.checks import attack_verdict
 from certify.checks.attack_card import (
@@ -59,13 +56,10 @@ from certify.data import Dataset
 from certify.errors import ModelError, SuiteError
 from certify.kinds import AttackKind
 from certify.models.base import TRANSFER, WHITE_BOX, Model, ModelInfo
-from certify.models.torchcopy import (
-    WhiteBoxUnavailable,
-    equivalence,
-    transfer_source_of,
-    white_box_of,
-)
 from certify.validation import expect
+
+if TYPE_CHECKING:
+    import torch
 
 #: What other modules read from here (the split into schedule, verdict and card).
 __all__ = ["AUTO_CAP_FACTOR", "BT_NOT_L0", "CONFIDENCE_OF", "CONVERGENCE_SHARE",
@@ -348,6 +342,8 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
     # -- measurement ----------------------------------------------------------------------
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[AttackRecord]:
+        import torch
+
         counter: Any = model
         output = counter.info.output
         scores = counter.predict(x)
@@ -393,6 +389,8 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
                          ci: torch.Tensor, rec: list[AttackRecord], index: Sequence[int],
                          ctx: CheckContext) -> None:
         """Attack the samples ``ci`` with the query-based attack, judged on the model."""
+        import torch
+
         output = counter.info.output
         stream = (1,) if self._round == 0 else (1, self._round)  # a new stream per round
         seeds = torch.tensor([ctx.seed(int(index[i]), *stream) for i in ci.tolist()])
@@ -463,6 +461,15 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         (:func:`~certify.models.torchcopy.equivalence`); where it differs, no sample of the
         batch is attacked and each record says why (the check cannot pass).
         """
+        import torch
+
+        from certify.models.torchcopy import (
+            WhiteBoxUnavailable,
+            equivalence,
+            transfer_source_of,
+            white_box_of,
+        )
+
         found = white_box_of(counter)
         transfer = found is None  # an endpoint's surrogate proposes (--surrogate)
         source = transfer_source_of(counter) if transfer else found
@@ -522,6 +529,8 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         """APGD-CE (one restart) at each radius of :meth:`sweep_epsilons` on the batch's swept
         samples (:func:`bt_positions` with :data:`SWEEP_SAMPLES`, correctly classified only),
         judged on the real model; each record keeps which radii broke it (``sweep_broken``)."""
+        import torch
+
         picked = bt_positions(ctx, SWEEP_SAMPLES)
         at = [i for i in ci.tolist() if int(index[i]) in picked]
         if not at:
@@ -559,6 +568,10 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         which the coverage figures read), and is charged the queries. Returns the adversarial
         points the records now describe (``x_adv`` with the more confident ones swapped in).
         """
+        import torch
+
+        from certify.attacks.confident import maximise_confidence
+
         budget = self.confident_budget()
         broken = [k for k, r in enumerate(recs) if r["outcome"] == "broken"]
         if not budget or not broken:
@@ -594,6 +607,10 @@ def bt_head(model: Any) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[st
     """The model's output head (the operations after its last linear layer) as a function on
     logits, and their names, for the binarization test to keep after its planted readout; None
     without a torch copy, without a head, or with a head that cannot run on its own."""
+    import torch
+
+    from certify.models.torchcopy import WhiteBoxUnavailable, white_box_of
+
     found = white_box_of(model)
     if found is None:
         return None

@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from certify.checks.attack_schedule import AttackRecord
 from certify.data import Dataset
 from certify.images import ImageSink, decode_png, png_bytes, to_uint8
+
+if TYPE_CHECKING:
+    import torch
 
 #: Adversarial examples a check shows on the card: the first broken samples in sample order.
 #: Each record batch keeps the adversarial image of its first this-many broken samples, which

@@ -13,10 +13,9 @@ import inspect
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-import torch
 
 from certify.canonical import JSONLike
 from certify.data import Dataset
@@ -30,6 +29,9 @@ from certify.models.base import Model, ModelInfo
 from certify.perturbations.base import mix_seed, mix_seeds
 from certify.rundir import SampleRecord
 from certify.validation import expect
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass

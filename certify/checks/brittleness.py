@@ -49,11 +49,9 @@ import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import torch
-from threadpoolctl import ThreadpoolController
 
 from certify.canonical import JSONLike
 from certify.checks.base import (
@@ -66,9 +64,12 @@ from certify.errors import SuiteError
 from certify.images import ImageSink
 from certify.kinds import BrittlenessKind
 from certify.models.base import Model, ModelInfo, QueryCounter
-from certify.models.onnx import CPU_CHUNK, cpu_call_size
 from certify.perturbations.base import mix_seed
 from certify.rundir import SampleRecord
+
+if TYPE_CHECKING:
+    import torch
+    from threadpoolctl import ThreadpoolController
 
 #: Masked images built per hand-off to the models (across samples); on onnxruntime's CPU
 #: provider each model then gets them in calls sized by its :class:`CallSizer`. Building 2,048
@@ -162,12 +163,16 @@ def _one_blas_thread() -> Any:
     """BLAS on one thread for the small ridge solves: a ``[1000, 64]`` fit takes under 1 ms on
     one thread, and 5-20 ms when a multi-threaded BLAS wakes threads on a busy machine. The
     controller is made once (inspecting the loaded libraries costs about 1 ms)."""
+    from threadpoolctl import ThreadpoolController
+
     if not _BLAS:
         _BLAS.append(ThreadpoolController())
     return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 def _probabilities(scores: torch.Tensor, output: str) -> torch.Tensor:
+    import torch
+
     if output == "logits":
         return torch.softmax(scores.float(), dim=1)
     return scores.float()
@@ -246,6 +251,8 @@ class _Job:
     masks: np.ndarray  # [k, d] float 0/1, row 0 all ones
 
     def __post_init__(self) -> None:
+        import torch
+
         img = self.img.detach().cpu().float()
         segt = torch.from_numpy(np.ascontiguousarray(self.seg)).long().flatten()
         d = self.masks.shape[1]
@@ -267,6 +274,8 @@ class _Job:
 
     def images(self, start: int, stop: int) -> torch.Tensor:
         """Masked images ``start:stop`` as ``[n, C, H, W]`` float32 on the CPU."""
+        import torch
+
         out = np.empty((stop - start, *self._fill.shape), dtype=np.uint32)
         self.images_into(out, start, stop)
         return torch.from_numpy(out.view(np.float32)).view(-1, *self.img.shape)
@@ -295,6 +304,8 @@ def _build(jobs: list[_Job], piece: list[tuple[int, int, int]],
     """One hand-off's masked images, written into one buffer (no concatenation): ``buffer``
     (uint32 ``[>= n, C, HW]``) when given, so that hand-offs reuse memory already mapped
     (allocating 25 MB afresh per hand-off cost as much as building into it)."""
+    import torch
+
     total = sum(b - a for _, a, b in piece)
     first = jobs[piece[0][0]]
     shape = first._fill.shape  # noqa: SLF001 - same module
@@ -344,6 +355,8 @@ class CallSizer:
     """
 
     def __init__(self, sizes: Sequence[int] = CALL_SIZES) -> None:
+        from certify.models.onnx import CPU_CHUNK
+
         self.sizes = tuple(sizes)
         self.default = CPU_CHUNK if CPU_CHUNK in self.sizes else self.sizes[0]
         self.times: dict[int, list[float]] = {s: [] for s in self.sizes}
@@ -410,6 +423,8 @@ def predict_handoff(model: Model, imgs: torch.Tensor, sizer: CallSizer | None
     """The model's class probabilities (float32 ``[n, classes]``) and the top class of its
     scores (``[n]``) on one hand-off: in one call without a ``sizer``, else in the calls it
     plans (timed when it says so). Both are copies: nothing returned points into ``imgs``."""
+    from certify.models.onnx import cpu_call_size
+
     if sizer is None:
         scores = model.predict(imgs)
         return (np.array(_probabilities(scores, model.info.output).cpu().numpy()),
@@ -583,6 +598,8 @@ class Brittleness(BrittlenessKind, Check[BrittlenessRecord]):
 
     def masks(self, d: int, seed: int) -> np.ndarray:
         """``num_masks`` random on/off rows over ``d`` superpixels; row 0 keeps everything."""
+        import torch
+
         g = torch.Generator().manual_seed(seed)
         m = torch.randint(0, 2, (self.num_masks, d), generator=g).numpy().astype(np.float64)
         m[0] = 1.0

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from certify.checks.base import (
     Check,
@@ -17,6 +16,9 @@ from certify.kinds import CleanAccuracyKind
 from certify.models.base import Model
 from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CleanRecord(SampleRecord, total=False):

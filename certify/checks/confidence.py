@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TypeVar
-
-import torch
+from typing import TYPE_CHECKING, TypeVar
 
 from certify.attacks.base import top_two_margin
 from certify.checks.base import (
@@ -38,6 +36,9 @@ from certify.models.base import Model, ModelInfo
 from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
 
+if TYPE_CHECKING:
+    import torch
+
 #: The confidence every coverage figure ranks on (the top-two margin; see the module text).
 confidences = top_two_margin
 
@@ -45,6 +46,8 @@ confidences = top_two_margin
 def top_probability(scores: torch.Tensor, output: str) -> torch.Tensor:
     """Top-class probability ``[N]`` (softmax of logits; one-hot labels give 1.0): moves with
     the logits' temperature, so it is shown, not ranked on."""
+    import torch
+
     p = torch.softmax(scores.float(), dim=1) if output == "logits" else scores.float()
     return p.max(dim=1).values
 
@@ -225,6 +228,8 @@ class WorstSeen:
     and probability. What a corruption search and a random corruption's draws both keep."""
 
     def __init__(self, b: int) -> None:
+        import torch
+
         self.first = torch.full((b,), -1, dtype=torch.long)
         self.first_pred = torch.full((b,), -1, dtype=torch.long)
         self.worst = torch.full((b,), -1, dtype=torch.long)

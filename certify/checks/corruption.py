@@ -41,12 +41,10 @@ import copy
 import math
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from certify.canonical import JSONLike
-from certify.checks import field_search, noise
+from certify.checks import noise
 from certify.checks.attack import CONVERGENCE_SHARE
 from certify.checks.base import (
     Check,
@@ -66,13 +64,15 @@ from certify.errors import SuiteError
 from certify.images import ImageSink
 from certify.kinds import CorruptionKind, CorruptionPairKind
 from certify.models.base import Model
-from certify.models.torchcopy import WhiteBoxUnavailable
 from certify.perturbations import PROPERTIES, Property
 from certify.perturbations.base import RoundCandidates
 from certify.stats import wilson_interval
 from certify.validation import expect_keys
 
-Apply = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+Apply = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 #: Properties renamed because they were random draws shown as if they were worst cases:
@@ -167,6 +167,8 @@ class _CorruptionBase(Check[CR]):
                       flip_only: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                 torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_clean` with the clean scores ``[B, K]`` first."""
+        import torch
+
         scores = model.predict(x)
         pred = scores.argmax(1)
         conf = confidences(scores.cpu(), model.info.output)
@@ -218,6 +220,8 @@ def search_all(model: Model, x: torch.Tensor, y: torch.Tensor, searched: torch.T
                index: Sequence[int]) -> FullSearch:
     """Try every candidate (weakest first) on the ``searched`` samples, keeping the first
     break and the most confident mistake (largest top-two margin of a wrong answer)."""
+    import torch
+
     b = len(y)
     seen = WorstSeen(b)
     least = torch.full((b,), -1, dtype=torch.long)
@@ -383,6 +387,8 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
         planned = self.planned()
         extra = 0
         if PROPERTIES[self.property].gradient_design:  # the gradient search's judged points
+            from certify.checks import field_search
+
             extra = sum(field_search.starts_in_round(r) for r in range(len(planned)))
         return sum(planned) + max(1, len(planned)) + extra
 
@@ -565,6 +571,11 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
         starts each (:mod:`certify.checks.field_search`). Returns per batch row (broken,
         params, prediction, margin, probability), the starts per sample, and per batch row
         why the search did not run there."""
+        import torch
+
+        from certify.checks import field_search
+        from certify.models.torchcopy import WhiteBoxUnavailable
+
         prop, bound, _ = self._prop()
         starts = field_search.starts_in_round(self._round)
         rows = todo.nonzero().flatten().tolist()
@@ -593,6 +604,8 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
                     grad: tuple[dict[int, tuple[bool, list[float], int, float, float]], int,
                                 dict[int, str]], j: int, ctx: CheckContext) -> None:
         """Fold the gradient search's finding for batch row ``j`` into its record."""
+        from certify.checks import field_search
+
         per, starts, skipped = grad
         if j in skipped:
             rec["field_search"] = f"not run: {skipped[j]}"
@@ -620,6 +633,8 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
     # -- random corruptions: decided per sample from sequential draws (issue 40) -------------
     def _run_draws(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                    ctx: CheckContext) -> list[CorruptionRecord]:
+        import torch
+
         prop, bound, steps = self._prop()
         plan = self.plan()
         top, lower = prop.bound_rows(bound, steps), prop.lower_rows(bound, steps)
@@ -841,6 +856,8 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
     def _field_summary(records: list[CorruptionRecord]) -> dict[str, JSONLike]:
         """What the gradient search over the design did: samples it searched and broke,
         gradient evaluations, and why it did not run where it did not."""
+        from certify.checks import field_search
+
         ran = [r for r in records if r.get("field_search") in ("ran", "broken")]
         notes = [str(r.get(k, "")) for r in records
                  for k in ("field_search", "field_search_skipped")]
@@ -862,6 +879,8 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
         Each example keeps what regenerates it (sample, parameters, seed) and the digests of
         its two images; the pixels go to ``sink``.
         """
+        import torch
+
         broken = sorted((r for r in records if r["outcome"] == "broken"
                          and r.get("break_params")),
                         key=lambda r: (r["break_intensity"], r["i"]))[: self.max_examples]
@@ -957,6 +976,8 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
                 or PROPERTIES[self._spec(self.second, "second")[0].name].statistical)
 
     def _grids(self) -> dict[str, Any]:
+        import torch
+
         pa, ba, sa = self._spec(self.first, "first")
         pb, bb, sb = self._spec(self.second, "second")
         ra, ia, _ = pa.candidates(ba, sa, self.tries)
@@ -1040,6 +1061,8 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
         """The other transform searched over its grid alone; the noise decided alone and on
         top of the other transform at its searched worst case (the grid point with the
         smallest margin), both by sequential draws at the noise's bound."""
+        import torch
+
         sp, sbound, ssteps, gp, gbound, gsteps, noise_first = self._parts()
         plan = noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
         top = sp.bound_rows(sbound, ssteps)
@@ -1120,6 +1143,8 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
         return out
 
     def _summarize_draws(self, records: list[PairRecord], data: Dataset) -> Measurement:
+        import torch
+
         sp, sbound, ssteps, gp, gbound, gsteps, noise_first = self._parts()
         plan = noise.draw_plan(self.delta, self.confidence, self.max_draws, self.kind)
         grid = gp.candidates(gbound, gsteps, self.tries)[0]
@@ -1193,6 +1218,8 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
         return bits
 
     def summarize(self, records: list[PairRecord], data: Dataset) -> Measurement:
+        import torch
+
         if self.statistical():
             return self._summarize_draws(records, data)
         g = self._grids()

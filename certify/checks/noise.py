@@ -32,9 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from certify.checks.base import CheckContext, pct
 from certify.checks.confidence import WorstSeen, confidences, top_probability
@@ -47,6 +45,9 @@ from certify.stats import (
     clopper_pearson_upper,
     wilson_interval,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 #: Draws per sample before the first look (and the draws every sample gets for the average
 #: accuracy under the noise).
@@ -196,7 +197,7 @@ class Drawn(NamedTuple):
 
 #: ``perturb(rows, draws)``: the images of batch rows ``rows`` ``[M]`` at draw numbers
 #: ``draws`` ``[M]`` (a row may appear with several draws).
-Perturb = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Perturb = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 #: The most bytes of images one model call of the draws gets.
 CHUNK_BYTES = 6 << 20
@@ -212,6 +213,8 @@ def sequential_draws(model: Model, y: torch.Tensor, decide: torch.Tensor,
     Between two looks no decision is taken, so the draws of a look go to the model together,
     in calls of at most :data:`CHUNK_BYTES` (``image_bytes``: one image's).
     """
+    import torch
+
     b = len(y)
     test = plan.test
     ys = y.cpu()
@@ -274,6 +277,8 @@ def level_failures(model: Model, y: torch.Tensor, rows: Sequence[int], perturb: 
                    levels: int) -> list[list[bool]]:
     """One draw per sample ``rows`` at each of ``levels`` intensities below the bound
     (``perturb(rows, levels)``, one model call): whether it failed, ``[len(rows)][levels]``."""
+    import torch
+
     if not rows or not levels:
         return [[] for _ in rows]
     idx = torch.tensor(list(rows), dtype=torch.long)

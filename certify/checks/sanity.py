@@ -9,8 +9,7 @@ is a warning on the card.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from certify.checks.base import (
     Check,
@@ -23,6 +22,9 @@ from certify.errors import SuiteError
 from certify.kinds import SanityKind
 from certify.models.base import Model
 from certify.rundir import SampleRecord
+
+if TYPE_CHECKING:
+    import torch
 
 #: Interpolation points on each path from a sample (to its seeded noise image, to its
 #: negative) that look for a label change.
@@ -45,6 +47,8 @@ MIN_REPEATS = 10
 
 def top2_margin(scores: torch.Tensor, output: str) -> torch.Tensor:
     """``[N]`` top-1 minus top-2 probability (softmax of logits): small near a boundary."""
+    import torch
+
     p = torch.softmax(scores.float(), dim=1) if output == "logits" else scores.float()
     if p.shape[1] < 2:
         return torch.ones(p.shape[0])
@@ -55,6 +59,8 @@ def top2_margin(scores: torch.Tensor, output: str) -> torch.Tensor:
 def _repeat(model: Model, x: torch.Tensor, repeats: int, tolerance: float
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Query ``x`` ``repeats`` times: (first scores, any output changed, any label changed)."""
+    import torch
+
     outs = [model.predict(x).float().cpu() for _ in range(repeats)]
     stacked = torch.stack(outs)
     spread = stacked.amax(dim=0) - stacked.amin(dim=0)
@@ -71,6 +77,8 @@ def quantisation_probe(model: Model, x: torch.Tensor, clean: torch.Tensor,
     ``epsilon``, each queried once. Returns (draws answered bit-identically to ``clean``,
     smallest nonzero output change seen or 0, whether every change seen is a whole multiple of
     that smallest one: the outputs move in steps)."""
+    import torch
+
     out = []
     for k, seed in enumerate(seeds):
         gen = torch.Generator().manual_seed(int(seed) % (2**63))
@@ -158,6 +166,8 @@ class Sanity(SanityKind, Check[SanityRecord]):
                   index: Sequence[int], ctx: CheckContext
                   ) -> tuple[torch.Tensor, list[int]]:
         """Near-boundary inputs ``[N, C, H, W]`` and the queries each cost to find."""
+        import torch
+
         n = x.shape[0]
         noise = torch.stack([
             torch.rand(tuple(x.shape[1:]), generator=torch.Generator().manual_seed(
@@ -212,6 +222,8 @@ class Sanity(SanityKind, Check[SanityRecord]):
 
     def run_batch(self, model: Model, x: torch.Tensor, y: torch.Tensor, index: Sequence[int],
                   ctx: CheckContext) -> list[SanityRecord]:
+        import torch
+
         first, random, flips = _repeat(model, x, self.repeats, self.tolerance)
         conf = top_probability(first, model.info.output)
         p = torch.softmax(first, 1) if model.info.output == "logits" else first
@@ -262,6 +274,8 @@ class Sanity(SanityKind, Check[SanityRecord]):
         return bits
 
     def summarize(self, records: list[SanityRecord], data: Dataset) -> Measurement:
+        import torch
+
         n = len(records) or 1
         rnd = sum(_randomised(r) for r in records) / n
         probed = bool(records) and "random_near_boundary" in records[0]

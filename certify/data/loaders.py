@@ -12,13 +12,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from PIL import Image, UnidentifiedImageError
 
 from certify.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("certify")
 
@@ -79,6 +81,8 @@ class Dataset:
 
     def describe(self) -> dict[str, Any]:
         """Plain-JSON summary for results.json."""
+        import torch
+
         counts = torch.bincount(self.y, minlength=len(self.class_names)).tolist()
         return {
             "source": self.source,
@@ -561,6 +565,8 @@ def images_from_python(images: Any, labels: Any) -> tuple[np.ndarray, np.ndarray
 
 
 def _as_array(value: Any, what: str) -> np.ndarray:
+    import torch
+
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         return (value.float() if value.dtype in (torch.bfloat16, torch.float16)
@@ -669,6 +675,8 @@ def from_arrays(
     """Build a :class:`Dataset` from uint8 ``[N, H, W, 3]`` images; computes the digest of
     their content (shape, pixels and labels, in order; the ids and the source's name are
     not part of it, so the same samples from a file or from Python have one digest)."""
+    import torch
+
     h = hashlib.sha256(b"certify.data-samples/1\n")
     h.update(struct.pack("<4q", *np.shape(x)))
     h.update(np.ascontiguousarray(x, dtype=np.uint8).tobytes())

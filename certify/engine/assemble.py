@@ -8,17 +8,15 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from certify.canonical import JSONLike
 from certify.checks import Check, Measurement
 from certify.data import Dataset
 from certify.device import DeviceChoice
 from certify.engine.crosscheck import attack_worst_case, no_attack_passes_beside_masking
-from certify.engine.executor import Executor
 from certify.engine.records import recorded_queries
 from certify.errors import overall_verdict
 from certify.models.base import Model, endpoint_of
@@ -42,6 +40,9 @@ from certify.results import (
 from certify.rundir import RunDir, SampleRecord
 from certify.suite import Suite
 from certify.version import __version__
+
+if TYPE_CHECKING:
+    from certify.engine.executor import Executor
 
 
 @dataclass
@@ -124,6 +125,7 @@ def verdict_statuses(checks: Sequence[CheckResult], worst: Sequence[WorstCase]) 
 def _versions() -> dict[str, str]:
     import numpy
     import onnxruntime
+    import torch
 
     return {
         "certify": __version__,

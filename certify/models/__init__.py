@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from certify.device import DeviceChoice
 from certify.errors import ModelError, UsageError
@@ -18,9 +19,21 @@ from certify.models.base import (
     endpoint_of,
     transfer_text,
 )
-from certify.models.http import HttpOptions
 from certify.models.registry import LoadRequest
 from certify.redact import redact
+
+if TYPE_CHECKING:
+    from certify.models.http import HttpOptions
+
+
+def __getattr__(name: str) -> Any:
+    """``HttpOptions``, imported on first use: what only reads a model's description
+    (:mod:`certify.models.base`) does not import the HTTP client (issue 53)."""
+    if name == "HttpOptions":
+        from certify.models.http import HttpOptions
+
+        return HttpOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "FeatureModel",

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 from certify.canonical import JSONLike
 from certify.errors import BudgetExceeded, ModelError, NonFiniteOutput
+
+if TYPE_CHECKING:
+    import torch
 
 OutputKind = Literal["logits", "probs", "labels"]
 #: ``ModelInfo.white_box`` of a model certify can take gradients of (a torch copy of its graph).
@@ -271,6 +273,8 @@ _SPEND = threading.Lock()
 
 
 def _finite(out: torch.Tensor, what: str) -> torch.Tensor:
+    import torch
+
     if out.is_floating_point() and not bool(torch.isfinite(out).all()):
         raise NonFiniteOutput(f"the model returned NaN or infinite {what}",
                               hint="the samples concerned are recorded as errors")
@@ -308,6 +312,8 @@ def preprocess(x: torch.Tensor, pre: Preprocessing, channels: int, layout: str
     Grayscale models get the ITU-R 601 luma of RGB images; then scale, mean/std, channel order
     and layout are applied, in that order.
     """
+    import torch
+
     c = channels
     if c == 1 and x.shape[1] == 3:
         w = torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype, device=x.device)
@@ -328,6 +334,8 @@ def preprocess(x: torch.Tensor, pre: Preprocessing, channels: int, layout: str
 def as_scores(out: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """A model's answer for ``n`` images as ``[N, K]`` float scores: labels (a 1-D or integer
     answer) become one-hot over ``k`` classes, scores keep their values."""
+    import torch
+
     if out.dim() == 1 or not out.is_floating_point():
         return torch.nn.functional.one_hot(out.reshape(n).long(), k).float()
     return out.reshape(n, -1 if n else k).float()  # no image: -1 would be ambiguous
@@ -346,6 +354,8 @@ def output_kind(out: np.ndarray) -> OutputKind:
 
 def probe_images(shape: tuple[int, int, int], n: int = 4) -> torch.Tensor:
     """Fixed pseudo-random images used to probe a model's outputs when it is loaded."""
+    import torch
+
     rng = np.random.default_rng(1234)
     return torch.from_numpy(rng.random((n, *shape), dtype=np.float32))
 

@@ -40,12 +40,11 @@ import typing
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import numpy as np
 import orjson
 import requests
-import torch
 
 from certify.canonical import JSONLike
 from certify.device import DeviceChoice
@@ -73,6 +72,9 @@ from certify.models.resilience import (
     TrackedAdapter,
 )
 from certify.redact import redact, register_secret, register_url_secrets
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("certify")
 
@@ -700,6 +702,8 @@ class HttpModel:
     # -- the one verb ---------------------------------------------------------------------
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
+        import torch
+
         arr = to_model_input(x, self.preprocessing, self.input_shape[0], self.layout)
         out = self._forward(arr)
         if out.ndim == 1:

@@ -1,4 +1,7 @@
-"""Pure, batched, seeded image perturbations (the corruption properties)."""
+"""Pure, batched, seeded image perturbations (the corruption properties).
+
+A suite reads :data:`PROPERTIES` (names, units, default bounds) when it is validated, so
+importing them imports no torch or kornia: the transforms import them (issue 53)."""
 
 from __future__ import annotations
 

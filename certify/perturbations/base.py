@@ -15,9 +15,12 @@ import math
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 MASK64 = (1 << 64) - 1
 
@@ -38,6 +41,8 @@ def mix_seed(*parts: int) -> int:
 def mix_seeds(*parts: int | Sequence[int] | np.ndarray) -> torch.Tensor:
     """:func:`mix_seed` element-wise over equal-length sequences (scalars broadcast), as an
     int64 tensor: the same values, computed with numpy's wrapping uint64 arithmetic."""
+    import torch
+
     arrays = [np.asarray(p, dtype=np.int64).astype(np.uint64) if not isinstance(p, int)
               else np.uint64(int(p) & MASK64) for p in parts]
     n = max((a.size for a in arrays if isinstance(a, np.ndarray)), default=1)
@@ -57,6 +62,8 @@ def mix_seeds(*parts: int | Sequence[int] | np.ndarray) -> torch.Tensor:
 
 def generators(seeds: torch.Tensor) -> list[torch.Generator]:
     """One CPU generator per image seed."""
+    import torch
+
     out = []
     for s in seeds.tolist():
         g = torch.Generator()
@@ -70,6 +77,8 @@ BANK_SIZE = 1 << 23
 
 @functools.lru_cache(maxsize=8)
 def _bank(draw: str, device: str) -> torch.Tensor:
+    import torch
+
     g = torch.Generator().manual_seed(0xC3471F7 if draw == "rand" else 0x9A55)
     fn = torch.rand if draw == "rand" else torch.randn
     return fn(BANK_SIZE, generator=g).to(device)
@@ -97,6 +106,8 @@ def per_image(seeds: torch.Tensor, shape: tuple[int, ...], draw: str, device: to
     (benchmarks/RESULTS.md); slicing the bank is cheap and works the same on a GPU, and one
     ``index_select`` over the bank's windows gathers a whole batch without a Python loop.
     """
+    import torch
+
     n = math.prod(shape)
     if n > BANK_SIZE // 4:
         # very large images: fall back to one generator per image
@@ -106,11 +117,11 @@ def per_image(seeds: torch.Tensor, shape: tuple[int, ...], draw: str, device: to
     return windows.index_select(0, rows).view(len(seeds), *shape)
 
 
-ApplyFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ApplyFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 #: A search design: ``design(start, stop)`` gives rows ``start:stop`` ``[stop - start, E]`` of a
 #: fixed, endless sequence of points in a property's continuous parameters (its position,
 #: colour, field...), the same for every sample; doubling ``stop`` refines the search.
-DesignFn = Callable[[int, int], torch.Tensor]
+DesignFn = Callable[[int, int], "torch.Tensor"]
 #: Bits of a candidate's seed key that hold its try (the rest: its intensity level).
 _TRY_BITS = 24
 
@@ -168,6 +179,8 @@ class Property:
 
     def lower_rows(self, bound: float, steps: int) -> torch.Tensor:
         """The level rows below the bound, weakest first (a statistical property's curve)."""
+        import torch
+
         rows = self._grid_rows(bound, steps)
         inten = self.intensity(rows)
         keep = inten < inten.max() - 1e-12
@@ -185,6 +198,8 @@ class Property:
         rounds together; a property with a design takes those tries from its design's
         sequence instead of the sample's seed. The identity (intensity 0) is left out.
         """
+        import torch
+
         if not self.random:
             rows = self._grid_rows(bound, steps << r)
             if r:
@@ -212,6 +227,8 @@ class Property:
     def _grid_rows(self, bound: float, steps: int) -> torch.Tensor:
         """The level grid's rows with intensity above 0, rounded to 1e-9 (so that a finer
         grid's copy of a coarser grid's point compares equal)."""
+        import torch
+
         rows = (self.levels(bound, steps).to(torch.float64) * 1e9).round() / 1e9
         return rows[self.intensity(rows) > 0]
 
@@ -221,6 +238,8 @@ class Property:
 
         The identity (intensity 0) is left out: the clean prediction already covers it.
         """
+        import torch
+
         rows = self.levels(bound, steps).to(torch.float64)
         inten = self.intensity(rows)
         keep = inten > 0
@@ -235,10 +254,14 @@ class Property:
 
 def symmetric_grid(bound: float, steps: int) -> torch.Tensor:
     """``2 * steps + 1`` values evenly spread over ``[-bound, bound]`` as a column."""
+    import torch
+
     pos = torch.linspace(0, bound, steps + 1, dtype=torch.float64)[1:]
     return torch.cat([-pos.flip(0), torch.zeros(1, dtype=torch.float64), pos]).unsqueeze(1)
 
 
 def positive_grid(bound: float, steps: int) -> torch.Tensor:
     """``steps`` values evenly spread over ``(0, bound]`` as a column."""
+    import torch
+
     return torch.linspace(0, bound, steps + 1, dtype=torch.float64)[1:].unsqueeze(1)

@@ -9,12 +9,10 @@ and returns the input unchanged where the intensity is 0.
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
-
-import kornia
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from certify.perturbations.base import (
     BANK_SIZE,
@@ -24,14 +22,17 @@ from certify.perturbations.base import (
     positive_grid,
     symmetric_grid,
 )
-from certify.perturbations.colour import adjust_contrast, clamped_in_segments
-from certify.perturbations.filters import gaussian_blur
+
+if TYPE_CHECKING:
+    import torch
 
 _SEGMENT = 1 << 16  # values per step of the noise loops: 256 KB of float32 per buffer
 
 
 def _identity_where_zero(x: torch.Tensor, out: torch.Tensor, inten: torch.Tensor,
                          clamp: bool = True) -> torch.Tensor:
+    import torch
+
     out = out.to(x.dtype)
     if clamp:  # apply functions that already return values in [0, 1] skip this pass
         out = out.clamp_(0.0, 1.0)
@@ -50,6 +51,8 @@ def _maxabs(p: torch.Tensor) -> torch.Tensor:
 
 
 def _grid2(bound: float, steps: int) -> torch.Tensor:
+    import torch
+
     g = symmetric_grid(bound, steps)[:, 0]
     return torch.cartesian_prod(g, g)
 
@@ -57,6 +60,8 @@ def _grid2(bound: float, steps: int) -> torch.Tensor:
 # -- image noise ---------------------------------------------------------------------------
 
 def _gaussian(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import torch
+
     noise = per_image(seeds, tuple(x.shape[1:]), "randn", x.device)
     out = torch.addcmul(x, noise, p[:, 0].view(-1, 1, 1, 1).to(x))
     return _identity_where_zero(x, out, p[:, 0])
@@ -74,6 +79,8 @@ def _impulse(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Ten
     # clamp are vectorised, where boolean masks and torch.where were several times slower
     # (benchmarks/RESULTS.md). The work goes in segments of at most _SEGMENT values, groups of
     # small images or parts of a large one, through buffers that stay in the cache.
+    import torch
+
     n = len(x)
     size = math.prod(x.shape[1:])
     prob = p[:, 0].to(x)
@@ -110,6 +117,8 @@ def _salt_pepper(x: torch.Tensor, u: torch.Tensor, prob: torch.Tensor | float,
                  half: torch.Tensor | float, buf: torch.Tensor, out: torch.Tensor) -> None:
     # prob and half as python floats are compared in u's dtype: for float32 images, exactly
     # as the float32 tensors would be
+    import torch
+
     hi = torch.ge(u, half, out=buf[0].view_as(u))
     lo = torch.lt(u, prob, out=buf[1].view_as(u)).mul_(hi)
     torch.clamp(x, lo, hi, out=out)
@@ -117,6 +126,8 @@ def _salt_pepper(x: torch.Tensor, u: torch.Tensor, prob: torch.Tensor | float,
 
 def _linf(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # p = [eps, corner]: uniform inside the L-inf ball, or a random corner of it
+    import torch
+
     u = per_image(seeds, tuple(x.shape[1:]), "rand", x.device) * 2 - 1
     corner = (p[:, 1] > 0.5).view(-1, 1, 1, 1)
     delta = torch.where(corner, torch.sign(u) + (u == 0).to(u.dtype), u)
@@ -124,12 +135,16 @@ def _linf(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor
 
 
 def _linf_levels(bound: float, steps: int) -> torch.Tensor:
+    import torch
+
     eps = positive_grid(bound, steps)[:, 0]
     return torch.cartesian_prod(eps, torch.tensor([0.0, 1.0], dtype=torch.float64))
 
 
 def _l0(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # k pixel locations, every channel set to 0 or 1 (the extremes change a pixel the most)
+    import torch
+
     n, c, h, w = x.shape
     u = per_image(seeds, (h * w + c * h * w,), "rand", x.device)
     ks = p[:, 0].round().to(torch.long)
@@ -146,6 +161,8 @@ def _l0(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
 
 
 def _l0_levels(bound: float, steps: int) -> torch.Tensor:
+    import torch
+
     ks = torch.unique(torch.linspace(0, bound, steps + 1, dtype=torch.float64).round())
     return typing.cast(torch.Tensor, ks[ks > 0].unsqueeze(1))
 
@@ -153,16 +170,22 @@ def _l0_levels(bound: float, steps: int) -> torch.Tensor:
 # -- geometric -----------------------------------------------------------------------------
 
 def _rotation(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
     out = kornia.geometry.transform.rotate(x, p[:, 0].to(x), padding_mode="border")
     return _identity_where_zero(x, out, p[:, 0])
 
 
 def _translation(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
     out = kornia.geometry.transform.translate(x, p[:, :2].to(x), padding_mode="border")
     return _identity_where_zero(x, out, _maxabs(p))
 
 
 def _scaling(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
     factor = (1.0 + p[:, 0]).to(x).view(-1, 1).repeat(1, 2)
     out = kornia.geometry.transform.scale(x, factor, padding_mode="border")
     return _identity_where_zero(x, out, p[:, 0])
@@ -171,6 +194,9 @@ def _scaling(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Ten
 def _shearing(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     # kornia shears about the top-left corner; shear about the centre instead so that the sign
     # stays in the frame: translate by -c, shear, translate back.
+    import kornia
+    import torch
+
     n, _, h, w = x.shape
     sh = p[:, :2].to(x)
     cx, cy = (w - 1) / 2, (h - 1) / 2
@@ -195,6 +221,8 @@ def _blur(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor
     # Each image is blurred with its own sigma and a kernel sized for that sigma alone, so an
     # image's output does not depend on the rest of the batch. A search step shares one sigma
     # across its batch, so there is usually a single group.
+    import torch
+
     sigma = p[:, 0].clamp(min=1e-3).to(x)
     levels, group = torch.unique(sigma.cpu(), return_inverse=True)
     if len(levels) == 1:
@@ -208,6 +236,10 @@ def _blur(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor
 
 
 def _blur_at(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    import kornia
+
+    from certify.perturbations.filters import gaussian_blur
+
     k = _blur_size(sigma, *x.shape[-2:])
     if x.device.type == "cpu":  # banded matrix products, clamped to [0, 1] (filters.py)
         return gaussian_blur(x, sigma, k)
@@ -216,22 +248,39 @@ def _blur_at(x: torch.Tensor, sigma: float) -> torch.Tensor:
 
 
 def _sharpen(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
     out = kornia.enhance.sharpness(x, (1.0 + p[:, 0]).to(x))
     return _identity_where_zero(x, out, p[:, 0])
 
 
+def _flipped(bound: float, steps: int) -> torch.Tensor:
+    """The flip's one level: flipped (its bound and steps do not apply)."""
+    import torch
+
+    return torch.tensor([[1.0]], dtype=torch.float64)
+
+
 def _flip(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
     return _identity_where_zero(x, kornia.geometry.transform.hflip(x), p[:, 0])
 
 
 # -- colour --------------------------------------------------------------------------------
 
 def _brightness(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
     out = kornia.enhance.adjust_brightness(x, p[:, 0].to(x), clip_output=True)
     return _identity_where_zero(x, out, p[:, 0])
 
 
 def _contrast(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
+    from certify.perturbations.colour import adjust_contrast
+
     factor = (1.0 + p[:, 0]).to(x)
     if x.device.type == "cpu" and x.shape[1] == 3:  # kornia's formula in cached segments
         return _identity_where_zero(x, adjust_contrast(x, factor), p[:, 0], clamp=False)
@@ -240,6 +289,10 @@ def _contrast(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Te
 
 
 def _saturation(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
+    from certify.perturbations.colour import clamped_in_segments
+
     factor = (1.0 + p[:, 0]).to(x)
     if x.device.type == "cpu":  # kornia a few images at a time, its temporaries in the cache
         out = clamped_in_segments(kornia.enhance.adjust_saturation, x, factor)
@@ -248,23 +301,33 @@ def _saturation(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.
 
 
 def _hue(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+    import torch
+
     out = kornia.enhance.adjust_hue(x, torch.deg2rad(p[:, 0]).to(x))
     return _identity_where_zero(x, out, p[:, 0])
 
 
 def _grayscale(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+
     gray = kornia.color.rgb_to_grayscale(x).expand_as(x)
     a = p[:, 0].to(x).view(-1, 1, 1, 1)
     return _identity_where_zero(x, x * (1 - a) + gray * a, p[:, 0])
 
 
 def _colour_depth(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    import kornia
+    import torch
+
     bits = (8 - p[:, 0].round()).clamp(1, 8).to(torch.uint8).to(x.device)
     out = kornia.enhance.posterize(x, bits)
     return _identity_where_zero(x, out, p[:, 0])
 
 
 def _depth_levels(bound: float, steps: int) -> torch.Tensor:
+    import torch
+
     return torch.arange(1, int(bound) + 1, dtype=torch.float64).unsqueeze(1)
 
 
@@ -275,6 +338,8 @@ def _adaptive_brightness(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) 
     # so some parts of the sign get brighter and others darker (Berghoff et al., Fig. 4). The
     # 16 coarse values come from the search design (p[:, 1:17], in [-1, 1]) or, without one
     # (a corruption pair), from each image's seed
+    import torch.nn.functional as F
+
     n, _, h, w = x.shape
     if p.shape[1] >= 17:
         coarse = p[:, 1:17].to(x).view(n, 1, 4, 4)
@@ -286,9 +351,13 @@ def _adaptive_brightness(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) 
     return _identity_where_zero(x, out, p[:, 0])
 
 
+@functools.cache
 def _quadrant_fields() -> torch.Tensor:
     """The 4x4 coarse fields that are +1 or -1 on each 2x2 quadrant, ``[16, 16]``: one corner
-    against the other three first (each sign), then halves, diagonals and uniform."""
+    against the other three first (each sign), then halves, diagonals and uniform (made once,
+    when first used; callers do not modify it)."""
+    import torch
+
     patterns = []
     for bits in range(16):
         signs = [1.0 if bits >> q & 1 else -1.0 for q in range(4)]  # TL, TR, BL, BR
@@ -298,12 +367,11 @@ def _quadrant_fields() -> torch.Tensor:
     return torch.stack([t[3] for t in patterns])
 
 
-_QUADRANTS = _quadrant_fields()
-
-
 def _sobol(dim: int, seed: int, start: int, stop: int) -> torch.Tensor:
     """Points ``start:stop`` of a scrambled Sobol sequence in ``[0, 1)^dim`` (fixed seed):
     every doubling of ``stop`` fills the gaps of the points before it."""
+    import torch
+
     if stop <= start:
         return torch.zeros(0, dim, dtype=torch.float64)
     eng = torch.quasirandom.SobolEngine(dim, scramble=True, seed=seed)
@@ -316,8 +384,11 @@ def _field_design(start: int, stop: int) -> torch.Tensor:
     """Coarse fields ``[stop - start, 16]`` in [-1, 1]: the 16 quadrant patterns first (a
     corner, a half, a diagonal brighter and the rest darker), then the corners of the whole
     4x4 grid (signs of a Sobol sequence) alternating with points inside it."""
-    q = len(_QUADRANTS)
-    head = _QUADRANTS[start:min(stop, q)].to(torch.float64)
+    import torch
+
+    quadrants = _quadrant_fields()
+    q = len(quadrants)
+    head = quadrants[start:min(stop, q)].to(torch.float64)
     a, b = max(start, q), max(stop, q)
     u = _sobol(16, 0xF1E1D, a - q, b - q) * 2 - 1
     corner = (torch.arange(a, b) % 2 == 0).view(-1, 1)
@@ -329,6 +400,8 @@ def _sticker(x: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor) -> torch.Ten
     # one square sticker of side p * image side, centred on the sign's central region, with a
     # colour and orientation (Berghoff et al., Fig. 5): position, angle and colour from the
     # search design (p[:, 1:7], in [0, 1]) or, without one (a corruption pair), the image's seed
+    import torch
+
     n, c, h, w = x.shape
     if p.shape[1] >= 7:
         r = p[:, 1:7].to(x)
@@ -398,7 +471,7 @@ PROPERTIES: dict[str, Property] = {
         Property("sharpen", "geometric", "amount", "sharpening (kornia sharpness 1 + a)",
                  ("a",), positive_grid, _abs0, _sharpen, default_bound=2.0, default_steps=4),
         Property("flip", "geometric", "flipped", "horizontal flip (flip-invariant classes only)",
-                 ("flipped",), lambda b, s: torch.tensor([[1.0]], dtype=torch.float64),
+                 ("flipped",), _flipped,
                  _abs0, _flip, default_bound=1, default_steps=1),
         Property("brightness", "colour", "offset", "brightness offset added to every value",
                  ("delta",), symmetric_grid, _abs0, _brightness, default_bound=0.3,
