@@ -169,7 +169,9 @@ def submit_cli(svc: Service, token: str, suite: Path, out: Path, samples: int,
 
 
 def job_processes(home: Path, run_id: str = "") -> list[int]:
-    """Pids of job processes of this service home (and run) still alive."""
+    """Pids of job processes of this service home (and run) still alive: the children that
+    its job hosts forked (their stdout is a run's ``job.log`` under the home), or a
+    ``python -m certify.service.job`` started on its own."""
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -178,8 +180,14 @@ def job_processes(home: Path, run_id: str = "") -> list[int]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"certify.service.job" in cmd and any(str(home).encode() in c
-                                                 and run_id.encode() in c for c in cmd):
+        try:
+            out = os.readlink(d / "fd" / "1")
+        except OSError:
+            out = ""
+        forked = (out.startswith(f"{home}/") and out.endswith("/job.log")
+                  and f"/{run_id}" in out)
+        if forked or (b"certify.service.job" in cmd and any(
+                str(home).encode() in c and run_id.encode() in c for c in cmd)):
             pids.append(int(d.name))
     return pids
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 
 from certify.data.classes import metadata_class_names
@@ -47,6 +46,9 @@ from certify.onnx_files import (  # noqa: F401 - re-exported: the model's files
     model_identity,
     sha256_file,
 )
+
+if typing.TYPE_CHECKING:
+    import onnxruntime as ort
 
 log = logging.getLogger("certify")
 
@@ -81,11 +83,20 @@ def cpu_call_size(images: int) -> Iterator[None]:
         _CALL_SIZE.reset(token)
 
 
+def _ort() -> Any:
+    """onnxruntime, imported at the first session rather than with this module: its import
+    starts a thread, and a process that forks (the service's job hosts,
+    :mod:`certify.service.jobhost`) imports this module but must not hold threads."""
+    import onnxruntime
+
+    return onnxruntime
+
+
 def _silence_ort() -> None:
     """Keep onnxruntime's own logging to errors that matter (warnings go to our log line)."""
     global _SILENCED
     if not _SILENCED:
-        ort.set_default_logger_severity(3)
+        _ort().set_default_logger_severity(3)
         _SILENCED = True
 
 
@@ -187,7 +198,7 @@ class OnnxModel:
                 f"model input {inp.name!r} has element type {elem}",
                 hint="certify feeds float32, float16, float64 or uint8 images",
             )
-        self._sess_options = ort.SessionOptions()
+        self._sess_options = _ort().SessionOptions()
         self._sess_options.log_severity_level = 3
         if threads:
             self._sess_options.intra_op_num_threads = threads
@@ -249,7 +260,7 @@ class OnnxModel:
     # -- construction helpers -------------------------------------------------------------
     def _session(self, model: str | bytes) -> ort.InferenceSession:
         try:
-            return ort.InferenceSession(
+            return _ort().InferenceSession(
                 model, sess_options=self._sess_options, providers=self._providers
             )
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises several unrelated types
@@ -267,7 +278,7 @@ class OnnxModel:
         session = None
         if proof.model is not None:
             try:
-                session = ort.InferenceSession(proof.model.SerializeToString(),
+                session = _ort().InferenceSession(proof.model.SerializeToString(),
                                                sess_options=self._sess_options,
                                                providers=self._providers)
                 x = self._to_model_input(probe_images(self.input_shape, 6))

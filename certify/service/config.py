@@ -55,7 +55,7 @@ class ServeConfig:
     allow_domains: tuple[str, ...] = ()
     max_upload_mb: int = 200
     max_dataset_mb: int = 64
-    #: Limits of one run's subprocess.
+    #: Limits of one run's process (a child of its worker slot's job host).
     run_timeout_s: float = 4 * 3600.0
     run_memory_mb: int = 16 * 1024
     #: Lease on a claimed run, renewed every heartbeat; an expired lease is reclaimed.

@@ -1,7 +1,10 @@
-"""One run, in its own process: ``python -m certify.service.job RUN_FOLDER``.
+"""One run, in its own process: a child of the worker slot's job host, or
+``python -m certify.service.job RUN_FOLDER``.
 
-The worker (:mod:`certify.service.workers`) writes ``job.json`` into the run's folder, starts
-this process with the endpoint secret (if any) on stdin, and watches it. This process calls the
+The worker (:mod:`certify.service.workers`) writes ``job.json`` into the run's folder, has its
+job host (:mod:`certify.service.jobhost`) fork a child that runs :func:`run_process` with the
+endpoint secret (if any), and watches it; ``python -m certify.service.job`` runs the same
+function in a fresh interpreter, with the secret on stdin. This process calls the
 same library entry point as ``certify run`` (:func:`certify.api.certify_model`), reports progress
 in ``progress.json`` and ends by writing ``outcome.json``: the run's state, verdict, exit code
 and, on an error, the message ``certify run`` would print. It never touches the database, so a
@@ -178,12 +181,12 @@ def _no_server_paths(text: str, folder: Path, spec: dict[str, Any]) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the job process."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        sys.stderr.write("usage: python -m certify.service.job RUN_FOLDER\n")
-        return 2
+def run_process(folder: Path, secret: str | None) -> int:
+    """What a job process does once it has its secret: log to stderr (the run's ``job.log``),
+    run the job in ``folder``; its exit status (0: the run is done; 1: it ended in error).
+
+    The process is a fresh interpreter (:func:`main`) or a child that a worker slot's job host
+    forked (:mod:`certify.service.jobhost`); either way this is the whole of its work."""
     from certify.redact import install_log_filters
 
     handler = logging.StreamHandler(sys.stderr)
@@ -193,9 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False
-    line = sys.stdin.readline().rstrip("\n")
-    outcome = run_job(Path(args[0]), line or None)
+    outcome = run_job(folder, secret)
     return 0 if outcome["state"] == "done" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the job process: the run folder as argument, the secret (if any) on the
+    first line of stdin."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m certify.service.job RUN_FOLDER\n")
+        return 2
+    line = sys.stdin.readline().rstrip("\n")
+    return run_process(Path(args[0]), line or None)
 
 
 if __name__ == "__main__":

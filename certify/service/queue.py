@@ -15,6 +15,7 @@ most one run per worker.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,32 @@ from certify.service.db import (
 #: limits (raising to refuse: the transaction is rolled back) and return the fields to insert.
 Admit = Callable[[Session, dict[str, Any]], dict[str, Any]]
 
+_listeners: list[Callable[[], None]] = []
+_listeners_lock = threading.Lock()
+
+
+def on_enqueue(listener: Callable[[], None]) -> Callable[[], None]:
+    """Call ``listener`` after each run this process puts on the queue (a worker pool in the
+    API's process claims it at once instead of at its next poll; a worker elsewhere still
+    polls). Returns the function that unregisters it."""
+    with _listeners_lock:
+        _listeners.append(listener)
+
+    def remove() -> None:
+        with _listeners_lock:
+            if listener in _listeners:
+                _listeners.remove(listener)
+
+    return remove
+
+
+def notify_enqueued() -> None:
+    """Tell this process's listeners (:func:`on_enqueue`) that a run is claimable."""
+    with _listeners_lock:
+        listeners = list(_listeners)
+    for listener in listeners:
+        listener()
+
 
 def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = None,
             **fields: Any) -> Run:
@@ -58,6 +85,7 @@ def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = N
                       cancel_requested=False, attempts=0, progress={}, **values)
             session.add(run)
             session.commit()
+            notify_enqueued()
             return run
         except IntegrityError:  # another submission took this seq: take the next
             session.rollback()

@@ -22,19 +22,19 @@ both).
 
 The protocol is one JSON object a line: jobs on the verifier's stdin, outcomes on its stdout.
 When the service process ends, the verifier reads end-of-file, kills its children and exits.
+The loop is :class:`certify.service.forks.ForkLoop`, which the service's job hosts
+(:mod:`certify.service.jobhost`) share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import json
 import logging
 import math
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -59,8 +59,6 @@ EXIT_MEMORY = 3
 EXIT_BROKEN = 70
 #: Seconds the service gives the verifier to start (import the verification code).
 START_ALLOWANCE_S = 120.0
-
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -293,11 +291,6 @@ def _preload() -> None:
         html_renderer()
 
 
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _vm_bytes() -> int:
     """This process's address space now (VmSize)."""
     with open("/proc/self/status", encoding="ascii") as f:
@@ -395,6 +388,8 @@ def _plain(value: Any) -> Any:
 
 def _child(job: dict[str, Any]) -> None:
     """The forked child: limit itself, verify, write the answer; never returns."""
+    from certify.service.forks import die_with_parent
+
     status = EXIT_BROKEN
     try:
         signal.set_wakeup_fd(-1)
@@ -404,7 +399,7 @@ def _child(job: dict[str, Any]) -> None:
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)  # stdout is the verifier's report channel
         os.closerange(3, 1024)
-        _die_with_parent()
+        die_with_parent()
         # a hostile file makes parsers warn by the thousand: the answer says what matters
         logging.disable(logging.CRITICAL)
         import warnings
@@ -434,11 +429,6 @@ def _child(job: dict[str, Any]) -> None:
         os._exit(status)
 
 
-def _report(out: Any, msg: dict[str, Any]) -> None:
-    out.write(json.dumps(msg).encode() + b"\n")
-    out.flush()
-
-
 def _ended(status: int, timed_out: bool) -> tuple[str, int]:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -454,75 +444,51 @@ def _ended(status: int, timed_out: bool) -> tuple[str, int]:
 
 
 def serve(stdin: Any = None, stdout: Any = None) -> None:
-    """The verifier's loop: fork a child per job line, kill it at its deadline, report."""
+    """The verifier's loop (:class:`certify.service.forks.ForkLoop`): fork a child per job
+    line, kill it at its deadline, report how it ended."""
+    from certify.service.forks import ForkLoop
+
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout.buffer
     # the service ends this process (end of file on stdin), not a Ctrl-C sent to the group
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _preload()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    fd = stdin.fileno()
+    loop = ForkLoop(stdin.fileno(), stdout)
     #: pid -> [job id, deadline, killed for time]
     running: dict[int, list[Any]] = {}
-    buf = b""
-    _report(stdout, {"ready": True, "pid": os.getpid()})
-    open_ = True
-    while open_ or running:
-        now = time.monotonic()
-        # a child killed for time is waited for at a short tick, not at its past deadline
-        # (which would spin this loop until the kernel reaps it)
-        wait = min((now + 0.05 if r[2] else r[1] for r in running.values()),
-                   default=now + 3600) - now
-        watch = [fd, wake_r] if open_ else [wake_r]
+
+    def start(job: dict[str, Any]) -> int | None:
         try:
-            ready, _, _ = select.select(watch, [], [], max(0.0, wait))
-        except InterruptedError:
-            ready = []
-        if wake_r in ready:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_r, 4096)
-        if fd in ready:
-            data = os.read(fd, 1 << 16)
-            if not data:  # the service ended: so do its verifications
-                open_ = False
-                for pid in running:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                job = json.loads(line)
-                try:
-                    pid = os.fork()
-                except OSError as exc:
-                    _report(stdout, {"id": job["id"], "how": "failed", "code": exc.errno})
-                    continue
-                if pid == 0:
-                    _child(job)
-                running[pid] = [job["id"], time.monotonic() + float(job["timeout_s"]), False]
-        while running:
-            try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            entry = running.pop(pid, None)
-            if entry is None:
-                continue
-            how, code = _ended(status, entry[2])
-            _report(stdout, {"id": entry[0], "pid": pid, "how": how, "code": code,
-                             "maxrss_kb": usage.ru_maxrss,
-                             "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
-        now = time.monotonic()
+            pid = loop.fork()
+        except OSError as exc:
+            loop.report({"id": job["id"], "how": "failed", "code": exc.errno})
+            return None
+        if pid == 0:
+            _child(job)
+        running[pid] = [job["id"], time.monotonic() + float(job["timeout_s"]), False]
+        return pid
+
+    def reap(pid: int, status: int, usage: Any) -> None:
+        entry = running.pop(pid, None)
+        if entry is None:
+            return
+        how, code = _ended(status, entry[2])
+        loop.report({"id": entry[0], "pid": pid, "how": how, "code": code,
+                     "maxrss_kb": usage.ru_maxrss,
+                     "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
+
+    def tick(now: float) -> float | None:
         for pid, entry in running.items():
             if not entry[2] and now >= entry[1]:
                 entry[2] = True
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        # a child killed for time is waited for at a short tick, not at its past deadline
+        # (which would spin this loop until the kernel reaps it)
+        return min((now + 0.05 if r[2] else r[1] for r in running.values()), default=None)
+
+    loop.report({"ready": True, "pid": os.getpid()})
+    loop.run(start, reap, tick)
 
 
 def main() -> int:

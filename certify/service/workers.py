@@ -1,26 +1,27 @@
-"""Worker threads: claim a run, start its subprocess, watch it, record how it ended.
+"""Worker threads: claim a run, start its process, watch it, record how it ended.
 
-Each of ``--workers N`` threads runs one run at a time in a subprocess
-(``python -m certify.service.job``) with an address-space limit and a wall-clock limit, in its
-own process group, with the parent-death signal set: a model that crashes or hangs ends its run
-``error``, and a killed server leaves no orphan writing to the store. While the subprocess runs
-the thread renews the run's lease (carrying its progress) every heartbeat; a cancelled run's
-process group is killed. A finished run's signed statement is appended to the transparency log.
+Each of ``--workers N`` threads runs one run at a time in a process of its own, forked by the
+thread's warm job host (:mod:`certify.service.jobhost`: a process that has imported certify,
+torch and the card's renderers once, so that a run starts computing at once), with an
+address-space limit and a wall-clock limit, in its own process group, with the parent-death
+signal set: a model that crashes or hangs ends its run ``error``, and a killed server (or a
+killed job host) leaves no orphan writing to the store. While the process runs the thread
+renews the run's lease (carrying its progress) every heartbeat; a cancelled run's process group
+is killed. A run whose job host died under it goes back on the queue and resumes from its
+records; the host is replaced. A finished run's signed statement is appended to the
+transparency log. A run submitted to this process is claimed at once (:func:`queue.on_enqueue`);
+runs submitted elsewhere are found by polling every :data:`CLAIM_POLL_S` seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import re
-import resource
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -33,8 +34,9 @@ from sqlalchemy.orm import sessionmaker
 from certify.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from certify.rundir import RECORDS_FILE, RUN_FILE
 from certify.service import job, queue
-from certify.service.config import ServeConfig, child_env
+from certify.service.config import ServeConfig
 from certify.service.db import CANCELLED, DONE, ERROR, QUEUED, RUNNING, Run, utcnow
+from certify.service.jobhost import HostBroken, HostDied, JobHost, JobProcess
 from certify.service.store import (
     NotInStore,
     Store,
@@ -49,7 +51,8 @@ log = logging.getLogger("certify.service")
 
 #: A run's records go to the store in a new segment every this many records or seconds.
 SEGMENT_RECORDS, SEGMENT_SECONDS = 256, 10.0
-_PR_SET_PDEATHSIG = 1
+#: An idle worker looks for runs submitted to other processes this often (seconds).
+CLAIM_POLL_S = 0.5
 _ATTEMPT_DIR = re.compile(r"[0-9]{4,}")
 _SEGMENT_NAME = re.compile(r"([0-9]{8})\.jsonl")
 
@@ -181,17 +184,6 @@ class RecordSegments:
             log.warning("%s: its records segments stay in the store: %s", self.base, exc)
 
 
-def _child_setup(memory_bytes: int) -> Any:
-    """What the job process does between fork and exec: die with its parent, cap memory."""
-
-    def setup() -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
-    return setup
-
-
 def input_keys(run: Run) -> list[str]:
     """The store keys (or key prefixes, ending in ``/``) a run reads: its model's folder, its
     uploaded suite and dataset, its reference and surrogate models' folders."""
@@ -311,15 +303,25 @@ class WorkerPool:
         self.owner = f"{os.uname().nodename[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.device = worker_device(cfg.device)
         self._stop = threading.Event()
+        #: set when a run may be claimable (one was submitted here or put back): idle slots
+        #: claim at once
+        self._wake = threading.Event()
+        self._unlisten: Any = None
         self._threads: list[threading.Thread] = []
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._procs: dict[str, JobProcess] = {}
         self._lock = threading.Lock()
+        #: Each slot's job host (:mod:`certify.service.jobhost`), started with its thread.
+        self.hosts: list[JobHost] = []
 
     def start(self) -> None:
         """Start the worker threads."""
         log.info("worker %s: %d slot(s), device %s", self.owner, self.cfg.workers, self.device)
+        self._unlisten = queue.on_enqueue(self._wake.set)
         for i in range(self.cfg.workers):
-            t = threading.Thread(target=self._loop, name=f"certify-worker-{i}", daemon=True)
+            host = JobHost(f"worker-{i}")
+            self.hosts.append(host)
+            t = threading.Thread(target=self._loop, args=(host,), name=f"certify-worker-{i}",
+                                 daemon=True)
             t.start()
             self._threads.append(t)
         beat = threading.Thread(target=self._beat_loop, name="certify-worker-beat",
@@ -331,16 +333,19 @@ class WorkerPool:
         """Claim no more runs (the first step of a shutdown; running runs go on until
         :meth:`stop`)."""
         self._stop.set()
+        self._wake.set()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop claiming; kill running jobs and put their runs back on the queue with their
         records (they resume where they were after a restart, on any worker)."""
         self._stop.set()
+        self._wake.set()
+        if self._unlisten is not None:
+            self._unlisten()
         with self._lock:
             procs = dict(self._procs)
         for p in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+            p.kill()
         for t in self._threads:
             t.join(timeout)
         for rid in procs:  # a worker thread requeues its own run; this covers a stuck one
@@ -354,6 +359,7 @@ class WorkerPool:
                       .values(state=QUEUED, lease_owner=None, lease_expires=None,
                               updated=utcnow()))
             s.commit()
+        self._wake.set()
 
     def _beat_loop(self) -> None:
         """This pool's heartbeat as a worker (``/metrics`` shows it), on the database's
@@ -372,8 +378,18 @@ class WorkerPool:
         with contextlib.suppress(Exception):
             queue.worker_gone(self.factory, self.owner)
 
-    def _loop(self) -> None:
+    def _loop(self, host: JobHost) -> None:
+        """One slot: claim a run, run it, again, until :meth:`stop`. The slot's job host is
+        started (and replaced) from this thread, whose end its parent-death signal follows."""
+        host.start()  # its imports overlap the wait for the first run
+        try:
+            self._claim_loop(host)
+        finally:
+            host.close()
+
+    def _claim_loop(self, host: JobHost) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the claim: a run submitted after it sets it again
             try:
                 run = queue.claim(self.factory, self.owner, self.cfg.lease_s, self.device)
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the worker
@@ -381,10 +397,10 @@ class WorkerPool:
                 self._stop.wait(2.0)
                 continue
             if run is None:
-                self._stop.wait(0.5)
+                self._wake.wait(CLAIM_POLL_S)
                 continue
             try:
-                self._run(run)
+                self._run(run, host)
             except _Abandoned:
                 log.info("run %s: given up by this worker; it will be resumed", run.id)
             except (NotInStore, _RunRefused) as exc:
@@ -411,23 +427,23 @@ class WorkerPool:
         except Exception:  # noqa: BLE001
             log.exception("run %s: its end could not be recorded", run_id)
 
-    def _run(self, run: Run) -> None:
+    def _run(self, run: Run, host: JobHost) -> None:
         """Run one claimed run: its inputs and any records a lost worker left are copied from
-        the store into this node's scratch folder, its process computes there, its records go
-        to the store as segments while it runs, and its written files at the end. The lease
-        is renewed by its own thread from the claim to the end."""
+        the store into this node's scratch folder, its process (forked by ``host``) computes
+        there, its records go to the store as segments while it runs, and its written files
+        at the end. The lease is renewed by its own thread from the claim to the end."""
         folder = self.cfg.scratch / "runs" / run.id
         shutil.rmtree(folder, ignore_errors=True)
         (folder / job.OUT_DIR).mkdir(parents=True)
         lease = _Lease(self, run.id, folder / job.PROGRESS_FILE)
         lease.start()
         try:
-            self._run_in(run, folder, lease)
+            self._run_in(run, folder, lease, host)
         finally:
             lease.stop()
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _run_in(self, run: Run, folder: Path, lease: _Lease) -> None:
+    def _run_in(self, run: Run, folder: Path, lease: _Lease, host: JobHost) -> None:
         if run.dataset and not run.dataset.startswith("store:") \
                 and run.dataset not in self.cfg.datasets:
             raise _RunRefused(f"the worker that took this run has no registered dataset "
@@ -454,53 +470,62 @@ class WorkerPool:
         secret = ""
         if run.secret_enc is not None:
             secret = self.secrets.decrypt(run.secret_enc, run.id)
-        env = child_env()
         log.info("run %s: starting (attempt %d)", run.id, run.attempts)
-        with (folder / job.LOG_FILE).open("ab") as logf:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "certify.service.job", str(folder)],
-                stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-                preexec_fn=_child_setup(self.cfg.run_memory_mb * 1024 * 1024))
+        try:
+            proc = host.run(folder, secret, self.cfg.run_memory_mb * 1024 * 1024,
+                            abort=self._stop)
+        except HostDied as exc:  # not the run's doing: it goes back on the queue
+            log.warning("run %s: %s; back on the queue", run.id, exc)
+            self._requeue(run.id)
+            raise _Abandoned from None
+        except HostBroken as exc:
+            raise _RunRefused(str(exc)) from None
+        finally:
+            del secret
+        log.info("run %s: process %s in job host %s", run.id, proc.pid, host.pid)
         with self._lock:
             self._procs[run.id] = proc
         try:
-            assert proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.write(secret.encode() + b"\n")
-                proc.stdin.close()
-            del secret
-            ended = self._watch(run, proc, segments, lease)
+            ended = self._watch(run, proc, host, segments, lease)
         finally:
             with self._lock:
                 self._procs.pop(run.id, None)
-            if proc.poll() is None:  # whatever went wrong here, the process goes with it
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            if not proc.ended:  # whatever went wrong here, the process goes with it
+                proc.kill()
+                host.reap(proc)
+        if proc.returncode is not None:
+            log.info("run %s: process %s ended with status %d (%.2f s of CPU, peak %d MB)",
+                     run.id, proc.pid, proc.returncode, proc.cpu_s, proc.maxrss_kb // 1024)
         if ended is not None:
             segments.flush()
             self._end(run.id, **ended)
             return
-        if self._stop.is_set() and proc.returncode < 0:
+        if proc.host_died and not (folder / job.OUTCOME_FILE).exists():
+            # killed with its job host, not by its model: resumed from its records, as a run
+            # whose server was killed (the host is replaced at the next run)
+            proc.kill()  # whatever the run started in its group goes too
+            segments.flush()
+            log.warning("run %s: its job host died; back on the queue", run.id)
+            self._requeue(run.id)
+            raise _Abandoned
+        returncode = -signal.SIGKILL if proc.returncode is None else proc.returncode
+        if self._stop.is_set() and returncode < 0:
             # killed by the shutdown, not by its model: back on the queue, never an error
             segments.flush()
             self._requeue(run.id)
             raise _Abandoned
         segments.flush()
-        self._record_outcome(run, proc.returncode, folder, segments, lease)
+        self._record_outcome(run, returncode, folder, segments, lease)
 
-    def _watch(self, run: Run, proc: subprocess.Popen[bytes], segments: RecordSegments,
+    def _watch(self, run: Run, proc: JobProcess, host: JobHost, segments: RecordSegments,
                lease: _Lease) -> dict[str, Any] | None:
-        """Wait for the process, sending its new records to the store
-        (:class:`RecordSegments`); the final values if it had to be killed."""
+        """Wait for the process (its end is heard at once), sending its new records to the
+        store (:class:`RecordSegments`) and checking its lease, cancellation and time limit
+        every second; the final values if it had to be killed."""
         started = time.monotonic()
         while True:
-            try:
-                proc.wait(timeout=1.0)
+            if proc.wait(timeout=1.0):
                 return None
-            except subprocess.TimeoutExpired:
-                pass
             if not self._stop.is_set() and lease.held:
                 try:
                     segments.poll()
@@ -520,9 +545,8 @@ class WorkerPool:
                           "error": f"the run exceeded the service's time limit of "
                                    f"{self.cfg.run_timeout_s:.0f} s and was stopped"}
             if reason is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                proc.kill()
+                host.reap(proc)
                 if not reason:  # stopping or lease lost: the run is someone else's now
                     if self._stop.is_set() and lease.beat():  # still ours: records first
                         segments.flush()

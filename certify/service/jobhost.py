@@ -1,0 +1,459 @@
+"""Warm job hosts: each worker slot forks its runs from a process that has imported them.
+
+A run computed in a fresh interpreter paid about 3 s of CPU importing certify, torch, kornia,
+the card's renderers (jinja2, WeasyPrint) and its PDF
+signer before its first sample. Each
+worker slot (:class:`certify.service.workers.WorkerPool`) keeps instead a *job host*
+(``python -m certify.service.jobhost``): a process that imports those modules once and, for
+each run, forks a child that runs exactly what ``python -m certify.service.job RUN_FOLDER``
+runs (:func:`certify.service.job.run_process`: the same job folder, ``job.log``, outputs and
+exit status). The host never computes: no torch operation, no thread pool; it has one thread
+whenever it forks (its ready report says so). onnxruntime is the exception to "imported once":
+its import starts a thread (onnxruntime 1.31's Python module does), so it is imported where the
+first session is made (:func:`certify.models.onnx._ort`), in the child (about 0.1 s of CPU).
+The host's objects are frozen for the garbage collector (:func:`gc.freeze`) before each fork,
+so that a child's collections neither walk nor write the memory it shares with the host.
+
+Each child
+
+- makes its own session and process group: the worker kills a cancelled or overdue run with
+  ``os.killpg``, as it killed the job process;
+- takes the parent-death signal (SIGKILL) from its host, which takes it from the worker thread
+  that started it: a killed service, or a killed host, leaves no run computing;
+- caps its address space at ``--run-memory`` MB (``RLIMIT_AS``, as the job process did);
+- writes its stdout and stderr to the run's ``job.log``;
+- reads the endpoint secret from its job line, which came through the host's stdin pipe (it is
+  never on disk);
+- gives its memory back when it exits, at the end of its run.
+
+The protocol is :class:`certify.service.forks.ForkLoop`'s, shared with the card verifier: one
+JSON job a line on the host's stdin, one JSON report a line on its stdout. The host reports
+each child's pid when it forks it, and how it ended (``returncode`` as
+:class:`subprocess.Popen` says it: negative for a signal) when it reaps it, since the worker
+cannot wait for a grandchild. A host that exits, is killed, or does not take a job within
+:data:`ACK_TIMEOUT_S` is replaced by a fresh one; a run whose host died before reporting its
+end is put back on the queue by the worker and resumes from its records, as a run whose server
+was killed does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import itertools
+import json
+import logging
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from certify.service import forks
+
+log = logging.getLogger("certify.service")
+
+#: Seconds a started host has to import what runs need (a loaded machine, a cold disk).
+START_ALLOWANCE_S = 180.0
+#: Seconds a ready host has to fork a job's child and say so; past them it is replaced.
+ACK_TIMEOUT_S = 30.0
+#: Seconds a host has to report a child that was killed; past them it is replaced.
+KILL_WAIT_S = 10.0
+#: Exit status of a child that failed before it could run its job (a bug, not the run).
+EXIT_BROKEN = forks.EXIT_BROKEN
+
+
+class HostDied(RuntimeError):
+    """The job host ended, or stopped answering, before it reported how a job ended."""
+
+
+class HostBroken(RuntimeError):
+    """The job host exited with an error before it was ready (its imports fail here): a run
+    in a fresh interpreter would have failed the same way."""
+
+
+# --- the worker's side ------------------------------------------------------------------
+
+class JobProcess:
+    """A run's child in a job host, as the worker sees it (:class:`subprocess.Popen`'s
+    ``pid``, ``returncode``, ``wait`` and ``poll``)."""
+
+    def __init__(self, job_id: int, host: JobHost) -> None:
+        self.job_id, self.host = job_id, host
+        #: The child's pid, also its process group's id (None until the host forked it).
+        self.pid: int | None = None
+        #: As :attr:`subprocess.Popen.returncode`: the exit status, or minus the signal.
+        self.returncode: int | None = None
+        #: The host ended before it reported this child's end (the child died with it).
+        self.host_died = False
+        #: The host could not fork (the errno), e.g. out of memory or processes.
+        self.fork_error: int | None = None
+        #: CPU seconds and peak resident set (KB) of the ended child, from ``wait4``.
+        self.cpu_s, self.maxrss_kb = 0.0, 0
+        self._proc: subprocess.Popen[bytes] | None = None  # the host process it was sent to
+        self._started = threading.Event()
+        self._ended = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the child ended (or its host died); whether it did within ``timeout``."""
+        return self._ended.wait(timeout)
+
+    def poll(self) -> int | None:
+        """The return code if the child ended, else None."""
+        return self.returncode
+
+    @property
+    def ended(self) -> bool:
+        """Whether the child ended or its host died."""
+        return self._ended.is_set()
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group (everything the run started); nothing once the
+        host reported the child's end (its pid may be another process's by then)."""
+        if self.pid is not None and self.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def _lost(self) -> None:
+        self.host_died = True
+        self._started.set()
+        self._ended.set()
+
+
+class JobHost:
+    """A worker slot's handle on its job host process, started (and restarted) from that
+    slot's thread: the host's parent-death signal is tied to the thread that started it.
+
+    A reader thread turns the host's reports into each :class:`JobProcess`'s state; when the
+    host's stdout ends (it exited or was killed), every job it had not reported is marked
+    :attr:`JobProcess.host_died`.
+    """
+
+    def __init__(self, name: str = "job-host") -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ready = threading.Event()
+        self._pending: dict[int, JobProcess] = {}
+        self._ids = itertools.count(1)
+        #: The host's ready report (its pid, seconds of imports, threads) once it is ready.
+        self.info: dict[str, Any] = {}
+        #: How many host processes this handle started (a replaced host adds one).
+        self.started = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The live host's pid (None before it starts or once it ended)."""
+        proc = self._proc
+        return None if proc is None or proc.poll() is not None else proc.pid
+
+    def start(self) -> None:
+        """Start the host if none is running (it imports in the background)."""
+        with self._lock:
+            self._ensure()
+
+    def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        from certify.service.config import child_env
+
+        forks.libc()  # loaded here: the host's preexec_fn may not load a library
+        self._ready.clear()
+        self.info = {}
+        # stderr is the service's: a host's warnings and tracebacks go to its log
+        proc = subprocess.Popen([sys.executable, "-m", "certify.service.jobhost"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                env=child_env(), close_fds=True,
+                                preexec_fn=forks.die_with_parent)
+        self._proc = proc
+        self.started += 1
+        threading.Thread(target=self._read, args=(proc,), name=f"certify-{self.name}",
+                         daemon=True).start()
+        return proc
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("ready"):
+                self.info = msg
+                self._ready.set()
+                log.info("%s: job host %d ready (imports %.1f s of CPU, %d thread(s))",
+                         self.name, msg.get("pid", 0), msg.get("import_s", 0.0),
+                         msg.get("threads", 0))
+                continue
+            with self._lock:
+                job = self._pending.get(int(msg.get("id", -1)))
+            if job is None:
+                continue
+            if "returncode" in msg:
+                with self._lock:
+                    self._pending.pop(job.job_id, None)
+                job.returncode = int(msg["returncode"])
+                job.cpu_s, job.maxrss_kb = float(msg.get("cpu_s", 0)), int(msg.get("maxrss_kb", 0))
+                job._ended.set()
+            elif "fork_error" in msg:
+                with self._lock:
+                    self._pending.pop(job.job_id, None)
+                job.fork_error = int(msg["fork_error"])
+                job._started.set()
+                job._ended.set()
+            elif "pid" in msg:
+                job.pid = int(msg["pid"])
+                job._started.set()
+        proc.wait()
+        with self._lock:
+            lost = [j for j in self._pending.values() if j.host is self and j._proc is proc]
+            for j in lost:
+                self._pending.pop(j.job_id, None)
+        if lost or proc.returncode not in (0, None):
+            log.warning("%s: job host %d ended (status %s) with %d job(s) running", self.name,
+                        proc.pid, proc.returncode, len(lost))
+        for j in lost:
+            j._lost()
+
+    def run(self, folder: Path, secret: str, memory_bytes: int,
+            ack_timeout: float = ACK_TIMEOUT_S,
+            abort: threading.Event | None = None) -> JobProcess:
+        """Have the host fork a child that runs the job in ``folder``; returns once the child
+        runs. :class:`HostDied` where the host ended or did not answer in time (it is then
+        replaced at the next run) or ``abort`` was set meanwhile (the service is stopping:
+        the host is killed), :class:`HostBroken` where it could not start at all, OSError
+        where it could not fork."""
+        with self._lock:
+            proc = self._ensure()
+            job = JobProcess(next(self._ids), self)
+            job._proc = proc
+            self._pending[job.job_id] = job
+            line = json.dumps({"id": job.job_id, "folder": str(folder),
+                               "memory_bytes": int(memory_bytes), "secret": secret})
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(line.encode() + b"\n")
+                proc.stdin.flush()
+            except OSError as exc:
+                self._pending.pop(job.job_id, None)
+                self._kill(proc)
+                raise HostDied(f"the job host did not take the job ({exc})") from None
+            del line
+        allowance = ack_timeout + (0.0 if self._ready.is_set() else START_ALLOWANCE_S)
+        deadline = time.monotonic() + allowance
+        while not job._started.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+            aborted = abort is not None and abort.is_set()
+            if aborted or time.monotonic() >= deadline:
+                with self._lock:
+                    self._pending.pop(job.job_id, None)
+                self._kill(proc)
+                raise HostDied("the service is stopping" if aborted else
+                               f"the job host did not start the job within {allowance:.0f} s;"
+                               " it was replaced")
+        if job.fork_error is not None:
+            raise OSError(job.fork_error, f"the job host could not fork: "
+                          f"{os.strerror(job.fork_error)}")
+        if job.pid is None:  # the host ended before it forked
+            proc.wait()
+            if not self._ready.is_set() and proc.returncode is not None \
+                    and proc.returncode > 0:
+                raise HostBroken(f"the worker's job host could not start (exit status "
+                                 f"{proc.returncode}; the service's log says why)")
+            raise HostDied(f"the job host ended (status {proc.returncode}) before it "
+                           "started the job")
+        return job
+
+    def reap(self, job: JobProcess, timeout: float = KILL_WAIT_S) -> None:
+        """Wait for a killed job's end; a host that does not report it in ``timeout`` is
+        killed (and the job marked :attr:`JobProcess.host_died`)."""
+        if job.wait(timeout):
+            return
+        log.warning("%s: job host did not report process %s within %.0f s; replacing it",
+                    self.name, job.pid, timeout)
+        self._kill(job._proc)
+        job.wait(timeout)
+        if not job.ended:  # the reader never saw the end: say so here
+            job._lost()
+
+    def _kill(self, proc: subprocess.Popen[bytes] | None) -> None:
+        """Kill a host (its children die with it: parent-death signal)."""
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(KILL_WAIT_S)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the host: end of file on its stdin (it kills its children and exits), then
+        SIGKILL if it has not exited within ``timeout``; a host still importing (it reads its
+        stdin only once ready, and has no child yet) is killed at once."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if not self._ready.is_set():
+            self._kill(proc)
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._kill(proc)
+
+
+# --- the host's side --------------------------------------------------------------------
+
+def preload() -> list[str]:
+    """Import what a run imports (the engine, checks, models, the card's renderers, figures
+    and PDF signer), without running any of it; returns the top-level packages now loaded."""
+    import certify.api
+    import certify.figures
+    import certify.models.http
+    import certify.redact
+    import certify.service.endpoints
+    import certify.service.job
+    import certify.service.secrets  # noqa: F401
+    from certify.errors import PdfUnavailableError
+    from certify.report.weasy import load_weasyprint
+
+    with contextlib.suppress(PdfUnavailableError):  # no PDF here: the child says so
+        load_weasyprint()
+    # the card's PDF signer (absent or unloadable: the child meets it as a fresh interpreter
+    # would)
+    for optional in ("pyhanko.sign.signers", "pyhanko.sign.fields",
+                     "pyhanko.pdf_utils.incremental_writer", "pyhanko_certvalidator.registry"):
+        with contextlib.suppress(Exception):
+            importlib.import_module(optional)
+    # the renderer's identity (digests of the templates and of the code this host loaded),
+    # computed once here rather than in every run
+    with contextlib.suppress(Exception):
+        from certify.report.card import html_renderer
+
+        html_renderer()
+    return sorted({m.split(".")[0] for m in sys.modules if not m.startswith("_")})
+
+
+def _run_child(job: dict[str, Any], host_pid: int) -> int:
+    """The child's part: its own group, tied to the host, limited, logging to job.log; then
+    the job process's own function. Returns the exit status."""
+    os.setsid()
+    gc.enable()  # as in a fresh interpreter (the host's own objects stay frozen: serve())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    forks.die_with_parent()
+    if os.getppid() != host_pid:  # the host died before the signal was asked for
+        return EXIT_BROKEN
+    folder = Path(job["folder"])
+    from certify.service.job import LOG_FILE, run_process
+
+    fd = os.open(folder / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    memory = int(job["memory_bytes"])
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    secret = job.pop("secret", "") or None
+    try:
+        return run_process(folder, secret)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - as an uncaught exception ends a process
+        import traceback
+
+        traceback.print_exc()
+        return 1
+
+
+def _child(job: dict[str, Any], host_pid: int) -> NoReturn:
+    """The forked child: run the job, then exit as an interpreter does (atexit handlers,
+    threads joined, streams flushed); nothing may return into the host's loop."""
+    try:
+        status = _run_child(job, host_pid)
+    except BaseException:  # noqa: BLE001 - a failure before the job could start
+        os._exit(EXIT_BROKEN)
+    raise SystemExit(status)
+
+
+def serve() -> None:
+    """The host's loop: preload, then fork a child per job line and report its pid and its
+    end (:class:`certify.service.forks.ForkLoop`)."""
+    # the worker ends this process (end of file on stdin), not a Ctrl-C sent to the group
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # reports go on a private copy of stdout; what a library prints goes to stderr
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    # The imported modules' objects are shared with every child until written to; a child's
+    # garbage collector would write to each of them (and walk them all) at every full
+    # collection. So the host collects nothing while it imports, and freezes what it holds
+    # before each fork (gc.freeze: the children's collections skip it); measured on the
+    # demo's two-check run, a child took 1.25 s of CPU without this and 1.0 s with it.
+    gc.disable()
+    began = time.process_time()
+    packages = preload()
+    imported = time.process_time() - began
+    host_pid = os.getpid()
+    loop = forks.ForkLoop(0, out)
+    # one fork before the first job: libraries whose pools stop at fork (OpenBLAS) stop now,
+    # and the thread count in the ready report is the one every child is forked with
+    gc.freeze()
+    pid = loop.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    threads = forks.thread_count()
+    if threads > 1:
+        sys.stderr.write(f"certify job host {host_pid}: {threads} threads before forking; "
+                         "an import started a thread pool\n")
+    running: dict[int, int] = {}  # pid -> job id
+
+    def start(job: dict[str, Any]) -> int | None:
+        gc.freeze()
+        try:
+            pid = loop.fork()
+        except OSError as exc:
+            loop.report({"id": job["id"], "fork_error": exc.errno})
+            return None
+        if pid == 0:
+            _child(job, host_pid)
+        job.pop("secret", None)
+        running[pid] = job["id"]
+        loop.report({"id": job["id"], "pid": pid})
+        return pid
+
+    def reap(pid: int, status: int, usage: Any) -> None:
+        jid = running.pop(pid, None)
+        if jid is not None:
+            loop.report({"id": jid, "pid": pid,
+                         "returncode": os.waitstatus_to_exitcode(status),
+                         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+                         "maxrss_kb": usage.ru_maxrss})
+
+    def kill(pid: int) -> None:  # the child's whole group: what its run started too
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+    loop.report({"ready": True, "pid": host_pid, "import_s": round(imported, 3),
+                 "threads": threads, "packages": len(packages),
+                 "torch": "torch" in packages, "onnxruntime": "onnxruntime" in packages})
+    loop.run(start, reap, kill=kill)
+
+
+def main() -> int:
+    """Entry point of the job host process."""
+    try:
+        serve()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
