@@ -184,3 +184,48 @@ def test_sigkill_of_the_job_host_mid_run_loses_nothing(
     again = _submit(service, token, slow_suite, samples=16, seed=5)
     assert service.wait_run(again, token)["state"] == "done"
     assert _measurement(service, run) == _measurement(service, again)
+
+
+def _readable_memory(pid: int) -> bytes:
+    """Every readable mapping of process ``pid`` (needs ptrace rights: root here)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("r"):
+                continue
+            lo, hi = (int(v, 16) for v in span.split("-"))
+            try:
+                mem.seek(lo)
+                out.append(mem.read(hi - lo))
+            except (OSError, OverflowError, ValueError):
+                continue
+    return b"".join(out)
+
+
+def test_a_runs_secret_never_passes_through_the_host(tmp_path: Path) -> None:
+    """The attack: a host that read run A's secret keeps copies of it in freed memory, which
+    every child it forks later (another tenant's run) inherits. The secret goes from the
+    worker into the child's own pipe instead: after run A the host's whole memory holds no
+    copy, and the child got it (it ends with its run's own failure, not at the pipe)."""
+    from certify.service.jobhost import JobHost
+
+    if os.geteuid() != 0:
+        pytest.skip("reading another process's memory needs root here")
+    host = JobHost("secret-test")
+    try:
+        folder = tmp_path / "run"
+        folder.mkdir()
+        secret = "certify-secret-" + os.urandom(12).hex()
+        job = host.run(folder, secret, 4 << 30)
+        assert job.wait(120), "the child did not end"
+        assert host.pid is not None
+        memory = _readable_memory(host.pid)
+        assert len(memory) > 10_000_000  # the host's imports were read
+        assert secret.encode() not in memory
+        # the child read its secret and went on to the job (which has no job.json here)
+        log = (folder / "job.log").read_text(errors="replace")
+        assert secret not in log
+        assert job.returncode not in (None, 70), (job.returncode, log[-2000:])
+    finally:
+        host.close()

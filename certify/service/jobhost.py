@@ -22,8 +22,11 @@ Each child
   that started it: a killed service, or a killed host, leaves no run computing;
 - caps its address space at ``--run-memory`` MB (``RLIMIT_AS``, as the job process did);
 - writes its stdout and stderr to the run's ``job.log``;
-- reads the endpoint secret from its job line, which came through the host's stdin pipe (it is
-  never on disk);
+- reads the endpoint secret from a pipe of its own, which the worker made for this run and
+  handed to the host (``SCM_RIGHTS`` over a socket pair) before the fork: the worker writes the
+  secret into it once the child runs. The host never reads a secret, so no child holds another
+  run's (nor is it on disk); host and children are not dumpable (no core file, no
+  ``/proc/PID/mem`` for processes of the same user);
 - gives its memory back when it exits, at the end of its run.
 
 The protocol is :class:`certify.service.forks.ForkLoop`'s, shared with the card verifier: one
@@ -47,6 +50,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -66,6 +70,7 @@ ACK_TIMEOUT_S = 30.0
 KILL_WAIT_S = 10.0
 #: Exit status of a child that failed before it could run its job (a bug, not the run).
 EXIT_BROKEN = forks.EXIT_BROKEN
+_PR_SET_DUMPABLE = 4
 
 
 class HostDied(RuntimeError):
@@ -116,8 +121,12 @@ class JobProcess:
         """SIGKILL the child's process group (everything the run started); nothing once the
         host reported the child's end (its pid may be another process's by then)."""
         if self.pid is not None and self.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
                 os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                # just forked: the child may not have made its own group yet
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(self.pid, signal.SIGKILL)
 
     def _lost(self) -> None:
         self.host_died = True
@@ -145,6 +154,7 @@ class JobHost:
         self.info: dict[str, Any] = {}
         #: How many host processes this handle started (a replaced host adds one).
         self.started = 0
+        self._sock: socket.socket | None = None
 
     @property
     def pid(self) -> int | None:
@@ -165,11 +175,24 @@ class JobHost:
         forks.libc()  # loaded here: the host's preexec_fn may not load a library
         self._ready.clear()
         self.info = {}
-        # stderr is the service's: a host's warnings and tracebacks go to its log
-        proc = subprocess.Popen([sys.executable, "-m", "certify.service.jobhost"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                env=child_env(), close_fds=True,
-                                preexec_fn=forks.die_with_parent)
+        # the channel that carries each run's secret pipe (its read end) to the host
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # stderr is the service's: a host's warnings and tracebacks go to its log
+            proc = subprocess.Popen([sys.executable, "-m", "certify.service.jobhost",
+                                     str(theirs.fileno())],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    env=child_env(), close_fds=True,
+                                    pass_fds=(theirs.fileno(),),
+                                    preexec_fn=forks.die_with_parent)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = ours
         self._proc = proc
         self.started += 1
         threading.Thread(target=self._read, args=(proc,), name=f"certify-{self.name}",
@@ -209,6 +232,7 @@ class JobHost:
             elif "pid" in msg:
                 job.pid = int(msg["pid"])
                 job._started.set()
+        proc.stdout.close()
         proc.wait()
         with self._lock:
             lost = [j for j in self._pending.values() if j.host is self and j._proc is proc]
@@ -234,16 +258,30 @@ class JobHost:
             job._proc = proc
             self._pending[job.job_id] = job
             line = json.dumps({"id": job.job_id, "folder": str(folder),
-                               "memory_bytes": int(memory_bytes), "secret": secret})
+                               "memory_bytes": int(memory_bytes)})
+            read_end, write_end = os.pipe()
             try:
-                assert proc.stdin is not None
+                assert proc.stdin is not None and self._sock is not None
+                socket.send_fds(self._sock, [b"s"], [read_end])
                 proc.stdin.write(line.encode() + b"\n")
                 proc.stdin.flush()
             except OSError as exc:
+                os.close(write_end)
                 self._pending.pop(job.job_id, None)
                 self._kill(proc)
                 raise HostDied(f"the job host did not take the job ({exc})") from None
-            del line
+            finally:
+                os.close(read_end)
+        try:
+            return self._started_job(job, proc, write_end, secret, ack_timeout, abort)
+        finally:
+            os.close(write_end)  # the child reads the secret to its end
+
+    def _started_job(self, job: JobProcess, proc: subprocess.Popen[bytes], write_end: int,
+                     secret: str, ack_timeout: float,
+                     abort: threading.Event | None) -> JobProcess:
+        """Wait until the host forked the job's child, then write the secret into the
+        child's own pipe (never through the host)."""
         allowance = ack_timeout + (0.0 if self._ready.is_set() else START_ALLOWANCE_S)
         deadline = time.monotonic() + allowance
         while not job._started.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
@@ -266,6 +304,12 @@ class JobHost:
                                  f"{proc.returncode}; the service's log says why)")
             raise HostDied(f"the job host ended (status {proc.returncode}) before it "
                            "started the job")
+        data = secret.encode("utf-8")
+        with contextlib.suppress(BrokenPipeError):  # the child died before it read it
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_end, view):]
+        del data
         return job
 
     def reap(self, job: JobProcess, timeout: float = KILL_WAIT_S) -> None:
@@ -294,6 +338,9 @@ class JobHost:
         stdin only once ready, and has no child yet) is killed at once."""
         with self._lock:
             proc, self._proc = self._proc, None
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
         if proc is None:
             return
         if not self._ready.is_set():
@@ -358,7 +405,8 @@ def _run_child(job: dict[str, Any], host_pid: int) -> int:
     os.close(fd)
     memory = int(job["memory_bytes"])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    secret = job.pop("secret", "") or None
+    with os.fdopen(job.pop("secret_fd"), "rb") as pipe:  # written by the worker
+        secret = pipe.read().decode("utf-8") or None
     try:
         return run_process(folder, secret)
     except SystemExit as exc:
@@ -376,6 +424,12 @@ def _child(job: dict[str, Any], host_pid: int) -> NoReturn:
     try:
         status = _run_child(job, host_pid)
     except BaseException:  # noqa: BLE001 - a failure before the job could start
+        with contextlib.suppress(BaseException):  # in job.log, or the service's log
+            import traceback
+
+            sys.stderr.write("certify job host: the run's process could not start:\n")
+            traceback.print_exc()
+            sys.stderr.flush()
         os._exit(EXIT_BROKEN)
     raise SystemExit(status)
 
@@ -385,6 +439,11 @@ def serve() -> None:
     end (:class:`certify.service.forks.ForkLoop`)."""
     # the worker ends this process (end of file on stdin), not a Ctrl-C sent to the group
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # no core file and no /proc/PID/mem for the host or its children (fork keeps both)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with contextlib.suppress(OSError, AttributeError):
+        forks.libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    secrets = socket.socket(fileno=int(sys.argv[1])) if len(sys.argv) > 1 else None
     # reports go on a private copy of stdout; what a library prints goes to stderr
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -413,15 +472,25 @@ def serve() -> None:
     running: dict[int, int] = {}  # pid -> job id
 
     def start(job: dict[str, Any]) -> int | None:
+        # the read end of the run's secret pipe, sent before its job line
+        if secrets is None:
+            raise RuntimeError("the job host has no channel for secrets")
+        _, fds, _, _ = socket.recv_fds(secrets, 1, 1)
+        if len(fds) != 1:
+            raise RuntimeError("the job host got a job without its secret pipe")
+        job["secret_fd"] = fds[0]
         gc.freeze()
         try:
             pid = loop.fork()
         except OSError as exc:
+            os.close(fds[0])
             loop.report({"id": job["id"], "fork_error": exc.errno})
             return None
         if pid == 0:
+            with contextlib.suppress(OSError):
+                secrets.close()
             _child(job, host_pid)
-        job.pop("secret", None)
+        os.close(fds[0])
         running[pid] = job["id"]
         loop.report({"id": job["id"], "pid": pid})
         return pid

@@ -53,6 +53,8 @@ log = logging.getLogger("certify.service")
 SEGMENT_RECORDS, SEGMENT_SECONDS = 256, 10.0
 #: An idle worker looks for runs submitted to other processes this often (seconds).
 CLAIM_POLL_S = 0.5
+#: Attempts of one run that may each lose their job host before the run ends an error.
+HOST_ATTEMPTS = 5
 _ATTEMPT_DIR = re.compile(r"[0-9]{4,}")
 _SEGMENT_NAME = re.compile(r"([0-9]{8})\.jsonl")
 
@@ -352,14 +354,34 @@ class WorkerPool:
             self._requeue(rid)
 
     def _requeue(self, run_id: str) -> None:
-        """Put this worker's running run back on the queue (idempotent)."""
+        """Put this worker's running run back on the queue (idempotent); a run whose
+        cancellation was asked meanwhile ends cancelled instead (the queue never claims it, so
+        it would stay queued)."""
+        mine = (Run.id == run_id, Run.lease_owner == self.owner, Run.state == RUNNING)
         with self.factory() as s:
-            s.execute(update(Run).where(Run.id == run_id, Run.lease_owner == self.owner,
-                                        Run.state == RUNNING)
+            s.execute(update(Run).where(*mine, Run.cancel_requested.is_(True))
+                      .values(state=CANCELLED, error="cancelled while running",
+                              lease_owner=None, lease_expires=None,
+                              updated=utcnow()))
+            s.execute(update(Run).where(*mine, Run.cancel_requested.is_(False))
                       .values(state=QUEUED, lease_owner=None, lease_expires=None,
                               updated=utcnow()))
             s.commit()
         self._wake.set()
+
+    def _host_lost(self, run: Run, why: str) -> None:
+        """The run's job host died (or never took it): back on the queue, unless that has
+        happened on each of its last :data:`HOST_ATTEMPTS` attempts, which ends it an error
+        (a run that takes its host down each time, or a host that cannot start in time, is
+        not retried for ever)."""
+        if run.attempts >= HOST_ATTEMPTS:
+            log.warning("run %s: %s; attempt %d, no more", run.id, why, run.attempts)
+            self._end(run.id, state=ERROR,
+                      error=f"the worker's job host died during each of this run's last "
+                            f"{HOST_ATTEMPTS} attempts ({why}); the service's log says why")
+            return
+        log.warning("run %s: %s; back on the queue", run.id, why)
+        self._requeue(run.id)
 
     def _beat_loop(self) -> None:
         """This pool's heartbeat as a worker (``/metrics`` shows it), on the database's
@@ -381,7 +403,10 @@ class WorkerPool:
     def _loop(self, host: JobHost) -> None:
         """One slot: claim a run, run it, again, until :meth:`stop`. The slot's job host is
         started (and replaced) from this thread, whose end its parent-death signal follows."""
-        host.start()  # its imports overlap the wait for the first run
+        try:
+            host.start()  # its imports overlap the wait for the first run
+        except OSError:  # no process to be had now: the first run starts it again
+            log.exception("the job host could not start; retrying at the next run")
         try:
             self._claim_loop(host)
         finally:
@@ -475,8 +500,7 @@ class WorkerPool:
             proc = host.run(folder, secret, self.cfg.run_memory_mb * 1024 * 1024,
                             abort=self._stop)
         except HostDied as exc:  # not the run's doing: it goes back on the queue
-            log.warning("run %s: %s; back on the queue", run.id, exc)
-            self._requeue(run.id)
+            self._host_lost(run, str(exc))
             raise _Abandoned from None
         except HostBroken as exc:
             raise _RunRefused(str(exc)) from None
@@ -505,8 +529,7 @@ class WorkerPool:
             # whose server was killed (the host is replaced at the next run)
             proc.kill()  # whatever the run started in its group goes too
             segments.flush()
-            log.warning("run %s: its job host died; back on the queue", run.id)
-            self._requeue(run.id)
+            self._host_lost(run, "its job host died")
             raise _Abandoned
         returncode = -signal.SIGKILL if proc.returncode is None else proc.returncode
         if self._stop.is_set() and returncode < 0:
