@@ -98,6 +98,26 @@ CARD_WRITTEN_CODES: frozenset[int] = frozenset(_VERDICT_EXIT.values())
 #: A check that was not evaluated on this model (no query sent): not a verdict, never a pass.
 SKIPPED = "SKIPPED"
 
+#: What each status of a check row means, whatever its kind (each kind adds its own cases:
+#: :attr:`certify.kinds.Kind.statuses`). The documentation's suite reference prints it.
+STATUS_MEANINGS: dict[str, str] = {
+    "PASS": "the check's threshold is met: with the interval rule its metric's whole 95% "
+            "interval meets it (with the point rule, the point estimate), and nothing warned",
+    "FAIL": "the threshold is missed: the whole 95% interval lies on the wrong side of it "
+            "(with the point rule, the point estimate misses it)",
+    "INCONCLUSIVE": "neither shown: the interval straddles the threshold (the row says how "
+                    "many samples would decide it, or why more samples would not), the "
+                    "thresholded metric is not a number, or samples were left out for "
+                    "non-finite model outputs; not a pass",
+    "WARN": "the threshold is met (or there is none) but a warning stops the row from "
+            "passing; the warning says why",
+    "INFO": "no threshold and nothing to warn about: the figures are information",
+    "ERROR": "the check raised an error; the run goes on and the card is written, and the row "
+             "names the error",
+    SKIPPED: "not evaluated on this model (no query sent), with the reason: listed and "
+             "counted, never passed; the verdict is computed over the evaluated checks",
+}
+
 
 def overall_verdict(statuses: Iterable[str]) -> str:
     """The run's verdict from its checks' statuses: the most severe by

@@ -77,8 +77,8 @@ class Settlement(BaseModel):
         "(its query floor, two doubled rounds, the binarization test): evidence, not a PASS")
     statistical: bool = Field(
         default=False, description="a random corruption decided per sample at a stated "
-        "confidence from noise draws at its bound (issue 40): its figure is a statement about "
-        "the noise's distribution, not a worst case")
+        "confidence from noise draws at its bound: its figure is a statement about the "
+        "noise's distribution, not a worst case")
 
     def converged(self) -> bool | None:
         """Whether the figure's search converged: ``False`` when a search or an attack had not
@@ -156,6 +156,9 @@ class Kind:
     #: the wrong preprocessing (``None``: none). The runner then probes other preprocessings
     #: (:mod:`certify.probe`) and, when one is clearly better, names it in a warning.
     chance_metric: ClassVar[str | None] = None
+    #: What a status means on this kind's rows, where it says more than the status's general
+    #: meaning (:data:`certify.errors.STATUS_MEANINGS`); the suite reference prints both.
+    statuses: ClassVar[Mapping[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -225,6 +228,16 @@ class SanityKind(Kind):
                "answered bit-identically", optional=True),
         Metric("n", "samples evaluated", unit="count"),
     )
+    statuses: ClassVar[Mapping[str, str]] = {
+        "WARN": "a suspect behaviour was found, one warning each: randomised outputs (repeated "
+                "queries differ, on the sample or near its decision boundary), saturated or "
+                "one-hot outputs, probabilities instead of logits, quantised scores. On a "
+                "randomised model no attack row can PASS (WARN at best); with quantised scores "
+                "no score-based attack row can PASS on its own",
+        "INFO": "no threshold, and no suspect behaviour found",
+        "PASS": "a threshold on nondeterministic_share or saturated_share is met and nothing "
+                "warned",
+    }
 
 
     @classmethod
@@ -253,6 +266,13 @@ class CleanAccuracyKind(Kind):
     compare_outcomes = {"accuracy": ("correct", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("accuracy", "accuracy", "Clean accuracy")
     chance_metric: ClassVar[str | None] = "accuracy"
+    statuses: ClassVar[Mapping[str, str]] = {
+        "PASS": "the accuracy's Wilson interval meets the threshold",
+        "INCONCLUSIVE": "the interval straddles the threshold: the row gives about how many "
+                        "samples would decide it at the observed accuracy",
+        "WARN": "a warning, e.g. an accuracy at chance level where another input "
+                "preprocessing is clearly better (the warning names it)",
+    }
 
 
     @classmethod
@@ -295,6 +315,10 @@ class CoverageKind(Kind):
     # typed as what it is: accuracy on the answered share is not the model's accuracy
     export: ClassVar[ExportMetric | None] = ExportMetric(
         "accuracy_at_coverage", "accuracy_at_coverage", "Accuracy at coverage")
+    statuses: ClassVar[Mapping[str, str]] = {
+        "PASS": "the threshold (usually a most confident_mistake_rate) is met on its interval",
+        "SKIPPED": "the model returns labels only: there is no confidence to abstain on",
+    }
 
 
     @classmethod
@@ -351,6 +375,17 @@ class CorruptionKind(_CorruptionFamily):
                                                          "Robustness score")
     method: ClassVar[str] = ("2: searched in rounds under the convergence rule; worst case the "
                              "most confident mistake")
+    statuses: ClassVar[Mapping[str, str]] = {
+        "PASS": "a bounded transform: the search converged (or was exhaustive) and the "
+                "robustness score's interval meets the threshold; noise: the decided-robust "
+                "share's interval, undecided samples counted on both sides, meets it",
+        "WARN": "the search stopped on its budget before it converged (a stronger search can "
+                "only lower the score), or another warning",
+        "INCONCLUSIVE": "the interval straddles the threshold; for noise because of undecided "
+                        "samples, which a larger max_draws would decide",
+        "INFO": "no threshold: random_linf and random_l0 are information beside the attacks "
+                "of the same bound, which search the worst case",
+    }
 
 
     @classmethod
@@ -426,6 +461,12 @@ class CorruptionPairKind(_CorruptionFamily):
     compare_outcomes = {"robustness_score": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robustness_score", "robustness_score",
                                                          "Joint robustness score")
+    statuses: ClassVar[Mapping[str, str]] = {
+        "PASS": "the joint score's interval meets the threshold (or change_vs_weaker meets "
+                "its own)",
+        "INCONCLUSIVE": "the interval straddles the threshold; with noise in the pair, also "
+                        "because of undecided samples",
+    }
 
 
     @classmethod
@@ -509,6 +550,24 @@ class AttackKind(Kind):
                         "attack_success_rate": ("robust", "higher")}
     export: ClassVar[ExportMetric | None] = ExportMetric("robust_accuracy", "robust_accuracy",
                                                          "Robust accuracy")
+    statuses: ClassVar[Mapping[str, str]] = {
+        "PASS": "an attack row is evidence for its threat model's row, which carries the "
+                "verdict; it PASSes on its own only when its interval meets the threshold and "
+                "the attack converged, passed the binarization test and (black-box) ran at "
+                "least its query floor without stalling; a white-box APGD-CE row also needs a "
+                "sane ε sweep",
+        "WARN": "budget not converged, the binarization test failed, the ε sweep found the "
+                "attack unreliable, gradient masking suspected (a black-box attack broke "
+                "samples no white-box attack broke), a randomised model, or a row that is "
+                "evidence and cannot PASS on its own (short of its query floor, stalled, a "
+                "transfer attack from a surrogate)",
+        "INCONCLUSIVE": "the interval straddles the threshold; for an unconverged or stalled "
+                        "attack the row says a stronger attack can only lower it",
+        "SKIPPED": "the model cannot be attacked this way: a score-based attack on a "
+                   "labels-only model, a white-box attack without a torch copy or gradients "
+                   "(the reason names the way out), or a decision-based attack where a "
+                   "score-based one already had the scores' signal",
+    }
 
 
     @classmethod
@@ -609,6 +668,11 @@ class BrittlenessKind(Kind):
                       "brittle_score_decision_grid": "grid_decision_l1_per_dim"}
     export: ClassVar[ExportMetric | None] = ExportMetric("brittle_score", "brittle_score",
                                                          "Brittle score (LIME)")
+    statuses: ClassVar[Mapping[str, str]] = {
+        "INFO": "no threshold: the brittle score is a hypothesis (Vora et al.: lower tracks "
+                "adversarial robustness), shown as information",
+        "SKIPPED": "the model returns labels only: the brittle score is defined on scores",
+    }
 
 
     @classmethod

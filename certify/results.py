@@ -301,8 +301,8 @@ class DataDoc(_Strict):
         "content digests (file bytes and the layout's name), so that results written then "
         "(which lack this field) are still compared, by that definition")
     class_names: list[str] | None = Field(
-        default=None, description="the class names, in class-id order (runs before issue 30 "
-        "have none)")
+        default=None, description="the class names, in class-id order (runs by releases "
+        "before class names were recorded have none)")
     class_names_source: str | None = Field(
         default=None, description="where the class names came from: the suite, --labels, the "
         "data (image-folder names, an npz class_names array), the model's metadata, or class "

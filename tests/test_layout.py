@@ -1,4 +1,4 @@
-"""The package's shape: no import circles, no upward imports, and a README layout that is true.
+"""The package's shape: no import circles, no upward imports, and a documented layout that is true.
 
 Imports are read from the source (``ast``), function-level (lazy) imports included: a lazy
 import hides a dependency from the import system, not from the design.
@@ -145,15 +145,17 @@ def test_the_checker_sees_a_planted_circle_and_an_upward_import():
     assert layer_of("certify.service.app") == len(LAYERS) - 1
 
 
-def test_readme_layout_names_every_top_level_part_of_the_package():
-    """The README's layout section lists exactly the package's top-level modules and folders."""
-    text = (ROOT / "README.md").read_text()
+def test_docs_layout_names_every_top_level_part_of_the_package():
+    """The layout section of the developer docs (docs/development.md) lists exactly the
+    package's top-level modules and folders."""
+    text = (ROOT / "docs" / "development.md").read_text()
     section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
     listed = set(re.findall(r"^  (\w+)(?:\.py|/)", block, flags=re.M))
     actual = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"} | {
         p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert listed == actual, (f"README lists {sorted(listed - actual)} that do not exist and "
+    assert listed == actual, (f"docs/development.md lists {sorted(listed - actual)} that do not "
+                              "exist and "
                               f"misses {sorted(actual - listed)}")
 
 

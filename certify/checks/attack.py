@@ -116,6 +116,31 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
     #: Attacks spend thousands of queries per sample: record them in small units.
     record_batch: ClassVar[int | None] = 64
 
+    param_docs: ClassVar[Mapping[str, str]] = {
+        "attack": "the attack, by name (see the table of attacks)",
+        "epsilon": "the threat model's radius: L-infinity or L2 in [0, 1] pixel units (8/255 "
+                   "and 0.5 when unset), or for the L0 attack a whole number of pixels (10)",
+        "norm": "the threat norm, for attacks that attack in several (linf or l2); unset: the "
+                "attack's first norm",
+        "max_queries": "queries per sample: a number is one run with that budget; auto runs "
+                       "rounds that double the budget until a run converges (white-box "
+                       "attacks: iterations are attack_params)",
+        "initial_queries": "max_queries auto: round 0's queries per sample (unset: the "
+                           "attack's own initial budget)",
+        "query_cap": "max_queries auto: the largest budget one round's run may have (unset: "
+                     "16 times the initial budget)",
+        "attack_params": "extra constructor arguments of the attack (e.g. iterations, "
+                         "restarts, targets for APGD), type-checked against its constructor",
+        "binarization": "the binarization test: true (the packaged configuration), false "
+                        "(off), or settings: samples, n_inner, n_boundary, inner_gap, "
+                        "closeness, inner_shell",
+        "confident_queries": "score-based attacks: extra queries per broken sample spent "
+                             "raising the wrong class's confidence in the same ball (100 when "
+                             "unset; 0 turns it off)",
+        "eps_sweep": "white-box attacks that support it (APGD-CE): the ε sweep sanity check, "
+                     "on at most 20 samples at ε/4 to 4ε and an ε that reaches any image",
+    }
+
     def __init__(self, attack: str, epsilon: float | None = None, norm: str | None = None,
                  max_queries: int | Literal["auto"] = 1000, initial_queries: int | None = None,
                  query_cap: int | None = None, attack_params: dict[str, Any] | None = None,

@@ -97,6 +97,22 @@ class CheckContext:
 R = TypeVar("R", bound=SampleRecord)
 
 
+@dataclass(frozen=True)
+class ParamDoc:
+    """One suite parameter of a check kind, as the suite reference documents it.
+
+    ``annotation`` is the constructor's type annotation as written (what a suite value is
+    checked against), ``default`` its default (``required`` when it has none) and ``meaning``
+    the check's own description of it (:attr:`Check.param_docs`).
+    """
+
+    name: str
+    annotation: str
+    required: bool
+    default: Any
+    meaning: str
+
+
 class Check(Kind, Generic[R]):
     """Base class of all checks; subclasses set ``kind`` and write ``run_batch``/``summarize``.
 
@@ -112,6 +128,11 @@ class Check(Kind, Generic[R]):
     #: At most this many samples per batch, so that a kill loses little work (``None``: the
     #: runner's batch size). Set by checks whose per-sample work is long (attacks, LIME).
     record_batch: ClassVar[int | None] = None
+    #: What each suite parameter (each ``__init__`` parameter) means, by name. Its type and
+    #: default come from the constructor's signature; the suite reference of the documentation
+    #: is generated from both (:meth:`parameters`), and a test holds every parameter to an
+    #: entry here.
+    param_docs: ClassVar[Mapping[str, str]] = {}
 
     def next_round(self, records: dict[int, R], done: int
                    ) -> tuple[Check[R], list[int]] | None:
@@ -146,6 +167,24 @@ class Check(Kind, Generic[R]):
     def sample_values(self, records: list[R]) -> dict[str, list[float]]:
         """Per-sample continuous values kept for paired comparisons (none by default)."""
         return {}
+
+    @classmethod
+    def parameters(cls) -> list[ParamDoc]:
+        """The kind's suite parameters in constructor order: name, annotation, default and
+        meaning (a parameter without a meaning in :attr:`param_docs` is a ``KeyError`` that
+        names it)."""
+        out = []
+        for name, p in inspect.signature(cls.__init__).parameters.items():
+            if name == "self":
+                continue
+            if name not in cls.param_docs:
+                raise KeyError(f"{cls.__name__}.param_docs does not describe {name!r}")
+            annotation = p.annotation if isinstance(p.annotation, str) else \
+                inspect.formatannotation(p.annotation)
+            required = p.default is inspect.Parameter.empty
+            out.append(ParamDoc(name, annotation, required, None if required else p.default,
+                                cls.param_docs[name]))
+        return out
 
     def get_params(self) -> dict[str, Any]:
         """The constructor parameters, exactly as given in the suite (scikit-learn style)."""

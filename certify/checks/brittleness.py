@@ -46,7 +46,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -564,6 +564,16 @@ class Brittleness(BrittlenessKind, Check[BrittlenessRecord]):
 
     #: LIME spends 2 * num_masks queries per sample and model: record in small units.
     record_batch: ClassVar[int | None] = 8
+
+    param_docs: ClassVar[Mapping[str, str]] = {
+        "num_masks": "k, masked images per sample and segmentation (LIME's num_samples)",
+        "n_segments": "about this many SLIC superpixels per image; the grid segmentation has "
+                      "about as many square cells",
+        "compactness": "SLIC's compactness (higher: squarer superpixels)",
+        "kernel_width": "LIME's kernel width on the masks' cosine distance",
+        "alpha": "the ridge penalty of LIME's linear fit",
+        "max_heatmaps": "samples whose LIME heatmaps the card shows",
+    }
 
     def __init__(self, num_masks: int = 1000, n_segments: int = 64, compactness: float = 20.0,
                  kernel_width: float = 0.25, alpha: float = 1.0, max_heatmaps: int = 4) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from certify.checks.base import (
     Check,
@@ -36,6 +36,11 @@ class CleanAccuracy(CleanAccuracyKind, Check[CleanRecord]):
     the ``top_confusions`` most frequent (true, predicted) pairs among the mistakes.
     """
 
+
+    param_docs: ClassVar[Mapping[str, str]] = {
+        "top_confusions": "how many of the most frequent (true, predicted) pairs among the "
+                          "mistakes the card lists",
+    }
 
     def __init__(self, top_confusions: int = 5) -> None:
         self.top_confusions = top_confusions

@@ -19,8 +19,8 @@ The suspect-model ``sanity`` check is in :mod:`certify.checks.sanity`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from certify.attacks.base import top_two_margin
 from certify.checks.base import (
@@ -121,6 +121,20 @@ class Coverage(CoverageKind, Check[CoverageRecord]):
     abstain output, if the model has one). One query per sample.
     """
 
+
+    param_docs: ClassVar[Mapping[str, str]] = {
+        "coverage": "the share of inputs answered; the model abstains on the rest, its least "
+                    "confident by the top-two margin",
+        "confidence_threshold": "unset: a confident mistake is a mistake answered at the "
+                                "coverage level (top-two margin at or above the clean "
+                                "coverage quantile, which a positive scaling of the logits "
+                                "keeps); a number in (0, 1]: a fixed cut-off on the top-class "
+                                "probability, which moves with the logits' scale (the card "
+                                "says so)",
+        "abstain_class": "the class id of the model's explicit abstain output, if it has one: "
+                         "predicting it counts as abstaining in every check's coverage "
+                         "figures, never as an answer",
+    }
 
     def __init__(self, coverage: float = COVERAGE, confidence_threshold: float | None = None,
                  abstain_class: int | None = None) -> None:

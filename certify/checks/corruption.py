@@ -40,8 +40,8 @@ from __future__ import annotations
 import copy
 import math
 import typing
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from certify.canonical import JSONLike
 from certify.checks import noise
@@ -260,6 +260,26 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
     the card's gallery).
     """
 
+
+    param_docs: ClassVar[Mapping[str, str]] = {
+        "property": "the corruption property (see the table of properties)",
+        "bound": "the largest intensity searched (or drawn, for noise), in the property's "
+                 "unit; unset: the property's default bound",
+        "steps": "round 0's grid resolution, or for noise the intensity levels below the "
+                 "bound on the card's curve; unset: the property's default",
+        "tries": "round 0's design points or draws per intensity level, for properties with "
+                 "random or designed parameters (4 when unset); refused for noise",
+        "max_queries": "the search's budget per sample, clean queries excluded; unset: 8 times "
+                       "round 0's candidates, or rounds 0-2 if more; refused for noise",
+        "max_examples": "failure examples kept for the card's gallery",
+        "delta": "random corruptions (noise): the failure probability under the noise a "
+                 "sample may have and still count as robust (0.05 when unset)",
+        "confidence": "random corruptions: the confidence of each sample's decision by "
+                      "sequential exact binomial tests (0.99 when unset)",
+        "max_draws": "random corruptions: the most noise draws per sample at the bound (512 "
+                     "when unset); samples still undecided count on both sides of the "
+                     "interval",
+    }
 
     def __init__(self, property: str, bound: float | None = None, steps: int | None = None,
                  tries: int | None = None, max_queries: int | None = None,
@@ -909,6 +929,21 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
     weaker of the two (negative: the combination finds failures neither finds alone).
     """
 
+
+    param_docs: ClassVar[Mapping[str, str]] = {
+        "first": "the first property, a mapping {property, bound, steps} (bound and steps "
+                 "default to the property's); flip cannot be combined",
+        "second": "the second property, as first; at most one of the two may be noise",
+        "tries": "draws per intensity level for properties with random parameters",
+        "max_examples": "failure examples kept for the card's gallery",
+        "delta": "pairs with noise: the failure probability under the noise a "
+                 "sample may have and still count as robust (0.05 when unset)",
+        "confidence": "pairs with noise: the confidence of each sample's decision by "
+                      "sequential exact binomial tests (0.99 when unset)",
+        "max_draws": "pairs with noise: the most noise draws per sample at the bound (512 "
+                     "when unset); samples still undecided count on both sides of the "
+                     "interval",
+    }
 
     def __init__(self, first: dict[str, Any], second: dict[str, Any], tries: int = 2,
                  max_examples: int = 4, delta: float | None = None,

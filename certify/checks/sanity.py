@@ -8,8 +8,8 @@ is a warning on the card.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from certify.checks.base import (
     Check,
@@ -145,6 +145,18 @@ class Sanity(SanityKind, Check[SanityRecord]):
     little signal, and no score-based attack row may PASS on its own (the runner applies it).
     """
 
+
+    param_docs: ClassVar[Mapping[str, str]] = {
+        "repeats": "queries of one input, on the sample and on its near-boundary input; at "
+                   "least 10",
+        "saturation_threshold": "a top-class probability at or above it counts as saturated",
+        "saturated_share": "warn when more than this share of the samples is saturated",
+        "tolerance": "the largest change between repeated answers (relative to the scores' "
+                     "scale) that still counts as the same answer; a larger one is random",
+        "near_boundary": "also probe each sample's near-boundary input (on the straight path "
+                         "to a noise image or to the sample's negative, where the label first "
+                         "changes), where a model that randomises only when unsure shows it",
+    }
 
     def __init__(self, repeats: int = MIN_REPEATS, saturation_threshold: float = 0.999,
                  saturated_share: float = 0.5, tolerance: float = 1e-5,
