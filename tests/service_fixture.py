@@ -192,6 +192,14 @@ def job_processes(home: Path, run_id: str = "") -> list[int]:
     return pids
 
 
+def slow_attack_suite(folder: Path) -> Path:
+    """A suite whose run lasts long enough to be interrupted (Square L∞, 2,000 queries)."""
+    return write_small_suite(folder / "slow.yaml", "slow", [
+        {"id": "square", "kind": "attack", "params": {
+            "attack": "square_linf", "epsilon": 0.03, "max_queries": 2000,
+            "binarization": False}}])
+
+
 def small_inputs(folder: Path, per_class: int = 2) -> tuple[Path, Path]:
     """A small suite (clean + noise) and an .npz of demo data for it."""
     from certify.demo.synthetic import generate

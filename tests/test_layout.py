@@ -53,6 +53,23 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     return name
 
 
+def _imported_names(node: ast.AST, pkg: str) -> tuple[str | None, list[str]]:
+    """What an import statement in package ``pkg`` names, absolute: ``(None, modules)`` for
+    ``import a, b``, ``(module, [module.name, ...])`` for ``from module import name`` (relative
+    imports resolved); ``(None, [])`` for any other node."""
+    if isinstance(node, ast.Import):
+        return None, [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return None, []
+    base = node.module or ""
+    if node.level:
+        up = pkg
+        for _ in range(node.level - 1):
+            up = up.rsplit(".", 1)[0]
+        base = f"{up}.{base}" if base else up
+    return base, [f"{base}.{a.name}" for a in node.names]
+
+
 def import_graph() -> dict[str, set[str]]:
     """certify module -> the certify modules it imports (anywhere in its source)."""
     mods = _modules()
@@ -60,18 +77,7 @@ def import_graph() -> dict[str, set[str]]:
     for mod, path in mods.items():
         pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
         for node in ast.walk(ast.parse(path.read_text())):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = pkg
-                    for _ in range(node.level - 1):
-                        up = up.rsplit(".", 1)[0]
-                    base = f"{up}.{base}" if base else up
-                names = [f"{base}.{a.name}" for a in node.names]
-            for name in names:
+            for name in _imported_names(node, pkg)[1]:
                 if name == "certify" or name.startswith("certify."):
                     target = _resolve(name, mods)
                     if target and target != mod:
@@ -215,19 +221,8 @@ def _import_time_imports(path: Path, mod: str, mods: dict[str, Path]) -> tuple[s
     certify_mods: set[str] = set()
     heavy: list[str] = []
     for node in _import_time_nodes(ast.parse(path.read_text()).body):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = pkg
-                for _ in range(node.level - 1):
-                    up = up.rsplit(".", 1)[0]
-                base = f"{up}.{base}" if base else up
-            names = [base, *(f"{base}.{a.name}" for a in node.names)]
-        else:
-            continue
-        for name in names:
+        base, names = _imported_names(node, pkg)
+        for name in ([base] if base else []) + names:
             if _heavy(name):
                 heavy.append(f"{name} (line {node.lineno})")
             elif name == "certify" or name.startswith("certify."):

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 import requests
-from service_fixture import CERTIFY, Service, job_processes, post_run, small_inputs, submit_cli
+from service_fixture import (
+    CERTIFY,
+    Service,
+    job_processes,
+    post_run,
+    slow_attack_suite,
+    small_inputs,
+    submit_cli,
+)
 
 import builders
 
@@ -37,12 +45,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, inputs: tuple[Path, Path])
 @pytest.fixture(scope="module")
 def slow_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A suite whose run takes long enough to be interrupted (Square L∞, 2,000 queries)."""
-    from builders import write_small_suite
-
-    return write_small_suite(tmp_path_factory.mktemp("slow") / "slow.yaml", "slow", [
-        {"id": "square", "kind": "attack", "params": {
-            "attack": "square_linf", "epsilon": 0.03, "max_queries": 2000,
-            "binarization": False}}])
+    return slow_attack_suite(tmp_path_factory.mktemp("slow"))
 
 
 def _demo_model() -> Path:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from service_fixture import Service, job_processes, post_run, small_inputs
+from service_fixture import Service, job_processes, post_run, slow_attack_suite, small_inputs
 
 pytestmark = pytest.mark.e2e
 
@@ -33,12 +33,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def slow_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A suite whose run lasts long enough to be interrupted (Square L∞, 2,000 queries)."""
-    from builders import write_small_suite
-
-    return write_small_suite(tmp_path_factory.mktemp("slow") / "slow.yaml", "slow", [
-        {"id": "square", "kind": "attack", "params": {
-            "attack": "square_linf", "epsilon": 0.03, "max_queries": 2000,
-            "binarization": False}}])
+    return slow_attack_suite(tmp_path_factory.mktemp("slow"))
 
 
 @pytest.fixture(scope="module")
