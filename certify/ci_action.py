@@ -18,8 +18,9 @@ Exit code: 0 when every threat model and check with a threshold is unchanged or 
 within the tolerance (and, with ``CERTIFY_FAIL_ON=verdict``, the card's verdict is PASS); 1 a
 resolved regression on such a row; 6 neither shown for such a row (more samples or a stated
 tolerance would decide it); 4 the previous card is not comparable (the summary says
-why); otherwise the failing command's own code (e.g. 2 or 3 when ``certify run`` wrote no
-card, 1 when a card's signature does not verify).
+why); 9 a card that cannot be trusted (with ``CERTIFY_PUBKEY``: unsigned, tampered or another
+key's; nothing is compared); otherwise the failing command's own code (e.g. 2 or 3 when
+``certify run`` wrote no card). The tolerance: :data:`certify.tolerance.TOLERANCE_RULE`.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ from certify.errors import (
     EXIT_INCONCLUSIVE,
     EXIT_NOT_COMPARABLE,
     EXIT_OK,
+    EXIT_UNTRUSTED,
     EXIT_USAGE,
     CertifyError,
     UsageError,
 )
+from certify.tolerance import TOLERANCE_RULE
 
 #: Every input, its default and what it is (``action.yml`` maps its inputs onto these).
 INPUTS: dict[str, tuple[str, str]] = {
@@ -56,7 +59,7 @@ INPUTS: dict[str, tuple[str, str]] = {
     "CERTIFY_PREVIOUS_CARD": ("none", "the previous release's card: path, http(s) URL or none"),
     "CERTIFY_OUT": ("certify-card", "folder for the new card (must not hold another run)"),
     "CERTIFY_TOLERANCE": ("", "compare --tolerance: points for rates, percent for scores "
-                          "(empty: the suite's release_tolerance, 2 unless it states another)"),
+                          "(empty: " + TOLERANCE_RULE + ")"),
     "CERTIFY_SIGNING_KEY": ("", "PEM private key from `certify keygen` (a secret)"),
     "CERTIFY_KEY_PASSPHRASE": ("", "its passphrase, if it has one (a secret)"),
     "CERTIFY_PUBKEY": ("", "public key: verify both cards before comparing"),
@@ -318,6 +321,13 @@ def _compare(inp: dict[str, str], env: dict[str, str], out: Path, pdf: bool,
               f"{_md(_error_line(proc))}. The job fails: a release must be compared on the "
               "same suite, data and threat model (or start a new baseline with "
               "`previous-card: none`).")
+        return
+    if proc.returncode == EXIT_UNTRUSTED:
+        o.outputs["comparison"] = "untrusted"
+        o.exit_code = EXIT_UNTRUSTED
+        o.say(f"**Untrusted card**, not compared ({where}): {_md(_error_line(proc))}. The job "
+              "fails (exit 9): a card that does not verify with the given public key is not "
+              "evidence of anything, better or worse.")
         return
     if proc.returncode not in (EXIT_OK, EXIT_FAIL, EXIT_INCONCLUSIVE) or not js.is_file():
         # a refusal before any comparison (e.g. a signature that does not verify)

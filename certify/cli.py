@@ -16,6 +16,8 @@ Exit codes, the same for every command (the one table is ``certify.errors.EXIT_C
 7    run: a check passed with a WARNing (card written)
 8    verify: the signature and the signed payload are intact but the visible layer was not
      compared (a card from another renderer, or a card.pdf from before PDF signatures)
+9    untrusted: compare --pubkey, runs fetch/watch and submit met a card (or a service's
+     answer) that cannot be trusted: unsigned, tampered, another key's, not in the log
 70   internal error (a bug: rerun with --debug, or CERTIFY_DEBUG=1, and report it)
 130  interrupted (records kept, rerun with --resume)
 
@@ -57,6 +59,7 @@ from certify.errors import (
 )
 from certify.model_card import model_card_from, model_card_options
 from certify.redact import install_log_filters, redact
+from certify.tolerance import TOLERANCE_RULE
 from certify.version import __version__
 
 if TYPE_CHECKING:
@@ -910,10 +913,10 @@ def verify_cmd(path: Path, pubkey: Path | None, log_url: str | None,
 @click.argument("new", type=click.Path(path_type=Path))
 @click.option("--tolerance", type=click.FloatRange(min=0), default=None,
               help="The largest drop a release may take per gating row: percentage points "
-                   "for rates, percent of OLD's value for scores. [default: NEW's suite's "
-                   "release_tolerance, 2 unless the suite states another]")
+                   f"for rates, percent of OLD's value for scores. {TOLERANCE_RULE}")
 @click.option("--pubkey", type=click.Path(dir_okay=False, path_type=Path),
-              help="Verify both signatures with this public key before comparing.")
+              help="Verify both signatures with this public key before comparing (a card "
+                   "that does not verify: exit 9, untrusted).")
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the comparison as JSON.")
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a comparison card (HTML).")
@@ -935,7 +938,9 @@ def compare_cmd(old: Path, new: Path, tolerance: float | None, pubkey: Path | No
     model and check; 1 a resolved regression beyond the tolerance on one with a threshold; 6
     inconclusive (neither a regression nor non-inferiority shown: the row says how many
     samples would decide it); 2 usage; 4 not comparable at all (the message says what
-    differs). A row one run SKIPPED is listed as not compared and does not block.
+    differs); 9 untrusted: with --pubkey, a card that is unsigned, tampered or signed by
+    another key (nothing is compared). A row one run SKIPPED is listed as not compared and
+    does not block.
 
     \b
     Example:

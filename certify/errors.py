@@ -24,6 +24,10 @@ code    meaning
 8       ``verify``: the signature and the signed payload are intact but the visible layer was
         not compared (a card from another renderer, or a card.pdf from before PDF
         signatures)
+9       untrusted: ``compare --pubkey``, ``runs fetch``/``watch``, ``submit`` and the GitHub
+        Action met a card (or a service's answer) that cannot be trusted: unsigned where a key
+        was given, tampered, signed by another key, not in the service's log, or naming
+        another run; no verdict of it is reported (``verify`` keeps 1 for an invalid card)
 70      internal error: a bug in certify (no card; rerun with ``--debug``, or
         ``CERTIFY_DEBUG=1`` for a command without it, and report it)
 130     interrupted (records kept: rerun with ``--resume``)
@@ -52,6 +56,7 @@ EXIT_ERROR = 5
 EXIT_INCONCLUSIVE = 6
 EXIT_WARN = 7
 EXIT_VISIBLE_NOT_COMPARED = 8
+EXIT_UNTRUSTED = 9
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
@@ -74,6 +79,10 @@ EXIT_CODES: dict[int, str] = {
     EXIT_VISIBLE_NOT_COMPARED: "verify: the signature and the signed payload are intact but "
                                "the visible layer was not compared (a card from another "
                                "renderer, or a card.pdf from before PDF signatures)",
+    EXIT_UNTRUSTED: "untrusted: compare --pubkey, runs fetch/watch, submit and the Action met a "
+                    "card (or a service's answer) that cannot be trusted: unsigned where a key "
+                    "was given, tampered, another key's, not in the service's log, or naming "
+                    "another run; no verdict of it is reported (verify keeps 1 for invalid)",
     EXIT_INTERNAL: "internal error (a bug: rerun with --debug, or CERTIFY_DEBUG=1, and report "
                    "it)",
     EXIT_INTERRUPTED: "interrupted: records kept, rerun with --resume",
@@ -211,6 +220,22 @@ class VerificationError(CertifyError):
     """A card's payload or its signature does not check out (exit 1)."""
 
     exit_code = 1
+
+
+class UntrustedError(CertifyError):
+    """A card, or a service's answer about one, that cannot be trusted (exit 9): a card
+    unsigned where a key was given, tampered, signed by another key than the one given or
+    pinned, missing from the service's transparency log, or an answer about another run than
+    the one asked. Where a gate or a client must tell "we got worse" (1) from "this is not what
+    it claims" (9). ``certify verify`` itself keeps exit 1 for an invalid card
+    (:class:`VerificationError`)."""
+
+    exit_code = EXIT_UNTRUSTED
+
+    @classmethod
+    def from_error(cls, exc: CertifyError, prefix: str = "") -> UntrustedError:
+        """The same message and hint, as an untrusted card (``prefix`` before the message)."""
+        return cls(prefix + exc.message, hint=exc.hint)
 
 
 class AttackProtocolError(CertifyError):

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, c
 
 from certify.errors import CertifyError
 from certify.kinds import KINDS, Settlement
+from certify.tolerance import DEFAULT_RELEASE_TOLERANCE  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -201,9 +202,6 @@ else:
                                Field(discriminator="kind")]
 
 
-#: The largest drop a release may take per gating row in ``certify compare`` when the suite
-#: states none: percentage points for rates, percent of the old value for scores.
-DEFAULT_RELEASE_TOLERANCE = 2.0
 
 
 class SuiteDoc(_Strict):

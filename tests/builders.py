@@ -175,8 +175,8 @@ def run_cli(*args: str | Path, timeout: float = 300, env: dict[str, str] | None 
     from certify.cli import main
 
     argv = [str(a) for a in args]
-    result = CliRunner().invoke(main, argv, env={"COLUMNS": "200", **(env or {})},
-                                catch_exceptions=False)
+    result = CliRunner().invoke(main, argv, env={"COLUMNS": "200", **_log_state(env),
+                                                 **(env or {})}, catch_exceptions=False)
     return subprocess.CompletedProcess(["certify", *argv], result.exit_code, result.stdout,
                                        result.stderr)
 
@@ -196,7 +196,26 @@ def run_cli_process(*args: str | Path, timeout: float = 300, env: dict[str, str]
     """Run the installed ``certify`` console script in a subprocess and capture its output."""
     exe = Path(sys.executable).parent / "certify"
     return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200",
+                                                **_log_state(env), **(env or {})})
+
+
+_LOG_STATES: list[Path] = []
+
+
+def _log_state(env: dict[str, str] | None) -> dict[str, str]:
+    """A fresh ``CERTIFY_LOG_STATE`` for one command, unless ``env`` names one: the keys a
+    client pins and the log heads it remembers stay with the command (never the user's
+    ``~/.config/certify/logs.json``, and no pin from a server that once had the same port)."""
+    if env and "CERTIFY_LOG_STATE" in env:
+        return {}
+    if not _LOG_STATES:
+        import tempfile
+
+        _LOG_STATES.append(Path(tempfile.mkdtemp(prefix="certify-test-log-state-")))
+    import uuid
+
+    return {"CERTIFY_LOG_STATE": str(_LOG_STATES[0] / f"{uuid.uuid4().hex}.json")}
 
 
 def write_labelled_npz(net: nn.Module, path: Path, n: int, seed: int) -> Path:

@@ -165,7 +165,9 @@ def submit_cli(svc: Service, token: str, suite: Path, out: Path, samples: int,
     return subprocess.run([CERTIFY, "submit", str(demo_model_path()), "--server", svc.url,
                            "--suite", str(suite), "--dataset", "small", "--samples",
                            str(samples), "--out", str(out), *extra], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "CERTIFY_TOKEN": token})
+                          text=True, timeout=300, env={
+                              **os.environ, "CERTIFY_TOKEN": token,
+                              "CERTIFY_LOG_STATE": str(out.parent / f".{out.name}-log.json")})
 
 
 def job_processes(home: Path, run_id: str = "") -> list[int]:

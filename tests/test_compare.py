@@ -583,8 +583,8 @@ def test_what_old_evaluated_and_new_skipped_or_errored_keeps_the_gate_open():
 
 
 def test_the_default_tolerance_is_the_suite_s_and_decides_a_planted_change():
-    """No --tolerance: NEW's suite's release_tolerance (2 points unless it states another;
-    results that state none get certify's default). A planted regression beyond it on the
+    """No --tolerance: the smaller of OLD's and NEW's release_tolerance, a run that states none
+    counting as certify's default of 2 (certify.tolerance.TOLERANCE_RULE). A planted regression beyond it on the
     threat-model row exits 1, a planted improvement exits 0 with IMPROVEMENT, and a change
     too small for the samples exits 6 saying how many samples would decide it."""
     from certify.results import DEFAULT_RELEASE_TOLERANCE
@@ -605,7 +605,10 @@ def test_the_default_tolerance_is_the_suite_s_and_decides_a_planted_change():
     for a, b in ((5.0, 3.0), (3.0, 5.0)):
         stated = compare(run(base, a), run(base, b))
         assert stated.tolerance == 3.0 and "smaller" in stated.tolerance_source
-    assert compare(run(base, 4.0), run(base)).tolerance == 4.0
+    # a run that states none counts as the default (issue 60): neither side widens it
+    assert compare(run(base, 4.0), run(base)).tolerance == 2.0
+    assert compare(run(base), run(base, 100.0)).tolerance == 2.0
+    assert compare(run(base), run(base, 1.0)).tolerance == 1.0
     assert compare(run(base), run(base), tolerance=0).tolerance_source == "--tolerance"
 
     drop = base.copy()
@@ -783,7 +786,12 @@ def test_a_card_a_rerun_and_the_same_model_as_a_program_are_no_change(runs, othe
     assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["decision"] == "NO CHANGE" and doc["tolerance"]["rates_pp"] == 2.0, doc
-    assert "the suite's release_tolerance (OLD and NEW)" in doc["tolerance"]["source"]
+    assert doc["tolerance"]["source"] == (
+        "the smaller of OLD's and NEW's release_tolerance (OLD 2: its suite's "
+        "release_tolerance; NEW 2: its suite's release_tolerance)"), doc["tolerance"]
+    from certify.tolerance import TOLERANCE_RULE
+
+    assert doc["tolerance"]["rule"] == TOLERANCE_RULE
     assert all(r["outcome"] == "no change" for r in [*doc["threat_models"], *doc["checks"]]
                if r["has_threshold"]), doc
     if other == "copy":  # the card states the gate's tolerance
@@ -832,9 +840,9 @@ def test_pubkey_verifies_both_signatures_first(runs, tmp_path):
     ok = builders.run_cli("compare", signed, signed / "card.html", "--pubkey",
                           keys / "certify.pub")
     assert ok.returncode == EXIT_OK, ok.stdout + ok.stderr
-    # the unsigned weak run is refused before any comparison (exit 1: not verified)
+    # the unsigned weak run is refused before any comparison (exit 9: untrusted, issue 60)
     bad = builders.run_cli("compare", signed, runs["weak"], "--pubkey", keys / "certify.pub")
-    assert bad.returncode == 1 and "signature" in bad.stderr, bad.stdout + bad.stderr
+    assert bad.returncode == 9 and "signature" in bad.stderr, bad.stdout + bad.stderr
     assert "regression" not in bad.stdout
 
 

@@ -53,10 +53,11 @@ evaluated is compared on the attacks both evaluated, unless one of those took ov
 the attack left out (later attacks of a threat model do not attack samples an earlier one
 broke), which blocks.
 
-**The tolerance** (``--tolerance``) defaults to the smaller ``release_tolerance`` the two
-runs' suites state (the release gated cannot widen its own gate), else
-:data:`~certify.results.DEFAULT_RELEASE_TOLERANCE`. An undecided row says about how many
-samples would decide it (:func:`samples_to_decide`).
+**The tolerance** (``--tolerance``): :data:`certify.tolerance.TOLERANCE_RULE`, "Without
+--tolerance, the gate's tolerance is the smaller of OLD's and NEW's release_tolerance, a run
+whose results state none counting as certify's default of 2, so the release under test can
+narrow its gate but never widen it." An undecided row says about how many samples would decide
+it (:func:`samples_to_decide`).
 
 Runs on different subsets of one dataset (``--samples``, ``--sample-offset``, other seeds) are
 comparable, unpaired. Runs of different suite versions (a card from an older certify) are
@@ -86,12 +87,13 @@ from certify.errors import (
     EXIT_NOT_COMPARABLE,
     EXIT_OK,
     CertifyError,
+    UntrustedError,
     UsageError,
+    VerificationError,
 )
 from certify.kinds import KINDS
 from certify.report.glance import threat_name
 from certify.results import (
-    DEFAULT_RELEASE_TOLERANCE,
     OLDER_SCHEMAS,
     SCHEMA,
     RunResult,
@@ -99,6 +101,7 @@ from certify.results import (
     unpack_bits,
 )
 from certify.stats import wilson_interval
+from certify.tolerance import TOLERANCE_RULE, gate_tolerance
 
 #: Family-wise error rate of the comparison (Holm).
 ALPHA = 0.05
@@ -257,15 +260,21 @@ def _raw_document(path: Path) -> dict[str, Any]:
 
 
 def load_run(path: Path, pubkey: Path | None = None) -> tuple[dict[str, Any], RunResult]:
-    """The raw and typed results of ``path``; verified first when ``pubkey`` is given (an
-    invalid or unsigned file raises VerificationError, exit 1). Results of an older format
-    this certify still reads (:data:`~certify.results.OLDER_SCHEMAS`) are read through its
-    adapter; any other schema is not comparable."""
+    """The raw and typed results of ``path``; verified first when ``pubkey`` is given: an
+    unsigned, tampered or other key's file raises :class:`~certify.errors.UntrustedError`
+    (exit 9: a gate must tell "this card is not what it claims" from a regression, 1).
+    Results of an older format this certify still reads
+    (:data:`~certify.results.OLDER_SCHEMAS`) are read through its adapter; any other schema is
+    not comparable."""
     if pubkey is not None:
         from certify.report.sign import load_public_key, verify_file
 
+        key = load_public_key(pubkey)  # a missing or bad key file stays a usage error
         target = path / "results.json" if path.is_dir() else path
-        verify_file(target, load_public_key(pubkey))
+        try:
+            verify_file(target, key)
+        except VerificationError as exc:
+            raise UntrustedError.from_error(exc, "untrusted card, not compared: ") from None
     doc = _raw_document(path)
     if doc.get("schema") not in (SCHEMA, *OLDER_SCHEMAS):
         raise NotComparable(f"incompatible certify schema: {path} is {doc.get('schema')!r}, "
@@ -801,8 +810,8 @@ class Comparison:
     tolerance: float
     rows: list[Row]
     threat_models: list[Row] = field(default_factory=list)
-    #: Where the tolerance came from, in words (``--tolerance``, NEW's suite, or certify's
-    #: default for results that state none).
+    #: Where the tolerance came from, in words: ``--tolerance``, or which run's stated (or
+    #: defaulted) release_tolerance :data:`~certify.tolerance.TOLERANCE_RULE` took.
     tolerance_source: str = "--tolerance"
 
     @property
@@ -867,7 +876,8 @@ class Comparison:
                               "row of a threat model (the rows that decide the card); attack "
                               "rows are evidence (role: evidence), not gating",
                 "tolerance": {"rates_pp": self.tolerance, "scores_relative_percent":
-                              self.tolerance, "source": self.tolerance_source},
+                              self.tolerance, "source": self.tolerance_source,
+                              "rule": TOLERANCE_RULE},
                 "old": self.old, "new": self.new,
                 "threat_models": [r.to_json() for r in self.threat_models],
                 "checks": [r.to_json() for r in self.rows],
@@ -888,35 +898,23 @@ def _side(result: RunResult, path: Path) -> dict[str, Any]:
 
 def release_tolerance(old: RunResult, new: RunResult, given: float | None
                       ) -> tuple[float, str]:
-    """The tolerance a comparison uses and where it came from: ``given`` (``--tolerance``),
-    else the smaller of the two suites' stated ``release_tolerance`` (so the release being
-    gated cannot widen its own gate), else certify's default
-    (:data:`~certify.results.DEFAULT_RELEASE_TOLERANCE`, for results that state none)."""
-    if given is not None:
-        if not math.isfinite(given) or given < 0:
-            raise UsageError(f"--tolerance must be a finite number >= 0, got {given}",
-                             hint="percentage points for rates, percent for scores")
-        return float(given), "--tolerance"
-    stated = {which: r.measurement.suite.release_tolerance
-              for which, r in (("OLD", old), ("NEW", new))
-              if r.measurement.suite.release_tolerance is not None}
-    if not stated:
-        return DEFAULT_RELEASE_TOLERANCE, ("certify's default (neither run's results state a "
-                                           "release_tolerance)")
-    low = min(stated.values())
-    if len(set(stated.values())) == 1:
-        sides = " and ".join(stated)
-        return float(low), f"the suite's release_tolerance ({sides})"
-    which = next(k for k, v in stated.items() if v == low)
-    others = ", ".join(f"{k} {v:g}" for k, v in stated.items())
-    return float(low), f"the smaller suite release_tolerance ({which}; stated: {others})"
+    """The tolerance a comparison uses and where it came from, by
+    :func:`certify.tolerance.gate_tolerance`: ``given`` (``--tolerance``) when given, else
+    :data:`~certify.tolerance.TOLERANCE_RULE` over what each run's results state."""
+    try:
+        return gate_tolerance(old.measurement.suite.release_tolerance,
+                              new.measurement.suite.release_tolerance, given)
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="percentage points for rates, percent for scores"
+                         ) from None
 
 
 def compare(old: RunResult, new: RunResult, tolerance: float | None = None,
             old_path: Path = Path("OLD"), new_path: Path = Path("NEW")) -> Comparison:
     """Compare two comparable runs on their threat models and checks (raises
     :class:`NotComparable`). ``tolerance``: percentage points for rates, percent of OLD for
-    scores; ``None`` takes the smaller one the two suites state (:func:`release_tolerance`)."""
+    scores; ``None`` takes it by :data:`~certify.tolerance.TOLERANCE_RULE`
+    (:func:`release_tolerance`)."""
     tolerance, source = release_tolerance(old, new, tolerance)
     check_comparable(old, new)
     seeds_o, seeds_n = old.measurement.seeds, new.measurement.seeds

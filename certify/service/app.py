@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from cryptography.hazmat.primitives import serialization
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel
@@ -30,6 +31,7 @@ from certify.service import auth, queue
 from certify.service.config import ServeConfig
 from certify.service.db import FINAL_STATES, Run, Upload
 from certify.service.ratelimit import RateLimiter, client_address, retry_after
+from certify.service.runids import RUN_ID_FORMAT
 from certify.service.shared import (
     API,
     ARTEFACTS,
@@ -307,6 +309,8 @@ MAX_INT = 2**63 - 1
 #: Route parameters: the caller, with at least this role.
 Reader = Annotated[auth.Principal, Depends(require("read"))]
 Submitter = Annotated[auth.Principal, Depends(require("submit"))]
+#: A run id in a route's path: its format is stated in the API document (any other id is 404).
+RunId = Annotated[str, PathParam(description=f"A run id: {RUN_ID_FORMAT}")]
 
 
 def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the routes
@@ -441,13 +445,13 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
             return {"total": total, "runs": [run_json(r) for r in runs]}
 
     @app.get(f"{API}/runs/{{run_id}}", tags=["runs"])
-    def get_run(run_id: str, who: Reader) -> dict[str, Any]:
+    def get_run(run_id: RunId, who: Reader) -> dict[str, Any]:
         """One run: state, progress per check, statuses, verdict (404 for another token's
         private run, as for a missing one)."""
         return run_json(find_run(svc, run_id, who))
 
     @app.get(f"{API}/runs/{{run_id}}/events", tags=["runs"])
-    async def events(run_id: str, request: Request,
+    async def events(run_id: RunId, request: Request,
                      who: Reader) -> StreamingResponse:
         """Server-sent events: the run's state whenever it changes, until it ends."""
         find_run(svc, run_id, who)
@@ -479,14 +483,14 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
                                  headers={"Cache-Control": "no-store"})
 
     @app.post(f"{API}/runs/{{run_id}}/share", tags=["sharing"])
-    def share(run_id: str, body: ShareBody, who: Submitter) -> dict[str, Any]:
+    def share(run_id: RunId, body: ShareBody, who: Submitter) -> dict[str, Any]:
         """Make your run public (readable by every token) or private again (admins: any
         run)."""
         find_run(svc, run_id, who, own=True)
         return run_json(set_public(svc, run_id, body.public))
 
     @app.post(f"{API}/runs/{{run_id}}/links", tags=["sharing"], status_code=201)
-    def create_link(run_id: str, request: Request, who: Submitter) -> dict[str, Any]:
+    def create_link(run_id: RunId, request: Request, who: Submitter) -> dict[str, Any]:
         """A share link of your run: whoever holds the URL reads its card and results without
         a token, until the link is revoked. The URL is shown only here."""
         find_run(svc, run_id, who, own=True)
@@ -494,19 +498,19 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         return {**link, "url": str(request.base_url).rstrip("/") + link["path"]}
 
     @app.get(f"{API}/runs/{{run_id}}/links", tags=["sharing"])
-    def list_links(run_id: str, who: Submitter) -> dict[str, Any]:
+    def list_links(run_id: RunId, who: Submitter) -> dict[str, Any]:
         """Your run's share links (ids and dates: their URLs are not kept)."""
         find_run(svc, run_id, who, own=True)
         return {"links": share_links(svc, run_id)}
 
     @app.delete(f"{API}/runs/{{run_id}}/links", tags=["sharing"])
-    def revoke_links(run_id: str, who: Submitter) -> dict[str, Any]:
+    def revoke_links(run_id: RunId, who: Submitter) -> dict[str, Any]:
         """Revoke every share link of your run."""
         find_run(svc, run_id, who, own=True)
         return {"revoked": revoke_share_links(svc, run_id)}
 
     @app.delete(f"{API}/runs/{{run_id}}/links/{{link_id}}", tags=["sharing"])
-    def revoke_link(run_id: str, link_id: int, who: Submitter) -> dict[str, Any]:
+    def revoke_link(run_id: RunId, link_id: int, who: Submitter) -> dict[str, Any]:
         """Revoke one share link of your run."""
         find_run(svc, run_id, who, own=True)
         if not 1 <= link_id <= MAX_INT or not revoke_share_links(svc, run_id, link_id):
@@ -514,7 +518,7 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         return {"revoked": 1}
 
     @app.get(f"{API}/runs/{{run_id}}/{{name}}", tags=["runs"])
-    def artefact(run_id: str, name: str, who: Reader) -> Response:
+    def artefact(run_id: RunId, name: str, who: Reader) -> Response:
         """A finished run's card.html, card.pdf, results.json or results.json.sig, served
         once its stored results pass their signature check."""
         if name not in ARTEFACTS:
@@ -522,7 +526,7 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         return artefact_response(svc, find_run(svc, run_id, who), name)
 
     @app.post(f"{API}/runs/{{run_id}}/cancel", tags=["runs"])
-    def cancel(run_id: str, who: Submitter) -> dict[str, Any]:
+    def cancel(run_id: RunId, who: Submitter) -> dict[str, Any]:
         """Cancel a queued or running run (your own, or any as admin)."""
         run = find_run(svc, run_id, who, own=True)
         if run.state in FINAL_STATES:
@@ -532,11 +536,14 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
         return run_json(find_run(svc, run_id, who, own=True))
 
     @app.get(f"{API}/runs/{{a}}/compare/{{b}}", tags=["runs"])
-    def compare_runs(a: str, b: str, who: Reader,
+    def compare_runs(a: RunId, b: RunId, who: Reader,
                      tolerance: float | None = Query(None, ge=0, le=100)) -> dict[str, Any]:
         """``certify compare`` of two finished runs (a = old, b = new), from their stored
         results once these pass their signature check; the sides are named by run id.
-        ``tolerance`` defaults to NEW's suite's ``release_tolerance``, as in the CLI."""
+        ``tolerance`` is ``--tolerance``: without it, the gate's tolerance is the smaller of
+        OLD's and NEW's release_tolerance, a run whose results state none counting as
+        certify's default of 2, so the release under test can narrow its gate but never
+        widen it (:data:`certify.tolerance.TOLERANCE_RULE`)."""
         from certify.report.compare import NotComparable, compare
         from certify.results import OLDER_SCHEMAS, SCHEMA, parse_result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,12 @@ import click
 
 from certify.errors import UsageError
 from certify.model_card import model_card_from, model_card_options
+from certify.safetext import printable
 
 DEFAULT_HOME = Path("certify-service")
+#: ``--timeout`` of `submit` and `runs watch`: six hours, beyond the service's own default run
+#: time limit (four hours), so a run that ends is followed to its end.
+WATCH_TIMEOUT_S = 6 * 3600.0
 log = logging.getLogger("certify.service")
 
 
@@ -418,25 +423,57 @@ def token_revoke(home: Path, db: str | None, token_id: int) -> None:
     click.echo(f"token {token_id} revoked")
 
 
+def _keep_bound(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    ctx.meta[f"certify.client.{param.name}"] = value
+
+
 def _client_options(f: Any) -> Any:
-    """The options every client command shares: the service, and where its token is."""
+    """The options every client command shares: the service, where its token is, and the
+    bounds on every answer the client reads (a deadline per request, a byte cap per file)."""
+    from certify.service.bounded import DEFAULT_DEADLINE_S, DEFAULT_MAX_DOWNLOAD_MB
+
+    f = click.option("--max-download-mb", type=click.FloatRange(min=0.001),
+                     default=DEFAULT_MAX_DOWNLOAD_MB, show_default=True, expose_value=False,
+                     callback=_keep_bound, help="The most MiB one downloaded file may have; "
+                     "a larger answer is refused as it arrives (JSON answers: at most 8).")(f)
+    f = click.option("--request-timeout", type=click.FloatRange(min=0.1),
+                     default=DEFAULT_DEADLINE_S, show_default=True, expose_value=False,
+                     callback=_keep_bound, help="Seconds one request may take in all, its "
+                     "answer included (a server trickling bytes is cut off then).")(f)
     f = click.option("--token-env", default="CERTIFY_TOKEN", show_default=True, metavar="VAR",
                      help="Variable holding the API token.")(f)
     return click.option("--server", required=True, metavar="URL",
                         help="The certify service.")(f)
 
 
+def _verify_options(f: Any) -> Any:
+    """The options of a command that downloads a card: the key it must verify with, and where
+    the pinned key and the log's last head are kept."""
+    f = click.option("--log-state", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Where the service's pinned key and its log's last tree head are "
+                          "kept [default: $CERTIFY_LOG_STATE or ~/.config/certify/logs.json]."
+                     )(f)
+    return click.option("--pubkey", type=click.Path(dir_okay=False, path_type=Path),
+                        help="The service's public key: the card must verify with it "
+                             "[default: the key the service sends, pinned on first use; a "
+                             "later other key is refused].")(f)
+
+
 def _client(server: str, token_env: str) -> Any:
     """A :class:`~certify.service.client.Client` of ``server`` with the token that
     ``token_env`` holds (a usage error when it is unset: tokens never go on the command
-    line)."""
+    line), bounded by the command's ``--request-timeout`` and ``--max-download-mb``."""
+    from certify.service.bounded import Bounds
     from certify.service.client import Client
 
     tok = os.environ.get(token_env)
     if not tok:
         raise UsageError(f"no API token: {token_env} is not set",
                          hint="export it (certify serve token create prints one)")
-    return Client(server, tok)
+    meta = click.get_current_context().meta
+    bounds = Bounds(deadline_s=float(meta["certify.client.request_timeout"]),
+                    max_bytes=int(float(meta["certify.client.max_download_mb"]) * 2**20))
+    return Client(server, tok, bounds)
 
 
 @click.command("submit")
@@ -470,17 +507,25 @@ def _client(server: str, token_env: str) -> Any:
               help="Follow the run and download its card.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Where to put the card [default: card-RUNID].")
+@_verify_options
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=WATCH_TIMEOUT_S,
+              show_default=True, help="Seconds to follow the run before giving up following "
+                                      "(exit 130; the run goes on).")
 def submit(model: str, server: str, suite: str, dataset: str, samples: int | None,
            seed: int | None, reference: Path | None, surrogate: Path | None,
            extra: tuple[Path, ...], token_env: str,
            auth_env: str | None, auth_header: str | None, model_name: str | None,
            model_version: str | None, owner: str | None, license: str | None,
-           intended_use: str | None, device: str, wait: bool, out: Path | None) -> int:
-    """Submit MODEL (.onnx or endpoint URL) to a certify service; exit codes as `certify run`.
+           intended_use: str | None, device: str, wait: bool, out: Path | None,
+           pubkey: Path | None, log_state: Path | None, timeout_s: float) -> int:
+    """Submit MODEL (.onnx or endpoint URL) to a certify service; exit codes as `certify run`,
+    or 9 when the card it downloads does not verify.
 
     An ONNX model's external-data files (torch.onnx.export's .data beside a large model) are
     found beside it and uploaded with it, as `certify run` finds them. With --no-wait it
-    prints the run's id: `certify runs watch ID` follows it later.
+    prints the run's id: `certify runs watch ID` follows it later. The card downloaded is
+    verified before its verdict is printed: with the service's key (--pubkey, or pinned on
+    first use), in its transparency log, as this run's and this model's.
 
     \b
     Example:
@@ -504,22 +549,33 @@ def submit(model: str, server: str, suite: str, dataset: str, samples: int | Non
                         model_version=None if stated is None else stated.version,
                         surrogate=surrogate, card={k: v for k, v in card.items() if v},
                         device=device)
-    click.echo(f"run {run['id']} queued ({client.server}/runs/{run['id']})", err=True)
+    run_id = run["id"]  # in the service's format: checked by the client
+    click.echo(f"run {run_id} queued ({printable(client.server)}/runs/{run_id})", err=True)
     if not wait:
-        click.echo(run["id"])
+        click.echo(run_id)
         return 0
     # the model's identity is checked where the upload was the model file and the files
     # beside it (external data given from elsewhere is laid out otherwise on this machine)
     from certify.models.registry import is_endpoint
 
     local = None if is_endpoint(model) or extra else Path(model)
-    return _follow(client, run["id"], out or Path(f"card-{run['id']}"), local)
+    return _follow(client, run_id, out or Path(f"card-{run_id}"), _Trust(pubkey, log_state),
+                   timeout_s, local)
 
 
-def _follow(client: Any, run_id: str, out: Path | None, model: Path | None = None) -> int:
+@dataclass(frozen=True)
+class _Trust:
+    """What a downloaded card is verified against: ``--pubkey`` and ``--log-state``."""
+
+    pubkey: Path | None = None
+    log_state: Path | None = None
+
+
+def _follow(client: Any, run_id: str, out: Path | None, trust: _Trust,
+            timeout_s: float | None = None, model: Path | None = None) -> int:
     """Follow run ``run_id`` to its end, printing its progress (stderr), then report it
-    (:func:`_ended`); returns the exit code `certify run` would have given. Ctrl-C stops
-    following and leaves the run running."""
+    (:func:`_ended`); returns the exit code `certify run` would have given. Ctrl-C, or
+    ``timeout_s`` passing, stops following and leaves the run running."""
     shown: dict[str, str] = {}
 
     def update(r: dict[str, Any]) -> None:
@@ -531,54 +587,71 @@ def _follow(client: Any, run_id: str, out: Path | None, model: Path | None = Non
     from certify.service.client import WatchInterrupted
 
     try:
-        final = client.wait(run_id, update)
+        final = client.wait(run_id, update, timeout_s=timeout_s)
     except KeyboardInterrupt:
         raise WatchInterrupted(
             f"stopped following run {run_id}; it goes on running on the service",
             hint=f"follow it again with `certify runs watch {run_id} --server "
-                 f"{client.server}`") from None
+                 f"{printable(client.server)}`") from None
     try:
-        return _ended(client, final, out, model)
+        return _ended(client, final, out, trust, model)
     except KeyboardInterrupt:
         raise WatchInterrupted(
             f"stopped downloading the card of run {run_id} (it ended {final['state']})",
-            hint=f"`certify runs fetch {run_id} --server {client.server} --out DIR` "
+            hint=f"`certify runs fetch {run_id} --server {printable(client.server)} --out DIR` "
                  "downloads it") from None
 
 
-def _ended(client: Any, final: dict[str, Any], out: Path | None,
+def _ended(client: Any, final: dict[str, Any], out: Path | None, trust: _Trust,
            model: Path | None = None) -> int:
-    """Report a run that ended: a finished one's card downloaded into ``out`` (its paths on
-    stdout) and checked to be this run's (and, given the uploaded ``model`` file, to have
-    measured it), or where the card is without ``out``; a failed run's error. Returns the
-    exit code `certify run` would have given."""
-    from certify.service.client import check_downloaded, exit_code_of
+    """Report a run that ended: a finished one's card downloaded into ``out`` (without it, a
+    temporary folder) and verified before anything of it is printed (its paths on stdout;
+    what was checked, its verdict and log entry on stderr); a failed run's error. Returns the
+    exit code `certify run` would have given, a finished run's from its verified card."""
+    from certify.service.client import exit_code_of, fetch_verified
 
     run_id = final["id"]
-    if final["state"] == "done":
-        if out is None:
-            click.echo(f"card: {client.server}/runs/{run_id} (download it with `certify runs "
-                       f"fetch {run_id} --server {client.server} --out DIR`)", err=True)
+    if final["state"] != "done":
+        if final["state"] == "error":
+            click.echo(f"error: run {run_id} failed: {printable(final.get('error'))}", err=True)
         else:
-            for p in client.download(run_id, out, final):
-                click.echo(str(p))
-            click.echo(check_downloaded(out, run_id, model), err=True)
-        click.echo(f"verdict: {final['verdict']} (transparency log entry "
-                   f"{final['log_index']})", err=True)
-    elif final["state"] == "error":
-        click.echo(f"error: run {run_id} failed: {final['error']}", err=True)
+            click.echo(f"run {run_id} {final['state']}", err=True)
+        return exit_code_of(final)
+    if out is None:  # verified all the same, in a folder that is not kept
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="certify-watch-") as tmp:
+            card = fetch_verified(client, final, Path(tmp) / "card", model, trust.pubkey,
+                                  trust.log_state)
+        click.echo(f"card: {printable(client.server)}/runs/{run_id} (verified, not kept: "
+                   "--out DIR keeps it)", err=True)
     else:
-        click.echo(f"run {run_id} {final['state']}", err=True)
-    return exit_code_of(final)
+        card = fetch_verified(client, final, out, model, trust.pubkey, trust.log_state)
+        for p in card.files:
+            click.echo(str(p))
+    for line in card.checked:
+        click.echo(line, err=True)
+    said = final.get("exit_code")
+    if said != card.exit_code:
+        click.echo(f"warning: the service said exit code {printable(said, 20)}; the verified "
+                   f"card's verdict gives {card.exit_code}, which is the one used", err=True)
+    click.echo(f"verdict: {card.verdict} (verified; transparency log entry {card.log_index})",
+               err=True)
+    return card.exit_code
 
 
 def _progress_line(r: dict[str, Any]) -> str:
-    p = r.get("progress") or {}
+    """The run's state and current step, every server string made printable."""
+    p = r.get("progress")
+    p = p if isinstance(p, dict) else {}
     cur = p.get("current")
     if r["state"] == "running" and cur:
-        step = (p.get("steps") or {}).get(cur, {})
-        return f"running: {cur} {step.get('done', 0)}/{step.get('total', '?')}"
-    return r["state"]
+        steps = p.get("steps")
+        step = steps.get(cur) if isinstance(steps, dict) else None
+        step = step if isinstance(step, dict) else {}
+        return (f"running: {printable(cur, 80)} {printable(step.get('done', 0), 12)}/"
+                f"{printable(step.get('total', '?'), 12)}")
+    return str(r["state"])
 
 
 def _when(stamp: Any) -> str:
@@ -608,21 +681,26 @@ def runs() -> None:
 def runs_list(server: str, token_env: str, state: str | None, limit: int,
               as_json: bool) -> None:
     """This token's runs, newest first (an admin token's: every run): id, state, verdict,
-    created, suite, model."""
+    created, suite, model, as the service states them (`runs fetch` verifies a card)."""
     import json
 
     page = _client(server, token_env).runs(limit=limit, state=state)
     if as_json:
         click.echo(json.dumps(page, indent=2))
         return
-    rows = page.get("runs") or []
+    rows = page["runs"]
+
+    def cell(value: Any, width: int) -> str:
+        return printable("-" if value in (None, "") else value, width)
+
     if rows:
         click.echo(f"{'ID':<32}  {'STATE':<9} {'VERDICT':<12} {'CREATED':<16}  SUITE  MODEL")
     for r in rows:
-        click.echo(f"{r['id']:<32}  {r['state']:<9} {r.get('verdict') or '-':<12} "
-                   f"{_when(r.get('created'))[:16]:<16}  "
-                   f"{r.get('suite', '')}  {r.get('model', '')}")
-    total = int(page.get("total", len(rows)))
+        click.echo(f"{cell(r.get('id'), 32):<32}  {cell(r.get('state'), 9):<9} "
+                   f"{cell(r.get('verdict'), 12):<12} {cell(_when(r.get('created')), 16):<16}  "
+                   f"{cell(r.get('suite'), 80)}  {cell(r.get('model'), 120)}")
+    total = page.get("total")
+    total = total if isinstance(total, int) and not isinstance(total, bool) else len(rows)
     if total > len(rows):
         click.echo(f"{len(rows)} of {total} runs (--limit for more)", err=True)
     elif not rows:
@@ -634,39 +712,59 @@ def runs_list(server: str, token_env: str, state: str | None, limit: int,
 @_client_options
 @click.option("--json", "as_json", is_flag=True, help="The API's JSON.")
 def runs_show(run_id: str, server: str, token_env: str, as_json: bool) -> None:
-    """One run: its state, progress, verdict and card."""
+    """One run: its state, progress, verdict and card, as the service states them (`runs
+    fetch` downloads the card and verifies it)."""
     import json
 
     client = _client(server, token_env)
-    r = client.run(run_id)
+    r = client.run(run_id)  # checked to be the run asked
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
-    click.echo(f"run       {r['id']}")
+
+    def said(key: str, width: int = 120) -> str:
+        return printable(r.get(key), width)
+
+    click.echo(f"run       {run_id}")
     click.echo(f"state     {_progress_line(r)}")
-    click.echo(f"model     {r.get('model')} ({r.get('model_kind')})")
-    click.echo(f"suite     {r.get('suite')}   dataset {r.get('dataset')}")
-    click.echo(f"created   {_when(r.get('created'))}   updated {_when(r.get('updated'))}")
-    checks = (r.get("progress") or {}).get("checks") or {}
-    if checks:
-        click.echo("checks    " + ", ".join(f"{k} {v}" for k, v in checks.items()))
+    click.echo(f"model     {said('model')} ({said('model_kind', 40)})")
+    click.echo(f"suite     {said('suite')}   dataset {said('dataset')}")
+    click.echo(f"created   {printable(_when(r.get('created')))}   updated "
+               f"{printable(_when(r.get('updated')))}")
+    progress = r.get("progress")
+    checks = progress.get("checks") if isinstance(progress, dict) else None
+    if isinstance(checks, dict) and checks:
+        click.echo("checks    " + ", ".join(f"{printable(k, 80)} {printable(v, 40)}"
+                                            for k, v in checks.items()))
     if r["state"] == "done":
-        click.echo(f"verdict   {r.get('verdict')} (exit code {r.get('exit_code')}, "
-                   f"transparency log entry {r.get('log_index')})")
-        click.echo(f"card      {client.server}/runs/{r['id']}")
+        click.echo(f"verdict   {said('verdict', 20)} (as the service states it; exit code "
+                   f"{said('exit_code', 10)}, transparency log entry {said('log_index', 20)}; "
+                   "`certify runs fetch` verifies the card)")
+        click.echo(f"card      {printable(client.server)}/runs/{run_id}")
     elif r["state"] == "error":
-        click.echo(f"error     {r.get('error')}")
+        click.echo(f"error     {said('error', 500)}")
 
 
 @runs.command("watch")
 @click.argument("run_id")
 @_client_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Download the card into this folder once the run is done.")
-def runs_watch(run_id: str, server: str, token_env: str, out: Path | None) -> int:
-    """Follow a run to its end, as `certify submit` does; exit codes as `certify run`.
-    Ctrl-C stops following (the run goes on)."""
-    return _follow(_client(server, token_env), run_id, out)
+              help="Keep the card in this folder once the run is done (it is downloaded and "
+                   "verified either way).")
+@_verify_options
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=WATCH_TIMEOUT_S,
+              show_default=True, help="Seconds to follow the run before giving up following "
+                                      "(exit 130; the run goes on).")
+def runs_watch(run_id: str, server: str, token_env: str, out: Path | None,
+               pubkey: Path | None, log_state: Path | None, timeout_s: float) -> int:
+    """Follow a run to its end, as `certify submit` does; exit codes as `certify run` (from
+    the verified card), 9 when its card does not verify. Ctrl-C or --timeout stops following
+    (the run goes on)."""
+    from certify.service.client import check_run_id
+
+    check_run_id(run_id)
+    return _follow(_client(server, token_env), run_id, out, _Trust(pubkey, log_state),
+                   timeout_s)
 
 
 @runs.command("fetch")
@@ -674,15 +772,21 @@ def runs_watch(run_id: str, server: str, token_env: str, out: Path | None) -> in
 @_client_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Where to put the card [default: card-RUNID].")
-def runs_fetch(run_id: str, server: str, token_env: str, out: Path | None) -> int:
+@_verify_options
+def runs_fetch(run_id: str, server: str, token_env: str, out: Path | None,
+               pubkey: Path | None, log_state: Path | None) -> int:
     """Download a finished run's card and results (card.html, card.pdf, results.json and its
-    signature); exit codes as `certify run`."""
-    from certify.service.client import FINAL_STATES
+    signature) and verify them before they are kept: with the service's key (--pubkey, or
+    pinned on first use), in its transparency log, as this run's. Exit codes as `certify run`
+    (from the verified card), 9 when the card does not verify (nothing is kept)."""
+    from certify.service.client import FINAL_STATES, check_run_id
 
+    check_run_id(run_id)  # the folder is named after the id asked, in the service's format
     client = _client(server, token_env)
     r = client.run(run_id)
     if r["state"] not in FINAL_STATES:
-        raise UsageError(f"run {r['id']} is {r['state']}: it has no card yet",
-                         hint=f"`certify runs watch {r['id']} --server {client.server} --out "
-                              "DIR` follows it and downloads the card")
-    return _ended(client, r, out or Path(f"card-{r['id']}"))
+        raise UsageError(f"run {run_id} is {r['state']}: it has no card yet",
+                         hint=f"`certify runs watch {run_id} --server "
+                              f"{printable(client.server)} --out DIR` follows it and downloads "
+                              "the card")
+    return _ended(client, r, out or Path(f"card-{run_id}"), _Trust(pubkey, log_state))

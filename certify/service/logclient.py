@@ -23,7 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from certify.errors import CertifyError
 from certify.report.sign import fingerprint
+from certify.safetext import printable
 from certify.service import merkle
+from certify.service.bounded import MAX_JSON_BYTES, Bounds, bounded_request
 from certify.service.merkle import LogError
 from certify.service.tlog import statement_digest, tree_head_payload
 
@@ -41,28 +43,34 @@ def default_state_path() -> Path:
 
 
 class LogClient:
-    """Reads one log's public routes."""
+    """Reads one log's public routes, each answer within ``bounds`` (a byte cap and a total
+    deadline: :mod:`certify.service.bounded`)."""
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, bounds: Bounds | None = None) -> None:
         self.url = url.rstrip("/")
         self.base = self.url + "/api/v1"
-        self.timeout = timeout
+        self.bounds = bounds or Bounds(deadline_s=timeout)
+        self.http = requests.Session()
 
     def get(self, path: str, **params: Any) -> Any:
-        try:
-            r = requests.get(self.base + path, params=params or None, timeout=self.timeout)
-        except requests.RequestException as exc:
-            raise LogUnreachable(f"cannot reach the log at {self.url}: {type(exc).__name__}",
-                                 hint="check --log") from None
-        if r.status_code == 404 and path.startswith("/log/lookup"):
+        def unreachable(message: str, hint: str | None) -> LogUnreachable:
+            return LogUnreachable(message, hint=hint or "check --log")
+
+        a = bounded_request(self.http, "GET", self.base + path, self.bounds, unreachable,
+                            what=f"the log at {printable(self.url)} ({path.split('?')[0]})",
+                            cap=MAX_JSON_BYTES, params=params or None,
+                            where=f"the log at {printable(self.url)}",
+                            unreachable_hint="check --log")
+        if a.status == 404 and path.startswith("/log/lookup"):
             return None
-        if not r.ok:
-            raise LogUnreachable(f"the log at {self.url} answered {r.status_code} to {path}",
-                                 hint="is this a certify service?")
+        if not 200 <= a.status < 300:
+            raise LogUnreachable(f"the log at {printable(self.url)} answered {a.status} to "
+                                 f"{path}", hint="is this a certify service?")
         try:
-            return r.text if path == "/key" else r.json()
+            return (a.body or b"").decode("ascii") if path == "/key" else a.json()
         except ValueError:
-            raise LogUnreachable(f"the log at {self.url} sent something that is not JSON for "
+            raise LogUnreachable(f"the log at {printable(self.url)} sent something that is not "
+                                 f"{'a PEM key' if path == '/key' else 'JSON'} for "
                                  f"{path}") from None
 
 
@@ -151,6 +159,28 @@ def log_key(client: LogClient, pubkey: Path | None) -> ec.EllipticCurvePublicKey
     return key
 
 
+def pinned_key(client: LogClient, pubkey: Path | None, state_path: Path
+               ) -> tuple[ec.EllipticCurvePublicKey, str]:
+    """The service's key to check its cards against, and a line saying where it came from:
+    ``pubkey`` when given, else the key the service sends, pinned on first use. A key other
+    than the one pinned for this URL in ``state_path`` is refused (LogError), whichever way it
+    came. The pin itself is written by :func:`check_in_log`, once a card verified."""
+    key = log_key(client, pubkey)
+    fp = fingerprint(key)
+    pinned = _load_state(state_path)["urls"].get(client.url)
+    if pinned is not None and pinned != fp:
+        raise LogError(f"the service at {printable(client.url)} now signs with key {fp}, not "
+                       f"the {pinned} pinned for it in {state_path}",
+                       hint="do not trust it until its operator explains the key change; "
+                            "remove its entry from that file to accept the new key")
+    how = "--pubkey" if pubkey is not None else "sent by the service"
+    if pinned is not None:
+        return key, f"key: {fp} ({how}), the one pinned for {client.url} in {state_path}"
+    return key, (f"key: {fp} ({how}), seen for the first time: pinned for {client.url} in "
+                 f"{state_path} (a later key change is refused; compare the fingerprint with "
+                 "the one the service's operator publishes, or pass --pubkey)")
+
+
 def check_in_log(statement: dict[str, Any], client: LogClient,
                  key: ec.EllipticCurvePublicKey, state_path: Path,
                  run_id: str | None = None) -> list[str]:
@@ -159,6 +189,24 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
 
     ``run_id`` is the service run the card's signed provenance names: the log entry must be
     that run's (a card copied into another run's folder still names its own run)."""
+    return log_inclusion(statement, client, key, state_path, run_id)[0]
+
+
+def log_inclusion(statement: dict[str, Any], client: LogClient,
+                  key: ec.EllipticCurvePublicKey, state_path: Path,
+                  run_id: str | None = None) -> tuple[list[str], int]:
+    """:func:`check_in_log`, and the index of the card's entry in the log. Answers of the
+    wrong shape are a LogError, like answers that do not prove what they should."""
+    try:
+        return _log_inclusion(statement, client, key, state_path, run_id)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        raise LogError(f"the log at {printable(client.url)} sent malformed answers",
+                       hint="do not trust this log") from None
+
+
+def _log_inclusion(statement: dict[str, Any], client: LogClient,
+                   key: ec.EllipticCurvePublicKey, state_path: Path,
+                   run_id: str | None) -> tuple[list[str], int]:
     state = _load_state(state_path)
     logs, urls = state["logs"], state["urls"]
     fp = fingerprint(key)
@@ -173,14 +221,17 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
     if found is None:
         raise LogError(f"the card is not in the log at {client.url} (statement {digest})",
                        hint="a card this service issued is always logged")
-    index = int(found["index"])
+    index = found["index"]
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ValueError("index")
     entry = client.get(f"/log/entries/{index}")
     if not isinstance(entry, dict) or entry.get("statement_digest") != digest:
         raise LogError(f"the log's entry {index} does not log this card's statement",
                        hint="do not trust this log")
     if run_id is not None and entry.get("run_id") != run_id:
         raise LogError(f"the card names service run {run_id}, but the log's entry {index} is "
-                       f"run {entry.get('run_id')}'s", hint="the card is not the run it claims")
+                       f"run {printable(entry.get('run_id'), 80)}'s",
+                       hint="the card is not the run it claims")
     head = client.get("/log")
     check_tree_head(head, key)
     size, root = int(head["tree_size"]), _b64(head["root_hash"], "root hash")
@@ -189,7 +240,7 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
     merkle.verify_inclusion(leaf, index, size, [_b64(p, "audit path") for p in
                                                 proof.get("audit_path", [])], root)
     lines = [f"log: entry {index} of {size} at {client.url}"
-             + (f", run {entry.get('run_id')}" if entry.get("run_id") else ""),
+             + (f", run {printable(entry.get('run_id'), 80)}" if entry.get("run_id") else ""),
              f"inclusion: proven under the signed tree head of size {size}"]
     if seen is None:
         lines.append("consistency: first time this log is seen here; its head is now pinned")
@@ -208,4 +259,4 @@ def check_in_log(statement: dict[str, Any], client: LogClient,
                 "urls": sorted({*(seen or {}).get("urls", []), client.url})}
     urls[client.url] = fp
     _save_state(state_path, state)
-    return lines
+    return lines, index

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from certify.service.db import (
     db_now,
     utcnow,
 )
+from certify.service.runids import new_run_id
 
 #: Called inside the insert's transaction before the row is added: it may lock rows, check
 #: limits (raising to refuse: the transaction is rolled back) and return the fields to insert.
@@ -76,7 +76,7 @@ def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = N
     ``run_id`` is the run's id when the caller needs it before the insert (to encrypt the run's
     secret with it, so that the run is never claimable without its secret).
     """
-    rid = run_id or uuid.uuid4().hex
+    rid = run_id or new_run_id()
     for _ in range(20):
         try:
             values = admit(session, dict(fields)) if admit is not None else fields

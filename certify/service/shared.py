@@ -22,6 +22,7 @@ from sqlalchemy.orm import sessionmaker
 from certify.service import auth
 from certify.service.config import ServeConfig
 from certify.service.db import Run, Token, utcnow
+from certify.service.runids import is_run_id
 
 log = logging.getLogger("certify.service")
 
@@ -171,7 +172,7 @@ def find_run(svc: Services, run_id: str, who: auth.Principal, own: bool = False)
     """The run ``run_id`` if ``who`` may read it (``own``: change it); otherwise 404, the same
     answer as for a malformed or unknown id, so that another tenant's ids reveal nothing."""
     missing = HTTPException(404, f"no run {run_id[:80]!r}" + (" of this token" if own else ""))
-    if not (len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
+    if not is_run_id(run_id):
         raise missing
     with svc.factory() as s:
         run = s.get(Run, run_id)

@@ -27,6 +27,7 @@ from certify.model_card import model_card_from
 from certify.redact import has_credentials, redact
 from certify.service import auth
 from certify.service.db import QUEUED, RUNNING, Run, Token, Upload, utcnow
+from certify.service.runids import new_run_id
 
 
 def _hex(digest: str) -> str:
@@ -403,8 +404,6 @@ async def accept_submission(svc: Any, who: auth.Principal, **kw: Any) -> Any:
     under concurrent submissions. The secret is encrypted before the insert (with the run's
     id), so the run is never claimable without it.
     """
-    import uuid
-
     from certify.service import queue
     from certify.service.secrets import pack
 
@@ -412,7 +411,7 @@ async def accept_submission(svc: Any, who: auth.Principal, **kw: Any) -> Any:
     url = url if url and has_credentials(url) else None
 
     def enqueue(fields: dict[str, Any]) -> Any:
-        run_id = uuid.uuid4().hex
+        run_id = new_run_id()
         if header or url:
             fields = {**fields, "secret_enc": svc.secrets.encrypt(pack(header, url), run_id)}
         with svc.factory() as s:
