@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ class Service:
 
     def launch(self) -> Service:
         """Start the server's process without waiting for it (then :meth:`wait_up`)."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         logf = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [CERTIFY, self.command, "--home", str(self.home), "--port", str(self.port),
@@ -212,3 +213,39 @@ def small_inputs(folder: Path, per_class: int = 2) -> tuple[Path, Path]:
     data = folder / "small.npz"
     np.savez(data, x=x, y=y)
     return suite, data
+
+
+class InProcess:
+    """``certify serve`` (no workers) on 127.0.0.1 in a thread of this process."""
+
+    def __init__(self, home: Path, **cfg: object) -> None:
+        import uvicorn
+
+        from certify.service.app import create_app
+        from certify.service.config import ServeConfig
+
+        self.app = create_app(ServeConfig(home=home, workers=0, **cfg),  # type: ignore[arg-type]
+                              start_workers=False)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0,
+                                                    log_level="warning", lifespan="on",
+                                                    proxy_headers=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def token(self, role: str = "read") -> str:
+        from certify.service import auth
+
+        svc = self.app.state.services
+        with svc.factory() as s:
+            plain, _ = auth.create_token(s, "t", role, None)
+        return plain
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import yaml
 
 from certify.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_NOT_COMPARABLE, EXIT_OK
@@ -584,9 +587,10 @@ def test_what_old_evaluated_and_new_skipped_or_errored_keeps_the_gate_open():
 
 def test_the_default_tolerance_is_the_suite_s_and_decides_a_planted_change():
     """No --tolerance: the smaller of OLD's and NEW's release_tolerance, a run that states none
-    counting as certify's default of 2 (certify.tolerance.TOLERANCE_RULE). A planted regression beyond it on the
-    threat-model row exits 1, a planted improvement exits 0 with IMPROVEMENT, and a change
-    too small for the samples exits 6 saying how many samples would decide it."""
+    counting as certify's default of 2 (certify.tolerance.TOLERANCE_RULE). A planted
+    regression beyond it on the threat-model row exits 1, a planted improvement exits 0 with
+    IMPROVEMENT, and a change too small for the samples exits 6 saying how many samples
+    would decide it."""
     from certify.results import DEFAULT_RELEASE_TOLERANCE
 
     n = 600
@@ -1065,3 +1069,119 @@ def test_the_demo_card_compared_with_itself_is_no_change_and_its_pdf_fits(demo_r
         (demo_run / "results.json").read_text())["measurement"]["checks"]}
     assert doc["not_evaluated"] == [i for i, s in statuses.items() if s == "SKIPPED"]
     assert boxes_beyond_the_page(html.read_text(encoding="utf-8")) == []
+
+
+# --- issue 60: the release under test cannot widen its own gate --------------------------------
+
+def _wide_new_pair() -> tuple[dict, dict]:
+    """OLD written before release_tolerance existed (its results state none); NEW's suite
+    states 100; the threat model that decides the card lost 11 points (70% -> 59% of 600)."""
+    n = 600
+    old = np.zeros(n, dtype=bool)
+    old[:420] = True
+    new = old.copy()
+    new[:66] = False
+    a, b = _threat_doc(old, old), _threat_doc(new, new)
+    a["measurement"]["suite"].pop("release_tolerance")
+    b["measurement"]["suite"]["release_tolerance"] = 100.0
+    return a, b
+
+
+def _check_wide_regression(doc: dict) -> None:
+    assert doc["decision"] == "REGRESSION" and doc["exit_code"] == EXIT_FAIL, doc["decision"]
+    assert doc["tolerance"]["rates_pp"] == 2.0
+    assert doc["tolerance"]["source"] == (
+        "the smaller of OLD's and NEW's release_tolerance (OLD 2: its results state none, "
+        "certify's default; NEW 100: its suite's release_tolerance)")
+    (tm,) = doc["threat_models"]
+    assert tm["outcome"] == "regression" and tm["change"] == pytest.approx(-0.11)
+
+
+def test_a_new_suite_s_wide_tolerance_does_not_widen_the_gate_in_cli_action_and_service(
+        tmp_path):
+    """Issue 60 point 1: OLD states no release_tolerance, NEW's suite states 100, and the
+    deciding row lost 11 points: REGRESSION, exit 1, at certify's default of 2, from the
+    CLI, the GitHub Action's compare step and the service's /runs/A/compare/B alike."""
+    from certify.canonical import canonical_json
+
+    old, new = _wide_new_pair()
+    assert "release_tolerance" not in old["measurement"]["suite"]
+    (tmp_path / "new").mkdir()
+    paths = {"old": tmp_path / "old.json", "new": tmp_path / "new" / "results.json"}
+    for name, doc in (("old", old), ("new", new)):
+        paths[name].write_bytes(canonical_json(doc))
+
+    proc = builders.run_cli("compare", paths["old"], paths["new"], "--json", "-")
+    assert proc.returncode == EXIT_FAIL, proc.stdout + proc.stderr
+    _check_wide_regression(json.loads(proc.stdout))
+
+    from certify.ci_action import INPUTS, Outcome, _compare
+
+    inputs = {k: default for k, (default, _) in INPUTS.items()}
+    inputs["CERTIFY_PREVIOUS_CARD"] = str(paths["old"])
+    outcome = Outcome()
+    _compare(inputs, dict(os.environ), tmp_path / "new", False, None, outcome)
+    assert outcome.exit_code == EXIT_FAIL and outcome.outputs["comparison"] == "regression"
+    assert "**Resolved regression**" in "\n".join(outcome.summary)
+    _check_wide_regression(json.loads((tmp_path / "new" / "compare.json").read_text()))
+
+    from service_fixture import InProcess
+
+    from certify.report.sign import sign
+    from certify.service import queue
+    from certify.service.db import Run
+    from certify.service.shared import out_key
+
+    svc = InProcess(tmp_path / "home")
+    try:
+        services = svc.app.state.services
+        ids = []
+        for doc in (old, new):
+            with services.factory() as s:
+                run = queue.enqueue(s, model_kind="onnx", model_ref="x", model_name="m",
+                                    suite="s", suite_name="s", dataset="d")
+                ids.append(run.id)
+            with services.factory() as s:
+                s.get(Run, run.id).state = "done"
+                s.commit()
+            raw = canonical_json(doc)
+            services.store.put(f"{out_key(run.id)}/results.json", io.BytesIO(raw))
+            sig = sign(json.loads(raw), services.tlog.key).to_json().encode()
+            services.store.put(f"{out_key(run.id)}/results.json.sig", io.BytesIO(sig))
+        r = requests.get(f"{svc.url}/api/v1/runs/{ids[0]}/compare/{ids[1]}", timeout=30,
+                         headers={"Authorization": f"Bearer {svc.token('admin')}"})
+        assert r.status_code == 200, r.text
+        _check_wide_regression(r.json())
+    finally:
+        svc.stop()
+
+
+def test_a_card_that_cannot_be_checked_exits_9_not_like_a_regression(runs, tmp_path):
+    """Issue 60 point 2: with --pubkey, an unsigned card, a tampered card and a card signed
+    by another key are refused as untrusted (exit 9), never 0, 1 or 6."""
+    from certify.errors import EXIT_UNTRUSTED
+
+    keys, other = tmp_path / "keys", tmp_path / "other"
+    for k in (keys, other):
+        assert builders.run_cli("keygen", "--out", k).returncode == 0
+    signed = tmp_path / "signed"
+    shutil.copytree(runs["base"], signed)
+    assert builders.run_cli("sign", signed, "--key", keys / "certify.key",
+                            "--no-pdf").returncode == 0
+    tampered = tmp_path / "tampered"
+    shutil.copytree(signed, tampered)
+    doc = json.loads((tampered / "results.json").read_text())
+    doc["measurement"]["verdict"] = "PASS" if doc["measurement"]["verdict"] != "PASS" else "FAIL"
+    (tampered / "results.json").write_text(json.dumps(doc))
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(runs["base"], elsewhere)
+    assert builders.run_cli("sign", elsewhere, "--key", other / "certify.key",
+                            "--no-pdf").returncode == 0
+    for bad, says in ((runs["weak"], "no detached signature"), (tampered, "changed"),
+                      (elsewhere / "card.html", "signed by key")):
+        for old, new in ((signed, bad), (bad, signed)):
+            proc = builders.run_cli("compare", old, new, "--pubkey", keys / "certify.pub")
+            assert proc.returncode == EXIT_UNTRUSTED, (bad, proc.stdout + proc.stderr)
+            assert "untrusted card, not compared" in proc.stderr and says in proc.stderr, (
+                bad, proc.stderr)
+            assert proc.stdout == ""

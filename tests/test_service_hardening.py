@@ -13,48 +13,13 @@ from pathlib import Path
 
 import pytest
 import requests
+from service_fixture import InProcess
 
 from certify.service.ratelimit import RateLimiter, client_address
 
 pytestmark = pytest.mark.unit
 
 BOMB = '<script type="application/json" id="certify-results">'
-
-
-class InProcess:
-    """``certify serve`` (no workers) on 127.0.0.1 in a thread of this process."""
-
-    def __init__(self, home: Path, **cfg: object) -> None:
-        import uvicorn
-
-        from certify.service.app import create_app
-        from certify.service.config import ServeConfig
-
-        self.app = create_app(ServeConfig(home=home, workers=0, **cfg),  # type: ignore[arg-type]
-                              start_workers=False)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0,
-                                                    log_level="warning", lifespan="on",
-                                                    proxy_headers=False))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "did not start"
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    def token(self, role: str = "read") -> str:
-        from certify.service import auth
-
-        svc = self.app.state.services
-        with svc.factory() as s:
-            plain, _ = auth.create_token(s, "t", role, None)
-        return plain
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -161,6 +162,12 @@ def test_sigkill_of_the_job_host_mid_run_loses_nothing(
     token = service.token("submit")
     run = _submit(service, token, slow_suite, samples=16, seed=5)
     child = _running_child(service, run, token)
+    # issue 60: a running run's folder and its job log are the service user's only
+    folder = service.home / "work" / "runs" / run
+    log = Path(os.readlink(f"/proc/{child}/fd/1"))
+    assert log == folder / "job.log"
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (folder, folder / "out", log)] == [
+        0o700, 0o700, 0o600]
     host = _parent(child)
     os.kill(host, signal.SIGKILL)
     deadline = time.monotonic() + 10

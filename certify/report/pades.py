@@ -65,8 +65,12 @@ def fingerprint(public_key: ec.EllipticCurvePublicKey) -> str:
 # --- certificates ---------------------------------------------------------------------------
 
 #: The certificate's common name: this, then the first :data:`NAME_FINGERPRINT_HEX` hex digits of
-#: the key's fingerprint (``certify signing key 7f3a9c21``), so that a PDF reader showing only
-#: the signer's name tells one key from another.
+#: the key's fingerprint (``certify signing key 7f3a9c21``). The name is a label, not a proof:
+#: anyone can make a self-signed certificate for their own key with this very name and serial
+#: text, and a PDF reader then shows it line for line as it shows the genuine one, "valid"
+#: included. A PDF reader proves a card only with the signer's certificate imported as trusted
+#: ("Certificate is Trusted" in pdfsig); ``certify verify --pubkey`` (or ``--log``) is the
+#: check.
 COMMON_NAME = "certify signing key"
 NAME_FINGERPRINT_HEX = 8
 

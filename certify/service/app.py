@@ -65,13 +65,14 @@ def open_services(cfg: ServeConfig, rotate_identity: bool = False) -> Services:
     from certify.redact import redact
     from certify.service.db import make_engine, migrate, sessions
     from certify.service.identity import load_identity
+    from certify.service.private import secure_home
     from certify.service.store import StoreError
     from certify.service.store_url import open_store
     from certify.service.tlog import TransparencyLog
     from certify.service.uploads import Limits
 
     try:
-        cfg.home.mkdir(parents=True, exist_ok=True)
+        secure_home(cfg.home)  # 0700; an existing home's files tightened, with a log line
     except OSError as exc:
         raise UsageError(f"cannot use --home {cfg.home}: {exc.strerror}",
                          hint="choose a folder the service may write") from None

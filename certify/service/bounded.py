@@ -5,21 +5,23 @@ The client of a certify service (``certify submit``, ``certify runs``, ``certify
 at a time. ``requests``' own timeout bounds each socket read, not the request, and its
 ``.content`` reads whatever arrives into memory. :func:`bounded_request` instead
 
-- gives the whole request one deadline: connecting and waiting for the headers within it, then
-  each read of the body with the socket's timeout set to what is left of it, so a body trickled
-  a byte at a time ends at the deadline;
+- gives the whole request one deadline: a watchdog shuts the request's connection down when it
+  passes, whatever the request is doing (connecting, sending, waiting for headers that arrive
+  a byte at a time, reading the body), and each read of the body also has the socket's timeout
+  set to what is left of it;
 - reads the body in pieces, refusing it as soon as it passes ``max_bytes`` (a ``Content-Length``
   above it is refused before any of the body is read), into memory or straight into a file;
 - asks for the body uncompressed, and counts decoded bytes where a server compresses anyway.
 
-Sending a request body (an upload) is bounded by the socket's timeout per operation; the
-deadline starts again for its answer once the body is sent.
+Use a :func:`session` (its connection pools let the watchdog reach the request's connection);
+with another ``requests.Session`` the deadline still bounds the body, not the headers.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +72,68 @@ class Answer:
         return json.loads(self.body or b"")
 
 
+class _Watch:
+    """The connections one request used, shut down when its deadline passes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conns: list[Any] = []
+        self.fired = False
+
+    def add(self, conn: Any) -> None:
+        with self.lock:
+            self.conns.append(conn)
+            if self.fired:
+                _shut(conn)
+
+    def fire(self) -> None:
+        with self.lock:
+            self.fired = True
+            for conn in self.conns:
+                _shut(conn)
+
+
+def _shut(conn: Any) -> None:
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked recv or send at once
+        except OSError:
+            pass
+
+
+#: The watch of the request this thread is making (set by :func:`bounded_request`).
+_current = threading.local()
+
+
+def session() -> requests.Session:
+    """A ``requests.Session`` whose connections :func:`bounded_request`'s watchdog can shut
+    down at the deadline (its pools register each connection a request uses)."""
+    import requests
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    class Watched:
+        def _make_request(self, conn: Any, *args: Any, **kw: Any) -> Any:
+            watch = getattr(_current, "watch", None)
+            if watch is not None:
+                watch.add(conn)
+            return super()._make_request(conn, *args, **kw)  # type: ignore[misc]
+
+    class WatchedHTTP(Watched, HTTPConnectionPool):
+        pass
+
+    class WatchedHTTPS(Watched, HTTPSConnectionPool):
+        pass
+
+    s = requests.Session()
+    for prefix in ("http://", "https://"):
+        adapter = s.get_adapter(prefix)
+        manager = getattr(adapter, "poolmanager", None)
+        if manager is not None:
+            manager.pool_classes_by_scheme = {"http": WatchedHTTP, "https": WatchedHTTPS}
+    return s
+
+
 def _socket_of(r: requests.Response) -> socket.socket | None:  # noqa: D103
     conn = getattr(r.raw, "connection", None)
     sock = getattr(conn, "sock", None)
@@ -100,10 +164,31 @@ def bounded_request(session: requests.Session, method: str, url: str, bounds: Bo
                      "the server is slow or stalling; --request-timeout SECONDS allows more")
 
     headers = {"Accept-Encoding": "identity", **kw.pop("headers", {})}
+    watch = _Watch()
+
     def unreachable(exc: Exception) -> CertifyError:
+        if watch.fired:
+            return late()
         return error(f"cannot reach {where}: {type(exc).__name__}",
                      unreachable_hint or "check the server's address and that it is running")
 
+    timer = threading.Timer(bounds.deadline_s, watch.fire)
+    timer.daemon = True
+    _current.watch = watch
+    timer.start()
+    try:
+        return _read(session, method, url, deadline, headers, error, late, unreachable, what,
+                     redirects, kw, dest, limit, too_big, watch)
+    finally:
+        timer.cancel()
+        _current.watch = None
+
+
+def _read(session: requests.Session, method: str, url: str, deadline: float,
+          headers: dict[str, str], error: ErrorFactory, late: Callable[[], CertifyError],
+          unreachable: Callable[[Exception], CertifyError], what: str, redirects: int,
+          kw: dict[str, Any], dest: Path | None, limit: int, too_big: str,
+          watch: _Watch) -> Answer:
     r = _open(session, method, url, deadline, headers, error, late, unreachable, what,
               redirects, kw)
     try:
@@ -128,11 +213,14 @@ def bounded_request(session: requests.Session, method: str, url: str, bounds: Bo
                 try:
                     piece = r.raw.read1(_PIECE)
                 except Exception as exc:  # noqa: BLE001 - urllib3 wraps a timeout its own way
-                    if time.monotonic() >= deadline or "timed out" in str(exc).lower():
+                    if (watch.fired or time.monotonic() >= deadline
+                            or "timed out" in str(exc).lower()):
                         raise late() from None
                     raise error(f"{what}: the connection failed while reading the answer "
                                 f"({type(exc).__name__})", "try again") from None
                 if not piece:
+                    if watch.fired:  # the watchdog's shutdown reads as an end of the body
+                        raise late()
                     break
                 size += len(piece)
                 if size > limit:
@@ -165,7 +253,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return u.scheme, (u.hostname or ""), u.port
 
 
-def _open(session: requests.Session, method: str, url: str, deadline: float,
+def _open(http: requests.Session, method: str, url: str, deadline: float,
           headers: dict[str, str], error: ErrorFactory, late: Callable[[], CertifyError],
           unreachable: Callable[[Exception], CertifyError], what: str, redirects: int,
           kw: dict[str, Any]) -> requests.Response:
@@ -179,10 +267,9 @@ def _open(session: requests.Session, method: str, url: str, deadline: float,
         left = deadline - time.monotonic()
         if left <= 0:
             raise late()
-        sender = session
+        sender = http
         if hop and _origin(url) != first:  # the token stays with the service
-            sender = requests.Session()
-            sender.headers.pop("Authorization", None)
+            sender = session()
         try:
             r = sender.request(method, url, timeout=(min(CONNECT_S, left), left), stream=True,
                                headers=headers, allow_redirects=False, **kw)

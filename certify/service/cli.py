@@ -229,6 +229,9 @@ def serve(ctx: click.Context, home: Path, db: str | None, host: str, port: int,
         except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}",
                              hint="choose another --port or --host") from None
+    from certify.service.private import private_umask
+
+    private_umask()  # what the service and its children create is its user's only
     _service_logging()
     app = create_app(cfg, rotate_identity=rotate)
     svc = app.state.services
@@ -318,6 +321,9 @@ def worker(home: Path, db: str | None, host: str, port: int, datasets: tuple[str
                   run_timeout, lease, heartbeat, rest)
     if cfg.workers < 1:
         raise UsageError("certify worker needs --workers 1 or more")
+    from certify.service.private import private_umask
+
+    private_umask()  # what the service and its children create is its user's only
     _service_logging()
     svc = open_services(cfg, rotate_identity=rotate)
     pool = WorkerPool(svc.cfg, svc.factory, svc.store, svc.tlog, svc.secrets)
@@ -354,8 +360,9 @@ def _service_logging() -> None:
 
 def _factory(home: Path, db: str | None) -> Any:
     from certify.service.db import make_engine, migrate, sessions, sqlite_url
+    from certify.service.private import secure_home
 
-    home.mkdir(parents=True, exist_ok=True)
+    secure_home(home)
     engine = make_engine(db or sqlite_url(home))
     migrate(engine)
     return sessions(engine)

@@ -30,8 +30,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import requests
-
 from certify.errors import (
     CARD_WRITTEN_CODES,
     EXIT_INTERRUPTED,
@@ -41,7 +39,7 @@ from certify.errors import (
     UsageError,
 )
 from certify.safetext import printable
-from certify.service.bounded import MAX_JSON_BYTES, Answer, Bounds, bounded_request
+from certify.service.bounded import MAX_JSON_BYTES, Answer, Bounds, bounded_request, session
 from certify.service.runids import RUN_ID_FORMAT, is_run_id
 
 FILES = ("card.html", "card.pdf", "results.json", "results.json.sig")
@@ -101,7 +99,7 @@ class Client:
     def __init__(self, server: str, token: str, bounds: Bounds | None = None) -> None:
         self.server = server.rstrip("/")
         self.base = self.server + "/api/v1"
-        self.http = requests.Session()
+        self.http = session()
         self.http.headers["Authorization"] = f"Bearer {token}"
         self.bounds = bounds or Bounds()
 

@@ -200,6 +200,13 @@ def sqlite_url(home: Path) -> str:
 def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys."""
     if url.startswith("sqlite"):
+        from sqlalchemy.engine import make_url
+
+        from certify.service.private import private_file
+
+        database = make_url(url).database
+        if database and database != ":memory:" and Path(database).parent.is_dir():
+            private_file(Path(database))  # 0600: SQLite keeps it, and gives its WAL the same
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")

@@ -399,7 +399,7 @@ def _run_child(job: dict[str, Any], host_pid: int) -> int:
     folder = Path(job["folder"])
     from certify.service.job import LOG_FILE, run_process
 
-    fd = os.open(folder / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    fd = os.open(folder / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

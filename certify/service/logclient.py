@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -25,7 +24,7 @@ from certify.errors import CertifyError
 from certify.report.sign import fingerprint
 from certify.safetext import printable
 from certify.service import merkle
-from certify.service.bounded import MAX_JSON_BYTES, Bounds, bounded_request
+from certify.service.bounded import MAX_JSON_BYTES, Bounds, bounded_request, session
 from certify.service.merkle import LogError
 from certify.service.tlog import statement_digest, tree_head_payload
 
@@ -50,7 +49,7 @@ class LogClient:
         self.url = url.rstrip("/")
         self.base = self.url + "/api/v1"
         self.bounds = bounds or Bounds(deadline_s=timeout)
-        self.http = requests.Session()
+        self.http = session()
 
     def get(self, path: str, **params: Any) -> Any:
         def unreachable(message: str, hint: str | None) -> LogUnreachable:

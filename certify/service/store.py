@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO, Protocol, runtime_checkable
 
+from certify.service.private import make_private_dir
+from certify.service.runids import is_run_id
+
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
-_RUN_ID = re.compile(r"[0-9a-f]{32}")
 #: A key's segment; one that starts with a dot is refused (the local store's own temporary
 #: files start with one, and are never listed).
 _SEGMENT = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*")
@@ -173,7 +175,7 @@ def digest_key(digest: str) -> str:
 
 def run_prefix(run_id: str) -> str:
     """The key prefix of run ``run_id``'s folder (a 32-hex id; ValueError otherwise)."""
-    if _RUN_ID.fullmatch(run_id) is None:
+    if not is_run_id(run_id):
         raise ValueError(f"not a run id: {run_id[:80]!r}")
     return f"runs/{run_id}"
 
@@ -235,7 +237,7 @@ class LocalStore:
     def __init__(self, root: Path) -> None:
         self._root = root
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            make_private_dir(root)  # a store folder outside the home is private too
         except OSError as exc:
             raise StoreError(f"cannot use the store folder: {exc.strerror}") from None
         self.description = f"file://{root.resolve()}"

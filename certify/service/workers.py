@@ -37,6 +37,7 @@ from certify.service import job, queue
 from certify.service.config import ServeConfig
 from certify.service.db import CANCELLED, DONE, ERROR, QUEUED, RUNNING, Run, utcnow
 from certify.service.jobhost import HostBroken, HostDied, JobHost, JobProcess
+from certify.service.private import make_private_dir
 from certify.service.store import (
     NotInStore,
     Store,
@@ -459,7 +460,7 @@ class WorkerPool:
         at the end. The lease is renewed by its own thread from the claim to the end."""
         folder = self.cfg.scratch / "runs" / run.id
         shutil.rmtree(folder, ignore_errors=True)
-        (folder / job.OUT_DIR).mkdir(parents=True)
+        make_private_dir(folder / job.OUT_DIR)  # the run's folder: 0700, as its parents
         lease = _Lease(self, run.id, folder / job.PROGRESS_FILE)
         lease.start()
         try:
