@@ -20,7 +20,10 @@ resolved regression on such a row; 6 neither shown for such a row (more samples 
 tolerance would decide it); 4 the previous card is not comparable (the summary says
 why); 9 a card that cannot be trusted (with ``CERTIFY_PUBKEY``: unsigned, tampered or another
 key's; nothing is compared); otherwise the failing command's own code (e.g. 2 or 3 when
-``certify run`` wrote no card). The tolerance: :data:`certify.tolerance.TOLERANCE_RULE`.
+``certify run`` wrote no card). The tolerance (:data:`certify.tolerance.TOLERANCE_RULE`):
+Without --tolerance, the gate's tolerance is the smaller of OLD's and NEW's release_tolerance,
+a run whose results state none counting as certify's default of 2, so the release under test
+can narrow its gate but never widen it.
 """
 
 from __future__ import annotations
@@ -120,25 +123,29 @@ def fetch_previous(spec: str, dest: Path) -> Path | None:
     if spec.lower() in ("", "none"):
         return None
     if spec.startswith(("https://", "http://")):
-        import requests
+        from certify.service.bounded import Bounds, bounded_request, session
 
         name = Path(urlparse(spec).path).name
         if not name.endswith((".pdf", ".html", ".json")):
             raise UsageError(f"previous card URL {spec} does not name a card",
                              hint="link card.pdf, card.html or results.json")
-        try:
-            with requests.Session() as session, session.get(spec, timeout=60) as resp:
-                status, content = resp.status_code, resp.content
-        except requests.RequestException as exc:
-            raise UsageError(f"could not download the previous card: {exc}",
-                             hint="check previous-card, or pass none for a first release"
-                             ) from None
-        if status != 200:
-            raise UsageError(f"could not download the previous card {spec}: HTTP {status}",
-                             hint="check previous-card, or pass none for a first release")
+
+        def refused(message: str, hint: str | None) -> UsageError:
+            return UsageError(f"could not download the previous card: {message}",
+                              hint=hint or "check previous-card, or pass none for a first "
+                                           "release")
+
         dest.mkdir(parents=True, exist_ok=True)
         path = dest / name
-        path.write_bytes(content)
+        # within a deadline and a byte cap, streamed to the file (as the service's client)
+        answer = bounded_request(session(), "GET", spec, Bounds(), refused,
+                                 what=f"GET {spec}", dest=path, redirects=5,
+                                 where=f"the previous card's server ({spec})")
+        if answer.status != 200:
+            path.unlink(missing_ok=True)
+            raise UsageError(f"could not download the previous card {spec}: HTTP "
+                             f"{answer.status}", hint="check previous-card, or pass none for "
+                                                      "a first release")
         return path
     path = Path(spec)
     if not path.exists():

@@ -1185,3 +1185,30 @@ def test_a_card_that_cannot_be_checked_exits_9_not_like_a_regression(runs, tmp_p
             assert "untrusted card, not compared" in proc.stderr and says in proc.stderr, (
                 bad, proc.stderr)
             assert proc.stdout == ""
+
+
+def test_every_place_that_states_the_tolerance_rule_quotes_the_one_sentence():
+    """Issue 60: one function holds the rule (certify.tolerance.gate_tolerance) and one
+    sentence states it; the help texts, docstrings and pages quote that sentence."""
+    import re
+
+    import certify.report.compare as compare_module
+    from certify.ci_action import INPUTS
+    from certify.tolerance import TOLERANCE_RULE, gate_tolerance
+
+    def flat(text: str) -> str:
+        return re.sub(r"\s+", " ", text.replace("``", "").replace('"', ""))
+
+    rule = flat(TOLERANCE_RULE)
+    root = Path(__file__).resolve().parents[1]
+    for page in ("docs/ci.md", "docs/github-actions.md", "action.yml",
+                 "certify/service/app.py", "certify/ci_action.py"):
+        assert rule in flat((root / page).read_text(encoding="utf-8")), page
+    assert rule in flat(compare_module.__doc__ or "")
+    assert rule in flat(INPUTS["CERTIFY_TOLERANCE"][1])
+    help_text = builders.run_cli("compare", "--help").stdout
+    assert rule in flat(help_text)
+    # the rule itself: a run that states none counts as 2; the narrower side wins
+    assert gate_tolerance(None, 100.0)[0] == 2.0 and gate_tolerance(100.0, None)[0] == 2.0
+    assert gate_tolerance(None, 0.5)[0] == 0.5 and gate_tolerance(3.0, 5.0)[0] == 3.0
+    assert gate_tolerance(3.0, 5.0, given=10.0) == (10.0, "--tolerance")

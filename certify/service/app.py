@@ -541,10 +541,10 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
                      tolerance: float | None = Query(None, ge=0, le=100)) -> dict[str, Any]:
         """``certify compare`` of two finished runs (a = old, b = new), from their stored
         results once these pass their signature check; the sides are named by run id.
-        ``tolerance`` is ``--tolerance``: without it, the gate's tolerance is the smaller of
-        OLD's and NEW's release_tolerance, a run whose results state none counting as
-        certify's default of 2, so the release under test can narrow its gate but never
-        widen it (:data:`certify.tolerance.TOLERANCE_RULE`)."""
+        ``tolerance`` is the CLI's ``--tolerance``. Without --tolerance, the gate's tolerance
+        is the smaller of OLD's and NEW's release_tolerance, a run whose results state none
+        counting as certify's default of 2, so the release under test can narrow its gate but
+        never widen it. (The rule: :data:`certify.tolerance.TOLERANCE_RULE`.)"""
         from certify.report.compare import NotComparable, compare
         from certify.results import OLDER_SCHEMAS, SCHEMA, parse_result
 
