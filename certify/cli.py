@@ -579,8 +579,9 @@ def _http_options(model: str, reference: str | None, given: dict[str, Any]) -> A
     remote = any(m and is_endpoint(m) for m in (model, reference))
     if set_ and not remote:
         flags = ", ".join("--" + k.replace("_", "-") for k, v in given.items() if v is not None)
-        raise UsageError(f"{flags} only apply to HTTP endpoints",
-                         hint="MODEL is a file; drop those options or pass an http(s):// URL")
+        raise UsageError(f"{flags} only apply to endpoints (HTTP or gRPC)",
+                         hint="MODEL is a file; drop those options or pass an http(s):// or "
+                              "grpc:// URL")
     if not remote:
         return None
     from certify.models.http import HttpOptions

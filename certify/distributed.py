@@ -233,7 +233,7 @@ DRAIN_TIMEOUT_S = 300
 TRAFFIC_COUNTS = ("requests", "retries", "images", "hedges", "hedge_wins", "hedged_images",
                   "timeouts",
                   "connection_errors", "overloaded", "server_errors", "malformed",
-                  "health_probes")
+                  "health_probes", "inference_requests", "bytes_sent", "bytes_received")
 
 _ERRORS: dict[str, type[CertifyError]] = {"BudgetExceeded": BudgetExceeded,
                                           "ModelError": ModelError}

@@ -344,30 +344,67 @@ class OnnxRuntime(MLModel):
         self.session = ort.InferenceSession(self.settings.parameters.uri,
                                             providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
+        extra = self.settings.parameters.extra or {}
+        self.batch_log = extra.get("batch_log")
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         x = NumpyCodec.decode_input(payload.inputs[0]).astype(np.float32)
         y = self.session.run(None, {self.input_name: x})[0]
+        if self.batch_log:  # one line per request: how many images it carried
+            with open(self.batch_log, "a") as f:
+                f.write(f"{len(x)}\\n")
         return InferenceResponse(model_name=self.name,
                                  outputs=[NumpyCodec.encode_output("scores", y)])
 '''
 
 
+@dataclass
+class MLServer:
+    """A running MLServer: its v2 model URL (REST), its gRPC address (``host:port``), the
+    model's name, its process and the file where the runtime logs each request's images."""
+
+    url: str
+    grpc: str
+    name: str
+    proc: subprocess.Popen[bytes]
+    batch_log: Path
+
+    def batches(self) -> list[int]:
+        """Images per inference request so far, in order (the server's own record)."""
+        if not self.batch_log.exists():
+            return []
+        return [int(v) for v in self.batch_log.read_text().split()]
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the server's process (and its children) used so far."""
+        import psutil
+
+        p = psutil.Process(self.proc.pid)
+        total = sum(p.cpu_times()[:2])
+        for child in p.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                continue
+        return float(total)
+
+
 @contextlib.contextmanager
-def mlserver(model_path: Path, workdir: Path, name: str = "signs",
-             input_shape: tuple[int, ...] = (-1, 3, 32, 32)) -> Iterator[str]:
-    """Run MLServer on 127.0.0.1 serving ``model_path``; yields the v2 model URL."""
+def mlserver_process(model_path: Path, workdir: Path, name: str = "signs",
+                     input_shape: tuple[int, ...] = (-1, 3, 32, 32)) -> Iterator[MLServer]:
+    """Run MLServer on 127.0.0.1 serving ``model_path`` over REST and gRPC."""
     if not MLSERVER.exists():
         raise RuntimeError(f"{MLSERVER} is missing: run scripts/setup.sh (it builds "
                            ".venv-mlserver)")
     http_port, grpc_port = free_port(), free_port()
     model_dir = workdir / name
     model_dir.mkdir(parents=True)
+    batch_log = workdir / "batches.txt"
     (model_dir / "onnx_runtime.py").write_text(_RUNTIME)
     (model_dir / "model-settings.json").write_text(json.dumps({
         "name": name, "implementation": "onnx_runtime.OnnxRuntime",
-        "parameters": {"uri": str(model_path)},
+        "parameters": {"uri": str(model_path), "extra": {"batch_log": str(batch_log)}},
         "inputs": [{"name": "input", "datatype": "FP32", "shape": list(input_shape)}],
     }))
     (workdir / "settings.json").write_text(json.dumps({
@@ -394,7 +431,7 @@ def mlserver(model_path: Path, workdir: Path, name: str = "signs",
             if time.monotonic() > deadline:
                 raise RuntimeError("mlserver did not become ready in 60 s")
             time.sleep(0.2)
-        yield url
+        yield MLServer(url, f"127.0.0.1:{grpc_port}", name, proc, batch_log)
     finally:
         proc.terminate()
         try:
@@ -402,3 +439,140 @@ def mlserver(model_path: Path, workdir: Path, name: str = "signs",
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@contextlib.contextmanager
+def mlserver(model_path: Path, workdir: Path, name: str = "signs",
+             input_shape: tuple[int, ...] = (-1, 3, 32, 32)) -> Iterator[str]:
+    """Run MLServer on 127.0.0.1 serving ``model_path``; yields the v2 model URL."""
+    with mlserver_process(model_path, workdir, name, input_shape) as served:
+        yield served.url
+
+
+class Proxy:
+    """A threaded HTTP proxy on 127.0.0.1 in front of ``upstream`` (``http://host:port``) that
+    adds ``latency_s`` to every round trip (a far-away endpoint) and injects ``faults`` into
+    inference requests (``POST …/infer``): 500, 429 with Retry-After, a 200 with garbage, or a
+    request accepted and never answered; ``faults.first`` names the faults of the first
+    inference requests (``""``: none) before the seeded draws. Counts the requests and faults
+    it saw."""
+
+    def __init__(self, upstream: str, latency_s: float = 0.0, faults: Faults | None = None
+                 ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.latency_s = latency_s
+        self.faults = faults or Faults()
+        self.rng = random.Random(self.faults.seed)
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.infer_requests = 0
+        self.faults_injected: dict[str, int] = {}
+        self._local = threading.local()
+        self._stopping = threading.Event()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                proxy._forward(self, "GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                proxy._forward(self, "POST")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
+                                       daemon=True)
+        self.thread.start()
+
+    def url(self, upstream_url: str) -> str:
+        """``upstream_url`` (a URL of the upstream server) as reached through this proxy."""
+        return self.base + upstream_url[len(self.upstream):]
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+        return s
+
+    def _fault(self) -> str | None:
+        f = self.faults
+        with self.lock:
+            self.infer_requests += 1
+            if self.infer_requests <= len(f.first):  # the first requests' faults, as asked
+                kind = f.first[self.infer_requests - 1] or None
+                if kind:
+                    self.faults_injected[kind] = self.faults_injected.get(kind, 0) + 1
+                return kind
+            r = self.rng.random()
+            for kind, p in (("500", f.p_500), ("429", f.p_429), ("garbage", f.p_garbage),
+                            ("hang", f.p_hang)):
+                if r < p:
+                    self.faults_injected[kind] = self.faults_injected.get(kind, 0) + 1
+                    return kind
+                r -= p
+        return None
+
+    def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes,
+              headers: dict[str, str]) -> None:
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        with contextlib.suppress(OSError):
+            h.wfile.write(body)
+
+    def _forward(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        body = h.rfile.read(int(h.headers.get("Content-Length", 0) or 0))
+        with self.lock:
+            self.requests += 1
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        if method == "POST" and h.path.split("?")[0].rstrip("/").endswith("/infer"):
+            fault = self._fault()
+            if fault == "500":
+                self._send(h, 500, b'{"error": "injected"}', {})
+                return
+            if fault == "429":
+                self._send(h, 429, b'{"error": "slow down"}',
+                           {"Retry-After": str(self.faults.retry_after)})
+                return
+            if fault == "garbage":
+                self._send(h, 200, b"\x00\xffnot json <html>502 Bad Gateway</html>",
+                           {"Content-Type": "application/json"})
+                return
+            if fault == "hang":  # accepted, never answered: the client gives up
+                h.close_connection = True
+                h.connection.settimeout(1.0)
+                while not self._stopping.is_set():
+                    try:
+                        if not h.connection.recv(1024):
+                            break
+                    except TimeoutError:
+                        continue
+                    except OSError:
+                        break
+                return
+        keep = ("Content-Type", "Inference-Header-Content-Length", "Authorization")
+        headers = {k: v for k, v in h.headers.items() if k in keep}
+        try:
+            r = self._session().request(method, self.upstream + h.path, data=body or None,
+                                        headers=headers, timeout=60)
+        except requests.RequestException:
+            self._send(h, 502, b'{"error": "upstream"}', {})
+            return
+        out = {k: v for k, v in r.headers.items()
+               if k in ("Content-Type", "Inference-Header-Content-Length", "Retry-After")}
+        self._send(h, r.status_code, r.content, out)

@@ -281,7 +281,7 @@ def test_bad_endpoints(url, code, words, data, tmp_path):
 def test_http_flags_refused_for_a_file(model_path, data, tmp_path):
     proc = _run(model_path, _suite(tmp_path / "s.yaml"), data, tmp_path / "o", "--auth-env",
                 "X")
-    assert proc.returncode == 2 and "only apply to HTTP endpoints" in proc.stderr
+    assert proc.returncode == 2 and "only apply to endpoints (HTTP or gRPC)" in proc.stderr
 
 
 def test_redirects_are_refused_not_followed(model_path, data, tmp_path):

@@ -227,6 +227,9 @@ def test_wheel_runs_outside_the_source_tree(wheel_venv, workdir, tiny_inputs, si
     proc = _certify(wheel_venv, workdir, "run", t["model"], "--suite", t["suite"], "--data",
                     t["data"], "--out", "no-ray", "--no-pdf", "--executor", "ray")
     assert proc.returncode == 2 and "certify[ray]" in proc.stderr, proc.stderr
+    proc = _certify(wheel_venv, workdir, "run", "grpc://127.0.0.1:9/v2/models/m", "--suite",
+                    t["suite"], "--data", t["data"], "--out", "no-grpc", "--no-pdf")
+    assert proc.returncode == 2 and "certify[grpc]" in proc.stderr, proc.stderr
 
 
 def test_wheel_demo_runs_to_the_end(wheel_venv, workdir, demo_small_suite, demo_small_run,

@@ -59,6 +59,8 @@ class RunState:
     finals: dict[str, dict[int, SampleRecord]] = field(default_factory=dict)
     #: Each evaluated check's measurement as its summary made it (before canonical form).
     measured: dict[str, Measurement] = field(default_factory=dict)
+    #: An endpoint's requests the plan expected before the first query (None: not one).
+    planned_requests: int | None = None
 
 
 def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model: Model,
@@ -98,6 +100,8 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
                      if skips else "")),
     )
     traffic = _traffic(model, reference, executor)
+    if state.planned_requests is not None and "model" in traffic:
+        traffic["model"]["planned_requests"] = state.planned_requests
     provenance = Provenance(**redact_obj(dict(  # every string certify writes about a model
         model_spec=model_spec,
         reference_spec=reference_spec,

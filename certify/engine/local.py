@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
@@ -112,8 +113,14 @@ def _local_batches(spec: CheckSpec, model: Model, reference: Model | None,
             x, y = data.x[idx], data.y[idx]
         counter = _LaneCounter(model, shared, stop)
         ref = None if reference is None else _LaneCounter(reference, shared, stop)
-        rows = run_batch_isolating(spec.check, counter, x.to(ctx.device), y.to(ctx.device),
-                                   idx, dataclasses.replace(ctx, reference=ref))
+        with contextlib.ExitStack() as lanes_of:  # each endpoint's queue knows its lanes
+            for m in (model, reference):
+                endpoint = endpoint_of(m)
+                if endpoint is not None:
+                    lanes_of.enter_context(endpoint.lane())
+            rows = run_batch_isolating(spec.check, counter, x.to(ctx.device),
+                                       y.to(ctx.device), idx,
+                                       dataclasses.replace(ctx, reference=ref))
         return idx, rows, counter.queries, 0 if ref is None else ref.queries
 
     if lanes <= 1:
@@ -150,7 +157,8 @@ class LocalExecutor:
 
     Each batch gets its own counters, charged live to the check's budget and the run's
     ``run_budget`` (shared with the runner), so a budget holds across lanes as queries are
-    made. An endpoint's batches are cut to its request size, so each lane holds one request.
+    made. An endpoint's batches are at most its request size; its request queue packs what
+    the lanes ask at once into full requests (:mod:`certify.models.request_queue`).
     """
 
     live_budget: ClassVar[bool] = True
@@ -170,10 +178,14 @@ class LocalExecutor:
         """Run ``pending`` in batches, ``lanes`` at once, yielding them as they finish."""
         check_budget = Budget(budget, f"query budget of check {spec.id.split(ROUND_SEP)[0]}")
         endpoint = endpoint_of(self.model)
-        if self.lanes > 1 and endpoint is not None:
-            # one request per lane and step
-            batch_size = min(batch_size, int(endpoint.options.batch))
-        batches = lane_batches(pending, batch_size, self.lanes)
+        if endpoint is not None:
+            # batches of one request's images, not cut smaller to feed every lane: the
+            # endpoint's queue packs what the lanes ask at once into full requests, and an
+            # attack's batch steps all its active samples in one request per iteration
+            size = min(batch_size, int(endpoint.options.batch))
+            batches = [pending[s : s + size] for s in range(0, len(pending), size)]
+        else:
+            batches = lane_batches(pending, batch_size, self.lanes)
         return _local_batches(spec, self.model, self.reference, (check_budget, self.run_budget),
                               data, batches, ctx, self.lanes)
 

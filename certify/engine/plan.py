@@ -186,10 +186,16 @@ def samples_of(spec: CheckSpec, data: Dataset) -> int:
 
 
 def log_plan(checks: Sequence[CheckSpec], data: Dataset, skips: Mapping[str, str],
-             rates: Rates | None) -> None:
+             rates: Rates | None, request_batch: int | None = None) -> int | None:
     """Log, before any query, the most each check can cost: queries (and gradient
-    evaluations) per sample times its samples, and the time that takes at ``rates``."""
-    total_q, total_s, unknown = 0, 0.0, []
+    evaluations) per sample times its samples, and the time that takes at ``rates``.
+
+    For an endpoint (``request_batch``: its images per request), also the requests planned:
+    per check, its samples in batches of ``request_batch``, each batch at most one request per
+    query one sample can cost (every step of a batch, an attack's iteration or a search's
+    candidates for each of its samples, fills whole requests). Returns that sum (``None``
+    for a model in this process)."""
+    total_q, total_s, unknown, total_r = 0, 0.0, [], 0
     for spec in checks:
         if spec.id in skips:
             continue
@@ -199,19 +205,26 @@ def log_plan(checks: Sequence[CheckSpec], data: Dataset, skips: Mapping[str, str
             continue
         n = samples_of(spec, data)
         total_q += queries * n
+        requests = (None if request_batch is None
+                    else math.ceil(n / max(1, request_batch)) * queries)
+        total_r += requests or 0
         secs = rates.seconds(queries * n, gradients * n) if rates else None
         if secs is not None:
             total_s += secs
         note = spec.check.plan_note()
-        log.info("query plan: %s at most %s queries%s per sample x %s samples%s%s", spec.id,
+        log.info("query plan: %s at most %s queries%s per sample x %s samples%s%s%s", spec.id,
                  f"{queries:,}", f" and {gradients:,} gradient evaluations" if gradients
                  else "", f"{n:,}", f", at most {_duration(secs)}" if secs is not None else "",
+                 f", at most {requests:,} requests" if requests is not None else "",
                  f" ({note})" if note else "")
     if total_q:
-        log.info("query plan: at most %s queries for the checks above%s (the others bound "
+        log.info("query plan: at most %s queries%s for the checks above%s (the others bound "
                  "theirs by their own budgets)", f"{total_q:,}",
+                 f" in at most {total_r:,} requests of {request_batch} images"
+                 if request_batch is not None else "",
                  f", at most {_duration(total_s)} on this device ({rates.how})"
                  if rates and rates.query_s is not None else "")
+    return None if request_batch is None else total_r
 
 
 def _duration(seconds: float | None) -> str:

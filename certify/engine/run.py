@@ -222,7 +222,9 @@ def run_suite(
     rates = time_budget.rates if time_budget is not None else \
         calibrate(model, data, gradients=white and model.info.white_box == WHITE_BOX,
                   device=device.torch_device)
-    log_plan(suite.checks, data, skips, rates)
+    endpoint = endpoint_of(model)
+    state.planned_requests = log_plan(suite.checks, data, skips, rates,
+                                      None if endpoint is None else int(endpoint.options.batch))
     skips = dict(skips)  # the attacks the schedule finds redundant join them as it goes
     done: dict[str, CheckResult] = {}
     order = execution_order(suite.checks)

@@ -9,6 +9,7 @@ probabilities or one-hot labels).
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -162,6 +163,11 @@ class Endpoint(Model, Protocol):
 
     def disable_hedging(self, why: str) -> None:
         """No more hedged requests, for the rest of the run."""
+        ...
+
+    def lane(self) -> AbstractContextManager[None]:
+        """Register an engine lane while it runs a batch (its request queue sends early once
+        every registered lane waits for an answer)."""
         ...
 
 

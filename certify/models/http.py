@@ -60,6 +60,7 @@ from certify.models.base import (
     require_finite_probe,
     to_model_input,
 )
+from certify.models.request_queue import RequestQueue
 from certify.models.resilience import (
     BREAKER_CYCLES,
     BURST,
@@ -82,6 +83,8 @@ _V2 = re.compile(r"^(?P<base>https?://[^?#]*?)/v2/models/(?P<name>[^/?#]+)"
                  r"(?:/versions/(?P<version>[^/?#]+))?(?:/infer)?/?(?P<query>\?[^#]*)?$")
 _V1 = re.compile(r"^(?P<base>https?://[^?#]*?)/v1/models/(?P<name>[^/:?#]+)"
                  r"(?:/versions/(?P<version>[^/:?#]+))?(?::predict)?/?(?P<query>\?[^#]*)?$")
+_GRPC = re.compile(r"^(?P<base>grpcs?://[^/?#@]+)/v2/models/(?P<name>[^/?#]+)"
+                   r"(?:/versions/(?P<version>[^/?#]+))?/?$")
 _V2_DTYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "UINT8": np.uint8}
 _V2_NAMES = {np.dtype(v): k for k, v in _V2_DTYPES.items()}
 _V2_OUT_DTYPES = {**_V2_DTYPES, "INT64": np.int64, "INT32": np.int32, "INT16": np.int16,
@@ -133,7 +136,7 @@ class HttpOptions:
 class Endpoint:
     """A parsed endpoint URL."""
 
-    protocol: Literal["v2", "v1"]
+    protocol: Literal["v2", "v1", "grpc"]
     base: str
     name: str
     version: str | None
@@ -143,7 +146,8 @@ class Endpoint:
     def model_url(self) -> str:
         """The URL of the model (metadata for v2, status for v1), without the query."""
         ver = f"/versions/{self.version}" if self.version else ""
-        return f"{self.base}/{self.protocol}/models/{self.name}{ver}"
+        path = "v1" if self.protocol == "v1" else "v2"  # gRPC URLs name the v2 protocol
+        return f"{self.base}/{path}/models/{self.name}{ver}"
 
     def url(self, path: str) -> str:
         """A request URL: ``path`` (a full URL without query) plus the given query."""
@@ -160,8 +164,23 @@ class Endpoint:
         return redact(re.sub(r"//[^/@]*@", "//", self.model_url))
 
 
+def parse_grpc_url(url: str) -> tuple[str, str, str | None, bool]:
+    """``(host:port, model name, version, tls)`` of a gRPC model URL
+    (``grpc[s]://HOST:PORT/v2/models/NAME[/versions/V]``), or a usage error."""
+    m = _GRPC.match(url)
+    if not m:
+        raise UsageError(f"{url} is not a gRPC model URL certify understands",
+                         hint="use grpc://HOST:PORT/v2/models/NAME[/versions/V] (grpcs:// for "
+                              "TLS)")
+    base = m["base"]
+    return base.split("://", 1)[1], m["name"], m["version"], base.startswith("grpcs://")
+
+
 def parse_endpoint(url: str) -> Endpoint:
-    """Recognise a v2 or v1 model URL, or raise :class:`UsageError` showing both forms."""
+    """Recognise a v2, v1 or gRPC model URL, or raise :class:`UsageError` showing the forms."""
+    if url.startswith(("grpc://", "grpcs://")):
+        _target, name, version, _tls = parse_grpc_url(url)
+        return Endpoint("grpc", url.split("/v2/models/", 1)[0], name, version)
     for protocol, rx in (("v2", _V2), ("v1", _V1)):
         m = rx.match(url)
         if m:
@@ -169,7 +188,8 @@ def parse_endpoint(url: str) -> Endpoint:
                             m["query"] or "")
     raise UsageError(
         f"{url} is not a model URL certify understands",
-        hint="use http://HOST:PORT/v2/models/NAME (KServe v2 / Triton / MLServer) or "
+        hint="use http://HOST:PORT/v2/models/NAME (KServe v2 / Triton / MLServer), "
+             "grpc://HOST:PORT/v2/models/NAME (the same over gRPC) or "
              "http://HOST:PORT/v1/models/NAME (TF-Serving / KServe v1)",
     )
 
@@ -195,6 +215,9 @@ class _Outcome:
 #: Retried failures by kind, and the traffic count each one adds to.
 _FAILURES = {"timeout": "timeouts", "conn": "connection_errors", "overload": "overloaded",
              "server_error": "server_errors", "malformed": "malformed"}
+
+#: How many answered requests' round trips the latency percentiles are taken over (the last).
+ROUND_TRIPS_KEPT = 100_000
 
 #: The longest Retry-After certify honours (seconds); a longer one waits this long.
 MAX_RETRY_AFTER = 60.0
@@ -254,23 +277,24 @@ class HttpModel:
             self._headers[self.options.auth_header] = secret
         self._local = threading.local()
         conc = max(1, self.options.concurrency)
-        # a prediction's requests; several predictions (sample groups) share it, and a request
-        # waiting out a Retry-After holds a thread but no slot, so it has more threads than slots
-        self._pool = ThreadPoolExecutor(max_workers=4 * conc, thread_name_prefix="certify-http")
         # attempts run here, so that a waiting caller can hedge or abandon them
         self._attempts = ThreadPoolExecutor(max_workers=2 * conc + 2,
                                             thread_name_prefix="certify-attempt")
         self._slots = threading.BoundedSemaphore(conc)  # inference requests in flight
+        # every caller's images, packed into requests of --http-batch (one queue per model)
+        self._queue = RequestQueue(self._post, self._slots, self.options.batch, conc)
         self._lock = threading.Lock()
         #: requests (every attempt, retries and hedges included), retries, hedges, hedges
         #: that answered first, and failures by kind
         self.counts: dict[str, int] = dict.fromkeys(
             ("requests", "retries", "hedges", "hedge_wins", "hedged_images", "images",
-             "health_probes",
+             "health_probes", "inference_requests", "bytes_sent", "bytes_received",
              *_FAILURES.values()), 0)
         #: ``None`` while hedging is allowed, else why not
         self.hedging: str | None = None if self.options.hedge else "--no-hedge"
         self._overloads: collections.deque[bool] = collections.deque(maxlen=OVERLOAD_WINDOW)
+        #: seconds of each answered inference request (the latest ones)
+        self._round_trips: collections.deque[float] = collections.deque(maxlen=ROUND_TRIPS_KEPT)
         self._answered = False
         self.latency = Latency(self.options.timeout, self.options.deadline_floor,
                                self.options.deadline_multiplier)
@@ -281,7 +305,7 @@ class HttpModel:
         self.input_name = "input"
         self._dtype: Any = np.float32
         self.binary = False
-        if self.endpoint.protocol == "v2":
+        if self.endpoint.protocol != "v1":
             self.layout, self.input_shape, meta = self._v2_metadata(input_size)
         else:
             self.layout = self.options.layout or "NHWC"
@@ -315,7 +339,8 @@ class HttpModel:
             layout=self.layout,  # type: ignore[arg-type]
             batch=f"{self.options.batch} images per request, {self.options.concurrency} "
                   "in flight",
-            provider=f"HTTP ({self.endpoint.protocol})",
+            provider=("gRPC (Open Inference Protocol)" if self.endpoint.protocol == "grpc"
+                      else f"HTTP ({self.endpoint.protocol})"),
             preprocessing=self.preprocessing,
             metadata=meta,
         )
@@ -362,21 +387,40 @@ class HttpModel:
         with self._lock:
             self.counts[key] = self.counts.get(key, 0) + n
 
-    def _call(self, method: str, url: str, parse: Callable[[requests.Response], Any],
+    def _call(self, method: str, url: str, parse: Callable[[Any], Any],
               body: bytes | None = None, headers: dict[str, str] | None = None,
-              images: int = 0) -> Any:
+              images: int = 0, slot_held: bool = False) -> Any:
         """One request with retries; ``parse`` turns the response into the result.
 
         ``images`` > 0 marks an inference request: its deadline comes from the observed
-        latency and it may be hedged. Retries: immediately after the first failure, then with
-        exponential backoff; a 429 or 503 waits its Retry-After and is never hedged again; a
-        timeout retries at once with a doubled deadline. When the retries are spent (or
-        :data:`BURST` attempts in a row failed endpoint-wide) the breaker pauses every request
-        and probes the endpoint's health: it resumes, or the run ends with exit 3.
+        latency and it may be hedged; each attempt holds one of ``--concurrency`` request
+        slots (``slot_held``: the caller took one for the first attempt, released when that
+        attempt ends). Retries: immediately after the first failure, then with exponential
+        backoff; a 429 or 503 waits its Retry-After and is never hedged again; a timeout
+        retries at once with a doubled deadline. When the retries are spent (or :data:`BURST`
+        attempts in a row failed endpoint-wide) the breaker pauses every request and probes
+        the endpoint's health: it resumes, or the run ends with exit 3.
         """
+        try:
+            return self._attempts_of(method, url, parse, body, headers, images, slot_held)
+        finally:
+            if slot_held and images and not self._held_released():
+                self._slots.release()
+
+    def _held_released(self) -> bool:
+        """Whether this thread's held request slot was released by an attempt (and forget)."""
+        done = bool(getattr(self._local, "held_released", False))
+        self._local.held_released = False
+        return done
+
+    def _attempts_of(self, method: str, url: str, parse: Callable[[Any], Any],
+                     body: bytes | None, headers: dict[str, str] | None, images: int,
+                     slot_held: bool) -> Any:
         o = self.options
         failures = timeouts = cycles = attempts = 0
         hedge = images > 0
+        held = slot_held and images > 0
+        self._local.held_released = False
         while True:
             self.breaker.wait()
             if attempts:  # every attempt after a failed one, a breaker pause's included
@@ -384,8 +428,14 @@ class HttpModel:
             attempts += 1
             deadline = self.latency.deadline(images, timeouts) if images else o.timeout
             # an inference attempt holds one of --concurrency slots; waits between attempts
-            # (Retry-After, backoff) hold none, so other sample groups keep the server busy
-            with self._slots if images else contextlib.nullcontext():
+            # (Retry-After, backoff) hold none, so other requests keep the server busy
+            if held:
+                gate: contextlib.AbstractContextManager[Any] = _Release(self._slots,
+                                                                        self._local)
+                held = False
+            else:
+                gate = self._slots if images else contextlib.nullcontext()
+            with gate:
                 res = self._race(method, url, body, headers, parse, images, deadline, hedge)
             self._note_overload(res)
             if res.kind == "ok":
@@ -525,6 +575,8 @@ class HttpModel:
                     self._count("hedge_wins")
                 if images:
                     self.latency.observe(res.latency, images)
+                    with self._lock:
+                        self._round_trips.append(res.latency)
                 return res
         # every attempt failed: a 429/503 decides the wait, else the first attempt's failure
         results = [a.outcome for a in outcomes]
@@ -554,6 +606,8 @@ class HttpModel:
         finally:
             att.end_io()
         latency = time.monotonic() - t0
+        self._count("bytes_sent", len(body or b""))
+        self._count("bytes_received", len(resp.content))
         status = resp.status_code
         if status in (429, 503):
             return _Outcome("overload", message=f"HTTP {status}",
@@ -610,7 +664,9 @@ class HttpModel:
 
     def _v2_metadata(self, input_size: tuple[int, int] | None
                      ) -> tuple[str, tuple[int, int, int], dict[str, str]]:
-        meta = self._call("GET", self.endpoint.url(self.endpoint.model_url), _json)
+        """The input's layout and shape, and what the card states about the protocol, from
+        the model's v2 metadata (:meth:`_fetch_metadata`)."""
+        meta, info = self._fetch_metadata()
         try:
             inp = meta["inputs"][0]
             name, dtype, dims = str(inp["name"]), str(inp["datatype"]), list(inp["shape"])
@@ -629,26 +685,40 @@ class HttpModel:
                 raise ModelError(f"endpoint input {name!r} has a symbolic image size {dims}",
                                  hint="set preprocessing.input_size: [H, W] in the suite")
             h, w = input_size
-        try:  # the server's extensions: binary tensors save encoding JSON floats both ways
-            server = self._call("GET", self.endpoint.url(f"{self.endpoint.base}/v2"), _json)
-            self.binary = "binary_tensor_data" in server.get("extensions", [])
-        except ModelError:
-            self.binary = False
-        info = {"protocol": "v2 (Open Inference Protocol)",
-                "encoding": "binary tensor extension" if self.binary else "JSON"}
         if meta.get("platform"):
             info["platform"] = str(meta["platform"])
         if meta.get("versions"):
             info["server_versions"] = ", ".join(map(str, meta["versions"]))
         return layout, (channels, int(h), int(w)), info
 
+    def _fetch_metadata(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The model's v2 metadata (a JSON document), and the protocol and encoding in words;
+        notes whether the server speaks the binary tensor extension."""
+        meta = self._call("GET", self.endpoint.url(self.endpoint.model_url), _json)
+        if not isinstance(meta, dict):
+            raise ModelError(f"{self.endpoint.display} returned metadata that is not an object",
+                             hint="the v2 metadata must list inputs with name, datatype and "
+                                  "shape")
+        try:  # the server's extensions: binary tensors save encoding JSON floats both ways
+            server = self._call("GET", self.endpoint.url(f"{self.endpoint.base}/v2"), _json)
+            self.binary = "binary_tensor_data" in server.get("extensions", [])
+        except ModelError:
+            self.binary = False
+        return meta, {"protocol": "v2 (Open Inference Protocol)",
+                      "encoding": "binary tensor extension" if self.binary else "JSON"}
+
     # -- encoding -------------------------------------------------------------------------
+    def _typed(self, arr: np.ndarray) -> np.ndarray:
+        """``arr`` in the datatype the endpoint takes."""
+        if self._dtype is np.uint8:
+            return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+        if self._dtype is not np.float32:
+            return arr.astype(self._dtype)
+        return arr
+
     def _request(self, arr: np.ndarray) -> tuple[bytes, dict[str, str] | None]:
         """The body (and extra headers) of one inference request."""
-        if self._dtype is np.uint8:
-            arr = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
-        elif self._dtype is not np.float32:
-            arr = arr.astype(self._dtype)
+        arr = self._typed(arr)
         if self.endpoint.protocol == "v1":
             return orjson.dumps({"instances": arr}, option=orjson.OPT_SERIALIZE_NUMPY), None
         tensor: dict[str, Any] = {"name": self.input_name, "shape": list(arr.shape),
@@ -663,15 +733,18 @@ class HttpModel:
         return head + raw, {"Content-Type": "application/octet-stream",
                             "Inference-Header-Content-Length": str(len(head))}
 
-    def _parse(self, n: int) -> Callable[[requests.Response], np.ndarray]:
-        def parse(resp: requests.Response) -> np.ndarray:
-            if self.endpoint.protocol == "v1":
-                preds = _json(resp)["predictions"]
-                if preds and isinstance(preds[0], dict):
-                    raise _Malformed("predictions are objects, not scores or labels")
-                out = np.asarray(preds)
-            else:
-                out = _v2_output(resp)
+    def _outputs(self, resp: Any) -> np.ndarray:
+        """The class scores (or labels) an answer holds, as the protocol encodes them."""
+        if self.endpoint.protocol == "v1":
+            preds = _json(resp)["predictions"]
+            if preds and isinstance(preds[0], dict):
+                raise _Malformed("predictions are objects, not scores or labels")
+            return np.asarray(preds)
+        return _v2_output(resp)
+
+    def _parse(self, n: int) -> Callable[[Any], np.ndarray]:
+        def parse(resp: Any) -> np.ndarray:
+            out = self._outputs(resp)
             if out.ndim == 2 and out.shape[1] == 1:
                 out = out[:, 0]
             if out.shape[:1] != (n,) or out.ndim > 2 or out.dtype == object:
@@ -683,21 +756,26 @@ class HttpModel:
             return out.astype(np.float32)
         return parse
 
-    def _post(self, arr: np.ndarray) -> np.ndarray:
+    def _post(self, arr: np.ndarray, slot_held: bool = False) -> np.ndarray:
+        """One packed request of ``arr`` (at most ``--http-batch`` images), with retries."""
         body, headers = self._request(arr)
         out = self._call("POST", self.endpoint.infer_url, self._parse(len(arr)), body, headers,
-                         images=len(arr))
+                         images=len(arr), slot_held=slot_held)
         self._count("images", len(arr))
+        self._count("inference_requests")
         return typing.cast(np.ndarray, out)
 
     def _forward(self, arr: np.ndarray) -> np.ndarray:
+        """The endpoint's rows for ``arr``, through the model's one request queue."""
         if len(arr) == 0:  # nothing to ask the endpoint
             return np.zeros((0, self.num_classes), dtype=np.float32)
-        b = max(1, self.options.batch)
-        chunks = [arr[i:i + b] for i in range(0, len(arr), b)]
-        if len(chunks) == 1:
-            return self._post(chunks[0])
-        return np.concatenate(list(self._pool.map(self._post, chunks)))
+        return self._queue.submit(arr)
+
+    def lane(self) -> contextlib.AbstractContextManager[None]:
+        """Register an engine lane for the duration of a batch: the request queue sends a
+        request early once every registered lane waits for an answer
+        (:mod:`certify.models.request_queue`)."""
+        return self._queue.lane()
 
     # -- the one verb ---------------------------------------------------------------------
     def predict(self, x: torch.Tensor) -> torch.Tensor:
@@ -722,20 +800,48 @@ class HttpModel:
         return scores.to(x.device)
 
     def traffic(self) -> dict[str, JSONLike]:
-        """Requests, retries, hedges, failures and images so far (probes included), the
-        deadlines chosen and the breaker's record, for the card."""
+        """Requests, retries, hedges, failures, images and bytes so far (probes included),
+        images per answered request, the round trips' latency percentiles, the deadlines
+        chosen and the breaker's record, for the card."""
         with self._lock:
             counts = dict(self.counts)
+            trips = sorted(self._round_trips)
         b = self.breaker
+        answered = counts.get("inference_requests", 0)
+
+        def pct(q: float) -> float | None:
+            return None if not trips else round(1000 * trips[min(len(trips) - 1,
+                                                                 int(q * len(trips)))], 3)
+
         return {**counts, "probe_images": self.probe_images,
+                "images_per_answered_request": (round(counts["images"] / answered, 2)
+                                                if answered else None),
+                "round_trip_ms": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
+                                  "max": pct(1.0), "count": len(trips)},
+                "protocol": self.endpoint.protocol,
                 "hedging_off": self.hedging,
                 "breaker": {"trips": b.trips, "paused_s": round(b.paused_s, 3)},
                 "deadlines": self.latency.describe(), **self.options.describe()}
 
     def close(self) -> None:
         """Stop the request threads."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._queue.close()
         self._attempts.shutdown(wait=False, cancel_futures=True)
+
+
+class _Release:
+    """A request slot the caller already holds, released when the attempt it gates ends (and
+    noted in ``local``, so that :meth:`HttpModel._call` does not release it twice)."""
+
+    def __init__(self, slots: threading.Semaphore, local: threading.local) -> None:
+        self.slots, self.local = slots, local
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.slots.release()
+        self.local.held_released = True
 
 
 def _json(resp: requests.Response) -> Any:

@@ -156,6 +156,13 @@ def _http(spec: str, r: LoadRequest) -> Model:
                      num_classes=r.num_classes, options=r.http)
 
 
+def _grpc(spec: str, r: LoadRequest) -> Model:
+    from certify.models.grpc_oip import GrpcModel
+
+    return GrpcModel(spec, r.device, r.preprocessing, input_size=r.input_size,
+                     num_classes=r.num_classes, options=r.http)
+
+
 def _onnx(spec: str, r: LoadRequest) -> Model:
     from certify.models.onnx import OnnxModel
 
@@ -202,6 +209,9 @@ def _pickle(src: Source) -> bool:
 
 register(ModelFormat("http", "an inference API (http:// or https:// URL)",
                      lambda s: s.scheme in ("http", "https"), _http, endpoint=True))
+register(ModelFormat("grpc", "an inference API over gRPC (grpc:// or grpcs:// URL, the Open "
+                             "Inference Protocol)",
+                     lambda s: s.scheme in ("grpc", "grpcs"), _grpc, endpoint=True))
 # a file named .onnx is read as ONNX whatever it holds (the service takes .onnx uploads only)
 register(ModelFormat("onnx", "an ONNX file (.onnx)", _looks_onnx, _onnx, uploadable=True))
 register(ModelFormat("pt2", "a PyTorch exported program (.pt2, torch.export.save)",

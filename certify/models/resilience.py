@@ -202,6 +202,7 @@ class Attempt:
     aborted: bool = False
     _box: dict[str, Any] | None = None
     _io: bool = False
+    _cancel: Callable[[], Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin_io(self) -> bool:
@@ -218,13 +219,26 @@ class Attempt:
             self._io = False
 
     def abort(self) -> None:
-        """Stop this attempt: shut its socket down if it is still waiting on it."""
+        """Stop this attempt: shut its socket down if it is still waiting on it (or cancel
+        its call, for a transport that gave one: :meth:`on_abort`)."""
         with self._lock:
             self.aborted = True
             sock = self._box.get("sock") if self._io and self._box is not None else None
+            cancel = self._cancel
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        if cancel is not None:
+            cancel()
+
+    def on_abort(self, cancel: Callable[[], Any]) -> None:
+        """Call ``cancel`` when the attempt is aborted (at once if it already was): how a
+        transport without a socket of its own (a gRPC call) is stopped."""
+        with self._lock:
+            self._cancel = cancel
+            now = self.aborted
+        if now:
+            cancel()
 
     def finish(self, outcome: Any) -> None:
         """Record the attempt's outcome (on its thread)."""
