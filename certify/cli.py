@@ -126,6 +126,7 @@ class RichProgress:
         self._done = 0
         self._reused = 0  # of _done: records of an earlier run, outside the rate
         self._shown = -1  # _done as the last plain line gave it
+        self._step = ""  # the running step of the task (until it advances)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -157,6 +158,7 @@ class RichProgress:
             if not self._label:
                 return
             label, done, total, old = self._label, self._done, self._total, self._reused
+            step = self._step
             elapsed = time.perf_counter() - self._t0
             self._shown = done
         rate = (done - old) / elapsed if elapsed > 0 else 0.0
@@ -164,6 +166,8 @@ class RichProgress:
                f"ETA {(total - done) / rate:,.0f} s" if rate > 0 and total else "ETA unknown")
         share = f"{100 * done / total:.0f}%" if total else "-"
         parts = [f"{label}: {done:,}/{total:,} samples ({share})"]
+        if step:
+            parts.append(step)
         if old:
             parts.append(f"{old:,} reused from the earlier run")
         if done > old:  # a rate only over the samples evaluated in this process
@@ -177,6 +181,18 @@ class RichProgress:
             self._label, self._total = label, total
             self._t0 = time.perf_counter()
             self._done = self._reused = 0
+            self._step = ""
+        if self._plain:
+            self._line()
+
+    def step(self, text: str) -> None:
+        """Name the running step of the task (a check's binarization test, k of n) beside
+        its bar, and on a plain line at once, until the task advances."""
+        if self._task is None:
+            return
+        with self._lock:
+            self._step = text
+        self._progress.update(self._task, rate=text)
         if self._plain:
             self._line()
 
@@ -197,6 +213,7 @@ class RichProgress:
             return
         with self._lock:
             self._done += n
+            self._step = ""
             new, old = self._done - self._reused, self._reused
         elapsed = time.perf_counter() - self._t0
         rate = f"{new / elapsed:,.0f} samples/s" if elapsed > 0 and new > 0 else ""
@@ -596,7 +613,7 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
     from rich.console import Console
     from rich.text import Text
 
-    from certify.report.card import COUNT_WORDS, deciding_counts, headline
+    from certify.report.card import COUNT_WORDS, deciding_counts, headline, row_warnings
     from certify.report.glance import threat_name
 
     out = Console()
@@ -618,16 +635,16 @@ def _print_summary(result: Any, paths: dict[str, Path]) -> None:
         n = len(m.attack_worst_case)
         shown += (f"; {n} threat model{'s' if n != 1 else ''} counted in place of the "
                   f"{evidence} attack rows {'they decide' if n != 1 else 'it decides'}")
+    warned = row_warnings(result.checks, m.attack_worst_case)
+    if warned:  # the card's header gives the same count
+        shown += f"{'; ' if shown else ''}{len(warned)} warning{'s' if len(warned) != 1 else ''}"
+        shown += " on the rows (below)"
     say(f"verdict: {m.verdict}" + (f" ({shown})" if shown else ""))
     reused = result.provenance.timings.get("resumed_records")
     if reused:
         say(f"resumed: reused {reused:,} records from the earlier run")
-    labelled = [(c.id, c.warnings) for c in result.checks]
-    labelled += [(f"threat model {threat_name(w.norm, w.epsilon)}", w.warnings)
-                 for w in m.attack_worst_case]
-    for label, texts in labelled:
-        for text in texts:
-            say(Text.assemble(("warning:", "bold yellow"), f" {label}: {text}"))
+    for label, text in warned:
+        say(Text.assemble(("warning:", "bold yellow"), f" {label}: {text}"))
     for name, p in paths.items():
         say(f"{name}: {p}")
 
@@ -715,18 +732,33 @@ def init_cmd(model: str, data_path: str, out_path: Path, labels_path: Path | Non
     from rich.console import Console
 
     out = Console()
-    out.print(f"{'preprocessing':<44} {'accuracy':>9} {'correct':>9}", highlight=False)
+    out.print(f"{'preprocessing':<44} {'log-lik':>8} {'accuracy':>9} {'correct':>9}",
+              highlight=False)
     for sc in found.report.scores:
         mark = "  <- chosen" if sc is found.report.best else ""
         note = f"  ({sc.error})" if sc.error else ""
-        out.print(f"{sc.candidate.label():<44} {pct(sc.accuracy):>9} "
+        ll = "-" if sc.mean_loglik is None else f"{sc.mean_loglik:.3f}"
+        out.print(f"{sc.candidate.label():<44} {ll:>8} {pct(sc.accuracy):>9} "
                   f"{sc.correct:>4}/{sc.n:<4}{mark}{note}", highlight=False)
     for line in found.summary():
         out.print(line, highlight=False, soft_wrap=True)
     out.print(f"suite: {found.path}", highlight=False)
+    from certify.rundir import free_sibling
+
+    run_dir = Path(f"certify-run-{_stem(model)}")
+    if run_dir.exists():
+        run_dir = free_sibling(run_dir)
     out.print(f"next: certify run {model} --suite {found.path} --data {data_path}"
-              + (f" --labels {labels_path}" if labels_path else ""), highlight=False,
-              soft_wrap=True)
+              + (f" --labels {labels_path}" if labels_path else "") + f" --out {run_dir}",
+              highlight=False, soft_wrap=True)
+
+
+def _stem(model: str) -> str:
+    """A folder-name-safe short name of a model file or endpoint URL."""
+    from certify.models.registry import is_endpoint
+
+    name = model.rstrip("/").rsplit("/", 1)[-1] if is_endpoint(model) else Path(model).stem
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
 @main.command()

@@ -239,6 +239,29 @@ _ERRORS: dict[str, type[CertifyError]] = {"BudgetExceeded": BudgetExceeded,
                                           "ModelError": ModelError}
 
 
+#: The fields of a check's context that the worker supplies itself (a worker shows no
+#: progress steps: the driver's bar advances as batches return).
+_WORKER_FIELDS = frozenset({"device", "reference", "step"})
+
+
+def context_fields(ctx: CheckContext) -> dict[str, Any]:
+    """Every field of ``ctx`` a worker needs to rebuild it, as plain picklable values: all
+    but the device, the reference model and the progress step (:data:`_WORKER_FIELDS`).
+    Issue 62: a field left out here, the samples an earlier attack of the threat model
+    broke, made a Ray run attack them again, and its rows differed from the local run's."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(ctx):
+        if f.name in _WORKER_FIELDS:
+            continue
+        v = getattr(ctx, f.name)
+        if f.name == "broken_before":
+            v = {int(i): dict(said) for i, said in v.items()}
+        elif f.name == "class_names":
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
 def _count(v: JSONLike) -> int:
     """A traffic count as an int (the endpoint reports counts as ints)."""
     if isinstance(v, bool) or not isinstance(v, int):
@@ -370,10 +393,7 @@ class RayExecutor:
         if budget is not None or self._budgeted:
             ray.get(self._ledger.set_limit.remote(spec.id, budget))
             keys = [spec.id, "__run__"]
-        fields = {"check_seed": ctx.check_seed, "class_names": list(ctx.class_names),
-                  "flip_invariant_classes": ctx.flip_invariant_classes,
-                  "abstain_class": ctx.abstain_class,
-                  "n_samples": ctx.n_samples, "selected": ctx.selected}
+        fields = context_fields(ctx)
         check_ref = ray.put(spec.check)
         in_flight: dict[Any, tuple[int, list[int]]] = {}
 

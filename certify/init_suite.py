@@ -218,9 +218,14 @@ def render_suite(opts: InitOptions, report: ProbeReport, info: ModelInfo,
     pre = best.candidate.preprocessing
     model_name = Path(opts.model).name if not is_endpoint(opts.model) \
         else info.name
+    fit = ("" if best.mean_loglik is None else
+           f" and a mean log-probability of the labels of {best.mean_loglik:.3f} nats")
     why = [f"# Chosen by `certify init` on {best.n} labelled samples: {best.candidate.label()} "
-           f"gave {pct(best.accuracy)} clean accuracy"]
-    if second is not None:
+           f"gave {pct(best.accuracy)} clean accuracy{fit}"]
+    if second is not None and report.tie_broken_by_prior:
+        why.append(f"# (the runner-up, {second.candidate.label()}, at {pct(second.accuracy)}, is "
+                   f"not clearly worse: the prior for {report.prior_reason} decided).")
+    elif second is not None:
         clear = "clearly" if report.clearly_better(best, second) else "NOT clearly"
         why.append(f"# ({clear} better than the runner-up, {second.candidate.label()}, at "
                    f"{pct(second.accuracy)}).")
@@ -258,7 +263,8 @@ def render_suite(opts: InitOptions, report: ProbeReport, info: ModelInfo,
                   flags=re.M)
     header = (f"# Written by `certify init` (certify {__version__}) for {model_name} "
               "from the packaged\n# image-classification suite. Edit it: every threshold is a "
-              "default. Then:\n#   certify run MODEL --suite THIS_FILE --data DATA\n#\n")
+              "default. Then:\n#   certify run MODEL --suite THIS_FILE --data DATA --out "
+              "RUN_FOLDER\n#\n")
     return header + text
 
 

@@ -6,8 +6,16 @@ an endpoint says which it wants. :func:`probe_preprocessing` asks the model the 
 samples through every candidate preprocessing (value range 0–1 or 0–255; mean/std none,
 ImageNet's, CIFAR-10's (two common stds), CIFAR-100's, MNIST's, 0.5/0.5 or ImageNet's mean on
 0–255 as Caffe models take it; channel order RGB or BGR; and the layout where the model does
-not state it) and ranks them by clean accuracy, with
-an exact McNemar test between the best and the runner-up on the same samples.
+not state it) and ranks them by the **mean log-probability the model gives the true labels**
+(its log-likelihood, each sample's clipped below at :data:`LOGLIK_FLOOR` × -log K; accuracy
+where the model answers labels only), which separates candidates
+that an inaccurate model gets right equally often; a candidate clearly less accurate than the
+most accurate one (exact McNemar) ranks behind the others whatever its likelihood, as a
+model unsure of everything can be surer of its labels at a wrong scale. Candidates the
+paired 95% interval of the difference (or a difference under :data:`TIE_NATS`) cannot tell
+from the best are tied, and a stated prior from the input size and the
+class count breaks the tie (:func:`prior_rank`: 32×32 with 10 or 100 classes, CIFAR's
+statistics; 28×28, MNIST's; 160 pixels or more, ImageNet's) before the list order.
 
 ``certify init`` uses it to write a suite; a run whose clean accuracy is at chance level uses
 it to name the preprocessing that would fix it (:func:`chance_diagnosis`). Every query goes
@@ -44,9 +52,29 @@ STATISTICS: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = (
     ("MNIST mean/std", (0.1307,) * 3, (0.3081,) * 3),
     ("[-1, 1] (mean/std 0.5)", (0.5,) * 3, (0.5,) * 3),
 )
-#: A best candidate that agrees with fewer of the probe's labels than this is said to be far
-#: from them: the model's preprocessing may be none of those tried.
-FAR = 0.9
+#: A best candidate whose accuracy's 95% interval lies wholly below this share of the probe's
+#: labels is far from them: a model under test is expected to get most of its own test set
+#: right, and one that gets most wrong through every candidate was given none it was trained
+#: with (or labels in another class order). An 80% model is not far.
+FAR = 0.5
+#: "None of those tried" is also said when the best candidate's mean log-likelihood is within
+#: this many nats of the uniform model's (-log K: a model that knows nothing) and its accuracy
+#: interval does not clear :data:`FAR`, and when no candidate's accuracy interval lies above
+#: chance.
+UNIFORM_MARGIN_NATS = 0.5
+#: Each sample's log-probability of its label is clipped below at ``LOGLIK_FLOOR × log K``
+#: (-2 log K: twice the loss of a uniform guess), so that a mislabelled sample, or a confident
+#: wrong answer of an over-confident model, cannot outweigh the rest: without the clip a
+#: model at its own preprocessing, confident and right on 80% of the labels, lost to a wrong
+#: preprocessing that made it less sure of everything.
+LOGLIK_FLOOR = 2
+#: Two candidates whose labels' mean log-likelihoods differ by less than this many nats are
+#: not told apart, however tight the interval: a likelihood grows with the model's confidence,
+#: and a ReLU network is surer of the same answers on inputs scaled up by a fifth (CIFAR-10's
+#: two common stds), which says nothing about which scale it was trained on.
+TIE_NATS = 0.05
+#: The z of a two-sided 95% interval.
+Z95 = 1.959963984540054
 #: Samples a probe uses at most (class-stratified by the caller).
 PROBE_SAMPLES = 64
 #: Two candidates whose exact McNemar p-value is at or above this are "not clearly" apart.
@@ -175,7 +203,7 @@ def candidates(layouts: Sequence[str], current: Candidate | None = None) -> list
 
 @dataclass(frozen=True)
 class Score:
-    """One candidate's clean accuracy on the probe samples."""
+    """One candidate's clean accuracy and log-likelihood on the probe samples."""
 
     candidate: Candidate
     correct: int
@@ -183,6 +211,15 @@ class Score:
     #: per sample: whether the candidate's top class was the label
     hits: tuple[bool, ...] = field(repr=False)
     error: str | None = None
+    #: per sample: the log-probability the model gave the label (``None``: labels only)
+    loglik: tuple[float, ...] | None = field(default=None, repr=False)
+
+    @property
+    def mean_loglik(self) -> float | None:
+        """Mean log-probability of the labels (nats; ``None`` for a labels-only model)."""
+        if not self.loglik:
+            return None
+        return sum(self.loglik) / len(self.loglik)
 
     @property
     def accuracy(self) -> float:
@@ -210,11 +247,15 @@ def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
 
 @dataclass(frozen=True)
 class ProbeReport:
-    """Every candidate's accuracy on the same probe samples, best first."""
+    """Every candidate's accuracy and log-likelihood on the same probe samples, best first
+    (:func:`rank`)."""
 
     scores: tuple[Score, ...]
     num_classes: int
     queries: int
+    #: whether the best was chosen among tied candidates by the prior, and the prior's reason
+    tie_broken_by_prior: bool = False
+    prior_reason: str = ""
 
     @property
     def n(self) -> int:
@@ -237,9 +278,9 @@ class ProbeReport:
         return 1.0 / self.num_classes
 
     def clearly_better(self, a: Score, b: Score) -> bool:
-        """Whether ``a`` is right on more probe samples than ``b`` beyond chance variation
-        (exact McNemar test at :data:`SIGNIFICANCE` on the same samples)."""
-        return a.correct > b.correct and mcnemar_p(a.hits, b.hits) < SIGNIFICANCE
+        """Whether ``a`` fits the labels better than ``b`` beyond chance variation (see
+        :func:`clearly_better`)."""
+        return clearly_better(a, b)
 
     def near_chance(self, score: Score) -> bool:
         """Whether a candidate's accuracy is at chance level (see :func:`at_chance`)."""
@@ -254,36 +295,64 @@ class ProbeReport:
         best, second = self.best, self.runner_up
         lines = [f"best: {best.candidate.label()} with {pct(best.accuracy)} "
                  f"({best.correct}/{best.n}) on {best.n} labelled samples"]
+        if best.mean_loglik is not None:
+            lines[0] += f", mean log-probability of the labels {best.mean_loglik:.3f} nats"
         if second is not None:
             margin = best.accuracy - second.accuracy
             p = mcnemar_p(best.hits, second.hits)
+            diff = loglik_difference(best, second)
+            by = (f"mean log-probability {diff[0]:.3f} nats higher (95% CI {diff[1]:.3f} to "
+                  f"{diff[2]:.3f})" if diff is not None and not more_accurate(best, second)
+                  else f"{100 * margin:.1f} points more accurate, exact McNemar p = {p:.2g}")
             if self.clearly_better(best, second):
                 lines.append(f"runner-up: {second.candidate.label()} with "
-                             f"{pct(second.accuracy)}: {100 * margin:.1f} points lower, clearly "
-                             f"(exact McNemar p = {p:.2g})")
+                             f"{pct(second.accuracy)}: clearly worse ({by})")
+            elif self.tie_broken_by_prior:
+                lines.append(f"runner-up: {second.candidate.label()} with "
+                             f"{pct(second.accuracy)}: not clearly worse ({by}); the tie is "
+                             f"broken by the prior for {self.prior_reason}")
             else:
                 lines.append(f"runner-up: {second.candidate.label()} with "
-                             f"{pct(second.accuracy)}: NOT clearly worse ("
-                             f"{100 * margin:.1f} points, exact McNemar p = {p:.2g}); the "
-                             "probe cannot tell them apart on "
-                             f"{best.n} samples: check the model's documentation, or probe "
-                             "more samples (--samples)")
+                             f"{pct(second.accuracy)}: NOT clearly worse ({by}); the probe "
+                             f"cannot tell them apart on {best.n} samples: check the model's "
+                             "documentation, or probe more samples (--samples)")
         if self.near_chance(best):
             lines.append(f"the best accuracy is at chance level (1/{self.num_classes} = "
                          f"{pct(self.chance)}): no candidate fits; check that the labels match "
                          "the model's classes (their order, --labels) and that the model is an "
                          "image classifier of this data")
-        elif best.accuracy < FAR:
+        elif self.none_fits():
             lines.append(self.far_warning())
         return lines
 
+    def none_fits(self) -> bool:
+        """Whether the model's preprocessing may be none of those tried (the stated rule): no
+        candidate's accuracy interval lies above chance; or the best candidate's accuracy
+        interval lies wholly below :data:`FAR`; or its mean log-likelihood is within
+        :data:`UNIFORM_MARGIN_NATS` of the uniform model's while its accuracy interval does
+        not clear :data:`FAR` (a model right on most labels fits, however unsure it is)."""
+        if not any(s.interval[0] > self.chance for s in self.scores):
+            return True
+        lo, hi = self.best.interval
+        if hi < FAR:
+            return True
+        ll = self.best.mean_loglik
+        return ll is not None and lo < FAR \
+            and ll < -math.log(self.num_classes) + UNIFORM_MARGIN_NATS
+
     def far_warning(self) -> str:
-        """The warning for a best candidate far from the labels (below :data:`FAR`), with the
+        """The warning for a best candidate far from the labels (:meth:`none_fits`), with the
         flags that state a preprocessing by hand."""
         best = self.best
         tried = ", ".join(["none", *(name.split(" (")[0] for name, _, _ in STATISTICS)])
-        return (f"even the best candidate agrees with only {pct(best.accuracy)} of the "
-                f"{best.n} labelled samples (under {pct(FAR)}): the model's own preprocessing "
+        ll = best.mean_loglik
+        lo, hi = best.interval
+        fit = (f"agrees with only {pct(best.accuracy)} of the {best.n} labelled samples (95% CI "
+               f"{pct(lo)}–{pct(hi)}, below {pct(FAR)})" if hi < FAR or ll is None else
+               f"gives the labels a mean log-probability of {ll:.2f} nats, within "
+               f"{UNIFORM_MARGIN_NATS:g} of a model that knows nothing "
+               f"({-math.log(self.num_classes):.2f})")
+        return (f"even the best candidate {fit}: the model's own preprocessing "
                 f"may be none of those tried (0–1 or 0–255; mean/std {tried}; RGB or BGR). If "
                 "you know it, state it: --input-scale S --mean R G B --std R G B "
                 "--channel-order RGB|BGR (preprocessing: in the suite); the suite written uses "
@@ -295,9 +364,12 @@ class ProbeReport:
             "n": self.n,
             "queries": self.queries,
             "current": None if current is None else current.label(),
+            "ranked_by": ("mean log-probability of the labels" if self.best.loglik
+                          else "accuracy (the model answers labels only)"),
             "candidates": [
                 {"preprocessing": s.candidate.label(), "correct": s.correct,
                  "accuracy": s.accuracy, "flags": " ".join(s.candidate.flags()),
+                 **({"mean_log_likelihood": s.mean_loglik} if s.loglik else {}),
                  **({"error": s.error} if s.error else {})}
                 for s in self.scores
             ],
@@ -357,21 +429,121 @@ def probe_preprocessing(
     scores: list[Score] = []
     queries = 0
     shared = (budget,) if budget is not None else ()
+    kind = model.info.output
     for c in cands:
         view = model.with_preprocessing(c.preprocessing, c.layout)
         counter = QueryCounter(view, shared=shared)
         error = None
+        loglik: tuple[float, ...] | None = None
         try:
-            preds = torch.cat([counter.predict(x[i:i + batch_size]).argmax(dim=1).cpu()
-                               for i in range(0, len(x), batch_size)])
-            hits = tuple(bool(h) for h in (preds == labels).tolist())
+            out = torch.cat([counter.predict(x[i:i + batch_size]).float().cpu()
+                             for i in range(0, len(x), batch_size)])
+            hits = tuple(bool(h) for h in (out.argmax(dim=1) == labels).tolist())
+            if kind != "labels":
+                logp = (out.clamp(min=1e-12).log() if kind == "probs"
+                        else torch.log_softmax(out, dim=1))
+                floor = -LOGLIK_FLOOR * math.log(num_classes)
+                loglik = tuple(max(float(v), floor)
+                               for v in logp[torch.arange(len(labels)), labels])
         except NonFiniteOutput:
             hits = (False,) * len(labels)
             error = "non-finite outputs"
         queries += counter.queries
-        scores.append(Score(c, sum(hits), len(hits), hits, error))
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i].correct, i))
-    return ProbeReport(tuple(scores[i] for i in order), num_classes, queries)
+        scores.append(Score(c, sum(hits), len(hits), hits, error, loglik))
+    return rank(scores, num_classes, queries, tuple(int(d) for d in x.shape[1:]))
+
+
+def loglik_difference(a: Score, b: Score) -> tuple[float, float, float] | None:
+    """The mean of ``a``'s per-sample log-likelihood minus ``b``'s on the same samples, with
+    its paired 95% interval (normal approximation); ``None`` without log-likelihoods."""
+    if not a.loglik or not b.loglik or len(a.loglik) != len(b.loglik):
+        return None
+    d = [x - y for x, y in zip(a.loglik, b.loglik, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1)) if n > 1 else 0.0
+    half = Z95 * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def more_accurate(a: Score, b: Score) -> bool:
+    """Whether ``a`` is right on more of the probe samples than ``b`` beyond chance variation:
+    an exact McNemar test at :data:`SIGNIFICANCE`."""
+    return a.correct > b.correct and mcnemar_p(a.hits, b.hits) < SIGNIFICANCE
+
+
+def clearly_better(a: Score, b: Score) -> bool:
+    """Whether ``a`` fits the labels better than ``b`` beyond chance variation: ``a`` is
+    clearly more accurate (:func:`more_accurate`); or, neither being so, the paired 95%
+    interval of their log-likelihoods' difference lies above 0 and the difference is at least
+    :data:`TIE_NATS` (where both have one)."""
+    if more_accurate(a, b):
+        return True
+    if more_accurate(b, a):
+        return False
+    diff = loglik_difference(a, b)
+    return diff is not None and diff[1] > 0 and diff[0] >= TIE_NATS
+
+
+def prior_rank(c: Candidate, shape: tuple[int, ...], num_classes: int) -> tuple[int, str]:
+    """How likely a candidate is before any answer, from the input size and the class count
+    (0 most likely), and the reason in words: 32×32 images with 10 classes are CIFAR-10's
+    (CIFAR-10's statistics first), with 100 CIFAR-100's; 28×28, MNIST's; images of 160 pixels
+    or more ImageNet's. Otherwise every candidate ranks alike (the list order decides)."""
+    h, w = (shape[-2], shape[-1]) if len(shape) >= 2 else (0, 0)
+    if (h, w) == (32, 32) and num_classes in (10, 100):
+        want, why = (("CIFAR-10", "32×32 images with 10 classes (CIFAR-10)") if
+                     num_classes == 10 else ("CIFAR-100", "32×32 images with 100 classes "
+                                                          "(CIFAR-100)"))
+    elif (h, w) == (28, 28):
+        want, why = "MNIST", "28×28 images (MNIST)"
+    elif min(h, w) >= 160:
+        want, why = "ImageNet", f"{h}×{w} images (ImageNet)"
+    else:
+        return 0, ""
+    return (0 if c.values.startswith(want) else 1), why
+
+
+def rank(scores: Sequence[Score], num_classes: int, queries: int,
+         shape: tuple[int, ...] = ()) -> ProbeReport:
+    """Scores best first: by mean log-likelihood of the labels (by correct answers for a
+    labels-only model), after every candidate clearly less accurate than the most accurate one
+    (exact McNemar, :func:`more_accurate`) has been put behind the others: a likelihood
+    rewards a confident model, and an untrained or badly calibrated one can be surer of its
+    labels at a wrong scale while getting fewer of them right. The best is chosen among the
+    candidates the probe cannot tell from the top one (:func:`clearly_better`) by
+    :func:`prior_rank`, then by the candidates' list order (plain before normalised, each
+    statistic's canonical form first); the rest follow."""
+    by_likelihood = any(s.loglik for s in scores)
+    valid = [s for s in scores if s.error is None]
+    most = max(valid, key=lambda s: s.correct) if valid else None
+    behind = [most is not None and more_accurate(most, s) for s in scores]
+
+    def key(i: int) -> tuple[bool, float, int]:
+        if not by_likelihood:
+            return (behind[i], -scores[i].correct, i)
+        ll = scores[i].mean_loglik  # a candidate without one (non-finite answers) goes last
+        return (behind[i], -ll if ll is not None else math.inf, i)
+
+    order = sorted(range(len(scores)), key=key)
+    if not order:
+        return ProbeReport((), num_classes, queries)
+    top = scores[order[0]]
+    tied = [i for i in order
+            if scores[i] is top or (scores[i].error is None and not behind[i]
+                                    and _tied(top, scores[i]))]
+    prior = {i: prior_rank(scores[i].candidate, shape, num_classes) for i in tied}
+    chosen = min(tied, key=lambda i: (prior[i][0], i))  # then the candidates' list order
+    broken = chosen != order[0]
+    order = [chosen, *(i for i in order if i != chosen)]
+    return ProbeReport(tuple(scores[i] for i in order), num_classes, queries, broken,
+                       prior[chosen][1] if broken else "")
+
+
+def _tied(a: Score, b: Score) -> bool:
+    """Whether the probe cannot tell ``b`` from ``a``, the top candidate: neither is clearly
+    better (:func:`clearly_better`)."""
+    return not clearly_better(a, b) and not clearly_better(b, a)
 
 
 def chance_diagnosis(report: ProbeReport, current: Candidate, accuracy: float,

@@ -34,6 +34,40 @@ class ReusesRecords(Protocol):
         ...
 
 
+@runtime_checkable
+class ShowsSteps(Protocol):
+    """A reporter that names the step of the current task that is running (a check's
+    binarization test between its samples), shown until the task next advances."""
+
+    def step(self, text: str) -> None:
+        """``text`` (e.g. "binarization test, 3 of 20") is what the current task does now."""
+        ...
+
+
+def report_step(progress: Progress, text: str) -> None:
+    """Name the running step of the current task where the reporter can show one."""
+    if isinstance(progress, ShowsSteps):
+        progress.step(text)
+
+
+class StepCounter:
+    """Counts a task's repeated steps as they start, from whichever thread or batch, and
+    names each on ``progress`` as "LABEL, k of n" (k: how many have started so far)."""
+
+    def __init__(self, progress: Progress) -> None:
+        import threading
+
+        self._progress = progress
+        self._started: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, label: str, total: int) -> None:
+        """One more step ``label`` of ``total`` starts."""
+        with self._lock:
+            k = self._started[label] = self._started.get(label, 0) + 1
+        report_step(self._progress, f"{label}, {min(k, total)} of {total}")
+
+
 def report_reused(progress: Progress, n: int) -> None:
     """Report ``n`` units of the current task as done by an earlier run: through ``reuse``
     where the reporter has it, as ordinary progress otherwise."""
@@ -75,6 +109,7 @@ class TextProgress:
         self._t0 = 0.0
         self._drawn = 0.0
         self._width = 0  # of the line last drawn in place (a shorter one pads it out)
+        self._step = ""  # the running step of the task, until it advances
 
     @property
     def stream(self) -> TextIO:
@@ -95,6 +130,8 @@ class TextProgress:
         total, done = self._total, self._done
         parts = [f"{self._label}: {done:,}/{total:,}" + (f" ({100 * done / total:.0f}%)"
                                                          if total else "")]
+        if self._step:
+            parts.append(self._step)
         if self._reused:
             parts.append(f"{self._reused:,} reused")
         if new > 0:
@@ -124,8 +161,14 @@ class TextProgress:
     def start(self, label: str, total: int) -> None:  # noqa: D102
         self._label, self._total = label, total
         self._done = self._reused = 0
+        self._step = ""
         self._t0 = time.perf_counter()
         self._drawn = 0.0
+        self._show()
+
+    def step(self, text: str) -> None:
+        """Name the running step (shown until the task advances)."""
+        self._step = text
         self._show()
 
     def reuse(self, n: int) -> None:
@@ -136,6 +179,7 @@ class TextProgress:
 
     def advance(self, n: int) -> None:  # noqa: D102
         self._done += n
+        self._step = ""
         self._show()
 
     def finish(self) -> None:  # noqa: D102

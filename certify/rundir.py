@@ -59,6 +59,15 @@ class SampleRecord(TypedDict, total=False):
 DEMO_DATA = "demo-data"  # what `certify demo` writes before the run starts
 
 
+def free_sibling(path: Path) -> Path:
+    """The first of ``PATH-2``, ``PATH-3``, … that does not exist: a folder to suggest when
+    ``path`` holds another run."""
+    k = 2
+    while path.with_name(f"{path.name}-{k}").exists():
+        k += 1
+    return path.with_name(f"{path.name}-{k}")
+
+
 def check_out_dir(path: Path, resume: bool) -> None:
     """Refuse an ``--out`` where a run would overwrite something, before anything is written.
 
@@ -75,7 +84,8 @@ def check_out_dir(path: Path, resume: bool) -> None:
         if not resume:
             raise UsageError(
                 f"{path} already holds a run",
-                hint="pass --resume to continue it, or choose another --out",
+                hint=f"--resume continues it (the same model, suite and data); for another "
+                     f"model or suite, choose a new folder, e.g. --out {free_sibling(path)}",
             )
         return
     try:
@@ -132,8 +142,8 @@ class RunDir:
         if diff:
             raise UsageError(
                 f"cannot resume {self.path}: {', '.join(diff)} differ from the interrupted run",
-                hint="resume with the same model, suite, data, samples and seed, "
-                "or use another --out",
+                hint="resume with the same model, suite, data, samples and seed, or start "
+                f"this one in a new folder, e.g. --out {free_sibling(self.path)}",
             )
 
     def _load_records(self, rec_file: Path) -> None:

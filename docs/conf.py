@@ -35,6 +35,9 @@ root_doc = "index"
 exclude_patterns = ["_build", "_generated", "_ext", "Thumbs.db", ".DS_Store"]
 
 myst_enable_extensions = ["colon_fence", "deflist", "attrs_inline"]
+# no smart quotes: a pasted example must run (with them, `--suite` became `–suite` and quotes
+# curly ones in the generated CLI reference, and click answered "Missing option '--suite'")
+smartquotes = False
 myst_heading_anchors = 3
 
 autodoc_typehints = "description"

@@ -70,7 +70,8 @@ def test_the_headline_counts_the_threat_model_row_for_its_attack_rows(attack_run
     (threat,) = r["attack_worst_case"]
     assert sorted(threat["attacks"]) == ["apgd_linf", "square_linf"]
     deciding = [r["checks"][0]["status"], threat["status"]]  # clean, and the threat model
-    words = {"PASS": "passed", "WARN": "with warnings", "FAIL": "failed", "INFO": "informational",
+    words = {"PASS": "passed", "WARN": "passed with a warning (WARN)", "FAIL": "failed",
+             "INFO": "informational",
              "INCONCLUSIVE": "inconclusive"}
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("verdict: "))
     for status in set(deciding):
@@ -79,8 +80,14 @@ def test_the_headline_counts_the_threat_model_row_for_its_attack_rows(attack_run
     assert sum(r["summary"].values()) == 3  # the signed summary still counts every check row
     card = (out / "card.html").read_text()
     (counts,) = re.findall(r'<span class="counts"[^>]*>\((.*?)\)</span>', card, flags=re.S)
-    assert sum(int(n) for n in re.findall(r"(\d+) (?:passed|failed|inconclusive|with "
-                                          r"warnings|errored|informational)", counts)) == 2
+    assert sum(int(n) for n in re.findall(r"(\d+) (?:passed with a warning \(WARN\)|passed|"
+                                          r"failed|inconclusive|errored|informational)",
+                                          counts)) == 2
+    # the console's warning lines and the card's count of warnings agree (issue 62)
+    warned = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning: ")]
+    n = len(warned)
+    assert n and f"{n} warning{'s' if n != 1 else ''} on the rows" in counts, counts
+    assert f"{n} warning{'s' if n != 1 else ''} on the rows (below)" in line
     # the headline keeps its length (the demo's first PDF page is full); the appendix's
     # decision rule says what the counts count
     assert "1 threat-model row in place of the 2 attack rows it summarises" in card

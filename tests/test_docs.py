@@ -369,3 +369,75 @@ def test_a_browser_renders_the_start_page_and_the_suite_reference(site, tmp_path
     if page == "reference/suite.html":
         assert {f"{kind}" for kind in CHECKS} <= shown
     assert "furo" in dom  # the theme's markup and script, not a bare page
+
+
+def _examples(page: str) -> list[str]:
+    """Every ``certify …`` command line in the literal blocks of a built page, continuation
+    lines joined, text as a reader copies it (HTML unescaped)."""
+    found = []
+    blocks = [html.unescape(re.sub(r"<[^>]+>", "", b)).splitlines()
+              for b in re.findall(r"<pre>(.*?)</pre>", page, flags=re.S)]
+    # click's \b paragraphs (the commands' examples) become line blocks, a div per line
+    blocks += [[html.unescape(re.sub(r"<[^>]+>", "", ln)) for ln in
+                re.findall(r'<div class="line">(.*?)</div>', b, flags=re.S)]
+               for b in re.findall(r'<div class="line-block">(.*?)</div>\s*</div>', page,
+                                   flags=re.S)]
+    for lines in blocks:
+        joined: list[str] = []
+        for ln in lines:
+            if joined and joined[-1].endswith("\\"):
+                joined[-1] = joined[-1][:-1] + " " + ln.strip()
+            else:
+                joined.append(ln.strip())
+        for ln in joined:
+            ln = ln.split("  #", 1)[0].strip()
+            m = re.search(r"(?:^|\$\(|\s)(certify\s.*?)(?:\)\s*$|$)", ln)
+            if m and "[OPTIONS]" not in m.group(1):  # a usage synopsis is not an example
+                # each command of a compound line (a && b, a | b, a; b) on its own
+                found += [part for part in re.split(r"\s+(?:&&|\|\||\||;)\s+|;\s+",
+                                                    m.group(1))
+                          if part.startswith("certify ")]
+    return found
+
+
+def _parse_with_click(argv: list[str]) -> None:
+    """Parse ``argv`` (after ``certify``) as click would, without running anything: each
+    group's options, then the command's; raises click.UsageError for an unknown option, an
+    option without its value, a missing required option or argument, or an unknown command."""
+    from certify.cli import main
+
+    cmd: click.Command = main
+    args = list(argv)
+    while True:
+        ctx = click.Context(cmd, info_name=cmd.name)
+        opts, rest, _ = cmd.make_parser(ctx).parse_args(args)
+        if isinstance(cmd, click.Group):
+            if not rest:
+                return
+            sub = cmd.get_command(ctx, rest[0])
+            if sub is None:
+                raise click.UsageError(f"no command {rest[0]!r}")
+            cmd, args = sub, rest[1:]
+            continue
+        for p in cmd.params:
+            if p.required and p.name not in opts:
+                raise click.UsageError(f"missing {p.name!r}")
+        return
+
+
+@built
+def test_every_example_of_the_cli_reference_parses_with_click(site):
+    """Issue 62: what a reader pastes from the CLI reference runs: no smart quote turns
+    ``--suite`` into ``–suite`` or a quote into a curly one, and every example names real
+    commands and options with their values."""
+    page = (site / "reference" / "cli.html").read_text(encoding="utf-8")
+    examples = _examples(page)
+    assert len(examples) >= 20, examples
+    for line in examples:
+        assert not set(line) & set("–—‘’“”"), line
+        words = [w for w in shlex.split(line) if not re.fullmatch(r"[A-Z_]+=\S*", w)]
+        assert words[0] == "certify", line
+        try:
+            _parse_with_click(words[1:])
+        except click.UsageError as exc:
+            raise AssertionError(f"{line}: {exc}") from None

@@ -153,7 +153,11 @@ def _header_counts(html: str) -> Counter[str]:
     found = Counter[str]()
     counts = _COUNT_RE.search(html)
     assert counts is not None
-    for part in counts.group(1).split(", "):
+    statuses, _, warnings = counts.group(1).partition("; ")
+    if warnings:  # the rows' own warnings, beside the statuses (not a status)
+        n, words = warnings.split(" ", 1)
+        assert words == ("warning on the rows" if n == "1" else "warnings on the rows"), warnings
+    for part in statuses.split(", "):
         k, words = part.split(" ", 1)
         found[_WORDS[words].upper()] = int(k)
     return found
@@ -248,6 +252,8 @@ def test_a_run_without_threat_models_draws_every_check():
                                                          ("clean", "PASS")]
         assert Counter(s for _, s, _ in _markers(svg)) == +_header_counts(html)
         assert not _evidence(svg)
+    n = len(card_mod.row_warnings(result.checks, []))
+    assert n and f"; {n} warning{'s' if n != 1 else ''} on the rows)" in html
 
 
 def _findings_suite(clean: float) -> RunResult:
@@ -281,14 +287,29 @@ def test_a_failed_clean_accuracy_is_among_the_findings():
     found = _findings_of(result)
     assert "clean" in [f["check"] for f in found]
     assert {f["status"] for f in found} == {"FAIL"}
-    # each group of the figure names its worst failure, farthest from its threshold first
-    assert [f["check"] for f in found] == ["sticker", "threat model L∞ 8/255", "clean"]
+    # a failed clean accuracy leads (issue 62), then each group of the figure names its worst
+    # failure, farthest from its threshold first
+    assert [f["check"] for f in found] == ["clean", "sticker", "threat model L∞ 8/255"]
     clean = next(f for f in found if f["check"] == "clean")
     assert "accuracy 69.8%" in clean["what"] and "threshold ≥ 90.0%" in clean["what"]
     # and on the rendered card, in its findings list on page 1
     html = card_mod.render_html(result)
     listed = html.split('<section id="findings">', 1)[1].split("</section>", 1)[0]
     assert "<strong>clean</strong>: accuracy 69.8%" in listed
+
+
+def test_a_failed_clean_accuracy_leads_even_where_its_group_failed_farther():
+    """Issue 62: clean accuracy 54.7% against 80% FAILs, and the coverage row of the same
+    group of the figure fails farther below its threshold: page 1 named the coverage row (the
+    group's worst) and not the clean accuracy. Whether the model works at all comes first."""
+    base = _findings_suite(0.547)
+    coverage = _row("coverage", "coverage", "FAIL", 0.01, 0.9)
+    result = _result([c.model_dump(mode="json", by_alias=True) for c in base.checks]
+                     + [coverage],
+                     [w.model_dump(mode="json") for w in base.measurement.attack_worst_case])
+    found = _findings_of(result)
+    assert found[0]["check"] == "clean" and "accuracy 54.7%" in found[0]["what"]
+    assert {"sticker", "threat model L∞ 8/255"} <= {f["check"] for f in found}
 
 
 def test_findings_put_failures_first_each_by_its_margin():

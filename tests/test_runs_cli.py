@@ -161,6 +161,12 @@ def test_runs_list_and_show_are_the_token_s_own(followed: Followed, service: Ser
     assert f"{service.url}/runs/{followed.run_id}" in shown.stdout
     doc = json.loads(_runs(service, tokens["a"], "show", followed.run_id, "--json").stdout)
     assert doc["id"] == followed.run_id and doc["state"] == "done"
+    # issue 62: --model-name filters (it was ignored)
+    named = _runs(service, tokens["a"], "list", "--model-name", "standard")
+    assert followed.run_id in named.stdout, named.stdout + named.stderr
+    other = _runs(service, tokens["a"], "list", "--model-name", "no-such-model")
+    assert other.returncode == 0 and followed.run_id not in other.stdout
+    assert "no runs" in other.stderr
 
 
 @pytest.mark.slow

@@ -188,3 +188,29 @@ def test_masking_is_counted_sample_by_sample_and_stops_every_attack_row_from_pas
     suite, finals, results = _worst("bbb" + "r" * 97, "bbb" + "r" * 97, ("WARN", "PASS"))
     (row,) = attack_worst_case(suite, finals, results)
     assert not row.warnings and no_attack_passes_beside_masking(results, [row]) == results
+
+
+@pytest.mark.unit
+def test_a_ray_worker_gets_every_field_of_the_context_it_runs_in():
+    """Issue 62: the Ray executor rebuilt a check's context from a hand-written list of fields
+    that lacked ``broken_before``, so under Ray an attack re-attacked the samples an earlier
+    attack of its threat model broke and its row differed from the local run's. Every field
+    but the worker's own (device, reference model) travels, whatever fields are added."""
+    import dataclasses
+    import pickle
+
+    from certify.distributed import context_fields
+
+    ctx = CheckContext(check_seed=7, device=torch.device("cpu"), class_names=("a", "b"),
+                       flip_invariant_classes=frozenset({1}), n_samples=5, abstain_class=1,
+                       selected=(0, 2, 4), broken_before={2: {"by": "apgd", "adv_pred": 1}},
+                       reference=object())
+    fields = context_fields(ctx)
+    assert set(fields) == {f.name for f in dataclasses.fields(CheckContext)} - {
+        "device", "reference", "step"}
+    rebuilt = CheckContext(device=torch.device("cpu"), **pickle.loads(pickle.dumps(fields)))
+    for f in dataclasses.fields(CheckContext):
+        if f.name not in ("reference", "step"):
+            assert getattr(rebuilt, f.name) == getattr(ctx, f.name) or \
+                list(getattr(rebuilt, f.name)) == list(getattr(ctx, f.name)), f.name
+    assert rebuilt.broken_before == {2: {"by": "apgd", "adv_pred": 1}}

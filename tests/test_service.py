@@ -84,6 +84,7 @@ def test_submit_wait_download_and_verify_against_the_log(
     v = builders.run_cli("verify", out / "card.pdf", "--log", service.url, "--log-state", state)
     assert v.returncode == 0, v.stdout + v.stderr
     assert "inclusion" in v.stdout.lower()
+    assert f"are now pinned in {state}" in v.stdout  # issue 62: it says where it pinned
     # The service's verify endpoint agrees (public: no token).
     with (out / "card.html").open("rb") as f:
         doc = service.post("/verify", files={"file": ("card.html", f)}).json()

@@ -464,9 +464,11 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         head = bt_head(counter)
         picked = bt_positions(ctx, samples)
         stride = max(1, math.ceil(ctx.n_samples / max(samples, 1)))
+        n_tested = len(picked) if picked else math.ceil(ctx.n_samples / stride)
         for j, i in enumerate(index):
             if (int(i) not in picked) if picked else int(i) % stride:
                 continue
+            ctx.say_step("binarization test", n_tested)
             before = counter.queries
             fields = ladder_test(counter, x[j], attack, norm, eps, ctx.seed(int(i), 2),
                                  ladder, packaged, output, float(m0[j]), bool(one_hot[j]),

@@ -241,15 +241,28 @@ def binarization_details(check: AttackCheck, records: list[AttackRecord],
         rung.update(label=cfg.label(), settings=vars(cfg), packaged=k == packaged,
                     passed=passes(rung["success"], rung["rasr_success"], rung["tested"],
                                   PASS_SCORE, RASR_MARGIN, rung["rasr_tested"]))
+    # the test qualifies a robust accuracy: where the attack left no robust sample there is
+    # none to qualify (0% cannot be lowered by a stronger attack), and the row says so instead
+    qualifies = int(metrics.get("n_robust", 0)) > 0
+    note = None
     if not tested:
-        warnings.append("the binarization test could not be set up on any sample, so "
-                        "the strength of this attack is unverified")
+        if qualifies:
+            warnings.append("the binarization test could not be set up on any sample, so "
+                            "the strength of this attack is unverified")
+        else:
+            note = ("the binarization test could not be set up, but the attack left no robust "
+                    "sample: there is no robust accuracy for it to qualify")
     elif not trusted:
         why = (f"its binarization-test score {asr:.2f} is below {PASS_SCORE}"
                if asr < PASS_SCORE else
                f"its binarization-test score {asr:.2f} is not clearly above random "
                f"sampling (R-ASR {rasr:.2f})")
-        warnings.append(f"attack too weak to support the robust accuracy it measured: {why}")
+        if qualifies:
+            warnings.append(f"attack too weak to support the robust accuracy it measured: "
+                            f"{why}")
+        else:
+            note = (f"{why}, but the attack left no robust sample: there is no robust "
+                    "accuracy for the test to qualify")
     return {
         "settings": vars(ladder[packaged]) | {"samples": samples},
         "packaged": ladder[packaged].label(),
@@ -264,6 +277,8 @@ def binarization_details(check: AttackCheck, records: list[AttackRecord],
         "setup_failures": [{"id": r["id"], "reason": r.get("bt_reason", "")}
                            for r in failed_setup][:10],
         "trusted": trusted,
+        "qualifies": qualifies,
+        **({"note": note} if note else {}),
         "pass_score": PASS_SCORE, "rasr_margin": RASR_MARGIN,
     }
 
@@ -282,7 +297,8 @@ def _settlement(details: dict[str, Any]) -> tuple[str | None, Settlement]:
     settled = Settlement(
         attack_converged=None if not conv_doc else bool(conv_doc["converged"]),
         stalled=bool(evidence and evidence["stalled"]),
-        binarization_failed=(details["binarization"] or {}).get("trusted") is False,
+        binarization_failed=((details["binarization"] or {}).get("trusted") is False
+                             and (details["binarization"] or {}).get("qualifies", True)),
         short_of_floor=bool(evidence and evidence["short_of_pass"]))
     return unsettled, settled
 

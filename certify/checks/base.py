@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -77,6 +77,16 @@ class CheckContext:
     #: ``confidence``, ``probability``). They are not attacked again: the worst case is over
     #: attacks, and a broken sample stays broken.
     broken_before: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    #: Names the step of the check that starts now on the progress display, with how many
+    #: there are (shown as "binarization test, 3 of 20"); ``None`` where nothing shows it (a
+    #: Ray worker).
+    step: Callable[[str, int], None] | None = field(default=None, compare=False, repr=False)
+
+    def say_step(self, label: str, total: int) -> None:
+        """One more step ``label`` (of ``total`` in this check) starts: shown where a display
+        is attached."""
+        if self.step is not None:
+            self.step(label, total)
 
     def seed(self, sample_index: int, *more: int) -> int:
         """The seed of one random draw: from (suite seed, check id), the sample and ``more``.

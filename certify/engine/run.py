@@ -42,7 +42,7 @@ from certify.engine.schedule import Earlier, execution_order, plan_attack
 from certify.engine.verdicts import judge
 from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import WHITE_BOX, Budget, Model, Reconfigurable, endpoint_of
-from certify.progress import NullProgress, Progress, report_reused
+from certify.progress import NullProgress, Progress, StepCounter, report_reused
 from certify.redact import redact, redact_obj
 from certify.results import CheckResult, RunResult, check_result_model
 from certify.rundir import RunDir, SampleRecord
@@ -112,7 +112,8 @@ def _run_round(spec: CheckSpec, this: CheckSpec, selected: list[int], ctx: Check
     """One round of a check (``this``: its id is the round's record key) on ``selected``;
     ``used`` is what the check's earlier rounds spent of its budget."""
     done = w.run.records[this.id]
-    ctx = dataclasses.replace(ctx, selected=tuple(selected))
+    ctx = dataclasses.replace(ctx, selected=tuple(selected),
+                              step=StepCounter(w.progress))
     pending = [i for i in selected if i not in done]
     total = len(selected)
     used += sum(record_queries(r) for r in done.values())

@@ -28,6 +28,7 @@ import hashlib
 import io
 import logging
 import threading
+import typing
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,6 +60,13 @@ from certify.models.torchcopy import (
     batches,
     per_sample,
 )
+
+#: Operations whose data input is the network's penultimate features (the binarization test's
+#: feature extractor): a product with a constant weight matrix. The one rule of both paths: on
+#: an ONNX graph, Gemm or MatMul with a constant weight (:func:`certify.models.onnx.
+#: _penultimate`); on a program, these aten operations. A 1×1 convolution is a linear layer
+#: for the cut (below), not a feature layer, on either path.
+FEATURE_OPS = frozenset({"linear", "addmm", "mm", "matmul"})
 
 #: Operations that are a linear layer (the cut is the output of the one that feeds the answer).
 log = logging.getLogger("certify")
@@ -164,6 +172,23 @@ class FxProgram:
             head.append(node)
             node = inputs[0]
         self.head = tuple(_op_name(n.target) for n in self._head_nodes)
+        #: the penultimate features: the data input of the last :data:`FEATURE_OPS` node
+        self._feature: torch.fx.Node | None = None
+        self.feature_op = ""
+        for n in reversed(nodes):
+            if n.op == "call_function" and _op_name(n.target) in FEATURE_OPS:
+                data = [a for a in n.all_input_nodes if a in varying]
+                if len(data) == 1 and len(n.all_input_nodes) > 1:
+                    self._feature, self.feature_op = data[0], _op_name(n.target)
+                    break
+
+    def run_features(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The penultimate features ``[N, ...]`` (``None``: the graph has no feature layer)."""
+        if self._feature is None:
+            return None
+        interp = torch.fx.Interpreter(self.gm, garbage_collect_values=False)
+        interp.run(x)
+        return typing.cast(torch.Tensor, interp.env[self._feature])
 
     def _set_cut(self, cut: torch.fx.Node, head: list[torch.fx.Node]) -> None:
         self._cut = cut
@@ -216,6 +241,8 @@ class ScriptProgram:
         self.module = module
         self._cut_fn: Any = None
         self._head_fn: Any = None
+        self._feature_fn: Any = None
+        self.feature_op = ""
         self.head: tuple[str, ...] = ()
         self.why_no_cut = ""
         with quiet_torch():
@@ -224,6 +251,41 @@ class ScriptProgram:
             except Exception as exc:  # noqa: BLE001 - a graph certify cannot cut: said
                 self.why_no_cut = f"{type(exc).__name__}: {str(exc)[:200]}"
                 self._cut_fn = None
+            try:
+                self._build_features()
+            except Exception:  # noqa: BLE001 - no feature layer read: the output is used
+                self._feature_fn, self.feature_op = None, ""
+
+    def _build_features(self) -> None:
+        """A TorchScript function of the inlined graph that returns the data input of its
+        last :data:`FEATURE_OPS` node (the penultimate features)."""
+        graph = self.module.inlined_graph
+        image = list(graph.inputs())[1]
+        varying = {image}
+        last = None
+        for n in graph.nodes():
+            if _reads_any(n, varying):  # a branch's block may read the input from outside
+                varying.update(n.outputs())
+            kind = n.kind()
+            if kind.startswith("aten::") and kind.split("::")[-1] in FEATURE_OPS:
+                data = [i for i in n.inputs() if i in varying]
+                if len(data) == 1 and len(list(n.inputs())) > 1:
+                    last = (n, data[0])
+        if last is None:
+            return
+        node, value = last
+        op = node.kind().split("::")[-1]  # before the pass below frees the node
+        ret = graph.return_node()
+        ret.replaceInput(0, value)
+        torch._C._jit_pass_dce(graph)
+        self._feature_fn = torch._C._create_function_from_graph("certify_features", graph)
+        self.feature_op = op
+
+    def run_features(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The penultimate features ``[N, ...]`` (``None``: no feature layer was found)."""
+        if self._feature_fn is None:
+            return None
+        return _first_tensor(self._feature_fn(self.module._c, x))
 
     def _build_cut(self) -> None:
         graph = self.module.inlined_graph
@@ -298,6 +360,14 @@ class ScriptProgram:
             raise WhiteBoxUnavailable("the output head needs more than the last linear "
                                       "layer's output")
         return _first_tensor(self._head_fn(self.module._c, torch.empty(0), logits))
+
+
+def _reads_any(node: Any, values: set[Any]) -> bool:
+    """Whether a TorchScript node, or any node of its blocks (a ``prim::If``'s branches),
+    reads one of ``values``."""
+    if any(i in values for i in node.inputs()):
+        return True
+    return any(_reads_any(inner, values) for block in node.blocks() for inner in block.nodes())
 
 
 def _drop_unneeded(graph: Any) -> None:
@@ -488,6 +558,8 @@ class TorchProgramModel:
             white_box=(WHITE_BOX if why is None else f"unavailable: {why}"))
         if white_box_note:
             self.info.metadata["white_box"] = white_box_note
+        op = getattr(program, "feature_op", "")
+        self.feature_name = f"input of the last {op} (penultimate features)" if op else None
         if batching_note:
             self.info.metadata["batching"] = batching_note
         self._lock = threading.Lock()
@@ -595,6 +667,21 @@ class TorchProgramModel:
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Scores ``[N, K]`` for images ``x`` ``[N, C, H, W]`` in ``[0, 1]``."""
         return as_scores(self._raw(x), len(x), self.num_classes).to(x.device)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features ``[N, D]``: the data input of the program's last feature layer
+        (:data:`FEATURE_OPS`), as the ONNX adapter reads the input of its last Gemm/MatMul.
+        Raises :class:`ModelError` when the program has none (``feature_name`` is None)."""
+        run = getattr(self.program, "run_features", None)
+        if self.feature_name is None or run is None:
+            raise ModelError(f"{self.info.name} exposes no penultimate features",
+                             hint="the binarization test then reads the model's output")
+        inp = self._model_input(x)
+        with torch.no_grad():
+            parts = ([(inp, len(inp))] if self.fixed_batch is None
+                     else list(batches(inp, self.fixed_batch)))
+            feats = torch.cat([run(part)[:n].reshape(n, -1) for part, n in parts])
+        return feats.float().to(x.device)
 
     def torch_copy(self) -> ProgramGradients:
         """The program's own gradients for the white-box attacks (no copy: the name is the
@@ -705,11 +792,16 @@ def _from_exported(ep: Any, name: str, identity: str, device: DeviceChoice,
             f"certify batches only programs exported at batch 1, not {exported}"
         fixed = None if why is None else exported  # exported at one batch, but takes any
         note = _batching_note(exported, why)
-    return TorchProgramModel(program, name=name, identity=identity, input_shape=shape,
-                             layout=layout, device=device, preprocessing=preprocessing,
-                             num_classes=num_classes, fixed_batch=fixed,
-                             float_input=float_input, kind=kind, exported_batch=exported,
-                             batching_note=note)
+    model = TorchProgramModel(program, name=name, identity=identity, input_shape=shape,
+                              layout=layout, device=device, preprocessing=preprocessing,
+                              num_classes=num_classes, fixed_batch=fixed,
+                              float_input=float_input, kind=kind, exported_batch=exported,
+                              batching_note=note)
+    if exported is not None and fixed is None:  # the batch as exported, and how it runs
+        model.info = dataclasses.replace(
+            model.info, batch=f"exported at batch {exported} (run batched: the same answers "
+                              "alone and in batches)")
+    return model
 
 
 def load_torchscript(path: Path, device: DeviceChoice, preprocessing: Preprocessing | None,
@@ -723,9 +815,12 @@ def load_torchscript(path: Path, device: DeviceChoice, preprocessing: Preprocess
     from certify.models.torchsafety import scan_torchscript
 
     scan_torchscript(path)
+    if input_size is None:  # a traced program keeps its example input: its image size
+        input_size = _traced_image_size(path)
     if input_size is None:
         raise ModelError(f"{path.name} is a TorchScript program, which does not state its "
-                         "input size", hint="set preprocessing.input_size: [H, W] in the suite")
+                         "input size (and holds no traced example input)",
+                         hint="set preprocessing.input_size: [H, W] in the suite")
     try:
         with quiet_torch():
             module = torch.jit.load(str(path), map_location=device.torch_device)
@@ -744,6 +839,20 @@ def load_torchscript(path: Path, device: DeviceChoice, preprocessing: Preprocess
                               "save it again with this torch version") from None
     return _from_script(module, path.name, f"sha256:{sha256_file(path)}", device,
                         preprocessing, input_size, num_classes, "TorchScript program")
+
+
+def _traced_image_size(path: Path) -> tuple[int, int] | None:
+    """(H, W) of the example input ``torch.jit.trace`` stored in a TorchScript file, where it
+    is a batch of images (NCHW or NHWC, 1 or 3 channels)."""
+    from certify.models.torchsafety import traced_input_shape
+
+    shape = traced_input_shape(path)
+    if shape is None or len(shape) != 4:
+        return None
+    _layout, _channels, height, width = image_layout("input", list(shape))
+    if isinstance(height, int) and isinstance(width, int):
+        return height, width
+    return None
 
 
 def _from_script(module: Any, name: str, identity: str, device: DeviceChoice,

@@ -330,6 +330,108 @@ def _pickle_globals(data: bytes) -> set[tuple[str, str]]:
     return found
 
 
+_MARK = object()
+
+
+def _literal_pickle(data: bytes) -> Any:
+    """The value of a pickle made of literals (ints, floats, strings, bools, None), tuples,
+    lists, dicts and calls, read from its opcodes without running anything: a global is
+    ``("global", module, name)``, a persistent id ``("persid", pid)``, a call ``("call",
+    callable, args)``. Any other opcode raises ValueError."""
+    stack: list[Any] = []
+    memo: dict[int, Any] = {}
+
+    def to_mark() -> list[Any]:
+        k = len(stack) - 1 - stack[::-1].index(_MARK)
+        items = stack[k + 1:]
+        del stack[k:]
+        return items
+
+    for op, arg, _pos in pickletools.genops(data):
+        name = op.name
+        if name in ("PROTO", "FRAME"):
+            continue
+        if name == "STOP":
+            return stack[-1]
+        if name in ("GLOBAL", "INST"):
+            module, _, attr = str(arg).partition(" ")
+            stack.append(("global", module, attr))
+        elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+            memo[int(str(arg))] = stack[-1]
+        elif name == "MEMOIZE":
+            memo[len(memo)] = stack[-1]
+        elif name in ("BINGET", "LONG_BINGET", "GET"):
+            stack.append(memo[int(str(arg))])
+        elif name == "MARK":
+            stack.append(_MARK)
+        elif name in ("EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE"):
+            stack.append({} if name == "EMPTY_DICT" else [] if name == "EMPTY_LIST" else ())
+        elif name == "TUPLE":
+            stack.append(tuple(to_mark()))
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            k = int(name[-1])
+            packed = tuple(stack[-k:])
+            del stack[-k:]
+            stack.append(packed)
+        elif name in ("BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG", "BINFLOAT",
+                      "BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINBYTES",
+                      "SHORT_BINBYTES"):
+            stack.append(arg)
+        elif name in ("NEWTRUE", "NEWFALSE", "NONE"):
+            stack.append({"NEWTRUE": True, "NEWFALSE": False, "NONE": None}[name])
+        elif name == "BINPERSID":
+            stack.append(("persid", stack.pop()))
+        elif name == "REDUCE":
+            args = stack.pop()
+            stack.append(("call", stack.pop(), args))
+        elif name in ("APPEND", "APPENDS"):
+            added = [stack.pop()] if name == "APPEND" else to_mark()
+            stack[-1].extend(added)
+        elif name in ("SETITEM", "SETITEMS"):
+            pairs = stack[-2:] if name == "SETITEM" else to_mark()
+            if name == "SETITEM":
+                del stack[-2:]
+            for k in range(0, len(pairs) - 1, 2):
+                stack[-1][pairs[k]] = pairs[k + 1]
+        else:
+            raise ValueError(f"opcode {name}")
+    raise ValueError("no STOP")
+
+
+def traced_input_shape(path: Path) -> tuple[int, ...] | None:
+    """The shape of the example input ``torch.jit.trace`` stored with a TorchScript file
+    (``traced_inputs.pkl``: its ``forward``'s first tensor), read from the pickle's opcodes
+    without unpickling it; ``None`` where the file has none or it cannot be read so."""
+    try:
+        arc = read_archive(path)
+        member = next((n for n in arc.names if n.endswith("/traced_inputs.pkl")
+                       or n == "traced_inputs.pkl"), None)
+        if member is None:
+            return None
+        doc = _literal_pickle(arc.read(member, 1 << 20))
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError, ModelError):
+        return None
+
+    def first_tensor(obj: Any) -> tuple[int, ...] | None:
+        if isinstance(obj, tuple) and len(obj) == 3 and obj[0] == "call":
+            fn, args = obj[1], obj[2]
+            if fn == ("global", "torch._utils", "_rebuild_tensor_v2") and len(args) > 2:
+                size = args[2]
+                if isinstance(size, tuple) and all(isinstance(d, int) for d in size):
+                    return size
+            return first_tensor(args)
+        if isinstance(obj, dict):
+            obj = obj.get("forward", list(obj.values()))
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                found = first_tensor(item)
+                if found is not None:
+                    return found
+        return None
+
+    return first_tensor(doc)
+
+
 def _torchscript_global(module: str, name: str) -> bool:
     if module == "__torch__" or module.startswith("__torch__."):
         return not module.startswith("__torch__.torch.classes")

@@ -58,8 +58,20 @@ def headline(c: Any) -> str:
 
 #: The counts' words, in the order the card and the console give them.
 COUNT_WORDS = (("pass", "passed"), ("fail", "failed"), ("inconclusive", "inconclusive"),
-               ("warn", "with warnings"), ("error", "errored"), ("info", "informational"),
-               ("skipped", "skipped"))
+               ("warn", "passed with a warning (WARN)"), ("error", "errored"),
+               ("info", "informational"), ("skipped", "skipped"))
+
+
+def row_warnings(checks: Sequence[Any], worst: Sequence[Any]) -> list[tuple[str, str]]:
+    """Every warning the rows carry, whatever their status, as (row, text): the console
+    prints one line each and the card counts them (a FAIL or INFO row may warn too, so the
+    count of WARN rows is not the count of warnings)."""
+    from certify.report.glance import threat_name
+
+    out = [(c.id, str(t)) for c in checks for t in c.warnings]
+    out += [(f"threat model {threat_name(w.norm, w.epsilon)}", str(t))
+            for w in worst for t in w.warnings]
+    return out
 
 
 def deciding_counts(checks: Sequence[Any], worst: Sequence[Any]) -> tuple[dict[str, int], int]:
@@ -234,7 +246,8 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
     failures, each group of the at-a-glance figure (corruptions, attacks, clean accuracy …)
     names its worst failure before any group names a second one, and every group that failed
     is named even where that takes more than ``n`` findings: a clean accuracy far below its
-    threshold is not crowded out by attacks that fail farther below theirs.
+    threshold is not crowded out by attacks that fail farther below theirs. A failed clean
+    accuracy always leads: a release reader asks first whether the model works at all.
 
     Candidates are the rows that decide (:func:`~certify.report.glance.deciding_rows`: the
     checks and the threat-model rows); an attack row summarised by its threat model's row is
@@ -275,6 +288,11 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
     found.sort(key=lambda f: (f[0], -f[1]))
     failed = [f for f in found if f[0] == SEVERITY["FAIL"]]
     leaders = [f for i, f in enumerate(failed) if all(g[2] != f[2] for g in failed[:i])]
+    # whether the model works at all comes first: a failed clean accuracy leads the findings,
+    # whatever else of its group failed farther below its threshold
+    kinds = {c.id: c.kind for c in checks}
+    clean = [f for f in failed if kinds.get(f[3]["check"]) == "clean_accuracy"]
+    leaders = clean + [f for f in leaders if not any(f is x for x in clean)]
     ordered = leaders + [f for f in found if not any(f is x for x in leaders)]
     return [f[3] for f in ordered[:max(n, len(leaders))]]
 
@@ -478,6 +496,7 @@ def card_context(result: RunResult, signature: Any = None,
     counts, evidence_rows = deciding_counts(checks, m.attack_worst_case)
     return {
         "counts": counts,
+        "n_warnings": len(row_warnings(checks, m.attack_worst_case)),
         "evidence_rows": evidence_rows,
         "details": model_details(result),
         "findings": findings(checks, list(m.attack_worst_case)),

@@ -656,8 +656,10 @@ def _progress_line(r: dict[str, Any]) -> str:
         steps = p.get("steps")
         step = steps.get(cur) if isinstance(steps, dict) else None
         step = step if isinstance(step, dict) else {}
+        doing = p.get("step")
         return (f"running: {printable(cur, 80)} {printable(step.get('done', 0), 12)}/"
-                f"{printable(step.get('total', '?'), 12)}")
+                f"{printable(step.get('total', '?'), 12)}"
+                + (f", {printable(doing, 80)}" if isinstance(doing, str) and doing else ""))
     return str(r["state"])
 
 
@@ -682,16 +684,20 @@ def runs() -> None:
 @_client_options
 @click.option("--state", type=click.Choice(["queued", "running", "done", "error",
                                             "cancelled"]), help="Only runs in this state.")
+@click.option("--model-name", metavar="TEXT",
+              help="Only runs whose model name contains TEXT.")
+@click.option("--suite", metavar="NAME", help="Only runs of this suite.")
 @click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True,
               help="Newest runs to list.")
 @click.option("--json", "as_json", is_flag=True, help="The API's JSON.")
-def runs_list(server: str, token_env: str, state: str | None, limit: int,
-              as_json: bool) -> None:
+def runs_list(server: str, token_env: str, state: str | None, model_name: str | None,
+              suite: str | None, limit: int, as_json: bool) -> None:
     """This token's runs, newest first (an admin token's: every run): id, state, verdict,
     created, suite, model, as the service states them (`runs fetch` verifies a card)."""
     import json
 
-    page = _client(server, token_env).runs(limit=limit, state=state)
+    page = _client(server, token_env).runs(limit=limit, state=state, model=model_name,
+                                           suite=suite)
     if as_json:
         click.echo(json.dumps(page, indent=2))
         return

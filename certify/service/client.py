@@ -209,12 +209,15 @@ class Client:
                          f"run {run_id}")
         return checked_run(doc, run_id)
 
-    def runs(self, limit: int = 20, state: str | None = None) -> dict[str, Any]:
+    def runs(self, limit: int = 20, state: str | None = None, model: str | None = None,
+             suite: str | None = None) -> dict[str, Any]:
         """GET /runs: this token's runs (an admin token's: every run), newest first, at most
-        ``limit``; ``{"total": N, "runs": [...]}``, each run a mapping."""
+        ``limit``, of ``state``, whose model name contains ``model``, of ``suite``;
+        ``{"total": N, "runs": [...]}``, each run a mapping."""
         params: dict[str, Any] = {"limit": limit}
-        if state:
-            params["state"] = state
+        for key, value in (("state", state), ("model", model), ("suite", suite)):
+            if value:
+                params[key] = value
         page = self._json(self._call("GET", "/runs", params=params), "the list of runs")
         if not (isinstance(page, dict) and isinstance(page.get("runs"), list)
                 and all(isinstance(r, dict) for r in page["runs"])):

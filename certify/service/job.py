@@ -42,16 +42,24 @@ class FileProgress:
         self.path = path
         self.current: str | None = None
         self.steps: dict[str, dict[str, int]] = {}
+        self.step_text = ""  # the running step of the current task, until it advances
         self._last = 0.0
 
     def start(self, label: str, total: int) -> None:  # noqa: D102
         self.current = label
         self.steps[label] = {"done": 0, "total": int(total)}
+        self.step_text = ""
         self._write(force=True)
+
+    def step(self, text: str) -> None:
+        """Name the running step of the current task (shown by ``runs watch``)."""
+        self.step_text = text
+        self._write()
 
     def advance(self, n: int) -> None:  # noqa: D102
         if self.current is not None:
             self.steps[self.current]["done"] += int(n)
+        self.step_text = ""
         self._write()
 
     def finish(self) -> None:  # noqa: D102
@@ -65,7 +73,8 @@ class FileProgress:
         if force or now - self._last >= 0.5:
             self._last = now
             atomic_write(self.path, json.dumps(
-                {"current": self.current, "steps": self.steps}).encode())
+                {"current": self.current, "steps": self.steps,
+                 **({"step": self.step_text} if self.step_text else {})}).encode())
 
 
 def _options(spec: dict[str, Any], out: Path) -> Any:

@@ -242,7 +242,9 @@ def _log_inclusion(statement: dict[str, Any], client: LogClient,
              + (f", run {printable(entry.get('run_id'), 80)}" if entry.get("run_id") else ""),
              f"inclusion: proven under the signed tree head of size {size}"]
     if seen is None:
-        lines.append("consistency: first time this log is seen here; its head is now pinned")
+        lines.append(f"consistency: first time this log is seen here; its head and key {fp} "
+                     f"are now pinned in {state_path} (a later other key, or a head that does "
+                     "not extend this one, is refused)")
     else:
         old_size, old_root = int(seen["tree_size"]), _b64(seen["root_hash"], "pinned root")
         if old_size > size:

@@ -422,11 +422,36 @@ def _on_builder_inited(app: Any) -> None:
                                          ", ".join(p.name for p in changed))
 
 
+def literal_examples(_app: Any, _ctx: Any, lines: list[str]) -> None:
+    """A command's ``\\b`` paragraphs (its examples) as literal blocks, not line blocks: a
+    line block drops a line's trailing backslash (reStructuredText reads it as an escape) and
+    turns an indented continuation into a nested block, so a pasted example ran without its
+    second line. A literal block keeps the text as ``--help`` prints it."""
+    out: list[str] = []
+    group: list[str] = []
+
+    def flush() -> None:
+        if group:
+            out.extend(["::", "", *("    " + ln for ln in group), ""])
+            group.clear()
+
+    for line in lines:
+        if line.startswith("| ") or line == "|":
+            group.append(line[2:])
+        else:
+            flush()
+            out.append(line)
+    flush()
+    lines[:] = out
+
+
 def setup(app: Any) -> dict[str, Any]:
     """Register the generation with Sphinx."""
     from sphinxcontrib.openapi.directive import create_directive_from_renderer
 
     app.setup_extension("sphinxcontrib.openapi")
+    app.setup_extension("sphinx_click")  # its events, before connecting to them
     app.add_directive("certify-openapi", create_directive_from_renderer(_renderer()))
     app.connect("builder-inited", _on_builder_inited)
+    app.connect("sphinx-click-process-description", literal_examples)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
