@@ -11,10 +11,12 @@ refusal's body is the documented ``{"detail": "..."}``. Shared by ``tests/test_a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 import requests
 from hypothesis import strategies as st
 
@@ -49,6 +51,9 @@ class Operation:
     params: list[dict[str, Any]]
     form: dict[str, dict[str, Any]]
     statuses: frozenset[str]
+    #: status -> the JSON schema of its application/json body (with the document's
+    #: components, so that its references resolve), where the document gives one
+    bodies: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def operations(doc: dict[str, Any]) -> list[Operation]:
@@ -63,8 +68,12 @@ def operations(doc: dict[str, Any]) -> list[Operation]:
                 ref = media.get("schema", {}).get("$ref", "")
                 schema = schemas.get(ref.rsplit("/", 1)[-1], media.get("schema", {}))
                 form.update(schema.get("properties", {}))
+            bodies = {status: {**answer["content"]["application/json"]["schema"],
+                               "components": doc.get("components", {})}
+                      for status, answer in op.get("responses", {}).items()
+                      if "application/json" in answer.get("content", {})}
             out.append(Operation(method.upper(), path, op.get("parameters", []), form,
-                                 frozenset(op.get("responses", {}))))
+                                 frozenset(op.get("responses", {})), bodies))
     return out
 
 
@@ -154,4 +163,32 @@ def check(op: Operation, base: str, req: dict[str, Any], timeout: float = 30.0) 
             body = r.json()
             assert isinstance(body, dict) and isinstance(body.get("detail"), str), \
                 where + ": " + r.text[:300]
+        schema = op.bodies.get(str(status))
+        if schema is not None and r.headers.get("content-type", "").startswith(
+                "application/json"):
+            problem = jsonschema.exceptions.best_match(
+                jsonschema.Draft202012Validator(schema).iter_errors(r.json()))
+            assert problem is None, f"{where}: the body is not as documented: {problem}"
     return status
+
+
+_DOCS: dict[str, dict[str, Any]] = {}
+
+
+def assert_documented(base: str, method: str, template: str, r: requests.Response) -> Any:
+    """Assert that answer ``r`` of ``method template`` (an operation of the document at
+    ``base``) has a status the document lists and, for JSON, the body it documents; returns
+    the body (JSON where it is JSON)."""
+    if base not in _DOCS:
+        _DOCS[base] = requests.get(f"{base}/openapi.json", timeout=30).json()
+    (op,) = [o for o in operations(_DOCS[base]) if (o.method, o.path) == (method, template)]
+    assert str(r.status_code) in op.statuses, (method, template, r.status_code, r.text[:300])
+    if not r.headers.get("content-type", "").startswith("application/json"):
+        return r.content
+    body = r.json()
+    schema = op.bodies.get(str(r.status_code))
+    if schema is not None:
+        problem = jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(schema).iter_errors(body))
+        assert problem is None, f"{method} {template}: not as documented: {problem}"
+    return body

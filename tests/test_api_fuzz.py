@@ -94,3 +94,39 @@ def test_the_fuzz_covered_every_operation_with_2000_requests():
     if len({k.rsplit(" ", 1)[0] for k in SEEN}) < len(OPS):
         pytest.skip("run with the whole module")
     assert sum(SEEN.values()) >= REQUESTS, SEEN
+
+
+@pytest.mark.unit
+def test_each_operation_documents_its_own_answers():
+    """Issue 62: the document listed the same ten codes on every route (401 on routes that
+    need no token) and no response schema. Now: 401 exactly where a token is needed, 403 where
+    a role above read is, 404 where the path names something, and every success a body."""
+    import tempfile
+
+    from certify.service.app import create_app
+    from certify.service.config import ServeConfig
+    from certify.service.conn import PUBLIC
+
+    home = Path(tempfile.mkdtemp(prefix="certify-openapi-")) / "home"
+    doc = create_app(ServeConfig(home=home, workers=0), start_workers=False).openapi()
+    public = {"GET /api/v1/health", "GET /api/v1/ready", "GET /api/v1/log",
+              "GET /api/v1/log/entries/{n}", "GET /api/v1/log/proof/inclusion",
+              "GET /api/v1/log/proof/consistency", "GET /api/v1/log/lookup",
+              "GET /api/v1/key", "GET /api/v1/certificate",
+              *(f"{m} {p}" for m, p in PUBLIC)}
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            name, codes = f"{method.upper()} {path}", set(op["responses"])
+            ok = [c for c in codes if c.startswith("2")]
+            assert len(ok) == 1 and op["responses"][ok[0]].get("content"), name
+            if name == "GET /metrics":  # an admin token, or a request from this host
+                assert {"401", "403"} <= codes
+            elif name in public:
+                assert not {"401", "403"} & codes, name
+            else:
+                assert "401" in codes, name
+                assert ("403" in codes) == (method != "get" or "links" in path), name
+            assert ("404" in codes) == ("{" in path or name.endswith("certificate")
+                                        or name.endswith("lookup")), name
+            assert ("411" in codes) == (method == "post"), name
+    assert "HTTPValidationError" not in doc["components"]["schemas"]

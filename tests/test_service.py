@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from api_fuzz import assert_documented
 from service_fixture import (
     CERTIFY,
     Service,
@@ -87,8 +88,24 @@ def test_submit_wait_download_and_verify_against_the_log(
     assert f"are now pinned in {state}" in v.stdout  # issue 62: it says where it pinned
     # The service's verify endpoint agrees (public: no token).
     with (out / "card.html").open("rb") as f:
-        doc = service.post("/verify", files={"file": ("card.html", f)}).json()
+        doc = assert_documented(service.url, "POST", "/api/v1/verify",
+                                service.post("/verify", files={"file": ("card.html", f)}))
     assert doc["valid"] is True and doc["in_log"] is True and doc["verdict"] == "PASS"
+    # issue 62: the log's answers are as the HTTP reference documents them
+    log = "/api/v1/log"
+    head = assert_documented(service.url, "GET", log, service.get("/log"))
+    found = assert_documented(service.url, "GET", f"{log}/lookup", service.get(
+        "/log/lookup", params={"statement_digest": doc["statement_digest"]}))
+    assert found["index"] == doc["log_index"]
+    assert_documented(service.url, "GET", f"{log}/entries/{{n}}",
+                      service.get(f"/log/entries/{found['index']}"))
+    assert_documented(service.url, "GET", f"{log}/proof/inclusion", service.get(
+        "/log/proof/inclusion", params={"index": found["index"],
+                                        "tree_size": head["tree_size"]}))
+    assert_documented(service.url, "GET", f"{log}/proof/consistency", service.get(
+        "/log/proof/consistency", params={"first": 1, "second": head["tree_size"]}))
+    assert_documented(service.url, "GET", f"{log}/entries/{{n}}",
+                      service.get(f"/log/entries/{head['tree_size'] + 5}"))  # a 404
     _pdf_signature_is_the_service_s(service, out / "card.pdf", tmp_path)
     # issue 28 item 6: the card names its run (signed provenance), and submit checked it
     run_id = results["provenance"]["service"]["run_id"]
@@ -376,7 +393,8 @@ def test_events_compare_uploads_and_query_budget(service: Service, inputs: tuple
     ids = [_submit(service, other, suite, samples=12, seed="3").json()["id"] for _ in range(2)]
     for i in ids:
         assert service.wait_run(i, other)["state"] == "done"
-    c = service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other).json()
+    c = assert_documented(service.url, "GET", "/api/v1/runs/{a}/compare/{b}",
+                          service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other))
     assert c["exit_code"] == 0 and {row["id"] for row in c["checks"]} == {"clean", "noise"}
     # issue 38: the sides are named by run id, never by the server's paths; another token's
     # runs are not compared (404, as missing ones); stored results edited on disk are not
@@ -395,6 +413,7 @@ def test_events_compare_uploads_and_query_budget(service: Service, inputs: tuple
     stored.write_bytes(edited)
     try:
         r = service.get(f"/runs/{ids[0]}/compare/{ids[1]}", other)
+        assert_documented(service.url, "GET", "/api/v1/runs/{a}/compare/{b}", r)
         assert r.status_code == 500 and "fail their signature" in r.json()["detail"], r.text
         assert service.get(f"/runs/{ids[1]}/card.html", other).status_code == 500
         assert f"run {ids[1]}: the stored results.json fails its signature" in service.log()

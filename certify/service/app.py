@@ -139,7 +139,7 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
 
     app = FastAPI(title="certify service", version=__version__, lifespan=lifespan,
                   description="Robustness certification: submit a model, get a signed card.",
-                  docs_url=None, redoc_url=None, responses=ERROR_RESPONSES,
+                  docs_url=None, redoc_url=None,
                   redirect_slashes=False)  # a path that is not an operation is a 404
     app.state.services = svc
     if svc.upload_limiter is None:
@@ -193,6 +193,9 @@ def create_app(cfg: ServeConfig, services: Services | None = None,
     from certify.service.ui import ui_router
 
     app.include_router(ui_router(svc))
+    from certify.service.answers import document
+
+    document(app)  # each operation's answers and refusals in the OpenAPI document
     return app
 
 
@@ -283,25 +286,10 @@ class VerifyGate:
         await self.app(scope, receive, send)
 
 
-class ErrorBody(BaseModel):
-    """Every refusal's body."""
-
-    detail: str
-
-
 class ShareBody(BaseModel):
     """``POST /runs/{id}/share``: whether every token may read the run."""
 
     public: bool
-
-
-#: What any operation may answer besides its success (each with :class:`ErrorBody`).
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text} for code, text in (
-        (400, "Malformed request"), (401, "No valid token"), (403, "The token may not"),
-        (404, "Not found"), (409, "Conflicts with the run's state"),
-        (411, "No Content-Length"), (413, "Too large"), (422, "Refused input"),
-        (429, "Over a limit or quota; see Retry-After"))}
 
 
 #: The largest integer a request may carry (a database integer); larger ones are refused (422).
@@ -324,8 +312,7 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
             s.execute(select(1))
         return {"status": "ok", "version": __version__}
 
-    @app.get(f"{API}/ready", tags=["service"],
-             responses={503: {"model": ErrorBody, "description": "Not ready"}})
+    @app.get(f"{API}/ready", tags=["service"])
     def ready() -> JSONResponse:
         """Readiness (distinct from liveness): the database and the store answer, the
         service is not shutting down, and its workers run (when it has any). 503 otherwise."""
@@ -568,8 +555,7 @@ def _api_routes(app: FastAPI, svc: Services,  # noqa: C901 - one place for the r
             out[side]["run_id"] = rid
         return {**out, "exit_code": c.exit_code}
 
-    @app.post(f"{API}/verify", tags=["verify"], responses={503: {
-        "model": ErrorBody, "description": "Every verification slot busy; see Retry-After"}})
+    @app.post(f"{API}/verify", tags=["verify"])
     async def verify(file: Annotated[UploadFile, File(description="card.html, card.pdf or "
                                                            "results.json")],
                      signature: Annotated[UploadFile | None, File(
