@@ -221,7 +221,8 @@ def test_a_time_budget_chooses_the_attacks_samples_states_it_and_resumes_with_th
     first = builders.run_cli("run", model_path, "--suite", suite, "--data", npz_path, "--out",
                              out, "--no-pdf", "--time-budget", "10m")
     plan = [line for line in first.stderr.splitlines() if "query plan: rand" in line]
-    assert plan and "queries per sample x" in plan[0] and ", at most " in plan[0], first.stderr
+    assert plan and "queries per sample x" in plan[0] and ", model time at most " in plan[0], \
+        first.stderr
     m = _results(out)["measurement"]
     rand = next(c for c in m["checks"] if c["id"] == "rand")
     n = len(dataset_arrays[1])
