@@ -264,7 +264,7 @@ class ProbeReport:
 
     @property
     def best(self) -> Score:
-        """The candidate with the most correct answers (the earliest on a tie)."""
+        """The chosen candidate (the first in :func:`rank`'s order)."""
         return self.scores[0]
 
     @property
@@ -364,7 +364,8 @@ class ProbeReport:
             "n": self.n,
             "queries": self.queries,
             "current": None if current is None else current.label(),
-            "ranked_by": ("mean log-probability of the labels" if self.best.loglik
+            "ranked_by": ("mean log-probability of the labels, after the candidates clearly "
+                          "less accurate than the most accurate one" if self.best.loglik
                           else "accuracy (the model answers labels only)"),
             "candidates": [
                 {"preprocessing": s.candidate.label(), "correct": s.correct,
