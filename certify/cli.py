@@ -452,9 +452,9 @@ def _common_logging(f: Any) -> Any:
 @click.option("--time-budget", metavar="DURATION",
               help="Let certify choose how many samples each attack check attacks so that the "
                    "checks' model time (queries and gradient evaluations, priced by a short "
-                   "calibration on this device) fits this time (e.g. 10m, 600s, 1.5h); the "
-                   "checks' own work and the binarization tests come on top, so the run "
-                   "takes longer. The card states the choice.")
+                   "calibration on this device; the binarization tests included) fits this "
+                   "time (e.g. 10m, 600s, 1.5h); the checks' own work comes on top, so the "
+                   "run takes longer. The card states the choice.")
 @click.option("--sample-offset", type=click.IntRange(min=0), default=0,
               help="Skip this many samples of the seeded order first: --samples N "
                    "--sample-offset N evaluates samples disjoint from --samples N.")

@@ -140,3 +140,24 @@ def test_compare_of_the_onnx_card_with_each_format_says_no_change(cards, other):
     proc = builders.run_cli("compare", cards["onnx-legacy"][0], cards[other][0])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "NO CHANGE" in proc.stdout, proc.stdout
+
+
+def test_the_plan_bounds_the_queries_its_binarization_test_spends(formats, one_attack_suite,
+                                                                   own_answers, tmp_path):
+    """Issue 62: the plan left the binarization test out, so its "at most" was below what a
+    run spent. Now the logged bound holds the test's queries, and the run stays within it."""
+    out = tmp_path / "run"
+    proc = builders.run_cli("run", formats["onnx-legacy"], "--suite", one_attack_suite,
+                            "--data", own_answers, "--out", out, "--no-pdf")
+    assert proc.returncode in (0, 1, 6, 7), proc.stderr
+    text = " ".join(proc.stderr.split())
+    line = text.split("query plan: square_linf at most ", 1)[1]
+    per, rest = line.split(" queries per sample x ", 1)
+    n = int(rest.split(" samples", 1)[0])
+    bt = int(rest.split("binarization test at most ", 1)[1].split(" queries", 1)[0]
+             .replace(",", ""))
+    assert "The checks' own work (transforms, attack steps) comes on top" in text
+    total = json.loads((out / "results.json").read_text())["measurement"]["queries"]["total"]
+    attack_alone = int(per.replace(",", "")) * n
+    assert total <= attack_alone + bt, (total, attack_alone, bt)
+    assert total > attack_alone, "the old bound (the attack alone) held: not a test of it"

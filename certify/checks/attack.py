@@ -318,7 +318,7 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         """The clean and judged queries of every round, every round's attack queries and the
         confident-mistake search; a white-box attack's only queries are its judgements (ε
         sweep included). The binarization test's planted problems, on a few samples, are
-        not counted."""
+        bounded apart (:meth:`binarization_queries`)."""
         cls = self.attack_class()
         if self.white_box():
             return 2 + (len(SWEEP_FACTORS) + 1 if cls.eps_sweep and self.eps_sweep else 0)
@@ -328,6 +328,18 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         while self.auto and self.round_budget(last + 1) <= self.cap():
             last += 1
         return 2 * (last + 1) + self.total_after(last) + self.confident_budget()
+
+    def binarization_queries(self) -> tuple[int, int]:
+        """(samples the binarization test runs on, the most model queries it can spend on one
+        of them): per rung of its ladder, the clean image and the planted problem's inner and
+        boundary points (their features), the attack's budget on the binarized model and the
+        random-sampling baseline's (each the attack's budget); (0, 0) when the test is off."""
+        bt = self.binarization_ladder()
+        if bt is None:
+            return 0, 0
+        ladder, _, samples = bt
+        budget = max(int(getattr(self.build(), "max_queries", 0) or 0), 1)
+        return samples, sum(1 + s.n_inner + s.n_boundary + 2 * budget for s in ladder)
 
     def gradients_per_sample(self) -> int:
         """The most gradient evaluations of the torch copy one sample can cost (white-box

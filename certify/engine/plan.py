@@ -8,17 +8,19 @@ calibration (:func:`calibrate`: a few timed batches of the data through the mode
 its torch copy's forward and backward pass where there is one) turns them into seconds. Both are
 upper bounds: an attack stops on a sample once it is broken, and samples an earlier attack of
 the same threat model broke are not attacked again, so runs usually take far less. They bound
-the model's time only: the checks' own work (transforms, attack steps) and the binarization
-tests are not priced, and the log says so beside the figure (:data:`NOT_THE_RUN_TIME`; issue
+the model's time only (the attacks' binarization tests included, at their own bound: every
+rung of the ladder at the attack's budget): the checks' own work (transforms, attack steps)
+is not priced, and the log says so beside the figure (:data:`NOT_THE_RUN_TIME`; issue
 62: a run planned at "at most 6.1 min" took 9.4). An estimate of the run's time, "at most" and
 "expected", is not built yet.
 
 **Time budget.** :func:`choose_samples` keeps every other check as the suite has it and gives
 every attack check the same number of samples (so that the threat models' worst cases are
 over common samples), the most whose upper-bound cost fits in what the budget leaves, at
-least :data:`MIN_ATTACK_SAMPLES` and at most the data. The choice is recorded in the run
-folder's fingerprint, so ``--resume`` continues with the same samples, and it is stated on the
-card (each attack row's details, and the card's limitations).
+least :data:`MIN_ATTACK_SAMPLES` and at most the data. An attack's binarization test counts as
+a fixed cost (its samples at the bound of :func:`binarization_cost`). The choice is recorded
+in the run folder's fingerprint, so ``--resume`` continues with the same samples, and it is
+stated on the card (each attack row's details, and the card's limitations).
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ MIN_ATTACK_SAMPLES = 20
 #: What the plan's seconds leave out, said beside them (issue 62: a run planned at "at most
 #: 6.1 min" took 9.4): they are the model's queries and gradient evaluations at the calibrated
 #: rates, not the run's time.
-NOT_THE_RUN_TIME = ("The checks' own work (transforms, attack steps) and the attacks' "
-                    "binarization tests come on top: this is not an estimate of the run's time")
+NOT_THE_RUN_TIME = ("The checks' own work (transforms, attack steps) comes on top: this is "
+                    "not an estimate of the run's time")
 #: Real images the model's batching and its white-box path are tried on before the first check.
 TRY_IMAGES = 8
 
@@ -189,6 +191,16 @@ def per_sample(spec: CheckSpec) -> tuple[int | None, int]:
     return spec.check.max_queries_per_sample(), gradients
 
 
+def binarization_cost(spec: CheckSpec, data: Dataset) -> tuple[int, int]:
+    """(samples, most queries in all) of an attack check's binarization test (0, 0 without
+    one): at most the check's own samples are tested."""
+    if not isinstance(spec.check, AttackCheck):
+        return 0, 0
+    tested, each = spec.check.binarization_queries()
+    tested = min(tested, samples_of(spec, data))
+    return tested, tested * each
+
+
 def samples_of(spec: CheckSpec, data: Dataset) -> int:
     """How many samples the check evaluates."""
     return min(spec.samples or len(data), len(data))
@@ -213,18 +225,22 @@ def log_plan(checks: Sequence[CheckSpec], data: Dataset, skips: Mapping[str, str
             unknown.append(spec.id)
             continue
         n = samples_of(spec, data)
-        total_q += queries * n
+        bt_n, bt_q = binarization_cost(spec, data)
+        total_q += queries * n + bt_q
+        # the test's queries go one planted problem at a time: at most one request each
         requests = (None if request_batch is None
-                    else math.ceil(n / max(1, request_batch)) * queries)
+                    else math.ceil(n / max(1, request_batch)) * queries + bt_q)
         total_r += requests or 0
-        secs = rates.seconds(queries * n, gradients * n) if rates else None
+        secs = rates.seconds(queries * n + bt_q, gradients * n) if rates else None
         if secs is not None:
             total_s += secs
         note = spec.check.plan_note()
-        log.info("query plan: %s at most %s queries%s per sample x %s samples%s%s%s", spec.id,
+        log.info("query plan: %s at most %s queries%s per sample x %s samples%s%s%s%s", spec.id,
                  f"{queries:,}", f" and {gradients:,} gradient evaluations" if gradients
-                 else "", f"{n:,}", f", model time at most {_duration(secs)}"
-                 if secs is not None else "",
+                 else "", f"{n:,}",
+                 f", and its binarization test at most {bt_q:,} queries on {bt_n} samples"
+                 if bt_q else "",
+                 f", model time at most {_duration(secs)}" if secs is not None else "",
                  f", at most {requests:,} requests" if requests is not None else "",
                  f" ({note})" if note else "")
     if total_q:
@@ -263,6 +279,9 @@ def choose_samples(checks: Sequence[CheckSpec], data: Dataset, rates: Rates,
         if isinstance(spec.check, AttackCheck):
             attacks.append(spec.id)
             per += secs
+            # its binarization test: a fixed cost (its samples, whatever the attack's)
+            tested, each = spec.check.binarization_queries()
+            fixed += rates.seconds(min(tested, len(data)) * each, 0) or 0.0
         else:
             fixed += secs * samples_of(spec, data)
     if not attacks:
