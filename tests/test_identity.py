@@ -101,3 +101,20 @@ def test_one_config_file_for_serve_and_worker(tmp_path: Path) -> None:
     cfg.write_text("- a list\n")
     r = b.run_cli("worker", "--config", cfg)
     assert r.returncode == 2 and "mapping" in r.stderr
+
+
+@pytest.mark.unit
+def test_a_raw_session_secret_is_taken_whole(tmp_path: Path) -> None:
+    """32 random bytes that begin and end with bytes Python calls white space (a 1-in-20
+    draw of os.urandom(32)) were stripped to 30 and refused as "shorter than 32 bytes"; a
+    longer secret lost its ends silently. Raw bytes are taken whole; hex text may end in a
+    newline."""
+    from certify.service.identity import _session_secret
+
+    secret = tmp_path / "session.secret"
+    raw = b"\n\t" + bytes(range(100, 128)) + b" \r"
+    secret.write_bytes(raw)
+    secret.chmod(0o600)
+    assert _session_secret(tmp_path / "home", secret) == raw
+    secret.write_text(raw.hex() + "\n")
+    assert _session_secret(tmp_path / "home", secret) == raw

@@ -80,9 +80,10 @@ def _session_secret(home: Path, given: Path | None) -> bytes:
 
     if given is not None:  # hex text (as in the environment), or raw bytes
         keys.check_private(given, "session secret")
-        raw = given.read_bytes().strip()
-        try:
-            data = bytes.fromhex(raw.decode("ascii"))
+        raw = given.read_bytes()
+        try:  # hex text may end in a newline; raw bytes are taken whole (a random secret
+            # can begin or end with a byte that looks like white space)
+            data = bytes.fromhex(raw.decode("ascii").strip())
         except (UnicodeDecodeError, ValueError):
             data = raw
     elif os.environ.get(SESSION_ENV):
