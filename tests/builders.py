@@ -6,8 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -373,3 +377,26 @@ def save_programs(module: nn.Module, folder: Path, batch: int = 1) -> tuple[Path
         ts = folder / "model.pt"
         torch.jit.save(torch.jit.script(module), str(ts))
     return pt2, ts
+
+
+def in_lanes(lane: Callable[[], AbstractContextManager[Any]], calls: list[Callable[[], Any]],
+             timeout: float) -> list[Any]:
+    """Each of ``calls`` in its own thread, inside its own ``lane()``, all started at once
+    (a barrier); their results, or the exception each raised."""
+    out: list[Any] = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(k: int) -> None:
+        with lane():
+            start.wait()
+            try:
+                out[k] = calls[k]()
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                out[k] = exc
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return out

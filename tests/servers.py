@@ -43,6 +43,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def hold_until_closed(h: BaseHTTPRequestHandler, stopping: threading.Event) -> None:
+    """Answer nothing and keep the connection until the client closes it or the server
+    stops (a request accepted but never answered)."""
+    h.close_connection = True
+    h.connection.settimeout(1.0)
+    while not stopping.is_set():
+        try:
+            if not h.connection.recv(1024):
+                break
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+
+
 @dataclass
 class Faults:
     """Fault probabilities per inference request (drawn from a seeded generator)."""
@@ -253,16 +268,7 @@ class OnnxHttpServer:
                        {"Retry-After": str(self.faults.retry_after)})
             return
         if fault == "hang":  # hold the connection until the client closes it
-            h.close_connection = True
-            h.connection.settimeout(1.0)
-            while not self._stopping.is_set():
-                try:
-                    if not h.connection.recv(1024):
-                        break
-                except TimeoutError:
-                    continue
-                except OSError:
-                    break
+            hold_until_closed(h, self._stopping)
             return
         if fault == "slow":
             time.sleep(self.faults.slow_s)
@@ -554,16 +560,7 @@ class Proxy:
                            {"Content-Type": "application/json"})
                 return
             if fault == "hang":  # accepted, never answered: the client gives up
-                h.close_connection = True
-                h.connection.settimeout(1.0)
-                while not self._stopping.is_set():
-                    try:
-                        if not h.connection.recv(1024):
-                            break
-                    except TimeoutError:
-                        continue
-                    except OSError:
-                        break
+                hold_until_closed(h, self._stopping)
                 return
         keep = ("Content-Type", "Inference-Header-Content-Length", "Authorization")
         headers = {k: v for k, v in h.headers.items() if k in keep}

@@ -11,7 +11,7 @@ test on 127.0.0.1) serving the demo's standard model over REST and gRPC.
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,23 +41,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLServer]:
 def _lanes(model: HttpModel, counters: list[QueryCounter], asks: list[torch.Tensor]
            ) -> list[torch.Tensor | BaseException]:
     """Each ask from its own registered lane through its own counter, all at once."""
-    out: list[torch.Tensor | BaseException] = [torch.empty(0)] * len(asks)
-    start = threading.Barrier(len(asks))
-
-    def lane(k: int) -> None:
-        with model.lane():
-            start.wait()
-            try:
-                out[k] = counters[k].predict(asks[k])
-            except BaseException as exc:  # noqa: BLE001 - the test reads it
-                out[k] = exc
-
-    threads = [threading.Thread(target=lane, args=(k,)) for k in range(len(asks))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return out
+    return builders.in_lanes(model.lane, [functools.partial(c.predict, a)
+                                          for c, a in zip(counters, asks, strict=True)], 60)
 
 
 def test_concurrent_lanes_arrive_packed_and_budgets_and_rows_hold(served: MLServer) -> None:

@@ -23,6 +23,7 @@ import torch
 import yaml
 
 import certify
+from certify.progress import NullProgress
 
 import builders
 
@@ -74,20 +75,11 @@ def formats(net: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory
     return out
 
 
-class _Steps:
-    """A progress reporter that keeps every step the run names."""
+class _Steps(NullProgress):
+    """A progress reporter that keeps every step the run names (and shows nothing else)."""
 
     def __init__(self) -> None:
         self.steps: list[str] = []
-
-    def start(self, label: str, total: int) -> None:  # noqa: D102
-        pass
-
-    def advance(self, n: int) -> None:  # noqa: D102
-        pass
-
-    def finish(self) -> None:  # noqa: D102
-        pass
 
     def step(self, text: str) -> None:  # noqa: D102
         self.steps.append(text)

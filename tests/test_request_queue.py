@@ -4,6 +4,7 @@ fake transport. The same against a real MLServer: tests/test_endpoint_queue.py."
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 from certify.models.request_queue import LINGER_S, RequestQueue
+
+import builders
 
 pytestmark = pytest.mark.unit
 
@@ -51,23 +54,7 @@ def _images(values: range | list[int]) -> np.ndarray:
 
 def _lanes(q: RequestQueue, asks: list[np.ndarray]) -> list[np.ndarray | BaseException]:
     """Each of ``asks`` from its own registered lane, all at once; their answers."""
-    out: list[np.ndarray | BaseException] = [np.empty(0)] * len(asks)
-    start = threading.Barrier(len(asks))
-
-    def lane(k: int) -> None:
-        with q.lane():
-            start.wait()
-            try:
-                out[k] = q.submit(asks[k])
-            except BaseException as exc:  # noqa: BLE001 - the test reads it
-                out[k] = exc
-
-    threads = [threading.Thread(target=lane, args=(k,)) for k in range(len(asks))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    return out
+    return builders.in_lanes(q.lane, [functools.partial(q.submit, a) for a in asks], 10)
 
 
 def test_concurrent_lanes_go_in_one_request_and_each_gets_its_own_rows():
