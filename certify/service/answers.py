@@ -232,9 +232,7 @@ RAISES: dict[str, dict[int, str]] = {
 
 #: The words of each derived refusal.
 WORDS = {400: "Malformed form", 401: "No valid token", 403: "The token's role may not",
-         404: "Not found", 409: "Conflicts with the state",
-         411: "No Content-Length", 413: "Too large", 422: "Refused input",
-         429: "Over a limit; see Retry-After", 503: "Unavailable; see Retry-After"}
+         404: "Not found", 411: "No Content-Length", 413: "Too large", 422: "Refused input"}
 
 
 def refusals(route: APIRoute) -> dict[int, str]:
@@ -250,8 +248,8 @@ def refusals(route: APIRoute) -> dict[int, str]:
             out[403] = WORDS[403] + f" (needs {role})"
     if d.path_params:
         runs = {"run_id", "a", "b"} & {p.name for p in d.path_params}
-        out[404] = "Not found" + (" (or another token's private run, which answers as a "
-                                  "missing one)" if runs else "")
+        out[404] = WORDS[404] + (" (or another token's private run, which answers as a "
+                                 "missing one)" if runs else "")
     if d.path_params or d.query_params or d.body_params or d.header_params:
         out[422] = WORDS[422]
     if "POST" in (route.methods or ()):
