@@ -84,6 +84,10 @@ class RunOptions:
     #: seconds the run may take: certify chooses how many samples each attack check gets
     #: (``--time-budget``; :mod:`certify.engine.plan`)
     time_budget: float | None = None
+    #: estimate the run's time before the main pass, from a pilot of every check on a few
+    #: samples whose records the main pass keeps (``--no-estimate``: not;
+    #: :mod:`certify.engine.pilot`)
+    estimate: bool = True
 
 
 #: Builds an in-memory model (the Python API): (device, preprocessing, input size, number of
@@ -248,7 +252,7 @@ def _run_loaded(opts: RunOptions, progress: Progress, suite: Any, model: Model,
                                 reference_spec=None if opts.reference is None
                                 else _public_spec(opts.reference),
                                 query_budget=opts.query_budget, executor=executor,
-                                time_budget=budget)
+                                time_budget=budget, estimate=opts.estimate)
     finally:
         if run is not None:
             run.close()

@@ -455,6 +455,10 @@ def _common_logging(f: Any) -> Any:
                    "calibration on this device; the binarization tests included) fits this "
                    "time (e.g. 10m, 600s, 1.5h); the checks' own work comes on top, so the "
                    "run takes longer. The card states the choice.")
+@click.option("--no-estimate", is_flag=True,
+              help="Skip the run-time estimate: before the main pass, every check runs on a "
+                   "few samples (records kept), and the log says the run's expected and "
+                   "at-most time.")
 @click.option("--sample-offset", type=click.IntRange(min=0), default=0,
               help="Skip this many samples of the seeded order first: --samples N "
                    "--sample-offset N evaluates samples disjoint from --samples N.")
@@ -520,7 +524,7 @@ def _common_logging(f: Any) -> Any:
 @_executor_options
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
-        samples: int | Literal["all"] | None, time_budget: str | None,
+        samples: int | Literal["all"] | None, time_budget: str | None, no_estimate: bool,
         sample_offset: int, seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
@@ -568,7 +572,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
         input_size=input_size or None, executor=executor, ray_address=ray_address,
         workers=workers, threads=threads, surrogate=surrogate, model_card=card,
         provenance=provenance, labels=labels_path,
-        time_budget=_duration(time_budget),
+        time_budget=_duration(time_budget), estimate=not no_estimate,
     )
     with _records_hint(out_dir), RichProgress(_err(), enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)

@@ -54,17 +54,19 @@ class StepCounter:
     """Counts a task's repeated steps as they start, from whichever thread or batch, and
     names each on ``progress`` as "LABEL, k of n" (k: how many have started so far)."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, started: dict[str, int] | None = None) -> None:
         import threading
 
         self._progress = progress
-        self._started: dict[str, int] = {}
+        #: label -> steps started so far (``started``: those an earlier pass of the same task
+        #: made, whose records it keeps)
+        self.started: dict[str, int] = dict(started or {})
         self._lock = threading.Lock()
 
     def __call__(self, label: str, total: int) -> None:
         """One more step ``label`` of ``total`` starts."""
         with self._lock:
-            k = self._started[label] = self._started.get(label, 0) + 1
+            k = self.started[label] = self.started.get(label, 0) + 1
         report_step(self._progress, f"{label}, {min(k, total)} of {total}")
 
 

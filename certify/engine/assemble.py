@@ -61,6 +61,8 @@ class RunState:
     measured: dict[str, Measurement] = field(default_factory=dict)
     #: An endpoint's requests the plan expected before the first query (None: not one).
     planned_requests: int | None = None
+    #: The run-time estimate made before the main pass (:mod:`certify.engine.pilot`), or None.
+    estimate: dict[str, JSONLike] | None = None
 
 
 def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model: Model,
@@ -111,7 +113,8 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
                 "provider": model.info.provider},
         environment=_versions(),
         timings={"total_s": time.perf_counter() - state.t0, "checks": state.durations,
-                 "resumed_records": run.resumed_records},
+                 "resumed_records": run.resumed_records}
+        | ({"estimate": state.estimate} if state.estimate is not None else {}),
         traffic=traffic or None,
     )))
     return RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)

@@ -30,6 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -146,16 +147,18 @@ class Rates:
 
 
 def calibrate(model: Model, data: Dataset, gradients: bool = True,
-              device: torch.device | None = None) -> Rates:
+              device: torch.device | None = None, lanes: int = 1) -> Rates:
     """Time a few batches of ``data`` (on ``device``, default where the data is) through
     ``model`` (and, with ``gradients``, its torch copy's forward and backward pass), not
     counted as queries: only for a model in this process (an endpoint's queries may be paid
-    for, so it is not calibrated)."""
+    for, so it is not calibrated). ``lanes``: batches at once, on threads, as the in-process
+    executor runs them (two lanes on two cores answered 1.5x the images per second of one
+    call in the demo)."""
     if endpoint_of(model) is not None:
         return Rates(None, None, "not measured: the model is an endpoint (queries may cost)")
     n = min(CALIBRATION_BATCH, len(data))
     x = data.x[:n] if device is None else data.x[:n].to(device)
-    query_s = _timed(lambda: model.predict(x)) / n
+    query_s = _timed(lambda: model.predict(x), lanes) / n
     gradient_s = None
     found = white_box_of(model) if gradients else None
     if found is not None:
@@ -166,16 +169,28 @@ def calibrate(model: Model, data: Dataset, gradients: bool = True,
             def grad() -> object:
                 return copy.value_and_grad(x, lambda z: torch.nn.functional.cross_entropy(
                     z, y.to(z.device), reduction="none"))
-            gradient_s = _timed(grad) / n
+            gradient_s = _timed(grad, lanes) / n
         except Exception:  # noqa: BLE001 - a copy that fails: try_white_box says why
             gradient_s = None
-    how = (f"measured on {n} images: {1 / query_s:,.0f} queries/s"
+    how = (f"measured on {n} images{f' in {lanes} lanes' if lanes > 1 else ''}: "
+           f"{1 / query_s:,.0f} queries/s"
            + (f", {1 / gradient_s:,.0f} gradient evaluations/s" if gradient_s else ""))
     return Rates(query_s, gradient_s, how)
 
 
-def _timed(call: Callable[[], object]) -> float:
-    """The fastest of :data:`CALIBRATION_ROUNDS` timed calls of ``call`` after a warm-up."""
+def _timed(call: Callable[[], object], lanes: int = 1) -> float:
+    """The fastest of :data:`CALIBRATION_ROUNDS` timed calls of ``call`` after a warm-up, per
+    call: with ``lanes`` > 1, that many calls at once on threads, their time divided by it."""
+    if lanes > 1:
+        pool = ThreadPoolExecutor(lanes)
+
+        def together() -> None:
+            for f in [pool.submit(call) for _ in range(lanes)]:
+                f.result()
+        try:
+            return _timed(together) / lanes
+        finally:
+            pool.shutdown()
     call()
     best = math.inf
     for _ in range(CALIBRATION_ROUNDS):

@@ -11,11 +11,14 @@ checks (:mod:`certify.engine.crosscheck`), and assembles the result
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
 import time
 import traceback
+import typing
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,13 +28,23 @@ import torch
 import certify.probe as probe
 from certify.canonical import JSONLike, normalize
 from certify.checks import AttackCheck, CheckContext, Measurement
+from certify.checks.attack import bt_positions
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
 from certify.engine.assemble import RunState, assemble_result, outcomes_doc
 from certify.engine.crosscheck import apply_cross_checks, randomised_share
 from certify.engine.executor import Executor
 from certify.engine.local import LocalExecutor, cpu_batch_size, local_lanes
-from certify.engine.plan import TRY_IMAGES, TimeBudget, calibrate, log_plan, prepare
+from certify.engine.pilot import (
+    PILOT_SAMPLES,
+    Estimate,
+    PilotCheck,
+    bounds_of,
+    log_estimate,
+    pilot_positions,
+)
+from certify.engine.pilot import estimate as estimate_time
+from certify.engine.plan import TRY_IMAGES, Rates, TimeBudget, calibrate, log_plan, prepare
 from certify.engine.records import (
     SUBSET_KEY,
     record_queries,
@@ -42,7 +55,7 @@ from certify.engine.schedule import Earlier, execution_order, plan_attack
 from certify.engine.verdicts import judge
 from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
 from certify.models.base import WHITE_BOX, Budget, Model, Reconfigurable, endpoint_of
-from certify.progress import NullProgress, Progress, StepCounter, report_reused
+from certify.progress import NullProgress, Progress, StepCounter, report_reused, report_step
 from certify.redact import redact, redact_obj
 from certify.results import CheckResult, RunResult, check_result_model
 from certify.rundir import RunDir, SampleRecord
@@ -86,13 +99,19 @@ class _Run:
     batch_size: int
     progress: Progress
     executor: Executor
+    #: Record key -> the steps each label of it has started (:class:`StepCounter`), so that a
+    #: pass that keeps the pilot's records counts on from the pilot's steps.
+    steps: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def _run_check(spec: CheckSpec, ctx: CheckContext, w: _Run) -> dict[int, SampleRecord]:
+def _run_check(spec: CheckSpec, ctx: CheckContext, w: _Run,
+               only: list[int] | None = None) -> dict[int, SampleRecord]:
     """Run a check, round after round: each round finishes for all samples (and all shards)
     before the check decides on the next one from the merged records, so a resumed or
-    distributed run makes the same decisions."""
-    records = _run_round(spec, spec, _selected(spec, w.data, w.subset_seed), ctx, w, used=0)
+    distributed run makes the same decisions. ``only``: the pilot's samples of the selection
+    (:mod:`certify.engine.pilot`), the others left alone."""
+    records = _run_round(spec, spec, _selected(spec, w.data, w.subset_seed), ctx, w, used=0,
+                         only=only)
     r = 0
     while (nxt := spec.check.next_round(records, r)) is not None:
         r += 1
@@ -108,14 +127,18 @@ def _run_check(spec: CheckSpec, ctx: CheckContext, w: _Run) -> dict[int, SampleR
 
 
 def _run_round(spec: CheckSpec, this: CheckSpec, selected: list[int], ctx: CheckContext,
-               w: _Run, used: int) -> dict[int, SampleRecord]:
-    """One round of a check (``this``: its id is the round's record key) on ``selected``;
-    ``used`` is what the check's earlier rounds spent of its budget."""
+               w: _Run, used: int, only: list[int] | None = None) -> dict[int, SampleRecord]:
+    """One round of a check (``this``: its id is the round's record key) on ``selected``
+    (of them ``only`` these, where given); ``used`` is what the check's earlier rounds spent
+    of its budget."""
     done = w.run.records[this.id]
-    ctx = dataclasses.replace(ctx, selected=tuple(selected),
-                              step=StepCounter(w.progress))
-    pending = [i for i in selected if i not in done]
-    total = len(selected)
+    counter = StepCounter(w.progress, w.steps.get(this.id))
+    w.steps[this.id] = counter.started
+    ctx = dataclasses.replace(ctx, selected=tuple(selected), step=counter)
+    keep = set(only or ())
+    chosen = selected if only is None else [i for i in selected if i in keep]
+    pending = [i for i in chosen if i not in done]
+    total = len(chosen)
     used += sum(record_queries(r) for r in done.values())
     budget = None if spec.budget is None else max(0, spec.budget - used)
     w.progress.start(this.id, total)
@@ -187,6 +210,7 @@ def run_suite(
     query_budget: int | None = None,
     executor: Executor | None = None,
     time_budget: TimeBudget | None = None,
+    estimate: bool = True,
 ) -> SuiteOutcome:
     """Run every check of ``suite`` and return the typed result and the card's images.
 
@@ -199,6 +223,10 @@ def run_suite(
 
     ``time_budget``: the samples ``--time-budget`` gave the attack checks (the suite already
     has them); each such row's details say so.
+
+    ``estimate``: run the pilot and say the run's expected and at-most time before the main
+    pass (:mod:`certify.engine.pilot`); not on a resumed run, nor under a query budget (the
+    pilot would spend part of it).
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
@@ -220,17 +248,20 @@ def run_suite(
     work = _Run(model, reference, run_budget, data, run, check_seed(seed, SUBSET_KEY),
                 batch_size, progress, executor)
     state = RunState(seed=seed)
-    rates = time_budget.rates if time_budget is not None else \
+    rates: Rates = time_budget.rates if time_budget is not None else \
         calibrate(model, data, gradients=white and model.info.white_box == WHITE_BOX,
-                  device=device.torch_device)
+                  device=device.torch_device, lanes=local_lanes(model, device))
     endpoint = endpoint_of(model)
     state.planned_requests = log_plan(suite.checks, data, skips, rates,
                                       None if endpoint is None else int(endpoint.options.batch))
     skips = dict(skips)  # the attacks the schedule finds redundant join them as it goes
-    done: dict[str, CheckResult] = {}
     order = execution_order(suite.checks)
-    for k, spec in enumerate(order):
+    for spec in order:
         state.seeds[spec.id] = check_seed(seed, spec.id)
+    pilot = _pilot(order, skips, work, state.seeds, model.info.output, suite, device, rates) \
+        if _estimating(estimate, run, query_budget) else None
+    done: dict[str, CheckResult] = {}
+    for k, spec in enumerate(order):
         c0 = time.perf_counter()
         broken_before: dict[int, dict[str, object]] = {}
         if spec.id not in skips and isinstance(spec.check, AttackCheck):
@@ -246,15 +277,15 @@ def run_suite(
             if broken_before:
                 log.info("check %s: %d sample(s) an earlier attack of its threat model broke "
                          "are not attacked again", spec.id, len(broken_before))
-            ctx = CheckContext(check_seed=state.seeds[spec.id], device=device.torch_device,
-                               class_names=list(data.class_names),
-                               flip_invariant_classes=suite.flip_invariant_classes,
-                               abstain_class=suite.abstain_class,
-                               n_samples=min(spec.samples or len(data), len(data)),
-                               broken_before=broken_before)
-            checked = _evaluate(spec, ctx, work, state)
+            if pilot is not None:
+                pilot.keep(spec, broken_before, work)
+            checked = _evaluate(spec, _context(spec, state.seeds[spec.id], device, data,
+                                               suite, broken_before), work, state)
         state.durations[spec.id] = 0.0 if spec.id in skips else time.perf_counter() - c0
         done[spec.id] = checked
+    if pilot is not None:
+        state.estimate = pilot.estimate.to_doc() | {
+            "pilot_records_kept": sum(p.kept for p in pilot.checks.values())}
     state.results = [done[s.id] for s in suite.checks]  # the card keeps the suite's order
     if time_budget is not None:
         state.results = [time_budget.stated(r) for r in state.results]
@@ -262,6 +293,176 @@ def run_suite(
     result = assemble_result(state, suite, skips, model, reference, data, device, run,
                              query_budget, executor, model_spec, reference_spec)
     return SuiteOutcome(result=result, images=state.images)
+
+
+def _estimating(asked: bool, run: RunDir, query_budget: int | None) -> bool:
+    """Whether the run estimates its time with a pilot (said where it was asked and does not)."""
+    why = "a resumed run" if run.resumed_records else \
+        "a query budget is set, and the estimate's pilot would spend part of it" \
+        if query_budget is not None else None
+    if asked and why is not None:
+        log.info("run time: not estimated (%s)", why)
+    return asked and why is None
+
+
+def _context(spec: CheckSpec, check_seed_: int, device: DeviceChoice, data: Dataset,
+             suite: Suite, broken_before: dict[int, dict[str, object]]) -> CheckContext:
+    """What the runner gives ``spec``'s check (the pilot's and the main pass's alike)."""
+    return CheckContext(check_seed=check_seed_, device=device.torch_device,
+                        class_names=list(data.class_names),
+                        flip_invariant_classes=suite.flip_invariant_classes,
+                        abstain_class=suite.abstain_class,
+                        n_samples=min(spec.samples or len(data), len(data)),
+                        broken_before=broken_before)
+
+
+class _MemoryRecords:
+    """The pilot's records, in memory: what :func:`_run_round` reads and appends (as a
+    :class:`~certify.rundir.RunDir`), and each check's round-0 records as written, for the
+    main pass to keep."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[int, SampleRecord]] = defaultdict(dict)
+        self.written: dict[str, list[SampleRecord]] = defaultdict(list)
+
+    def append(self, check_id: str, rows: list[SampleRecord]) -> None:
+        """Keep one batch of records (a copy as written: later rounds merge into them)."""
+        self.written[check_id].extend(copy.deepcopy(rows))
+        for r in rows:
+            self.records[check_id][int(r["i"])] = r
+
+
+class _PilotProgress:
+    """The pilot as one task on the run's progress reporter, a check at a time: the checks'
+    own tasks and steps are named as its steps."""
+
+    def __init__(self, inner: Progress, total: int) -> None:
+        self._inner = inner
+        self._label = ""
+        inner.start("estimating the run time (a pilot of every check)", total)
+
+    def start(self, label: str, total: int) -> None:  # noqa: D102
+        self._label = label
+        report_step(self._inner, label)
+
+    def advance(self, n: int) -> None:  # noqa: D102
+        pass
+
+    def finish(self) -> None:  # noqa: D102
+        pass
+
+    def step(self, text: str) -> None:  # noqa: D102
+        report_step(self._inner, f"{self._label}: {text}")
+
+    def check_done(self) -> None:
+        """One more check piloted."""
+        self._inner.advance(1)
+
+    def close(self) -> None:
+        """The pilot is over."""
+        self._inner.finish()
+
+
+@dataclass
+class _Pilot:
+    """The pilot's records and measurements, and the estimate made from them."""
+
+    memory: _MemoryRecords
+    checks: dict[str, PilotCheck]
+    specs: dict[str, CheckSpec]
+    broken: dict[str, dict[int, dict[str, object]]]
+    estimate: Estimate
+    #: Record key -> the steps the pilot's checks started (see ``_Run.steps``).
+    steps: dict[str, dict[str, int]]
+
+    def keep(self, spec: CheckSpec, broken_before: dict[int, dict[str, object]],
+             w: _Run) -> None:
+        """Write the pilot's round-0 records of ``spec`` into ``run`` where they are the
+        records the main pass would make (see :mod:`certify.engine.pilot`)."""
+        rows = self.memory.written.get(spec.id)
+        ran = self.specs.get(spec.id)
+        if not rows or ran is None or spec.budget is not None or w.run.records[spec.id] \
+                or isinstance(spec.check, AttackCheck):  # its records depend on the batch
+            return
+        if type(ran.check) is not type(spec.check) \
+                or ran.check.get_params() != spec.check.get_params() \
+                or ran.samples != spec.samples:
+            return
+        mine = {int(r["i"]) for r in rows}
+        if {i: v for i, v in broken_before.items() if i in mine} != self.broken[spec.id]:
+            return
+        w.run.append(spec.id, rows)
+        w.steps[spec.id] = dict(self.steps.get(spec.id, {}))
+        self.checks[spec.id].kept = len(rows)
+
+
+def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[str, int],
+           output: str, suite: Suite, device: DeviceChoice, rates: Rates) -> _Pilot | None:
+    """Run every check on its pilot samples (:func:`certify.engine.pilot.pilot_positions`) in
+    the runner's order and schedule, timed, and estimate the run's time from it. Quiet:
+    what the pilot's checks would log (warnings included) is said by the main pass."""
+    memory = _MemoryRecords()
+    shown = _PilotProgress(w.progress, sum(s.id not in skips for s in order))
+    pw = dataclasses.replace(w, run=typing.cast(RunDir, memory),
+                             progress=typing.cast(Progress, shown), steps={})
+    checks: dict[str, PilotCheck] = {}
+    specs: dict[str, CheckSpec] = {}
+    broken: dict[str, dict[int, dict[str, object]]] = {}
+    done: dict[str, CheckResult] = {}
+    finals: dict[str, dict[int, SampleRecord]] = {}
+    measured: dict[str, Measurement] = {}
+    first = set(stratified_subset(w.data.y.numpy(), PILOT_SAMPLES, w.subset_seed).tolist())
+    t0 = time.perf_counter()
+    level = log.level
+    log.setLevel(max(logging.ERROR, log.getEffectiveLevel()))
+    try:
+        for k, spec in enumerate(order):
+            if spec.id in skips:
+                continue
+            selected = _selected(spec, w.data, w.subset_seed)
+            tested, _ = spec.check.binarization_queries() \
+                if isinstance(spec.check, AttackCheck) else (0, 0)
+            tested_at = bt_positions(CheckContext(0, device.torch_device, [],
+                                                  selected=tuple(selected)), tested) \
+                if tested else set()
+            positions, n_tested = pilot_positions(selected, first, tested_at)
+            p = PilotCheck(spec.id, len(selected), len(tested_at), pilot_samples=len(positions),
+                           pilot_tested=n_tested)
+            checks[spec.id] = p
+            c0 = time.perf_counter()
+            before: dict[int, dict[str, object]] = {}
+            if isinstance(spec.check, AttackCheck):
+                plan = plan_attack(spec, Earlier(order[:k], done, finals, measured), output)
+                if plan.skip is not None:
+                    p.none = plan.skip
+                    shown.check_done()
+                    continue
+                spec, before = plan.spec, plan.broken_before
+            mine = set(positions)
+            broken[spec.id] = {i: v for i, v in before.items() if i in mine}
+            specs[spec.id] = spec
+            try:
+                records = _run_check(spec, _context(spec, seeds[spec.id], device, w.data, suite,
+                                                    before), pw, only=positions)
+                finals[spec.id] = records
+                done[spec.id], measured[spec.id] = _summarize(spec, records, w.data)
+            except (KeyboardInterrupt, ModelError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the main pass says what went wrong
+                p.none = f"{type(exc).__name__}: {exc}"[:200]
+                memory.written.pop(spec.id, None)
+            finally:
+                shown.check_done()
+            p.seconds = time.perf_counter() - c0
+            for r in records.values() if p.none is None else ():
+                units = p.bt if int(r["i"]) in tested_at else p.plain
+                units.add(record_queries(r), int(typing.cast(int, r.get("gradients", 0))))
+    finally:
+        log.setLevel(level)
+        shown.close()
+    found = estimate_time(checks, bounds_of(order, w.data, skips), rates, time.perf_counter() - t0)
+    log_estimate(found)
+    return _Pilot(memory, checks, specs, broken, found, pw.steps)
 
 
 def _typed(spec: CheckSpec, fields: dict[str, object]) -> CheckResult:

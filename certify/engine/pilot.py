@@ -1,0 +1,223 @@
+"""The run's time, estimated from a pilot before the main pass (issue 62: a run planned at "at
+most 6.1 min" of model time took 9.4).
+
+**The pilot.** Before the main pass, every check runs, in the runner's order and with the same
+schedule (an attack inherits the breaks of the earlier attacks of its threat model among the
+pilot's samples), on :data:`PILOT_SAMPLES` of its own samples evenly spread over its selection,
+plus one sample of its binarization test where it has one. It is timed whole: the model's
+queries and gradient evaluations, and the checks' own work (transforms, attack steps, the
+binarization ladder, bookkeeping) that the calibrated rates of :mod:`certify.engine.plan` leave
+out. The main pass then **keeps** the pilot's records of a check where they are the records it
+would make itself (every draw is seeded per sample, so a property's record does not depend on
+its batch): round 0, no query budget of its own, the same check, not an attack. An attack's
+records depend on its batch (APGD groups restarts by the batch's size and counts their
+gradient evaluations per group; the gallery keeps each batch's first broken samples), so its
+pilot samples are evaluated again and its pilot costs time only (the runs' measurements with
+and without the pilot are equal: ``tests/test_pilot.py``).
+
+**Two figures**, for the evaluation (loading the model before it and writing the card after it
+are not included):
+
+- *expected*: each check's queries and gradient evaluations per sample as the pilot measured
+  them (its binarization samples apart), times its samples still to do, at the cost per model
+  unit the pilot measured, and the pilot's own time;
+- *at most*: each check's most queries and gradient evaluations (the plan's bound) at the
+  costlier of the calibrated rates and the pilot's all-in cost per unit, times
+  :data:`AT_MOST_MARGIN` (a shared machine's noise); a check without a bound of its own at its
+  pilot's seconds per sample, times the margin.
+
+A model unit is a query at the calibrated query rate, or a gradient evaluation at the gradient
+rate (an endpoint, not calibrated: a query). A pilot of a few samples measures an attack's
+iterations in small batches, which cost more per sample than the main pass's, so the expected
+figure of an attack is an over- rather than an underestimate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from certify.canonical import JSONLike
+from certify.data import Dataset
+from certify.engine.plan import Rates, _duration, binarization_cost, per_sample, samples_of
+from certify.suite import CheckSpec
+
+log = logging.getLogger("certify")
+
+#: Samples per check the pilot evaluates (fewer where the check has fewer), evenly spread.
+PILOT_SAMPLES = 4
+#: What "at most" multiplies its bound by: the noise of a shared machine between the pilot's
+#: timing and the main pass's.
+AT_MOST_MARGIN = 1.5
+
+
+def pilot_positions(selected: Sequence[int], first: set[int], binarization: set[int]
+                    ) -> tuple[list[int], int]:
+    """The pilot's samples of a check whose selection is ``selected`` and whose binarization
+    test runs on ``binarization``: those of ``first`` (the first :data:`PILOT_SAMPLES` of the
+    run's seeded class-stratified order, so that every check pilots the same samples where it
+    has them, and an attack inherits the breaks of its threat model's earlier attacks as in the
+    main pass), and one of the test's samples where none of them is one. Returns (dataset
+    indices in selection order, how many of them the test uses)."""
+    chosen = {i for i in selected if i in first}
+    if binarization and not chosen & binarization:
+        chosen.add(min(binarization))
+    return [i for i in selected if i in chosen], len(chosen & binarization)
+
+
+@dataclass
+class Units:
+    """Queries and gradient evaluations (of one sample, or summed)."""
+
+    queries: float = 0.0
+    gradients: float = 0.0
+
+    def add(self, queries: float, gradients: float) -> None:
+        """Count one more record's."""
+        self.queries += queries
+        self.gradients += gradients
+
+    def scaled(self, k: float) -> Units:
+        """These units times ``k``."""
+        return Units(self.queries * k, self.gradients * k)
+
+    def cost(self, rates: Rates) -> float:
+        """Model units: queries and gradient evaluations weighed by the calibrated rates (an
+        endpoint's, not calibrated: its queries)."""
+        if rates.query_s is None:
+            return self.queries
+        return self.queries * rates.query_s + self.gradients * (rates.gradient_s or 0.0)
+
+
+@dataclass
+class PilotCheck:
+    """What the pilot measured of one check."""
+
+    id: str
+    #: The check's samples, and how many of them its binarization test uses.
+    samples: int
+    tested: int
+    #: Seconds the pilot spent on it, and its samples (of them, binarization samples).
+    seconds: float = 0.0
+    pilot_samples: int = 0
+    pilot_tested: int = 0
+    #: Units of the pilot's samples outside the binarization test, and of those inside it.
+    plain: Units = field(default_factory=Units)
+    bt: Units = field(default_factory=Units)
+    #: Samples the main pass kept from the pilot (set when it does; the estimate, made before,
+    #: takes them as kept).
+    kept: int = 0
+    #: Why the pilot measured nothing (a skip by the schedule, an error), or None.
+    none: str | None = None
+
+    def per_unit(self, rates: Rates) -> float | None:
+        """Seconds per model unit, all in (None where the pilot spent none)."""
+        units = Units(self.plain.queries + self.bt.queries,
+                      self.plain.gradients + self.bt.gradients).cost(rates)
+        return self.seconds / units if units > 0 else None
+
+    def expected_units(self) -> Units:
+        """The units of the samples the main pass has still to do (the pilot's taken as kept),
+        at the pilot's per-sample measurements."""
+        plain_n = self.pilot_samples - self.pilot_tested
+        left_plain = max(0, self.samples - self.tested - plain_n)
+        left_tested = max(0, self.tested - self.pilot_tested)
+        out = Units()
+        if plain_n:
+            u = self.plain.scaled(left_plain / plain_n)
+            out.add(u.queries, u.gradients)
+        if self.pilot_tested:
+            u = self.bt.scaled(left_tested / self.pilot_tested)
+            out.add(u.queries, u.gradients)
+        elif plain_n:  # no test sample was piloted: price the test's samples as plain ones
+            u = self.plain.scaled(left_tested / plain_n)
+            out.add(u.queries, u.gradients)
+        return out
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The plan's bound of one check: most queries and gradient evaluations in all (``None``
+    queries: the check bounds its own by a budget the plan does not price)."""
+
+    queries: int | None
+    gradients: int
+
+
+def bounds_of(checks: Sequence[CheckSpec], data: Dataset, skips: Mapping[str, str]
+              ) -> dict[str, Bound]:
+    """The plan's bound of every check that runs (see :func:`certify.engine.plan.log_plan`)."""
+    out = {}
+    for spec in checks:
+        if spec.id in skips:
+            continue
+        queries, gradients = per_sample(spec)
+        n = samples_of(spec, data)
+        _, bt_q = binarization_cost(spec, data)
+        out[spec.id] = Bound(None if queries is None else queries * n + bt_q, gradients * n)
+    return out
+
+
+@dataclass
+class Estimate:
+    """The run's expected and at-most seconds, and how they were made."""
+
+    expected_s: float
+    at_most_s: float
+    pilot_s: float
+    pilot_samples: int
+    checks: dict[str, dict[str, float]]
+
+    def to_doc(self) -> dict[str, JSONLike]:
+        """For the provenance's timings (``results.json``)."""
+        return {"expected_s": round(self.expected_s, 3), "at_most_s": round(self.at_most_s, 3),
+                "pilot_s": round(self.pilot_s, 3), "pilot_samples": self.pilot_samples,
+                "margin": AT_MOST_MARGIN,
+                "checks": self.checks,
+                "rule": "expected: the pilot's units per sample times the samples left, at its "
+                        "seconds per unit; at most: the plan's bound at the costlier of the "
+                        f"calibrated rates and the pilot's, times {AT_MOST_MARGIN}"}
+
+
+def estimate(pilots: Mapping[str, PilotCheck], bounds: Mapping[str, Bound], rates: Rates,
+             pilot_s: float) -> Estimate:
+    """The run's estimate from the pilot of each check (see the module docstring)."""
+    if rates.query_s is None:  # an endpoint: its seconds per query, as the pilot paid them
+        spent = sum(p.plain.queries + p.bt.queries for p in pilots.values())
+        rates = Rates(pilot_s / spent if spent else None, None,
+                      f"the pilot's {_duration(pilot_s)} over its {spent:,.0f} queries")
+    expected, at_most, doc = pilot_s, pilot_s, {}
+    for cid, bound in bounds.items():
+        p = pilots.get(cid)
+        e = 0.0
+        if p is not None and p.none is None and rates.query_s is not None:
+            e = p.expected_units().cost(rates)
+        m: float
+        if bound.queries is not None and rates.query_s is not None:
+            # the checks' own work: the pilot's seconds per unit, all in (its small batches
+            # and each check's set-up make that dearer than the main pass's), where higher
+            unit = max(1.0, (p.per_unit(rates) or 0.0) if p is not None else 0.0)
+            m = AT_MOST_MARGIN * unit * Units(bound.queries, bound.gradients).cost(rates)
+        elif p is not None and p.pilot_samples:
+            m = AT_MOST_MARGIN * p.seconds / p.pilot_samples * p.samples
+        else:  # neither a bound nor a pilot: nothing to stand on
+            m = math.inf
+        m = max(m, e)
+        expected += e
+        at_most += m
+        doc[cid] = {"expected_s": round(e, 3), "at_most_s": round(m, 3) if m != math.inf
+                    else -1.0, "pilot_s": round(p.seconds, 3) if p else 0.0}
+    n = max((p.pilot_samples for p in pilots.values()), default=0)
+    return Estimate(expected, at_most, pilot_s, n, doc)
+
+
+def log_estimate(e: Estimate) -> None:
+    """Say the estimate before the main pass."""
+    at_most = "unknown (a check has neither a bound nor a pilot)" if e.at_most_s == math.inf \
+        else _duration(e.at_most_s)
+    log.info("run time: expected about %s, at most %s for the evaluation (loading the model "
+             "and writing the card come on top); from a %s pilot on up to %d samples per "
+             "check, whose records the main pass keeps where they are its own",
+             _duration(e.expected_s), at_most, _duration(e.pilot_s), e.pilot_samples)
