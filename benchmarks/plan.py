@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from endpoint import BATCH, CONCURRENCY, write_inputs  # noqa: E402
+
 from certify.api import (  # noqa: E402
     DEMO_PER_CLASS,
     DEMO_SEED,
@@ -47,7 +49,6 @@ from certify.demo.synthetic import generate  # noqa: E402
 from certify.models.http import HttpOptions  # noqa: E402
 
 import builders  # noqa: E402
-from endpoint import BATCH, CONCURRENCY, write_inputs  # noqa: E402
 from servers import mlserver_process  # noqa: E402
 
 EPOCHS = 15
@@ -88,7 +89,9 @@ def figures(results_json: Path) -> dict[str, Any]:
     t = json.loads(results_json.read_text())["provenance"]["timings"]
     e = t.get("estimate") or {}
     actual = float(t["total_s"])
-    return {"actual_s": actual, "expected_s": e.get("expected_s"),
+    checks = {k: {"actual_s": round(v, 2), **e.get("checks", {}).get(k, {})}
+              for k, v in t["checks"].items()}
+    return {"actual_s": actual, "expected_s": e.get("expected_s"), "checks": checks,
             "at_most_s": e.get("at_most_s"), "pilot_s": e.get("pilot_s"),
             "kept": e.get("pilot_records_kept"),
             "expected_ratio": e["expected_s"] / actual if e else None,
@@ -125,6 +128,7 @@ def main() -> None:
                                          out=d / name, pdf=False, samples=FORMAT_SAMPLES))
                 rows[name] = figures(d / name / "results.json")
         if "endpoint" in runs:
+            (d / "endpoint-inputs").mkdir()
             suite, signs = write_inputs(d / "endpoint-inputs", 30)
             model = demo_model_path("standard")
             with mlserver_process(model, d / "mlserver") as served:

@@ -39,6 +39,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from certify.canonical import JSONLike
 from certify.data import Dataset
 from certify.engine.plan import Rates, _duration, binarization_cost, per_sample, samples_of
@@ -106,6 +108,8 @@ class PilotCheck:
     #: Units of the pilot's samples outside the binarization test, and of those inside it.
     plain: Units = field(default_factory=Units)
     bt: Units = field(default_factory=Units)
+    #: An endpoint's requests the pilot sent for it (0 for a model in this process).
+    requests: int = 0
     #: Samples the main pass kept from the pilot (set when it does; the estimate, made before,
     #: takes them as kept).
     kept: int = 0
@@ -121,20 +125,32 @@ class PilotCheck:
     def expected_units(self) -> Units:
         """The units of the samples the main pass has still to do (the pilot's taken as kept),
         at the pilot's per-sample measurements."""
+        plain, tested = self.expected_split()
+        return Units(plain.queries + tested.queries, plain.gradients + tested.gradients)
+
+    def expected_split(self) -> tuple[Units, Units]:
+        """:meth:`expected_units` apart: (the plain samples', the binarization samples')."""
         plain_n = self.pilot_samples - self.pilot_tested
         left_plain = max(0, self.samples - self.tested - plain_n)
         left_tested = max(0, self.tested - self.pilot_tested)
-        out = Units()
-        if plain_n:
-            u = self.plain.scaled(left_plain / plain_n)
-            out.add(u.queries, u.gradients)
+        plain = self.plain.scaled(left_plain / plain_n) if plain_n else Units()
         if self.pilot_tested:
-            u = self.bt.scaled(left_tested / self.pilot_tested)
-            out.add(u.queries, u.gradients)
-        elif plain_n:  # no test sample was piloted: price the test's samples as plain ones
-            u = self.plain.scaled(left_tested / plain_n)
-            out.add(u.queries, u.gradients)
-        return out
+            tested = self.bt.scaled(left_tested / self.pilot_tested)
+        else:  # no test sample was piloted: price the test's samples as plain ones
+            tested = self.plain.scaled(left_tested / plain_n) if plain_n else Units()
+        return plain, tested
+
+    def expected_requests(self, request_batch: int) -> float:
+        """An endpoint's requests for :meth:`expected_split`: the binarization test's one
+        query a request (one planted problem at a time); the others' requests as full as the
+        pilot's were per sample, scaled to the main pass's samples, at most a batch each."""
+        plain, tested = self.expected_split()
+        pilot_plain = self.pilot_samples - self.pilot_tested
+        requests = max(1.0, self.requests - self.bt.queries)
+        per = self.plain.queries / requests if self.plain.queries else 1.0
+        scale = max(1.0, (self.samples - self.tested) / max(1, pilot_plain))
+        full = max(1.0, min(float(request_batch), per * scale))
+        return plain.queries / full + tested.queries
 
 
 @dataclass(frozen=True)
@@ -181,10 +197,28 @@ class Estimate:
                         f"calibrated rates and the pilot's, times {AT_MOST_MARGIN}"}
 
 
+def request_costs(pilots: Mapping[str, PilotCheck]) -> tuple[float, float]:
+    """An endpoint's (seconds per request, seconds per image), fitted to the pilot's checks
+    (least squares over each check's seconds = a x requests + b x images, neither below 0)."""
+    rows = [(p.requests, p.plain.queries + p.bt.queries, p.seconds) for p in pilots.values()
+            if p.none is None and p.requests > 0]
+    if not rows:
+        return 0.0, 0.0
+    a_, b_, t_ = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
+    (a, b), *_ = np.linalg.lstsq(np.stack([a_, b_], 1), t_, rcond=None)
+    if a < 0 or b < 0:  # one term alone
+        a, b = (float(t_.sum() / a_.sum()), 0.0) if b < 0 else (0.0, float(t_.sum() / b_.sum()))
+    return float(a), float(b)
+
+
 def estimate(pilots: Mapping[str, PilotCheck], bounds: Mapping[str, Bound], rates: Rates,
-             pilot_s: float) -> Estimate:
-    """The run's estimate from the pilot of each check (see the module docstring)."""
+             pilot_s: float, request_batch: int | None = None) -> Estimate:
+    """The run's estimate from the pilot of each check (see the module docstring); an
+    endpoint's (``request_batch``: its images per request) from the requests' costs the pilot
+    measured (:func:`request_costs`)."""
+    per_request = per_image = 0.0
     if rates.query_s is None:  # an endpoint: its seconds per query, as the pilot paid them
+        per_request, per_image = request_costs(pilots)
         spent = sum(p.plain.queries + p.bt.queries for p in pilots.values())
         rates = Rates(pilot_s / spent if spent else None, None,
                       f"the pilot's {_duration(pilot_s)} over its {spent:,.0f} queries")
@@ -192,7 +226,10 @@ def estimate(pilots: Mapping[str, PilotCheck], bounds: Mapping[str, Bound], rate
     for cid, bound in bounds.items():
         p = pilots.get(cid)
         e = 0.0
-        if p is not None and p.none is None and rates.query_s is not None:
+        if p is not None and p.none is None and request_batch is not None and p.requests:
+            e = per_request * p.expected_requests(request_batch) \
+                + per_image * p.expected_units().queries
+        elif p is not None and p.none is None and rates.query_s is not None:
             e = p.expected_units().cost(rates)
         m: float
         if bound.queries is not None and rates.query_s is not None:

@@ -11,8 +11,8 @@ the same threat model broke are not attacked again, so runs usually take far les
 the model's time only (the attacks' binarization tests included, at their own bound: every
 rung of the ladder at the attack's budget): the checks' own work (transforms, attack steps)
 is not priced, and the log says so beside the figure (:data:`NOT_THE_RUN_TIME`; issue
-62: a run planned at "at most 6.1 min" took 9.4). An estimate of the run's time, "at most" and
-"expected", is not built yet.
+62: a run planned at "at most 6.1 min" took 9.4). The run's time, "expected" and "at most",
+is estimated from a pilot of every check (:mod:`certify.engine.pilot`) after this plan.
 
 **Time budget.** :func:`choose_samples` keeps every other check as the suite has it and gives
 every attack check the same number of samples (so that the threat models' worst cases are
@@ -54,7 +54,8 @@ MIN_ATTACK_SAMPLES = 20
 #: 6.1 min" took 9.4): they are the model's queries and gradient evaluations at the calibrated
 #: rates, not the run's time.
 NOT_THE_RUN_TIME = ("The checks' own work (transforms, attack steps) comes on top: this is "
-                    "not an estimate of the run's time")
+                    "not an estimate of the run's time (the run-time estimate follows, from a "
+                    "pilot of every check)")
 #: Real images the model's batching and its white-box path are tried on before the first check.
 TRY_IMAGES = 8
 

@@ -295,6 +295,16 @@ def run_suite(
     return SuiteOutcome(result=result, images=state.images)
 
 
+def _requests(model: Model) -> int:
+    """The inference requests an endpoint model has sent so far (0 for a model in this
+    process)."""
+    endpoint = endpoint_of(model)
+    if endpoint is None:
+        return 0
+    sent = endpoint.traffic().get("inference_requests", 0)
+    return int(sent) if isinstance(sent, int) else 0
+
+
 def _estimating(asked: bool, run: RunDir, query_budget: int | None) -> bool:
     """Whether the run estimates its time with a pilot (said where it was asked and does not)."""
     why = "a resumed run" if run.resumed_records else \
@@ -429,7 +439,7 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
             p = PilotCheck(spec.id, len(selected), len(tested_at), pilot_samples=len(positions),
                            pilot_tested=n_tested)
             checks[spec.id] = p
-            c0 = time.perf_counter()
+            c0, r0 = time.perf_counter(), _requests(w.model)
             before: dict[int, dict[str, object]] = {}
             if isinstance(spec.check, AttackCheck):
                 plan = plan_attack(spec, Earlier(order[:k], done, finals, measured), output)
@@ -453,14 +463,16 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
                 memory.written.pop(spec.id, None)
             finally:
                 shown.check_done()
-            p.seconds = time.perf_counter() - c0
+            p.seconds, p.requests = time.perf_counter() - c0, _requests(w.model) - r0
             for r in records.values() if p.none is None else ():
                 units = p.bt if int(r["i"]) in tested_at else p.plain
                 units.add(record_queries(r), int(typing.cast(int, r.get("gradients", 0))))
     finally:
         log.setLevel(level)
         shown.close()
-    found = estimate_time(checks, bounds_of(order, w.data, skips), rates, time.perf_counter() - t0)
+    endpoint = endpoint_of(w.model)
+    found = estimate_time(checks, bounds_of(order, w.data, skips), rates, time.perf_counter() - t0,
+                          None if endpoint is None else int(endpoint.options.batch))
     log_estimate(found)
     return _Pilot(memory, checks, specs, broken, found, pw.steps)
 
