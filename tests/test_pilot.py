@@ -19,7 +19,6 @@ from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
 from certify.demo.synthetic import generate
 from certify.engine.pilot import (
     AT_MOST_MARGIN,
-    PILOT_SAMPLES,
     Bound,
     PilotCheck,
     Units,
@@ -87,10 +86,9 @@ def test_the_pilot_changes_nothing_on_the_card(runs):
     assert with_pilot["measurement"] == without["measurement"]
     est = with_pilot["provenance"]["timings"]["estimate"]
     assert "estimate" not in without["provenance"]["timings"]
-    # it kept records (else it was a test of nothing): the 4 pilot samples of every check but
+    # it kept records (else it was a test of nothing): the pilot samples of every check but
     # the attacks, whose records depend on their batch and are evaluated again
-    attacks = {"apgd_linf", "square_linf"}
-    assert est["pilot_records_kept"] == PILOT_SAMPLES * len(set(CHECKS) - attacks), est
+    assert est["pilot_records_kept"] >= 4 * len(set(CHECKS) - {"apgd_linf", "square_linf"}), est
 
 
 def test_the_estimate_brackets_the_run(runs):
@@ -115,15 +113,24 @@ def test_the_run_says_its_expected_and_at_most_time(inputs, tmp_path):
     assert "run time: expected" not in " ".join(quiet.stderr.split())
 
 
-def test_pilot_positions_are_the_runs_first_samples_and_one_binarization_sample():
-    first = {3, 9, 20, 31}
+def test_pilot_positions_price_both_answers_and_one_binarization_sample():
+    right, wrong = [31, 3, 20, 9, 12], [7, 5]  # the run's order, not the index order
     selected = list(range(40))
-    positions, tested = pilot_positions(selected, first, {0, 10, 20, 30})
-    assert positions == [3, 9, 20, 31] and tested == 1  # 20 is already a test sample
-    positions, tested = pilot_positions(selected, first, {5, 25})
-    assert positions == [3, 5, 9, 20, 31] and tested == 1
-    positions, tested = pilot_positions([3, 4], first, set())
-    assert positions == [3] and tested == 0
+    positions, tested = pilot_positions(selected, right, wrong, {0, 10, 20, 30})
+    assert positions == [3, 7, 9, 20, 31] and tested == 1  # 20 is already a test sample
+    positions, tested = pilot_positions(selected, right, wrong, {25})
+    assert positions == [3, 7, 9, 20, 25, 31] and tested == 1
+    positions, tested = pilot_positions([3, 4, 5], right, wrong, set())
+    assert positions == [3, 5] and tested == 0
+
+
+def test_each_answer_is_priced_at_its_share():
+    # the pilot: 4 right answers at 100 queries each, 1 wrong one at 1; 75% of the check's
+    # samples are answered right
+    p = PilotCheck("a", samples=105, tested=0, pilot_samples=5, right=Units(400, 0),
+                   wrong=Units(1, 0), plain=Units(401, 0), pilot_right=4, pilot_wrong=1,
+                   right_share=0.75)
+    assert p.expected_units().queries == 100 * 100 * 0.75 + 1 * 100 * 0.25
 
 
 def test_expected_scales_the_pilots_units_to_the_samples_left():
@@ -135,7 +142,8 @@ def test_expected_scales_the_pilots_units_to_the_samples_left():
     assert (u.queries, u.gradients) == (86 * 100 + 9 * 1_000, 86 * 10)
     rates = Rates(0.001, 0.01, "test")
     e = estimate({"a": p}, {"a": Bound(200_000, 5_000)}, rates, pilot_s=3.0)
-    assert math.isclose(e.expected_s, 3.0 + u.cost(rates))
+    # the model's work at the rates, and the check's own once: 2 s less 1.8 s of model work
+    assert math.isclose(e.expected_s, 3.0 + u.cost(rates) + 0.2)
     # all in, the pilot paid 2 s for 0.8 + 1.0 = 1.8 s of model time: the bound at that cost
     factor = 2.0 / 1.8
     assert math.isclose(e.at_most_s, 3.0 + AT_MOST_MARGIN * factor * (200 + 50))

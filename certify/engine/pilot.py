@@ -50,20 +50,26 @@ log = logging.getLogger("certify")
 
 #: Samples per check the pilot evaluates (fewer where the check has fewer), evenly spread.
 PILOT_SAMPLES = 4
+#: The samples the run's probe asks the model before the pilot (the first of the run's seeded
+#: class-stratified order, so inside every check's selection as far as it goes): which it
+#: answers right, for each check's share and the pilot's choice.
+PROBE_SAMPLES = 64
 #: What "at most" multiplies its bound by: the noise of a shared machine between the pilot's
 #: timing and the main pass's.
 AT_MOST_MARGIN = 1.5
 
 
-def pilot_positions(selected: Sequence[int], first: set[int], binarization: set[int]
-                    ) -> tuple[list[int], int]:
+def pilot_positions(selected: Sequence[int], right: Sequence[int], wrong: Sequence[int],
+                    binarization: set[int]) -> tuple[list[int], int]:
     """The pilot's samples of a check whose selection is ``selected`` and whose binarization
-    test runs on ``binarization``: those of ``first`` (the first :data:`PILOT_SAMPLES` of the
-    run's seeded class-stratified order, so that every check pilots the same samples where it
-    has them, and an attack inherits the breaks of its threat model's earlier attacks as in the
-    main pass), and one of the test's samples where none of them is one. Returns (dataset
-    indices in selection order, how many of them the test uses)."""
-    chosen = {i for i in selected if i in first}
+    test runs on ``binarization``, from the run's probe (``right``, ``wrong``: the probe's
+    samples the model answers right and wrong, in the run's seeded class-stratified order):
+    the first :data:`PILOT_SAMPLES` right ones and the first wrong one of the selection (so
+    both kinds are priced), and one of the test's samples where none of those is one. Returns
+    (dataset indices in selection order, how many of them the test uses)."""
+    mine = set(selected)
+    chosen = set([i for i in right if i in mine][:PILOT_SAMPLES]
+                 + [i for i in wrong if i in mine][:1])
     if binarization and not chosen & binarization:
         chosen.add(min(binarization))
     return [i for i in selected if i in chosen], len(chosen & binarization)
@@ -108,6 +114,14 @@ class PilotCheck:
     #: Units of the pilot's samples outside the binarization test, and of those inside it.
     plain: Units = field(default_factory=Units)
     bt: Units = field(default_factory=Units)
+    #: Of the plain ones: the samples the model answers right and their units, and the wrong
+    #: ones' (a wrong answer is often decided at once), and the share of the check's samples
+    #: it answers right (from the run's probe: :data:`PROBE_SAMPLES`).
+    right: Units = field(default_factory=Units)
+    wrong: Units = field(default_factory=Units)
+    pilot_right: int = 0
+    pilot_wrong: int = 0
+    right_share: float = 1.0
     #: An endpoint's requests the pilot sent for it (0 for a model in this process).
     requests: int = 0
     #: Samples the main pass kept from the pilot (set when it does; the estimate, made before,
@@ -133,7 +147,16 @@ class PilotCheck:
         plain_n = self.pilot_samples - self.pilot_tested
         left_plain = max(0, self.samples - self.tested - plain_n)
         left_tested = max(0, self.tested - self.pilot_tested)
-        plain = self.plain.scaled(left_plain / plain_n) if plain_n else Units()
+        plain = Units()
+        if self.pilot_right + self.pilot_wrong == 0:  # not told apart: the plain samples alike
+            plain = self.plain.scaled(left_plain / plain_n) if plain_n else Units()
+        # each kind of answer at its share of the check's samples (all at the one piloted)
+        right = (self.right_share if self.pilot_wrong else 1.0) if self.pilot_right else 0.0
+        for units, n, share in ((self.right, self.pilot_right, right),
+                                (self.wrong, self.pilot_wrong, 1.0 - right)):
+            if n:
+                u = units.scaled(left_plain * share / n)
+                plain.add(u.queries, u.gradients)
         if self.pilot_tested:
             tested = self.bt.scaled(left_tested / self.pilot_tested)
         else:  # no test sample was piloted: price the test's samples as plain ones
@@ -230,7 +253,12 @@ def estimate(pilots: Mapping[str, PilotCheck], bounds: Mapping[str, Bound], rate
             e = per_request * p.expected_requests(request_batch) \
                 + per_image * p.expected_units().queries
         elif p is not None and p.none is None and rates.query_s is not None:
-            e = p.expected_units().cost(rates)
+            # the model's work at the calibrated rates, and the check's own once: what its
+            # pilot took beyond its model work (set-up, an attack's steps, which follow its
+            # iterations rather than its samples; on a small model most of a check's time)
+            own = max(0.0, p.seconds - Units(p.plain.queries + p.bt.queries,
+                                             p.plain.gradients + p.bt.gradients).cost(rates))
+            e = p.expected_units().cost(rates) + own
         m: float
         if bound.queries is not None and rates.query_s is not None:
             # the checks' own work: the pilot's seconds per unit, all in (its small batches

@@ -36,7 +36,7 @@ from certify.engine.crosscheck import apply_cross_checks, randomised_share
 from certify.engine.executor import Executor
 from certify.engine.local import LocalExecutor, cpu_batch_size, local_lanes
 from certify.engine.pilot import (
-    PILOT_SAMPLES,
+    PROBE_SAMPLES,
     Estimate,
     PilotCheck,
     bounds_of,
@@ -278,7 +278,7 @@ def run_suite(
                 log.info("check %s: %d sample(s) an earlier attack of its threat model broke "
                          "are not attacked again", spec.id, len(broken_before))
             if pilot is not None:
-                pilot.keep(spec, broken_before, work)
+                pilot.keep(spec, work)
             checked = _evaluate(spec, _context(spec, state.seeds[spec.id], device, data,
                                                suite, broken_before), work, state)
         state.durations[spec.id] = 0.0 if spec.id in skips else time.perf_counter() - c0
@@ -379,35 +379,43 @@ class _Pilot:
 
     memory: _MemoryRecords
     checks: dict[str, PilotCheck]
-    specs: dict[str, CheckSpec]
-    broken: dict[str, dict[int, dict[str, object]]]
     estimate: Estimate
     #: Record key -> the steps the pilot's checks started (see ``_Run.steps``).
     steps: dict[str, dict[str, int]]
 
-    def keep(self, spec: CheckSpec, broken_before: dict[int, dict[str, object]],
-             w: _Run) -> None:
-        """Write the pilot's round-0 records of ``spec`` into ``run`` where they are the
-        records the main pass would make (see :mod:`certify.engine.pilot`)."""
+    def keep(self, spec: CheckSpec, w: _Run) -> None:
+        """Write the pilot's round-0 records of ``spec`` into ``w.run`` where they are the
+        records the main pass would make (see :mod:`certify.engine.pilot`): a check that is
+        not an attack (whose records depend on its batch) and has no query budget of its own
+        (whose share per sample depends on what the others spent)."""
         rows = self.memory.written.get(spec.id)
-        ran = self.specs.get(spec.id)
-        if not rows or ran is None or spec.budget is not None or w.run.records[spec.id] \
-                or isinstance(spec.check, AttackCheck):  # its records depend on the batch
-            return
-        if type(ran.check) is not type(spec.check) \
-                or ran.check.get_params() != spec.check.get_params() \
-                or ran.samples != spec.samples:
-            return
-        mine = {int(r["i"]) for r in rows}
-        if {i: v for i, v in broken_before.items() if i in mine} != self.broken[spec.id]:
+        if not rows or spec.budget is not None or w.run.records[spec.id] \
+                or isinstance(spec.check, AttackCheck):
             return
         w.run.append(spec.id, rows)
         w.steps[spec.id] = dict(self.steps.get(spec.id, {}))
         self.checks[spec.id].kept = len(rows)
 
 
+def _probe(w: _Run, device: torch.device) -> tuple[list[int], list[int]]:
+    """The run's first :data:`~certify.engine.pilot.PROBE_SAMPLES` samples (seeded
+    class-stratified order), asked once before the pilot: (those the model answers right,
+    those it answers wrong). Not a check's queries: an endpoint's traffic counts them."""
+    idx = stratified_subset(w.data.y.numpy(), PROBE_SAMPLES, w.subset_seed).tolist()
+    if not idx:
+        return [], []
+    batch = w.batch_size
+    if device.type == "cpu" and endpoint_of(w.model) is None:
+        batch = cpu_batch_size(batch, tuple(w.data.x.shape[1:]), w.data.x.element_size())
+    got = torch.cat([w.model.predict(w.data.x[idx[s:s + batch]].to(device)).argmax(1).cpu()
+                     for s in range(0, len(idx), batch)])
+    ok = (got == w.data.y[idx].cpu()).tolist()
+    return [i for i, a in zip(idx, ok, strict=True) if a], \
+        [i for i, a in zip(idx, ok, strict=True) if not a]
+
+
 def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[str, int],
-           output: str, suite: Suite, device: DeviceChoice, rates: Rates) -> _Pilot | None:
+           output: str, suite: Suite, device: DeviceChoice, rates: Rates) -> _Pilot:
     """Run every check on its pilot samples (:func:`certify.engine.pilot.pilot_positions`) in
     the runner's order and schedule, timed, and estimate the run's time from it. Quiet:
     what the pilot's checks would log (warnings included) is said by the main pass."""
@@ -416,13 +424,11 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
     pw = dataclasses.replace(w, run=typing.cast(RunDir, memory),
                              progress=typing.cast(Progress, shown), steps={})
     checks: dict[str, PilotCheck] = {}
-    specs: dict[str, CheckSpec] = {}
-    broken: dict[str, dict[int, dict[str, object]]] = {}
     done: dict[str, CheckResult] = {}
     finals: dict[str, dict[int, SampleRecord]] = {}
     measured: dict[str, Measurement] = {}
-    first = set(stratified_subset(w.data.y.numpy(), PILOT_SAMPLES, w.subset_seed).tolist())
     t0 = time.perf_counter()
+    right, wrong = _probe(w, device.torch_device)
     level = log.level
     log.setLevel(max(logging.ERROR, log.getEffectiveLevel()))
     try:
@@ -435,9 +441,12 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
             tested_at = bt_positions(CheckContext(0, device.torch_device, [],
                                                   selected=tuple(selected)), tested) \
                 if tested else set()
-            positions, n_tested = pilot_positions(selected, first, tested_at)
+            positions, n_tested = pilot_positions(selected, right, wrong, tested_at)
+            mine = set(selected)
+            known = [i in mine for i in right], [i in mine for i in wrong]
             p = PilotCheck(spec.id, len(selected), len(tested_at), pilot_samples=len(positions),
-                           pilot_tested=n_tested)
+                           pilot_tested=n_tested,
+                           right_share=sum(known[0]) / max(1, sum(known[0]) + sum(known[1])))
             checks[spec.id] = p
             c0, r0 = time.perf_counter(), _requests(w.model)
             before: dict[int, dict[str, object]] = {}
@@ -448,9 +457,6 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
                     shown.check_done()
                     continue
                 spec, before = plan.spec, plan.broken_before
-            mine = set(positions)
-            broken[spec.id] = {i: v for i, v in before.items() if i in mine}
-            specs[spec.id] = spec
             try:
                 records = _run_check(spec, _context(spec, seeds[spec.id], device, w.data, suite,
                                                     before), pw, only=positions)
@@ -464,9 +470,19 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
             finally:
                 shown.check_done()
             p.seconds, p.requests = time.perf_counter() - c0, _requests(w.model) - r0
+            answered_right = set(right)
             for r in records.values() if p.none is None else ():
-                units = p.bt if int(r["i"]) in tested_at else p.plain
-                units.add(record_queries(r), int(typing.cast(int, r.get("gradients", 0))))
+                i, q = int(r["i"]), record_queries(r)
+                g = int(typing.cast(int, r.get("gradients", 0)))
+                if i in tested_at:
+                    p.bt.add(q, g)
+                    continue
+                p.plain.add(q, g)
+                (p.right if i in answered_right else p.wrong).add(q, g)
+                if i in answered_right:
+                    p.pilot_right += 1
+                else:
+                    p.pilot_wrong += 1
     finally:
         log.setLevel(level)
         shown.close()
@@ -474,7 +490,7 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
     found = estimate_time(checks, bounds_of(order, w.data, skips), rates, time.perf_counter() - t0,
                           None if endpoint is None else int(endpoint.options.batch))
     log_estimate(found)
-    return _Pilot(memory, checks, specs, broken, found, pw.steps)
+    return _Pilot(memory, checks, found, pw.steps)
 
 
 def _typed(spec: CheckSpec, fields: dict[str, object]) -> CheckResult:
