@@ -1,35 +1,40 @@
 """The run's time, estimated from a pilot before the main pass (issue 62: a run planned at "at
 most 6.1 min" of model time took 9.4).
 
-**The pilot.** Before the main pass, every check runs, in the runner's order and with the same
-schedule (an attack inherits the breaks of the earlier attacks of its threat model among the
-pilot's samples), on :data:`PILOT_SAMPLES` of its own samples evenly spread over its selection,
-plus one sample of its binarization test where it has one. It is timed whole: the model's
-queries and gradient evaluations, and the checks' own work (transforms, attack steps, the
-binarization ladder, bookkeeping) that the calibrated rates of :mod:`certify.engine.plan` leave
-out. The main pass then **keeps** the pilot's records of a check where they are the records it
-would make itself (every draw is seeded per sample, so a property's record does not depend on
-its batch): round 0, no query budget of its own, the same check, not an attack. An attack's
-records depend on its batch (APGD groups restarts by the batch's size and counts their
-gradient evaluations per group; the gallery keeps each batch's first broken samples), so its
-pilot samples are evaluated again and its pilot costs time only (the runs' measurements with
-and without the pilot are equal: ``tests/test_pilot.py``).
+**The probe and the pilot.** Before the main pass the model answers the run's first
+:data:`PROBE_SAMPLES` samples (its seeded class-stratified order, which every check's selection
+starts with), once: which it answers right and which wrong. Then every check runs, in the
+runner's order and schedule, on a pilot of its own samples: the first :data:`PILOT_SAMPLES`
+of the probe's right answers and its first wrong one (a wrong answer is often decided at
+once, a right one searched or attacked to the end: both are priced, each at its share of the
+check's samples), and one sample of its binarization test where it has one. Each check's
+pilot is timed whole and counted: its queries and gradient evaluations per sample, and its own
+work (set-up, transforms, attack steps, the binarization ladder) that the calibrated rates of
+:mod:`certify.engine.plan` leave out. The main pass **keeps** the pilot's records of a check
+that is not an attack and has no query budget of its own (every draw is seeded per sample, so
+such a record does not depend on its batch). An attack's records depend on its batch (APGD
+groups its restarts by the batch's size and counts their gradient evaluations per group; the
+gallery keeps each batch's first broken samples), so its pilot samples are evaluated again and
+its pilot costs time only. The runs' measurements with and without the pilot are equal
+(``tests/test_pilot.py``; the demo's too).
 
 **Two figures**, for the evaluation (loading the model before it and writing the card after it
 are not included):
 
-- *expected*: each check's queries and gradient evaluations per sample as the pilot measured
-  them (its binarization samples apart), times its samples still to do, at the cost per model
-  unit the pilot measured, and the pilot's own time;
+- *expected*: each check's units per sample as its pilot measured them (right and wrong
+  answers and the binarization samples apart), times its samples still to do, at the rates
+  calibrated in the executor's lanes, plus its own work beyond its model work once (it follows
+  an attack's iterations and a check's set-up rather than its samples), plus the pilot's time.
+  An endpoint's, not calibrated: seconds per request and per image fitted to the pilot's checks
+  (:func:`request_costs`), the main pass's requests as full as the pilot's per sample, at most
+  a batch, the binarization test's one query a request;
 - *at most*: each check's most queries and gradient evaluations (the plan's bound) at the
-  costlier of the calibrated rates and the pilot's all-in cost per unit, times
-  :data:`AT_MOST_MARGIN` (a shared machine's noise); a check without a bound of its own at its
-  pilot's seconds per sample, times the margin.
+  costlier of the calibrated rates and its pilot's all-in cost per unit (its small batches and
+  set-up make that dearer than the main pass's), times :data:`AT_MOST_MARGIN`; a check
+  without a bound of its own at its pilot's seconds per sample, times the margin.
 
 A model unit is a query at the calibrated query rate, or a gradient evaluation at the gradient
-rate (an endpoint, not calibrated: a query). A pilot of a few samples measures an attack's
-iterations in small batches, which cost more per sample than the main pass's, so the expected
-figure of an attack is an over- rather than an underestimate.
+rate (an endpoint: a query at the pilot's seconds per query).
 """
 
 from __future__ import annotations
