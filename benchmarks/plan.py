@@ -125,7 +125,8 @@ def main() -> None:
         for name, path in files.items():
             if name in runs:
                 certify_model(RunOptions(model=str(path), suite="gtsrb", data=str(data),
-                                         out=d / name, pdf=False, samples=FORMAT_SAMPLES))
+                                         out=d / name, pdf=False, samples=FORMAT_SAMPLES,
+                                         estimate=True))
                 rows[name] = figures(d / name / "results.json")
         if "endpoint" in runs:
             (d / "endpoint-inputs").mkdir()
@@ -133,7 +134,7 @@ def main() -> None:
             model = demo_model_path("standard")
             with mlserver_process(model, d / "mlserver") as served:
                 certify_model(RunOptions(model=served.url, suite=str(suite), data=str(signs),
-                                         out=d / "endpoint", pdf=False,
+                                         out=d / "endpoint", pdf=False, estimate=True,
                                          http=HttpOptions(batch=BATCH,
                                                           concurrency=CONCURRENCY)))
             rows["endpoint"] = figures(d / "endpoint" / "results.json")

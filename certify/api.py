@@ -85,9 +85,9 @@ class RunOptions:
     #: (``--time-budget``; :mod:`certify.engine.plan`)
     time_budget: float | None = None
     #: estimate the run's time before the main pass, from a pilot of every check on a few
-    #: samples whose records the main pass keeps (``--no-estimate``: not;
-    #: :mod:`certify.engine.pilot`)
-    estimate: bool = True
+    #: samples whose records the main pass keeps: ``True`` (``--estimate``), ``False``
+    #: (``--no-estimate``), ``None`` where the run may be long (:mod:`certify.engine.pilot`)
+    estimate: bool | None = None
 
 
 #: Builds an in-memory model (the Python API): (device, preprocessing, input size, number of

@@ -455,10 +455,11 @@ def _common_logging(f: Any) -> Any:
                    "calibration on this device; the binarization tests included) fits this "
                    "time (e.g. 10m, 600s, 1.5h); the checks' own work comes on top, so the "
                    "run takes longer. The card states the choice.")
-@click.option("--no-estimate", is_flag=True,
-              help="Skip the run-time estimate: before the main pass, every check runs on a "
-                   "few samples (records kept), and the log says the run's expected and "
-                   "at-most time.")
+@click.option("--estimate/--no-estimate", default=None,
+              help="Estimate the run's time before the main pass (every check runs on a few "
+                   "samples first, their records kept where they can be) and log its expected "
+                   "and at-most time [default: where the plan's model time may pass 2 min, or "
+                   "an endpoint's queries 200,000].")
 @click.option("--sample-offset", type=click.IntRange(min=0), default=0,
               help="Skip this many samples of the seeded order first: --samples N "
                    "--sample-offset N evaluates samples disjoint from --samples N.")
@@ -524,7 +525,7 @@ def _common_logging(f: Any) -> Any:
 @_executor_options
 @_common_logging
 def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
-        samples: int | Literal["all"] | None, time_budget: str | None, no_estimate: bool,
+        samples: int | Literal["all"] | None, time_budget: str | None, estimate: bool | None,
         sample_offset: int, seed: int | None, device: str, batch_size: int, resume: bool,
         input_scale: float | None, mean: tuple[float, float, float] | None,
         std: tuple[float, float, float] | None, channel_order: str | None, no_pdf: bool,
@@ -572,7 +573,7 @@ def run(model: str, suite_name: str, data_path: str | None, out_dir: Path,
         input_size=input_size or None, executor=executor, ray_address=ray_address,
         workers=workers, threads=threads, surrogate=surrogate, model_card=card,
         provenance=provenance, labels=labels_path,
-        time_budget=_duration(time_budget), estimate=not no_estimate,
+        time_budget=_duration(time_budget), estimate=estimate,
     )
     with _records_hint(out_dir), RichProgress(_err(), enabled=not quiet) as progress:
         result, paths = certify_model(opts, progress)

@@ -19,10 +19,12 @@ from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
 from certify.demo.synthetic import generate
 from certify.engine.pilot import (
     AT_MOST_MARGIN,
+    ESTIMATE_FROM_QUERIES,
     Bound,
     PilotCheck,
     Units,
     estimate,
+    long_run,
     pilot_positions,
 )
 from certify.engine.plan import Rates
@@ -70,7 +72,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def runs(inputs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
          ) -> dict[bool, dict[str, Any]]:
-    """The same run with the pilot and without it: results.json of each."""
+    """The same run with the pilot (asked for: the run is short) and without it: results.json
+    of each."""
     suite, data = inputs
     out = {}
     for estimate_ in (True, False):
@@ -104,13 +107,27 @@ def test_the_run_says_its_expected_and_at_most_time(inputs, tmp_path):
 
     suite, data = inputs
     proc = builders.run_cli("run", demo_model_path("standard"), "--suite", suite, "--data",
-                            data, "--out", tmp_path / "o", "--no-pdf")
+                            data, "--out", tmp_path / "o", "--no-pdf", "--estimate")
     assert proc.returncode in (0, 1), proc.stderr
     text = " ".join(proc.stderr.split())
     assert "run time: expected about " in text and ", at most " in text, text[-2000:]
+    # by default a run this short is not estimated (the pilot would cost more than it tells)
     quiet = builders.run_cli("run", demo_model_path("standard"), "--suite", suite, "--data",
-                             data, "--out", tmp_path / "q", "--no-pdf", "--no-estimate")
-    assert "run time: expected" not in " ".join(quiet.stderr.split())
+                             data, "--out", tmp_path / "q", "--no-pdf")
+    said = " ".join(quiet.stderr.split())
+    assert "run time: expected" not in said
+    assert "run time: not estimated (a short run: model time at most" in said, said[-2000:]
+    assert "--estimate gives one" in said
+
+
+def test_a_long_run_is_estimated_by_default():
+    rates = Rates(0.001, 0.01, "test")
+    assert long_run({"a": Bound(100_000, 2_000)}, rates) is None  # 100 s + 20 s
+    short = long_run({"a": Bound(10_000, 0), "brittle": Bound(None, 0)}, rates)
+    assert short is not None and "model time at most 10 s" in short
+    endpoint = Rates(None, None, "an endpoint")
+    assert long_run({"a": Bound(ESTIMATE_FROM_QUERIES, 0)}, endpoint) is None
+    assert long_run({"a": Bound(1_000, 0)}, endpoint) == "a short run: at most 1,000 queries"
 
 
 def test_pilot_positions_price_both_answers_and_one_binarization_sample():

@@ -59,6 +59,11 @@ PILOT_SAMPLES = 4
 #: class-stratified order, so inside every check's selection as far as it goes): which it
 #: answers right, for each check's share and the pilot's choice.
 PROBE_SAMPLES = 64
+#: By default a run is estimated when its plan's model time at most reaches this (seconds;
+#: the pilot costs a few seconds, which a short run need not spend), or an endpoint's queries
+#: at most reach :data:`ESTIMATE_FROM_QUERIES`; ``--estimate`` asks for it whatever the run.
+ESTIMATE_FROM_S = 120.0
+ESTIMATE_FROM_QUERIES = 200_000
 #: What "at most" multiplies its bound by: the noise of a shared machine between the pilot's
 #: timing and the main pass's.
 AT_MOST_MARGIN = 1.5
@@ -202,6 +207,24 @@ def bounds_of(checks: Sequence[CheckSpec], data: Dataset, skips: Mapping[str, st
         _, bt_q = binarization_cost(spec, data)
         out[spec.id] = Bound(None if queries is None else queries * n + bt_q, gradients * n)
     return out
+
+
+def long_run(bounds: Mapping[str, Bound], rates: Rates) -> str | None:
+    """Why a run is too short to need an estimate by default (``None``: it may be long): its
+    plan's model time at most below :data:`ESTIMATE_FROM_S`, or an endpoint's queries at most
+    below :data:`ESTIMATE_FROM_QUERIES` (checks without a bound of their own, the sanity and
+    clean-accuracy checks and the brittle score, are left out: a few passes over their
+    samples)."""
+    bounds = {k: b for k, b in bounds.items() if b.queries is not None}
+    if rates.query_s is None:
+        queries = sum(b.queries or 0 for b in bounds.values())
+        return None if queries >= ESTIMATE_FROM_QUERIES else \
+            f"a short run: at most {queries:,} queries"
+    if rates.gradient_s is None and any(b.gradients for b in bounds.values()):
+        return None
+    seconds = sum(Units(b.queries or 0, b.gradients).cost(rates) for b in bounds.values())
+    return None if seconds >= ESTIMATE_FROM_S else \
+        f"a short run: model time at most {_duration(seconds)}"
 
 
 @dataclass

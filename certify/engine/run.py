@@ -37,10 +37,12 @@ from certify.engine.executor import Executor
 from certify.engine.local import LocalExecutor, cpu_batch_size, local_lanes
 from certify.engine.pilot import (
     PROBE_SAMPLES,
+    Bound,
     Estimate,
     PilotCheck,
     bounds_of,
     log_estimate,
+    long_run,
     pilot_positions,
 )
 from certify.engine.pilot import estimate as estimate_time
@@ -210,7 +212,7 @@ def run_suite(
     query_budget: int | None = None,
     executor: Executor | None = None,
     time_budget: TimeBudget | None = None,
-    estimate: bool = True,
+    estimate: bool | None = None,
 ) -> SuiteOutcome:
     """Run every check of ``suite`` and return the typed result and the card's images.
 
@@ -225,8 +227,9 @@ def run_suite(
     has them); each such row's details say so.
 
     ``estimate``: run the pilot and say the run's expected and at-most time before the main
-    pass (:mod:`certify.engine.pilot`); not on a resumed run, nor under a query budget (the
-    pilot would spend part of it).
+    pass (:mod:`certify.engine.pilot`); ``None`` (the default): where the run may be long
+    (:func:`certify.engine.pilot.long_run`). Not on a resumed run, nor under a query budget
+    (the pilot would spend part of it).
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
@@ -259,7 +262,8 @@ def run_suite(
     for spec in order:
         state.seeds[spec.id] = check_seed(seed, spec.id)
     pilot = _pilot(order, skips, work, state.seeds, model.info.output, suite, device, rates) \
-        if _estimating(estimate, run, query_budget) else None
+        if _estimating(estimate, run, query_budget, bounds_of(order, data, skips), rates) \
+        else None
     done: dict[str, CheckResult] = {}
     for k, spec in enumerate(order):
         c0 = time.perf_counter()
@@ -305,14 +309,24 @@ def _requests(model: Model) -> int:
     return int(sent) if isinstance(sent, int) else 0
 
 
-def _estimating(asked: bool, run: RunDir, query_budget: int | None) -> bool:
-    """Whether the run estimates its time with a pilot (said where it was asked and does not)."""
+def _estimating(asked: bool | None, run: RunDir, query_budget: int | None,
+                bounds: dict[str, Bound], rates: Rates) -> bool:
+    """Whether the run estimates its time with a pilot: where asked (``True``), or by default
+    (``None``) where the plan's bounds are long (:func:`certify.engine.pilot.long_run`); never
+    on a resumed run or under a query budget (said where it was asked)."""
     why = "a resumed run" if run.resumed_records else \
         "a query budget is set, and the estimate's pilot would spend part of it" \
         if query_budget is not None else None
-    if asked and why is not None:
+    if asked is False:
+        return False
+    if why is None and asked is None:
+        why = long_run(bounds, rates)
+        if why is not None:
+            log.info("run time: not estimated (%s; --estimate gives one)", why)
+            return False
+    if why is not None:
         log.info("run time: not estimated (%s)", why)
-    return asked and why is None
+    return why is None
 
 
 def _context(spec: CheckSpec, check_seed_: int, device: DeviceChoice, data: Dataset,
