@@ -262,8 +262,7 @@ def run_suite(
     for spec in order:
         state.seeds[spec.id] = check_seed(seed, spec.id)
     pilot = _pilot(order, skips, work, state.seeds, model.info.output, suite, device, rates) \
-        if _estimating(estimate, run, query_budget, bounds_of(order, data, skips), rates) \
-        else None
+        if _estimating(estimate, run, query_budget, bounds_of(order, data, skips), rates) else None
     done: dict[str, CheckResult] = {}
     for k, spec in enumerate(order):
         c0 = time.perf_counter()
