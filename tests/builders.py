@@ -292,24 +292,27 @@ DEMO_SMALL = {"sanity": {"samples": 43}, "clean": {}, "coverage": {},
               "translation+scaling": {"samples": 86}}
 
 
-def write_demo_small_suite(path: Path) -> Path:
-    """The packaged gtsrb suite cut to :data:`DEMO_SMALL` (for ``certify demo --suite``)."""
+def write_demo_small_suite(path: Path, cut: dict[str, dict] | None = None,
+                           name: str = "gtsrb-small") -> Path:
+    """The packaged gtsrb suite cut to ``cut`` (check id -> what changes in it; default
+    :data:`DEMO_SMALL`, for ``certify demo --suite``), named ``name``."""
     import yaml
 
     from certify.suite import resolve_suite_path
 
+    cut = DEMO_SMALL if cut is None else cut
     raw = yaml.safe_load(resolve_suite_path("gtsrb").read_text())
     checks = []
     for c in raw["checks"]:
-        if c["id"] not in DEMO_SMALL:
+        if c["id"] not in cut:
             continue
-        change = DEMO_SMALL[c["id"]]
+        change = cut[c["id"]]
         c = {**c, **{k: v for k, v in change.items() if k != "params"}}
         c["params"] = {**c.get("params", {}), **change.get("params", {})}
         if not c["params"]:
             del c["params"]
         checks.append(c)
-    raw["name"], raw["checks"] = "gtsrb-small", checks
+    raw["name"], raw["checks"] = name, checks
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 

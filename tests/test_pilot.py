@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 import certify
 from certify.api import DEMO_PER_CLASS, DEMO_SEED, demo_model_path
@@ -28,7 +27,8 @@ from certify.engine.pilot import (
     pilot_positions,
 )
 from certify.engine.plan import Rates
-from certify.suite import resolve_suite_path
+
+import builders
 
 pytestmark = pytest.mark.e2e
 
@@ -50,19 +50,7 @@ CHECKS: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("pilot")
-    raw = yaml.safe_load(resolve_suite_path("gtsrb").read_text())
-    checks = []
-    for c in raw["checks"]:
-        if c["id"] in CHECKS:
-            change = CHECKS[c["id"]]
-            c = {**c, **{k: v for k, v in change.items() if k != "params"},
-                 "params": {**c.get("params", {}), **change.get("params", {})}}
-            if not c["params"]:
-                del c["params"]
-            checks.append(c)
-    raw["name"], raw["checks"] = "pilot", checks
-    suite = folder / "suite.yaml"
-    suite.write_text(yaml.safe_dump(raw, sort_keys=False))
+    suite = builders.write_demo_small_suite(folder / "suite.yaml", CHECKS, "pilot")
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
     data = folder / "signs.npz"
     np.savez(data, x=x, y=y)
@@ -103,8 +91,6 @@ def test_the_estimate_brackets_the_run(runs):
 
 
 def test_the_run_says_its_expected_and_at_most_time(inputs, tmp_path):
-    import builders
-
     suite, data = inputs
     proc = builders.run_cli("run", demo_model_path("standard"), "--suite", suite, "--data",
                             data, "--out", tmp_path / "o", "--no-pdf", "--estimate")

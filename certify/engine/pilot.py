@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,11 +50,14 @@ import numpy as np
 from certify.canonical import JSONLike
 from certify.data import Dataset
 from certify.engine.plan import Rates, _duration, binarization_cost, per_sample, samples_of
+from certify.engine.records import record_queries
+from certify.rundir import SampleRecord
 from certify.suite import CheckSpec
 
 log = logging.getLogger("certify")
 
-#: Samples per check the pilot evaluates (fewer where the check has fewer), evenly spread.
+#: Samples per check the pilot evaluates that the model answers right (fewer where the check
+#: has fewer), beside one it answers wrong and one of its binarization test.
 PILOT_SAMPLES = 4
 #: The samples the run's probe asks the model before the pilot (the first of the run's seeded
 #: class-stratified order, so inside every check's selection as far as it goes): which it
@@ -140,10 +144,32 @@ class PilotCheck:
     #: Why the pilot measured nothing (a skip by the schedule, an error), or None.
     none: str | None = None
 
+    @property
+    def spent(self) -> Units:
+        """The pilot's units of this check, all its samples."""
+        return Units(self.plain.queries + self.bt.queries,
+                     self.plain.gradients + self.bt.gradients)
+
+    def count(self, records: Mapping[int, SampleRecord], tested_at: set[int],
+              right: set[int]) -> None:
+        """Count the pilot's ``records`` (dataset index -> record): the binarization test's
+        samples (``tested_at``) apart, the others as answered right (``right``) or wrong."""
+        for i, r in records.items():
+            u = Units(record_queries(r), int(typing.cast(int, r.get("gradients", 0))))
+            if i in tested_at:
+                self.bt.add(u.queries, u.gradients)
+                continue
+            self.plain.add(u.queries, u.gradients)
+            if i in right:
+                self.right.add(u.queries, u.gradients)
+                self.pilot_right += 1
+            else:
+                self.wrong.add(u.queries, u.gradients)
+                self.pilot_wrong += 1
+
     def per_unit(self, rates: Rates) -> float | None:
         """Seconds per model unit, all in (None where the pilot spent none)."""
-        units = Units(self.plain.queries + self.bt.queries,
-                      self.plain.gradients + self.bt.gradients).cost(rates)
+        units = self.spent.cost(rates)
         return self.seconds / units if units > 0 else None
 
     def expected_units(self) -> Units:
@@ -243,15 +269,18 @@ class Estimate:
                 "pilot_s": round(self.pilot_s, 3), "pilot_samples": self.pilot_samples,
                 "margin": AT_MOST_MARGIN,
                 "checks": self.checks,
-                "rule": "expected: the pilot's units per sample times the samples left, at its "
-                        "seconds per unit; at most: the plan's bound at the costlier of the "
-                        f"calibrated rates and the pilot's, times {AT_MOST_MARGIN}"}
+                "rule": "expected: the pilot's units per sample (right and wrong answers at "
+                        "their shares) times the samples left at the calibrated rates, plus "
+                        "each check's own work beyond its model work once (an endpoint: its "
+                        "fitted costs per request and per image); at most: the plan's bound "
+                        "at the costlier of the calibrated rates and the pilot's, times "
+                        f"{AT_MOST_MARGIN}"}
 
 
 def request_costs(pilots: Mapping[str, PilotCheck]) -> tuple[float, float]:
     """An endpoint's (seconds per request, seconds per image), fitted to the pilot's checks
     (least squares over each check's seconds = a x requests + b x images, neither below 0)."""
-    rows = [(p.requests, p.plain.queries + p.bt.queries, p.seconds) for p in pilots.values()
+    rows = [(p.requests, p.spent.queries, p.seconds) for p in pilots.values()
             if p.none is None and p.requests > 0]
     if not rows:
         return 0.0, 0.0
@@ -270,7 +299,7 @@ def estimate(pilots: Mapping[str, PilotCheck], bounds: Mapping[str, Bound], rate
     per_request = per_image = 0.0
     if rates.query_s is None:  # an endpoint: its seconds per query, as the pilot paid them
         per_request, per_image = request_costs(pilots)
-        spent = sum(p.plain.queries + p.bt.queries for p in pilots.values())
+        spent = sum(p.spent.queries for p in pilots.values())
         rates = Rates(pilot_s / spent if spent else None, None,
                       f"the pilot's {_duration(pilot_s)} over its {spent:,.0f} queries")
     expected, at_most, doc = pilot_s, pilot_s, {}
@@ -284,8 +313,7 @@ def estimate(pilots: Mapping[str, PilotCheck], bounds: Mapping[str, Bound], rate
             # the model's work at the calibrated rates, and the check's own once: what its
             # pilot took beyond its model work (set-up, an attack's steps, which follow its
             # iterations rather than its samples; on a small model most of a check's time)
-            own = max(0.0, p.seconds - Units(p.plain.queries + p.bt.queries,
-                                             p.plain.gradients + p.bt.gradients).cost(rates))
+            own = max(0.0, p.seconds - p.spent.cost(rates))
             e = p.expected_units().cost(rates) + own
         m: float
         if bound.queries is not None and rates.query_s is not None:

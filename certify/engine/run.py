@@ -442,6 +442,7 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
     measured: dict[str, Measurement] = {}
     t0 = time.perf_counter()
     right, wrong = _probe(w, device.torch_device)
+    answered_right = set(right)
     level = log.level
     log.setLevel(max(logging.ERROR, log.getEffectiveLevel()))
     try:
@@ -456,10 +457,9 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
                 if tested else set()
             positions, n_tested = pilot_positions(selected, right, wrong, tested_at)
             mine = set(selected)
-            known = [i in mine for i in right], [i in mine for i in wrong]
+            n_right, n_wrong = sum(i in mine for i in right), sum(i in mine for i in wrong)
             p = PilotCheck(spec.id, len(selected), len(tested_at), pilot_samples=len(positions),
-                           pilot_tested=n_tested,
-                           right_share=sum(known[0]) / max(1, sum(known[0]) + sum(known[1])))
+                           pilot_tested=n_tested, right_share=n_right / max(1, n_right + n_wrong))
             checks[spec.id] = p
             c0, r0 = time.perf_counter(), _requests(w.model)
             before: dict[int, dict[str, object]] = {}
@@ -475,6 +475,7 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
                                                     before), pw, only=positions)
                 finals[spec.id] = records
                 done[spec.id], measured[spec.id] = _summarize(spec, records, w.data)
+                p.count(records, tested_at, answered_right)
             except (KeyboardInterrupt, ModelError):
                 raise
             except Exception as exc:  # noqa: BLE001 - the main pass says what went wrong
@@ -483,19 +484,6 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
             finally:
                 shown.check_done()
             p.seconds, p.requests = time.perf_counter() - c0, _requests(w.model) - r0
-            answered_right = set(right)
-            for r in records.values() if p.none is None else ():
-                i, q = int(r["i"]), record_queries(r)
-                g = int(typing.cast(int, r.get("gradients", 0)))
-                if i in tested_at:
-                    p.bt.add(q, g)
-                    continue
-                p.plain.add(q, g)
-                (p.right if i in answered_right else p.wrong).add(q, g)
-                if i in answered_right:
-                    p.pilot_right += 1
-                else:
-                    p.pilot_wrong += 1
     finally:
         log.setLevel(level)
         shown.close()
