@@ -89,6 +89,8 @@ def main() -> int:
                 continue
             print(f"running {key}", flush=True)
             got[key] = run(suite, model, Path(tmp) / key.replace("/", "-"))
+            if args.out:  # as it goes: a later run's failure keeps the earlier ones
+                args.out.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     if args.out:
         args.out.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     if args.check:

@@ -12,11 +12,14 @@ adds how the kind is measured; the engine imports the compute classes.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from certify.norms import norm
 
 
 @dataclass(frozen=True)
@@ -122,10 +125,29 @@ def interval_text(iv: Any) -> str:
     return f"{pct(lo)}–{pct(hi)}"
 
 
+class Role(enum.Enum):
+    """What a check is for, which the runner reads instead of its class."""
+
+    #: Tests the model itself (determinism, quantisation, a rounding head): runs first, and
+    #: its findings qualify the attacks.
+    SUSPECT = "suspect-model check"
+    #: Accuracy on the unchanged data.
+    CLEAN = "clean"
+    #: A corruption property (a bounded transform's worst case or a random corruption).
+    PROPERTY = "property"
+    #: An attack in a threat model (:meth:`certify.checks.AttackCheck.threat_model`): grouped
+    #: with the attacks of its threat model, which decide its row together.
+    ATTACK = "attack"
+    #: A score of the model's behaviour (the brittle score, accuracy at coverage).
+    SCORE = "score"
+
+
 class Kind:
     """A check kind's description (subclassed once per kind, then by its compute class)."""
 
     kind: ClassVar[str] = ""
+    #: What the check is for (:class:`Role`).
+    role: ClassVar[Role] = Role.SCORE
     #: The compute class's name (the results schema names its models after it).
     name: ClassVar[str] = ""
     #: The card's family heading this check is shown under (and listed as untested without it).
@@ -208,6 +230,7 @@ class SanityKind(Kind):
 
     name: ClassVar[str] = "Sanity"
     kind: ClassVar[str] = "sanity"
+    role: ClassVar[Role] = Role.SUSPECT
     glance_group: ClassVar[str] = "Clean, coverage and confidence"
     family: ClassVar[str] = CONFIDENCE_FAMILY
     metrics: ClassVar[tuple[Metric, ...]] = (
@@ -256,6 +279,7 @@ class CleanAccuracyKind(Kind):
 
     name: ClassVar[str] = "CleanAccuracy"
     kind: ClassVar[str] = "clean_accuracy"
+    role: ClassVar[Role] = Role.CLEAN
     glance_group: ClassVar[str] = "Clean, coverage and confidence"
     family: ClassVar[str] = "Clean accuracy"
     metrics: ClassVar[tuple[Metric, ...]] = (
@@ -334,6 +358,7 @@ class CoverageKind(Kind):
 class _CorruptionFamily(Kind):
     """What a corruption property and a pair of them share: their family and glance group."""
 
+    role: ClassVar[Role] = Role.PROPERTY
     family: ClassVar[str] = CORRUPTION_FAMILY
     glance_group: ClassVar[str] = "Corruptions"
 
@@ -500,6 +525,7 @@ class AttackKind(Kind):
 
     name: ClassVar[str] = "AttackCheck"
     kind: ClassVar[str] = "attack"
+    role: ClassVar[Role] = Role.ATTACK
     glance_group: ClassVar[str] = "Attacks"
     family: ClassVar[str] = "Query-based attacks validated by the binarization test"
     metrics: ClassVar[tuple[Metric, ...]] = (
@@ -574,9 +600,7 @@ class AttackKind(Kind):
     def headline(cls, result: ResultView) -> str:
         """Robust accuracy with its interval, the threat model and the binarization test."""
         m, d = result.metrics, result.details
-        bound = "spatial grid" if d["norm"] == "spatial" else (
-            f"l0 k={d['epsilon']:.0f} pixels" if d["norm"] == "l0" else
-            f"{d['norm']} ε={d['epsilon']:.4g}")
+        bound = norm(d["norm"]).headline(d["epsilon"])
         wb = d.get("white_box")
         effort = (("transfer from the surrogate" if wb.get("transfer") else "white-box")
                   + f", {wb['iterations']} iterations × {wb['restarts']} restart(s)"

@@ -21,12 +21,13 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from certify.checks import CHECKS, Check
+from certify.checks import CHECKS, Check, attack_of
 from certify.data import INTERPOLATIONS, DataSpec
 from certify.data.classes import resolve_class_names
 from certify.data.loaders import LAYOUTS
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
+from certify.norms import Norm
 from certify.results import DEFAULT_RELEASE_TOLERANCE
 from certify.validation import expect_keys, plain_data, plain_keys
 
@@ -268,10 +269,10 @@ class Suite:
         return out
 
 
-def _attack_norm(check: Check[Any]) -> str | None:
+def _attack_norm(check: Check[Any]) -> Norm | None:
     """The norm of an attack check's threat model (``None`` for other checks)."""
-    threat = getattr(check, "threat_model", None)
-    return str(threat()[0]) if callable(threat) else None
+    attack = attack_of(check)
+    return attack.threat_model().norm if attack is not None else None
 
 
 def _threshold_reported(t: Threshold, check: Check[Any], cid: str, reference: bool,

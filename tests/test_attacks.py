@@ -225,9 +225,10 @@ def test_attack_check_counts_and_warns_about_samples_without_a_start():
 
 
 def test_square_p_init_follows_the_input_size():
-    assert default_p_init("linf", 32, 32) == default_p_init("l2", 64, 64) == 0.8
-    assert default_p_init("linf", 224, 224) == 0.05
-    assert default_p_init("l2", 224, 224) == 0.1
+    linf, l2 = SquareLinf.large_p_init, SquareL2.large_p_init
+    assert default_p_init(linf, 32, 32) == default_p_init(l2, 64, 64) == 0.8
+    assert default_p_init(linf, 224, 224) == 0.05
+    assert default_p_init(l2, 224, 224) == 0.1
 
 
 def test_attacks_are_repeatable_from_a_seed():

@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("certify.version", "certify.errors", "certify.redact", "certify.canonical",
                     "certify.stats", "certify.progress", "certify.device", "certify.images",
                     "certify.figures", "certify.validation", "certify.rundir", "certify.kinds",
-                    "certify.onnx_files", "certify.tolerance", "certify.safetext")),
+                    "certify.onnx_files", "certify.tolerance", "certify.safetext",
+                    "certify.norms")),
     ("inputs", ("certify.models", "certify.data", "certify.perturbations", "certify.demo")),
     ("attacks", ("certify.attacks",)),
     ("checks", ("certify.checks",)),
@@ -163,6 +164,81 @@ def test_docs_layout_names_every_top_level_part_of_the_package():
     assert listed == actual, (f"docs/development.md lists {sorted(listed - actual)} that do not "
                               "exist and "
                               f"misses {sorted(actual - listed)}")
+
+
+NORM_NAMES = {"linf", "l2", "l1", "l0", "spatial"}
+
+
+def norm_name_comparisons(source: str) -> list[int]:
+    """Lines of ``source`` that compare with a norm's name written out (``norm == "linf"``,
+    ``norm in ("linf", "l2")``) or key a table by one (``{"linf": ...}``)."""
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in NORM_NAMES
+        return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(
+            named(e) for e in node.elts)
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(
+                named(n) for n in (node.left, *node.comparators)):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_code_compares_a_norm_by_its_name_outside_the_norm_module():
+    """A threat norm is a value (certify/norms.py): everything else asks it, so a new norm is
+    one class there and the attacks that attack in it (issue 63)."""
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in sorted(PKG.rglob("*.py"))
+             if p != PKG / "norms.py" for line in norm_name_comparisons(p.read_text())]
+    templates = [f"{p.relative_to(ROOT)}" for p in sorted((ROOT / "templates").rglob("*.j2"))
+                 if re.search(r"norm\s*[!=]=\s*[\"'](" + "|".join(NORM_NAMES) + ")",
+                              p.read_text())]
+    assert not found and not templates, (found, templates)
+
+
+def test_the_norm_checker_sees_planted_comparisons():
+    planted = 'a = n == "linf"\nb = n in ("l2", "x")\nc = {"l0": 1}\nd = n == "linear"\n'
+    assert norm_name_comparisons(planted) == [1, 2, 3]
+
+
+def concrete_isinstance(source: str, names: set[str]) -> list[str]:
+    """``isinstance(x, C)`` calls in ``source`` whose class (or one of a tuple) is in
+    ``names``: ``line: C``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "isinstance" and len(node.args) == 2:
+            cls = node.args[1]
+            for c in (cls.elts if isinstance(cls, ast.Tuple) else [cls]):
+                name = c.id if isinstance(c, ast.Name) else \
+                    c.attr if isinstance(c, ast.Attribute) else None
+                if name in names:
+                    out.append(f"{node.lineno}: {name}")
+    return out
+
+
+def test_the_engine_reads_a_checks_role_not_its_class():
+    """No ``isinstance`` of a concrete check or attack class in certify/engine: the engine
+    reads :attr:`certify.kinds.Kind.role` (and :func:`certify.checks.attack_of`)."""
+    from certify.attacks import ATTACKS, Attack
+    from certify.checks import CHECKS, Check
+
+    names = {c.__name__ for c in (*CHECKS.values(), *ATTACKS.values())} | {
+        c.__name__ for base in (Check, Attack) for c in _subclasses(base)}
+    found = {str(p.relative_to(ROOT)): hits for p in sorted((PKG / "engine").glob("*.py"))
+             if (hits := concrete_isinstance(p.read_text(), names))}
+    assert not found, found
+    assert concrete_isinstance("isinstance(c, (int, AttackCheck))", names) == ["1: AttackCheck"]
+
+
+def _subclasses(cls: type) -> set[type]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub} | _subclasses(sub)
+    return out
 
 
 def test_no_function_of_the_engine_is_over_100_lines():

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from certify.attacks import ATTACKS, SparseRS, project
-from certify.attacks.base import changed_pixels
 from certify.checks.attack import BT_NOT_L0, AttackCheck
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, QueryCounter
+from certify.norms import changed_pixels
 from certify.perturbations import PROPERTIES
 from certify.suite import load_suite, parse_suite
 

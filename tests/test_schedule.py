@@ -74,8 +74,8 @@ def test_samples_an_earlier_attack_broke_are_handed_on_and_a_cross_check_stops_a
     assert plan.skip is None
     assert plan.broken_before == {0: {"by": "apgd", "adv_pred": 3, "confidence": 0.9,
                                       "probability": 0.8}}
-    assert plan.spec.check.role == "cross_check"
-    assert _spec(suite, "square").check.role == "own"  # the suite's check is not changed
+    assert plan.spec.check.attack_role == "cross_check"
+    assert _spec(suite, "square").check.attack_role == "own"  # the suite's check is not changed
     # converged after round 0: the cross-check stops there, an attack on its own goes on
     rounds = {i: {"outcome": "robust", "attack_queries": 1000} for i in range(50)}
     assert plan.spec.check.next_round(rounds, 0) is None
@@ -87,11 +87,11 @@ def test_samples_an_earlier_attack_broke_are_handed_on_and_a_cross_check_stops_a
                     {"white_box": {"not_attacked": 4}, "convergence": {"converged": True}}):
         again = plan_attack(_spec(suite, "square"),
                             _earlier(suite, {"apgd": ("WARN", recs, details)}), "logits")
-        assert again.spec.check.role == "own"
+        assert again.spec.check.attack_role == "own"
     # an errored earlier attack hands nothing on
     errored = plan_attack(_spec(suite, "square"),
                           _earlier(suite, {"apgd": ("ERROR", recs, CONVERGED_APGD)}), "logits")
-    assert errored.broken_before == {} and errored.spec.check.role == "own"
+    assert errored.broken_before == {} and errored.spec.check.attack_role == "own"
 
 
 def test_a_decision_based_attack_runs_only_where_it_is_needed():

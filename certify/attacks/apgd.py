@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, project
 from certify.errors import AttackProtocolError
+from certify.norms import L2, LINF, Norm
 
 if TYPE_CHECKING:
     import torch
@@ -108,13 +109,13 @@ class APGD(Attack):
     """
 
     name: ClassVar[str] = "apgd_ce"
-    norms: ClassVar[tuple[str, ...]] = ("linf", "l2")
+    norms: ClassVar[tuple[Norm, ...]] = (LINF, L2)
     needs_scores: ClassVar[bool] = True
     needs_gradients: ClassVar[bool] = True
     convergence: ClassVar[str] = "checkpoints"
     eps_sweep: ClassVar[bool] = True
 
-    def __init__(self, epsilon: float = 8 / 255, norm: str = "linf", iterations: int = 100,
+    def __init__(self, epsilon: float = 8 / 255, norm: Norm | str = LINF, iterations: int = 100,
                  restarts: int = 2, max_queries: int = 0) -> None:
         self._threat(norm, epsilon)
         if iterations < 1 or restarts < 1:
@@ -129,14 +130,14 @@ class APGD(Attack):
         self.until_broken = False
 
     @classmethod
-    def configure(cls, norm: str, epsilon: float, max_queries: int,
+    def configure(cls, norm: Norm, epsilon: float, max_queries: int,
                   params: dict[str, Any]) -> Attack:
         """White-box: iterations and restarts (``params``) set its effort, not queries."""
         return cls(**(dict(params) | {"epsilon": epsilon, "norm": norm}))
 
     def params(self) -> dict[str, Any]:
         """The constructor parameters."""
-        return {"epsilon": self.epsilon, "norm": self.norm,
+        return {"epsilon": self.epsilon, "norm": self.norm.name,
                 "iterations": self.iterations, "restarts": self.restarts}
 
     def runs(self, model: Differentiable, x: torch.Tensor, y: torch.Tensor
@@ -217,7 +218,7 @@ class APGD(Attack):
                 steps = i
                 break
             a = ALPHA if i > 0 else 1.0
-            z = project(x_adv + step.view(-1, 1, 1, 1) * _direction(grad, norm), x, norm, eps)
+            z = project(x_adv + step.view(-1, 1, 1, 1) * norm.direction(grad), x, norm, eps)
             x_new = project(x_adv + a * (z - x_adv) + (1 - a) * (x_adv - x_prev), x, norm, eps)
             x_prev, x_adv = x_adv, x_new
             scores, _, cur, grad = model.value_and_grad(x_adv, loss)
@@ -246,18 +247,9 @@ class APGD(Attack):
         return out, broken, broken_at > second_last, steps + 1
 
     def _start(self, x: torch.Tensor, rng: Uniforms, ids: list[int]) -> torch.Tensor:
-        """A random point of the ball per sample: uniform in the L∞ cube scaled to its
-        surface, or on the L2 sphere (the reference's starts)."""
-        import torch
-
-        shape = tuple(x.shape[1:])
-        if self.norm == "linf":
-            t = (2 * rng.draw(int(x[0].numel()), ids) - 1).view(len(ids), *shape)
-            t = t / t.flatten(1).abs().amax(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
-        else:
-            t = torch.stack([rng.normal(shape, i) for i in ids])
-            t = t / t.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
-        return (self.epsilon * t).to(x)
+        """A random point of the ball's surface per sample (:meth:`certify.norms.Norm.start`:
+        the reference's starts)."""
+        return (self.epsilon * self.norm.start(rng, ids, tuple(x.shape[1:]))).to(x)
 
 
 class APGDTargeted(APGD):
@@ -268,7 +260,7 @@ class APGDTargeted(APGD):
     min_classes: ClassVar[int] = 4
     eps_sweep: ClassVar[bool] = False
 
-    def __init__(self, epsilon: float = 8 / 255, norm: str = "linf", iterations: int = 100,
+    def __init__(self, epsilon: float = 8 / 255, norm: Norm | str = LINF, iterations: int = 100,
                  restarts: int = 1, targets: int = 9, max_queries: int = 0) -> None:
         super().__init__(epsilon, norm, iterations, restarts, max_queries)
         if targets < 1:
@@ -296,10 +288,3 @@ class APGDTargeted(APGD):
         return [(r, order[:, t]) for t in range(min(self.targets, k - 1))
                 for r in range(self.restarts)], 1
 
-
-def _direction(grad: torch.Tensor, norm: str) -> torch.Tensor:
-    if norm == "linf":
-        return grad.sign()
-    n = grad.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
-    out: torch.Tensor = grad / (n + 1e-12)
-    return out

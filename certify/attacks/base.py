@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final
 
 from certify.errors import AttackProtocolError
+from certify.norms import LINF, Norm, ThreatModel
+from certify.norms import norm as norm_named
 from certify.perturbations.base import generators
 
 if TYPE_CHECKING:
@@ -146,56 +148,18 @@ def _keys(x: torch.Tensor) -> list[bytes]:
     return [bytes(row.numpy().tobytes()) for row in flat]
 
 
-def project(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float) -> torch.Tensor:
-    """Clip candidates to the ε-ball around ``x`` and to ``[0, 1]``.
-
-    L∞ and L2: the radius ``epsilon``. L0: ``epsilon`` is a number of pixels ``k``; all channels
-    of a pixel count as one, and the ``k`` pixels with the largest change (largest absolute
-    change over their channels) keep it while every other pixel is reset to ``x``.
-    """
-    import torch
-
-    delta = x_adv - x
-    if norm == "l0":  # the kept pixels' values exactly, the others exactly x's
-        keep = l0_keep(delta, int(epsilon)).ne(0).any(dim=1, keepdim=True)
-        return torch.where(keep, x_adv, x).clamp(0.0, 1.0)
-    if norm == "linf":
-        delta = delta.clamp(-epsilon, epsilon)
-    elif norm == "l2":
-        n = delta.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
-        delta = delta * torch.clamp(epsilon / n, max=1.0)
-    return (x + delta).clamp(0.0, 1.0)
+def project(x_adv: torch.Tensor, x: torch.Tensor, norm: Norm | str, epsilon: float
+            ) -> torch.Tensor:
+    """Clip candidates to the ε-ball of ``norm`` (or its name) around ``x`` and to ``[0, 1]``
+    (:meth:`certify.norms.Norm.project`)."""
+    return norm_named(norm).project(x_adv, x, epsilon)
 
 
-def inside(x_adv: torch.Tensor, x: torch.Tensor, norm: str, epsilon: float,
+def inside(x_adv: torch.Tensor, x: torch.Tensor, norm: Norm | str, epsilon: float,
            rtol: float = 1e-6) -> torch.Tensor:
-    """``[B]`` bool: each candidate lies in ``[0, 1]`` and in the ε-ball around ``x`` (up to a
-    relative float tolerance ``rtol`` on the radius; L0 exactly)."""
-    delta = (x_adv - x).flatten(1)
-    valid = ((x_adv >= 0) & (x_adv <= 1)).flatten(1).all(dim=1)
-    if norm == "l0":
-        return valid & (changed_pixels(x_adv, x) <= int(epsilon))
-    size = delta.abs().amax(dim=1) if norm == "linf" else delta.norm(dim=1)
-    return valid & (size <= epsilon * (1 + rtol))
-
-
-def l0_keep(delta: torch.Tensor, k: int) -> torch.Tensor:
-    """``delta`` ``[B, C, H, W]`` with all but its ``k`` most changed pixels zeroed."""
-    import torch
-
-    b, _, h, w = delta.shape
-    size = delta.abs().amax(dim=1).flatten(1)  # [B, H*W]
-    if k >= h * w:
-        return delta
-    keep = torch.zeros_like(size, dtype=torch.bool)
-    if k > 0:
-        keep.scatter_(1, size.topk(k, dim=1).indices, True)
-    return delta * keep.view(b, 1, h, w).to(delta.dtype)
-
-
-def changed_pixels(x_adv: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Pixels (all channels of a pixel count as one) where ``x_adv`` differs from ``x``, ``[B]``."""
-    return (x_adv != x).any(dim=1).flatten(1).sum(dim=1)
+    """``[B]`` bool: each candidate lies in ``[0, 1]`` and in the ε-ball around ``x``
+    (:meth:`certify.norms.Norm.inside`)."""
+    return norm_named(norm).inside(x_adv, x, epsilon, rtol)
 
 
 def margin(scores: torch.Tensor, y: torch.Tensor, output: str) -> torch.Tensor:
@@ -284,9 +248,8 @@ class Attack:
     """
 
     name: ClassVar[str] = ""
-    #: The threat norms the attack attacks in (``linf``, ``l2``, ``l0``, ``spatial``); the first
-    #: is the default.
-    norms: ClassVar[tuple[str, ...]] = ("linf",)
+    #: The threat norms the attack attacks in (:mod:`certify.norms`); the first is the default.
+    norms: ClassVar[tuple[Norm, ...]] = (LINF,)
     needs_scores: ClassVar[bool] = True
     #: White-box: proposes from gradients of a torch copy of the graph (no model queries).
     needs_gradients: ClassVar[bool] = False
@@ -303,12 +266,12 @@ class Attack:
     #: Supports the ε sweep (a white-box attack re-run at multiples of ε).
     eps_sweep: ClassVar[bool] = False
     #: The threat norm this instance attacks in (one of ``norms``).
-    norm: str
+    norm: Norm
     epsilon: float
     max_queries: int
 
     @classmethod
-    def default_norm(cls) -> str:
+    def default_norm(cls) -> Norm:
         """The norm the attack attacks in when none is given."""
         return cls.norms[0]
 
@@ -324,7 +287,7 @@ class Attack:
         return not cls.needs_scores and not cls.needs_gradients
 
     @classmethod
-    def configure(cls, norm: str, epsilon: float, max_queries: int,
+    def configure(cls, norm: Norm, epsilon: float, max_queries: int,
                   params: dict[str, Any]) -> Attack:
         """The attack for a threat model and a query budget, with extra constructor
         ``params``: each attack knows which of these its constructor takes."""
@@ -333,36 +296,39 @@ class Attack:
             kw["norm"] = norm
         return cls(**kw)
 
-    def _threat(self, norm: str | None, epsilon: float) -> None:
+    def _threat(self, norm: Norm | str | None, epsilon: float) -> None:
         """Set the instance's threat model, refusing a norm the attack does not attack in."""
-        norm = norm if norm is not None else self.default_norm()
-        if norm not in self.norms:
+        try:
+            found = self.default_norm() if norm is None else norm_named(norm)
+        except KeyError:
+            found = None
+        if found is None or found not in self.norms:
             raise TypeError(f"{self.name or type(self).__name__} attacks in "
-                            f"{' or '.join(self.norms)}, not {norm!r}")
-        self.norm = norm
+                            f"{' or '.join(n.name for n in self.norms)}, not {str(norm)!r}")
+        self.norm = found
         self.epsilon = float(epsilon)
 
-    def threat_model(self) -> tuple[str, float]:
+    def threat_model(self) -> ThreatModel:
         """(norm, ε) of this instance: what its proposals are projected onto by default."""
-        return self.norm, float(self.epsilon)
+        return ThreatModel(self.norm, float(self.epsilon))
 
     def params(self) -> dict[str, Any]:
-        """The constructor parameters (as given in the suite)."""
-        return dict(vars(self))
+        """The constructor parameters (as given in the suite; a norm by its name)."""
+        return {k: v.name if isinstance(v, Norm) else v for k, v in vars(self).items()}
 
     def run(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
         """Propose candidates for the batch; ``model.predict`` is the only access to the model."""
         raise NotImplementedError
 
-    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: str,
+    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: Norm,
                          epsilon: float) -> torch.Tensor:
         """The points to judge: each proposal projected onto the threat model around ``x``."""
         return project(proposal.x_adv, x, norm, epsilon)
 
     @final
     def __call__(self, model: Predictor, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
-                 output: str, *, threat: tuple[str, float] | None = None,
+                 output: str, *, threat: ThreatModel | tuple[Norm | str, float] | None = None,
                  judge: Predictor | None = None,
                  known: tuple[torch.Tensor, torch.Tensor] | None = None,
                  recall: bool = False) -> AttackOutcome:
@@ -404,9 +370,9 @@ class Attack:
                 f"{int(grads.sum()) if grads is not None else 0} gradient evaluations but the "
                 f"proposer computed {proxy.gradients}",
                 hint="the attack's evidence is not used; report this as a bug")
-        norm, epsilon = threat if threat is not None else self.threat_model()
+        norm, epsilon = ThreatModel.of(*threat) if threat is not None else self.threat_model()
         x_adv = self.project_proposal(proposal, x, norm, epsilon)
-        if recall and norm in ("linf", "l2", "l0"):
+        if recall and norm.ball:
             # A proposal inside the ball up to float rounding keeps its exact bytes, so the
             # model's remembered answer to it applies (re-projecting a point on the L2 sphere
             # can move it by one ulp, which would cost a query to judge the same point).

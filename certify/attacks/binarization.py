@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 from certify.attacks import Attack, AttackResult, project
 from certify.attacks.base import Predictor, Uniforms
 from certify.attacks.simple import random_ball_points
+from certify.norms import NORMS, Norm, ThreatModel
+from certify.norms import norm as norm_named
 
 if TYPE_CHECKING:
     import torch
@@ -55,23 +57,20 @@ class BinarizationSettings:
 
 #: Test configurations per threat model, hardest first (§4.3: start as hard as possible and
 #: ease until the attack passes). The same ladder for every model and budget.
-LADDER: dict[str, tuple[BinarizationSettings, ...]] = {
+LADDER: dict[Norm, tuple[BinarizationSettings, ...]] = {
     norm: (
         BinarizationSettings(n_inner=999, inner_gap=0.01, closeness=0.999, inner_shell=1.0),
         BinarizationSettings(n_inner=999, inner_gap=0.02, closeness=0.99, inner_shell=0.5),
         BinarizationSettings(n_inner=999, inner_gap=0.05, closeness=0.9),
         BinarizationSettings(n_inner=499, inner_gap=0.05, closeness=0.5),
     )
-    for norm in ("linf", "l2")
+    for norm in NORMS.values() if norm.binarization
 }
 
 #: The packaged test configuration per threat model, on which the pass rule is applied: one
 #: rung of :data:`LADDER`, chosen by benchmarks/binarization_power.py (benchmarks/RESULTS.md,
 #: "Binarization test power"), not tuned per budget or per model.
-PACKAGED: dict[str, BinarizationSettings] = {
-    "linf": LADDER["linf"][0],
-    "l2": LADDER["l2"][0],
-}
+PACKAGED: dict[Norm, BinarizationSettings] = {norm: ladder[0] for norm, ladder in LADDER.items()}
 
 #: Attacks for which no rung of the ladder told a starved budget from an adequate one on the
 #: demo model (benchmarks/RESULTS.md, "Binarization test power"): for them the test is a
@@ -205,7 +204,7 @@ def binarization_test(
     counter: Any,
     x_c: torch.Tensor,
     attack: Attack,
-    norm: str,
+    norm: Norm | str,
     epsilon: float,
     seed: int,
     settings: BinarizationSettings,
@@ -224,6 +223,8 @@ def binarization_test(
     """
     import torch
 
+    norm = norm_named(norm)
+
     if counter.has_features():
         feature_fn, source = counter.features, "penultimate"
     elif output == "labels":
@@ -241,7 +242,7 @@ def binarization_test(
     x0 = x_c.unsqueeze(0)
     u = rng.draw(math.prod(shape) * (n_i + n_b), [0]).view(n_i + n_b, *shape)
     gauss = None
-    if norm == "l2":
+    if norm.needs_normals:
         gauss = torch.stack([rng.normal(shape, 0) for _ in range(n_i + n_b)])
     shell = torch.arange(n_i) < round(settings.inner_shell * n_i)
     inner = random_ball_points(x0.expand(n_i, *shape), norm, (1 - settings.inner_gap) * epsilon,
@@ -265,7 +266,7 @@ def binarization_test(
     h = BinarizedModel(counter, feature_fn, direction, threshold, scale, output, one_hot,
                        head if source == "penultimate" else None)
     y0 = torch.zeros(1, dtype=torch.long, device=x_c.device)
-    res = attack(h, x0, y0, torch.tensor([seed + 1]), output, threat=(norm, epsilon))
+    res = attack(h, x0, y0, torch.tensor([seed + 1]), output, threat=ThreatModel(norm, epsilon))
     success = bool(res.success[0])
     used = max(int(res.queries[0]), 1)
     budget = rasr_queries if rasr_queries is not None else int(attack.max_queries)
@@ -288,10 +289,10 @@ class RandomBaseline(Attack):
     """
 
     name: ClassVar[str] = "random_baseline"
-    norms: ClassVar[tuple[str, ...]] = ("linf", "l2")
+    norms: ClassVar[tuple[Norm, ...]] = tuple(LADDER)
     needs_scores: ClassVar[bool] = False
 
-    def __init__(self, norm: str, epsilon: float, max_queries: int, chunk: int = 250) -> None:
+    def __init__(self, norm: Norm, epsilon: float, max_queries: int, chunk: int = 250) -> None:
         self._threat(norm, epsilon)
         self.max_queries = max_queries
         self.chunk = chunk
@@ -309,7 +310,7 @@ class RandomBaseline(Attack):
             n = min(self.chunk, self.max_queries - spent)
             u = torch.stack([rng.draw(math.prod(shape), [0]).view(shape) for _ in range(n)])
             gauss = torch.stack([rng.normal(shape, 0) for _ in range(n)]) \
-                if self.norm == "l2" else None
+                if self.norm.needs_normals else None
             corner = (torch.arange(spent, spent + n) % 2) == 1
             cand = random_ball_points(x_c.unsqueeze(0).expand(n, *shape), self.norm,
                                       self.epsilon, u.to(x_c),
@@ -323,7 +324,7 @@ class RandomBaseline(Attack):
         return AttackResult(last, torch.tensor([spent]))
 
 
-def random_asr(h: BinarizedModel, x_c: torch.Tensor, norm: str, epsilon: float, budget: int,
+def random_asr(h: BinarizedModel, x_c: torch.Tensor, norm: Norm, epsilon: float, budget: int,
                seed: int, chunk: int = 250) -> tuple[bool, int]:
     """Random sampling's success on one planted problem: (found, queries spent).
 
@@ -342,7 +343,7 @@ def ladder_test(
     counter: Any,
     x_c: torch.Tensor,
     attack: Attack,
-    norm: str,
+    norm: Norm,
     epsilon: float,
     seed: int,
     ladder: tuple[BinarizationSettings, ...],

@@ -27,6 +27,10 @@ import torch
 
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, project
 from certify.attacks.base import top_two_margin as _confidence
+from certify.norms import L2, LINF, NORMS, Norm, ThreatModel
+
+#: The norms whose balls the search walks (in others the break is kept as found).
+SEARCHED: tuple[Norm, ...] = (LINF, L2)
 
 
 @dataclass
@@ -54,9 +58,9 @@ class ConfidentSearch(Attack):
     """
 
     name: ClassVar[str] = "confident_search"
-    norms: ClassVar[tuple[str, ...]] = ("linf", "l2", "l0", "spatial")
+    norms: ClassVar[tuple[Norm, ...]] = tuple(NORMS.values())
 
-    def __init__(self, norm: str, epsilon: float, budget: int, x_start: torch.Tensor,
+    def __init__(self, norm: Norm, epsilon: float, budget: int, x_start: torch.Tensor,
                  start_scores: torch.Tensor) -> None:
         self._threat(norm, epsilon)
         self.max_queries = budget
@@ -70,7 +74,7 @@ class ConfidentSearch(Attack):
         best_x = self.x_start.clone()
         best_conf = _confidence(self.start_scores.cpu(), output)
         queries = torch.zeros(b, dtype=torch.long)
-        if b == 0 or budget <= 0 or self.norm not in ("linf", "l2"):
+        if b == 0 or budget <= 0 or self.norm not in SEARCHED:
             return AttackResult(best_x, queries)
         rng = Uniforms(seeds)
         _, c, h, w = x.shape
@@ -78,7 +82,7 @@ class ConfidentSearch(Attack):
         everyone = torch.arange(b)
         for t in range(budget):
             frac = t / max(budget - 1, 1)
-            if self.norm == "linf":
+            if self.norm is LINF:
                 p = 0.1 * (0.1 ** frac)  # 10% of the pixels down to 1%
                 s = min(max(int(round(math.sqrt(p * h * w))), 1), h, w)
                 u = rng.draw(2 + c, everyone)
@@ -110,7 +114,7 @@ class ConfidentSearch(Attack):
 
 
 def maximise_confidence(model: Predictor, x: torch.Tensor, x_adv: torch.Tensor, y: torch.Tensor,
-                        adv_scores: torch.Tensor, norm: str, epsilon: float, budget: int,
+                        adv_scores: torch.Tensor, norm: Norm, epsilon: float, budget: int,
                         seeds: torch.Tensor, output: str) -> ConfidentResult:
     """Random search for a more confident mistake from each broken sample's ``x_adv``.
 
@@ -122,12 +126,12 @@ def maximise_confidence(model: Predictor, x: torch.Tensor, x_adv: torch.Tensor, 
     finds no longer adversarial falls back to ``x_adv``.
     """
     first = _confidence(adv_scores.cpu(), output)
-    if len(x) == 0 or budget <= 0 or norm not in ("linf", "l2"):
+    if len(x) == 0 or budget <= 0 or norm not in SEARCHED:
         return ConfidentResult(x_adv.clone(), adv_scores.argmax(1).cpu(), first, first.clone(),
                                torch.zeros(len(x), dtype=torch.long), adv_scores.cpu())
     search = ConfidentSearch(norm, epsilon, budget, x_adv, adv_scores)
-    out = search(model, x, y, seeds, output, threat=(norm, epsilon), known=(x_adv, adv_scores),
-                 recall=True)
+    out = search(model, x, y, seeds, output, threat=ThreatModel(norm, epsilon),
+                 known=(x_adv, adv_scores), recall=True)
     conf = _confidence(out.scores.float(), output)
     keep = out.success & (conf >= first)
     best_x = torch.where(keep.view(-1, 1, 1, 1).to(x_adv.device), out.x_adv, x_adv)

@@ -35,6 +35,7 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms
+from certify.norms import L2, LINF, Norm
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +69,7 @@ class HopSkipJump(Attack):
     """HopSkipJump, untargeted, with the paper's schedules (θ, δ_t, n_t, geometric steps)."""
 
     name: ClassVar[str] = "hopskipjump"
-    norms: ClassVar[tuple[str, ...]] = ("l2", "linf")
+    norms: ClassVar[tuple[Norm, ...]] = (L2, LINF)
     needs_scores: ClassVar[bool] = False
     #: 1,000 queries buy about five iterations on a 32×32 image, which broke none of 20
     #: benchmark images that 5,000 break 8–10 of (benchmarks/RESULTS.md).
@@ -78,7 +79,7 @@ class HopSkipJump(Attack):
     convergence: ClassVar[str] = "distance"
     needs_start: ClassVar[bool] = True
 
-    def __init__(self, epsilon: float, max_queries: int = 1000, norm: str = "l2",
+    def __init__(self, epsilon: float, max_queries: int = 1000, norm: Norm | str = L2,
                  init_evals: int = 100, max_evals: int = 1000, init_tries: int = 100) -> None:
         self._threat(norm, epsilon)
         self.max_queries = max_queries
@@ -101,7 +102,7 @@ class _Run:
         self.a, self.model, self.x = attack, model, x
         self.y = y.cpu()
         self.rng = Uniforms(seeds)
-        self.linf = attack.norm == "linf"
+        self.linf = attack.norm is LINF
         b = len(x)
         self.d = x[0].numel()
         self.theta = self.d ** -2.0 if self.linf else self.d ** -1.5

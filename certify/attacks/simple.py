@@ -14,34 +14,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, top_two_margin
 from certify.errors import AttackProtocolError, SuiteError
+from certify.norms import L2, LINF, SPATIAL, Norm
+from certify.norms import norm as norm_named
 
 if TYPE_CHECKING:
     import torch
 
 
-def random_ball_points(x: torch.Tensor, norm: str, epsilon: float, u: torch.Tensor,
+def random_ball_points(x: torch.Tensor, norm: Norm | str, epsilon: float, u: torch.Tensor,
                        gauss: torch.Tensor | None = None, corner: torch.Tensor | None = None,
                        ) -> torch.Tensor:
-    """Points in the ε-ball around ``x``: uniform, or on corners (L∞) / the sphere (L2).
-
-    ``u`` holds uniforms shaped like ``x``; ``gauss`` normals shaped like ``x`` (L2 only) and
-    ``corner`` a ``[B]`` bool choosing corners or the sphere surface.
-    """
-    import torch
-
-    if norm == "linf":
-        delta = (u * 2 - 1) * epsilon
-        if corner is not None:
-            delta = torch.where(corner.view(-1, 1, 1, 1), torch.sign(delta) * epsilon, delta)
-    else:
-        assert gauss is not None
-        d = gauss / gauss.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
-        n = d[0].numel()
-        radius = u.flatten(1)[:, 0] ** (1.0 / n)  # uniform in the ball
-        if corner is not None:
-            radius = torch.where(corner, torch.ones_like(radius), radius)
-        delta = d * radius.view(-1, 1, 1, 1) * epsilon
-    return (x + delta.to(x)).clamp(0, 1)
+    """Points in the ε-ball around ``x``: uniform, or on its boundary (corners for L∞, the
+    sphere for L2): :meth:`certify.norms.Norm.ball_points`."""
+    return norm_named(norm).ball_points(x, epsilon, u, gauss, corner)
 
 
 #: Images per model call that :func:`first_success` aims for once few samples are left: each
@@ -95,11 +80,11 @@ class RandomSearch(Attack):
     """
 
     name: ClassVar[str] = "random"
-    norms: ClassVar[tuple[str, ...]] = ("linf", "l2")
+    norms: ClassVar[tuple[Norm, ...]] = (LINF, L2)
     needs_scores: ClassVar[bool] = False
     query_floor: ClassVar[int] = 5000
 
-    def __init__(self, epsilon: float, max_queries: int = 1000, norm: str = "linf") -> None:
+    def __init__(self, epsilon: float, max_queries: int = 1000, norm: Norm | str = LINF) -> None:
         self._threat(norm, epsilon)
         self.max_queries = max_queries
 
@@ -113,7 +98,7 @@ class RandomSearch(Attack):
         def candidates(q: int, active: torch.Tensor) -> torch.Tensor:
             u = rng.draw(math.prod(shape), active).view(len(active), *shape)
             gauss = None
-            if self.norm == "l2":
+            if self.norm.needs_normals:
                 gauss = torch.stack([rng.normal(shape, int(i)) for i in active])
             corner = torch.full((len(active),), q % 2 == 1)
             return random_ball_points(x[active], self.norm, self.epsilon, u.to(x), gauss,
@@ -136,7 +121,7 @@ class SpatialGrid(Attack):
     """
 
     name: ClassVar[str] = "spatial_grid"
-    norms: ClassVar[tuple[str, ...]] = ("spatial",)
+    norms: ClassVar[tuple[Norm, ...]] = (SPATIAL,)
     needs_scores: ClassVar[bool] = False
     convergence: ClassVar[str] = "exhaustive"
 
@@ -150,10 +135,10 @@ class SpatialGrid(Attack):
         self.rotation_steps = rotation_steps
         self.translation_steps = translation_steps
         self.max_queries = max_queries  # type: ignore[assignment]  # None: the whole grid
-        self._threat("spatial", 0.0)
+        self._threat(SPATIAL, 0.0)
 
     @classmethod
-    def configure(cls, norm: str, epsilon: float, max_queries: int,
+    def configure(cls, norm: Norm, epsilon: float, max_queries: int,
                   params: dict[str, Any]) -> Attack:
         """No ε: the grid's extent (``params``) is the threat model; the budget must cover it."""
         return cls(**(dict(params) | {"max_queries": max_queries}))
@@ -218,7 +203,7 @@ class SpatialGrid(Attack):
                 x_adv[better.to(x_adv.device)] = cand[better.to(cand.device)]
         return AttackResult(x_adv, torch.full((b,), len(g), dtype=torch.long), params=rows)
 
-    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: str,
+    def project_proposal(self, proposal: AttackResult, x: torch.Tensor, norm: Norm,
                          epsilon: float) -> torch.Tensor:
         """The proposed grid point applied to each clean image (none: the image itself).
 

@@ -25,6 +25,7 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms, margin
+from certify.norms import L0, Norm
 
 if TYPE_CHECKING:
     import torch
@@ -48,14 +49,14 @@ class SparseRS(Attack):
     """Sparse-RS in the L0 pixel threat model (``epsilon`` = ``k`` pixels)."""
 
     name: ClassVar[str] = "sparse_rs"
-    norms: ClassVar[tuple[str, ...]] = ("l0",)
+    norms: ClassVar[tuple[Norm, ...]] = (L0,)
     needs_scores: ClassVar[bool] = True
     #: Its authors' untargeted L0 setting.
     query_floor: ClassVar[int] = 10000
 
     def __init__(self, epsilon: float, max_queries: int = 1000, alpha_init: float = 0.3
                  ) -> None:
-        self._threat("l0", epsilon)
+        self._threat(L0, epsilon)
         self.max_queries = max_queries
         self.alpha_init = alpha_init
 

@@ -26,6 +26,7 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms, margin
+from certify.norms import L2, LINF, Norm
 
 if TYPE_CHECKING:
     import torch
@@ -37,11 +38,12 @@ _SCHEDULE = ((10, 1), (50, 2), (200, 4), (500, 8), (1000, 16), (2000, 32), (4000
 _SMALL_INPUT = 64 * 64
 
 
-def default_p_init(norm: str, h: int, w: int) -> float:
-    """``p_init`` when the suite gives none: 0.8 up to 64×64 pixels, else 0.05 (L∞) / 0.1 (L2)."""
+def default_p_init(large: float, h: int, w: int) -> float:
+    """``p_init`` when the suite gives none: 0.8 up to 64×64 pixels, else the attack's own
+    ``large``: 0.05 (L∞) / 0.1 (L2)."""
     if h * w <= _SMALL_INPUT:
         return 0.8
-    return 0.05 if norm == "linf" else 0.1
+    return large
 
 
 def p_selection(p_init: float, it: int, n_iters: int) -> float:
@@ -139,14 +141,16 @@ class SquareLinf(_Square):
     """Square Attack in the L∞ ball (paper's Algorithm 1; ``p_init``: see the module notes)."""
 
     name: ClassVar[str] = "square_linf"
-    norms: ClassVar[tuple[str, ...]] = ("linf",)
+    norms: ClassVar[tuple[Norm, ...]] = (LINF,)
+    #: ``p_init`` on images larger than 64×64 pixels when the suite gives none.
+    large_p_init: ClassVar[float] = 0.05
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
         import torch
 
         eps, (b, c, h, w) = self.epsilon, x.shape
-        p_init = default_p_init("linf", h, w) if self.p_init is None else self.p_init
+        p_init = default_p_init(self.large_p_init, h, w) if self.p_init is None else self.p_init
         rng = Uniforms(seeds)
         # vertical stripes of ±eps: the paper's initialisation
         stripes = (rng.draw(c * w, range(b)) < 0.5).float().mul(2).sub(1).view(b, c, 1, w)
@@ -216,14 +220,16 @@ class SquareL2(_Square):
     """
 
     name: ClassVar[str] = "square_l2"
-    norms: ClassVar[tuple[str, ...]] = ("l2",)
+    norms: ClassVar[tuple[Norm, ...]] = (L2,)
+    #: ``p_init`` on images larger than 64×64 pixels when the suite gives none.
+    large_p_init: ClassVar[float] = 0.1
 
     def run(self, model: Any, x: torch.Tensor, y: torch.Tensor, seeds: torch.Tensor,
             output: str) -> AttackResult:
         import torch
 
         eps, (b, c, h, w) = self.epsilon, x.shape
-        p_init = default_p_init("l2", h, w) if self.p_init is None else self.p_init
+        p_init = default_p_init(self.large_p_init, h, w) if self.p_init is None else self.p_init
         rng = Uniforms(seeds)
         s0 = max(h // 5, 1)
         off_h, off_w = (h - s0 * 5) // 2 if h >= 5 else 0, (w - s0 * 5) // 2 if w >= 5 else 0

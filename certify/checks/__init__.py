@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from certify.checks.attack import AttackCheck
-from certify.checks.base import Check, CheckContext, Measurement
+from certify.checks.attack import AttackCheck, attack_of
+from certify.checks.base import Check, CheckContext, Measurement, Role
 from certify.checks.brittleness import Brittleness
 from certify.checks.clean import CleanAccuracy
 from certify.checks.confidence import Coverage
@@ -23,4 +23,4 @@ CHECKS: dict[str, type[Check[Any]]] = {
 }
 
 __all__ = ["CHECKS", "AttackCheck", "Brittleness", "Check", "CheckContext", "CleanAccuracy",
-           "Corruption", "CorruptionPair", "Coverage", "Measurement", "Sanity"]
+           "Corruption", "CorruptionPair", "Coverage", "Measurement", "Role", "Sanity", "attack_of"]

@@ -47,6 +47,7 @@ from certify.checks.base import (
     Check,
     CheckContext,
     Measurement,
+    Role,
 )
 from certify.checks.confidence import (
     confidences,
@@ -56,6 +57,8 @@ from certify.data import Dataset
 from certify.errors import ModelError, SuiteError
 from certify.kinds import AttackKind
 from certify.models.base import TRANSFER, WHITE_BOX, Model, ModelInfo
+from certify.norms import NORMS, Norm, ThreatModel
+from certify.norms import norm as norm_named
 from certify.validation import expect
 
 if TYPE_CHECKING:
@@ -69,7 +72,6 @@ __all__ = ["AUTO_CAP_FACTOR", "BT_NOT_L0", "CONFIDENCE_OF", "CONVERGENCE_SHARE",
 
 #: Planted problems per attack by default (issue 17: at least 20).
 BT_SAMPLES = 20
-_DEFAULT_EPS = {"linf": 8 / 255, "l2": 0.5, "l0": 10}
 _BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness", "inner_shell"}
 #: Set by the check's own parameters; in ``attack_params`` they would disagree with the card.
 _CHECK_KEYS = ("epsilon", "max_queries", "norm")
@@ -163,16 +165,16 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         #: model ran first, and this black-box attack is its gradient-masking cross-check,
         #: which needs a converged verdict, not its floor (the runner sets it: see
         #: :mod:`certify.engine.schedule`). Not a suite parameter.
-        self.role: Literal["own", "cross_check"] = "own"
+        self.attack_role: Literal["own", "cross_check"] = "own"
 
     # -- configuration --------------------------------------------------------------------
-    def _norm(self) -> str:
-        return self.norm or self.attack_class().default_norm()
+    def _norm(self) -> Norm:
+        return norm_named(self.norm) if self.norm else self.attack_class().default_norm()
 
     def _epsilon(self) -> float:
         norm = self._norm()
-        return 0.0 if norm == "spatial" else float(
-            self.epsilon if self.epsilon is not None else _DEFAULT_EPS[norm])
+        return 0.0 if not norm.ball else float(
+            self.epsilon if self.epsilon is not None else norm.default_epsilon)
 
     def score_based(self) -> bool:
         """Whether the attack reads scores (and so can raise a mistake's confidence)."""
@@ -192,9 +194,9 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
             return 0
         return CONFIDENT_QUERIES if self.confident_queries is None else self.confident_queries
 
-    def threat_model(self) -> tuple[str, float]:
-        """(norm, ε): ``linf``/``l2`` with the radius, or ``spatial`` with 0."""
-        return self._norm(), self._epsilon()
+    def threat_model(self) -> ThreatModel:
+        """(norm, ε): the norm with the radius, or the spatial grid with 0."""
+        return ThreatModel(self._norm(), self._epsilon())
 
     def build(self) -> Attack:
         """The configured attack object (this round's budget)."""
@@ -209,7 +211,7 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         The packaged configuration of the threat model (binarization.PACKAGED) and its ladder;
         a suite that sets hardness keys runs that one configuration alone (experiments).
         """
-        if self.binarization is False or self._norm() in ("spatial", "l0") or self.white_box():
+        if self.binarization is False or not self._norm().binarization or self.white_box():
             return None
         raw = {} if self.binarization is True else dict(self.binarization)
         samples = int(raw.pop("samples", BT_SAMPLES))
@@ -225,12 +227,15 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
             raise SuiteError(f"{where}: unknown attack {self.attack!r}",
                              hint=f"valid attacks: {', '.join(ATTACKS)}")
         cls = self.attack_class()
-        if self.norm is not None and self.norm not in ("linf", "l2"):
-            raise SuiteError(f"{where}: norm must be linf or l2", hint="e.g. norm: linf")
-        if self.norm is not None and self.norm not in cls.norms:
-            other = [a for a, c in ATTACKS.items() if self.norm in c.norms
+        chosen = [n for n in NORMS.values() if n.name == self.norm and n.chosen]
+        if self.norm is not None and not chosen:
+            names = " or ".join(n.name for n in NORMS.values() if n.chosen)
+            raise SuiteError(f"{where}: norm must be {names}", hint="e.g. norm: linf")
+        if chosen and chosen[0] not in cls.norms:
+            other = [a for a, c in ATTACKS.items() if chosen[0] in c.norms
                      and c.reads() == cls.reads() and c.__mro__[1] is cls.__mro__[1]]
-            raise SuiteError(f"{where}: {self.attack} works in {' or '.join(cls.norms)}",
+            raise SuiteError(f"{where}: {self.attack} works in "
+                             f"{' or '.join(n.name for n in cls.norms)}",
                              hint=f"use {other[0]} for {self.norm}" if other else
                              f"drop norm: {self.attack} attacks in {cls.default_norm()}")
         self._check_budget(where)
@@ -289,7 +294,7 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         if self.epsilon is not None and (not isinstance(self.epsilon, int | float)
                                          or self.epsilon <= 0):
             raise SuiteError(f"{where}: epsilon must be positive", hint="e.g. 0.0314 (8/255)")
-        if self.attack_class().default_norm() == "l0" and self.epsilon is not None and (
+        if self.attack_class().default_norm().whole and self.epsilon is not None and (
                 isinstance(self.epsilon, bool) or not isinstance(self.epsilon, int)):
             raise SuiteError(f"{where}: epsilon for {self.attack} is a number of pixels, a "
                              f"whole number, got {self.epsilon!r}", hint="e.g. epsilon: 8")
@@ -537,7 +542,7 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         dev = x.device
         seeds = torch.tensor([ctx.seed(int(index[i]), 1) for i in ci.tolist()])
         res = attack(copy, x[ci.to(dev)], y[ci.to(dev)], seeds, counter.info.output,
-                     threat=(norm, eps), judge=counter)
+                     threat=ThreatModel(norm, eps), judge=counter)
         adv_conf = confidences(res.scores, counter.info.output)
         adv_prob = top_probability(res.scores, counter.info.output)
         pred = res.scores.argmax(1)
@@ -559,7 +564,7 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
     def sweep_epsilons(self, shape: Sequence[int]) -> list[float]:
         """The ε sweep's radii for images of ``shape`` (C, H, W), smallest first."""
         norm, eps = self.threat_model()
-        top = 0.5 if norm == "linf" else math.sqrt(math.prod(shape))
+        top = norm.sweep_top(shape)
         return [f * eps for f in SWEEP_FACTORS if f * eps < top] + [top]
 
     def _sweep(self, counter: Any, copy: Any, x: torch.Tensor, y: torch.Tensor,
@@ -585,8 +590,8 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         for e in radii:
             attack = self.attack_class().configure(norm, e, 0, kw)
             attack.until_broken = True  # type: ignore[attr-defined]  # only breaks count here
-            res = attack(copy, x[sel], y[sel], seeds, counter.info.output, threat=(norm, e),
-                         judge=counter)
+            res = attack(copy, x[sel], y[sel], seeds, counter.info.output,
+                         threat=ThreatModel(norm, e), judge=counter)
             for k, i in enumerate(at):
                 broken[k].append(bool(res.success[k]))
                 rec[i]["queries"] += 1
@@ -686,3 +691,9 @@ def one_hot_answers(scores: torch.Tensor, output: str) -> list[bool]:
     if output != "probs":
         return [False] * len(scores)
     return (scores.float().cpu().max(dim=1).values >= 1 - 1e-6).tolist()
+
+
+def attack_of(check: Check[Any]) -> AttackCheck | None:
+    """``check`` as an attack check where its role is an attack (:attr:`Role.ATTACK`), else
+    ``None``: how the runner asks a check for its threat model and attack schedule."""
+    return typing.cast(AttackCheck, check) if check.role is Role.ATTACK else None

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from certify.checks.attack_schedule import AttackRecord
 from certify.data import Dataset
 from certify.images import ImageSink, decode_png, png_bytes, to_uint8
+from certify.norms import Norm
+from certify.norms import norm as norm_named
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +61,7 @@ def _class_name(names: Sequence[str], c: int) -> str:
     return names[c] if 0 <= c < len(names) else str(c)
 
 
-def gallery_examples(records: Sequence[AttackRecord], data: Dataset | None, norm: str,
+def gallery_examples(records: Sequence[AttackRecord], data: Dataset | None, norm: Norm | str,
                      sink: ImageSink) -> list[dict[str, Any]]:
     """The card's adversarial examples: the first :data:`GALLERY_EXAMPLES` broken samples (in
     sample order) whose records hold their adversarial image.
@@ -98,7 +100,7 @@ def gallery_examples(records: Sequence[AttackRecord], data: Dataset | None, norm
             "confidence_of": CONFIDENCE_OF.get(str(r.get("scores")), "unknown"),
             "round": int(r.get("broken_round", 0)),
         }
-        if norm == "l0":
+        if norm_named(norm).sparse:
             changed = (delta != 0).any(axis=2)
             shown = (changed[..., None] * 255).repeat(3, axis=2).astype("uint8")
             ex["changed_pixels"] = int(changed.sum())

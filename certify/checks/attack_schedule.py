@@ -84,7 +84,7 @@ class AttackSchedule:
     initial_queries: int | None
     query_cap: int | None
     _round: int
-    role: Literal["own", "cross_check"]
+    attack_role: Literal["own", "cross_check"]
 
     def attack_class(self) -> type[Attack]:
         """The attack's class: what it is (threat norms, capabilities, budgets)."""
@@ -130,9 +130,9 @@ class AttackSchedule:
         return self.attack_class().query_floor
 
     def for_role(self: _S, role: Literal["own", "cross_check"]) -> _S:
-        """A copy that runs in ``role`` (see :attr:`role`)."""
+        """A copy that runs in ``role`` (see :attr:`attack_role`)."""
         c = copy.copy(self)
-        c.role = role
+        c.attack_role = role
         return c
 
     def for_round(self: _S, r: int) -> _S:
@@ -145,10 +145,10 @@ class AttackSchedule:
                    ) -> tuple[_S, list[int]] | None:
         """After rounds ``0..done`` (merged ``records``): the next round's check and samples,
         or None when the budget is fixed, converged (and at the attack's query floor, unless
-        it runs as a cross-check: :attr:`role`), or the next budget would pass the cap."""
+        it runs as a cross-check: :attr:`attack_role`), or the next budget would pass the cap."""
         if not self.auto or self.round_budget(done + 1) > self.cap():
             return None
-        floor = 0 if self.role == "cross_check" else self.floor()
+        floor = 0 if self.attack_role == "cross_check" else self.floor()
         if convergence(list(records.values()), done, self.round_budget(done))["converged"] \
                 and self.round_budget(done) >= floor:
             return None

@@ -31,6 +31,7 @@ from certify.checks.base import Measurement, Settlement
 from certify.checks.confidence import worst_case_coverage
 from certify.data import Dataset
 from certify.images import ImageSink
+from certify.norms import L0, ThreatModel
 from certify.stats import wilson_interval
 
 
@@ -40,14 +41,14 @@ class AttackCheck(Protocol):
 
     attack: str
     max_queries: int | Literal["auto"]
-    role: Literal["own", "cross_check"]
+    attack_role: Literal["own", "cross_check"]
 
     @property
     def auto(self) -> bool: ...  # noqa: D102
     def attack_class(self) -> type[Attack]: ...  # noqa: D102
     def white_box(self) -> bool: ...  # noqa: D102
     def build(self) -> Attack: ...  # noqa: D102
-    def threat_model(self) -> tuple[str, float]: ...  # noqa: D102
+    def threat_model(self) -> ThreatModel: ...  # noqa: D102
     def reports_coverage(self) -> bool: ...  # noqa: D102
     def confident_budget(self) -> int: ...  # noqa: D102
     def initial_budget(self) -> int: ...  # noqa: D102
@@ -68,8 +69,7 @@ RASR_MARGIN = 0.1
 SWEEP_SLACK = 0.01
 SWEEP_DESTROYED = 0.99
 #: Shown on the card where the binarization test cannot run for the threat model.
-BT_NOT_L0 = ("binarization test not available for L0 threat models: its planted problem is "
-             "built in an L∞ or L2 ball, so this attack's strength is unverified")
+BT_NOT_L0: str = L0.binarization_note or ""
 #: Why a decision-based attack reports no coverage-under-attack figures.
 NO_COVERAGE_UNDER_ATTACK = (
     "not reported for a decision-based attack: it stops at the decision boundary and sees no "
@@ -91,7 +91,7 @@ def summarize(check: AttackCheck, records: list[AttackRecord], data: Dataset) ->
         metrics.update(_coverage_under_attack(records))
     norm, epsilon = check.threat_model()
     details: dict[str, Any] = {
-        "attack": check.attack, "norm": norm, "epsilon": epsilon,
+        "attack": check.attack, "norm": norm.name, "epsilon": epsilon,
         "max_queries": check.max_queries, "attack_params": check.build().params(),
         "queries_histogram": histogram([r["attack_queries"] for r in correct], total),
         "convergence": None,
@@ -115,8 +115,8 @@ def summarize(check: AttackCheck, records: list[AttackRecord], data: Dataset) ->
         _no_start(check, correct, metrics, warnings)
     details["binarization"] = binarization_details(check, records, metrics, intervals,
                                                    warnings)
-    if details["binarization"] is None and norm == "l0":
-        details["binarization_note"] = BT_NOT_L0
+    if details["binarization"] is None and norm.binarization_note:
+        details["binarization_note"] = norm.binarization_note
     sink = ImageSink()
     details["examples"] = gallery_examples(records, data, norm, sink)
     unsettled, settled = _settlement(details)
@@ -182,7 +182,7 @@ def _convergence(check: AttackCheck, records: list[AttackRecord], rounds: int, t
     metrics.update(late_breaks=conv["late_breaks"], approaching=conv["approaching"])
     doc = conv | {
         "auto": check.auto, "initial": check.initial_budget(), "cap": check.cap(),
-        "role": check.role,
+        "role": check.attack_role,
         "rounds": [{"round": k, "budget": check.round_budget(k),
                     "total": check.total_after(k),
                     "attacked": sum(len(r.get("round_queries", [0])) > k for r in attacked),
@@ -331,8 +331,7 @@ def black_box_evidence(check: AttackCheck, records: list[AttackRecord], rounds: 
                      "across two doubled rounds")
     if check.binarization_ladder() is None:
         short.append("the binarization test did not check it" +
-                     (" (not available for L0)" if check.threat_model()[0] == "l0" else
-                      " (binarization: false)"))
+                     check.threat_model().norm.no_binarization)
     unbroken = any(r["outcome"] == "robust" for r in records)
     if short and unbroken:
         warnings.append(

@@ -22,10 +22,12 @@ from certify.data import Dataset
 from certify.errors import SuiteError
 from certify.kinds import Kind
 from certify.kinds import ResultView as ResultView  # re-exported for the checks
+from certify.kinds import Role as Role  # re-exported: the runner reads it
 from certify.kinds import Settlement as Settlement  # re-exported: the checks build it
 from certify.kinds import interval_text as interval_text
 from certify.kinds import pct as pct
 from certify.models.base import Model, ModelInfo
+from certify.norms import Norm
 from certify.perturbations.base import mix_seed, mix_seeds
 from certify.rundir import SampleRecord
 from certify.validation import expect
@@ -227,6 +229,11 @@ class Check(Kind, Generic[R]):
             return cls(**params)
         except TypeError as exc:
             raise SuiteError(f"{where}: {exc}", hint="check the parameter types") from None
+
+    def random_norm(self) -> Norm | None:
+        """The norm whose ball the check draws random noise from, where it does (the attack
+        of that norm at the check's bound then gives the worst case beside it): ``None``."""
+        return None
 
     def check_params(self, where: str) -> None:
         """Validate the parameters themselves when the suite loads (raise SuiteError)."""

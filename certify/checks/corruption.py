@@ -64,6 +64,7 @@ from certify.errors import SuiteError
 from certify.images import ImageSink
 from certify.kinds import CorruptionKind, CorruptionPairKind
 from certify.models.base import Model
+from certify.norms import L0, LINF, Norm
 from certify.perturbations import PROPERTIES, Property
 from certify.perturbations.base import RoundCandidates
 from certify.stats import wilson_interval
@@ -77,7 +78,7 @@ Apply = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor
 
 #: Properties renamed because they were random draws shown as if they were worst cases:
 #: old name -> (new name, the attack check kind that searches the worst case in that norm).
-RENAMED = {"linf": ("random_linf", "square_linf"), "l0": ("random_l0", "sparse_rs")}
+RENAMED = {LINF.name: ("random_linf", "square_linf"), L0.name: ("random_l0", "sparse_rs")}
 
 
 def _property(name: Any, where: str) -> Property:
@@ -368,6 +369,11 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
     def plan_note(self) -> str | None:
         """A random corruption's draws per sample: its looks and the cap."""
         return self.plan().cost_note() if self.statistical() else None
+
+    def random_norm(self) -> Norm | None:
+        """The norm whose ball a random pixel property draws from (its bound the radius), or
+        ``None`` for every other property."""
+        return RANDOM_PIXEL_NORMS.get(self.property)
 
     def searched(self) -> bool:
         """Whether the check searches in rounds: random_linf and random_l0 stay one round of
@@ -1303,4 +1309,4 @@ def _levels_of(prop: Property, rows: torch.Tensor) -> list[torch.Tensor]:
 
 #: Random-noise pixel properties and the threat model of the attacks that search their worst
 #: case: property -> norm of the matching attack checks (ε is the property's bound).
-RANDOM_PIXEL_NORMS = {"random_linf": "linf", "random_l0": "l0"}
+RANDOM_PIXEL_NORMS: dict[str, Norm] = {"random_linf": LINF, "random_l0": L0}

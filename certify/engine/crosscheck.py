@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 
 from certify.canonical import JSONLike, normalize
-from certify.checks import AttackCheck, Corruption, Measurement, Sanity
+from certify.checks import Measurement, Role, attack_of
 from certify.checks.base import pct
-from certify.checks.corruption import RANDOM_PIXEL_NORMS
+from certify.norms import ThreatModel
 from certify.results import CheckResult, DecidedBy, WorstCase
 from certify.rundir import SampleRecord
 from certify.stats import samples_to_decide, wilson_interval
@@ -40,12 +40,12 @@ def no_score_based_pass_when_quantised(suite: Suite, results: list[CheckResult],
     decision-based attacks are not affected) gets a warning naming the sanity check, and a
     PASS becomes WARN; a threat model's row then needs other support to PASS.
     """
-    found = [s.id for s in suite.checks if s.id in measured and isinstance(s.check, Sanity)
+    found = [s.id for s in suite.checks if s.id in measured and s.check.role is Role.SUSPECT
              and measured[s.id].metrics.get("quantised")]
     if not found:
         return results
     scored = {s.id for s in suite.checks
-              if isinstance(s.check, AttackCheck) and s.check.score_based()}
+              if (atk := attack_of(s.check)) is not None and atk.score_based()}
     why = (f"check {found[0]} found quantised scores (small noise moved the outputs in steps or "
            "not at all), which give a score-based attack little signal")
     return _no_pass(results, scored, why, "a score-based attack cannot PASS on its own")
@@ -70,9 +70,9 @@ def _no_pass(results: list[CheckResult], ids: set[str], why: str, rule: str
 
 
 def randomised_share(spec: CheckSpec, m: Measurement) -> float:
-    """The share of samples on which a :class:`~certify.checks.Sanity` check saw the model
-    answer the same input differently (0 for any other check)."""
-    if not isinstance(spec.check, Sanity):
+    """The share of samples on which a suspect-model check (:class:`~certify.checks.Sanity`)
+    saw the model answer the same input differently (0 for any other check)."""
+    if spec.check.role is not Role.SUSPECT:
         return 0.0
     return float(m.metrics.get("nondeterministic_share") or 0.0)
 
@@ -91,7 +91,7 @@ def no_attack_passes_when_randomised(suite: Suite, results: list[CheckResult],
     if not found:
         return results
     cid, share = found[0]
-    attacks = {s.id for s in suite.checks if isinstance(s.check, AttackCheck)}
+    attacks = {s.id for s in suite.checks if s.check.role is Role.ATTACK}
     why = (f"check {cid} found the model randomised ({share:.0%} of its samples gave different "
            "outputs for the same input), so this robust accuracy may be inflated")
     return _no_pass(results, attacks, why, "no attack can PASS on a randomised model")
@@ -119,13 +119,13 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
     its breaks like any attack, never PASSes on its own, and takes no part in the masking
     cross-check.
     """
-    groups: dict[tuple[str, float], list[CheckSpec]] = {}
+    groups: dict[ThreatModel, list[CheckSpec]] = {}
     for spec in suite.checks:
-        if isinstance(spec.check, AttackCheck) and spec.id not in skipped:
-            groups.setdefault(spec.check.threat_model(), []).append(spec)
+        if (attack := attack_of(spec.check)) is not None and spec.id not in skipped:
+            groups.setdefault(attack.threat_model(), []).append(spec)
     by_id = {r.id: r for r in results}
     out = []
-    for (norm, eps), group in sorted(groups.items()):
+    for (norm, eps), group in sorted(groups.items(), key=lambda g: (g[0].norm.name, g[0].epsilon)):
         # an errored attack (no records) is left out of the worst case and stops a PASS
         specs = [s for s in group if finals.get(s.id) and
                  (s.id not in by_id or by_id[s.id].status != "ERROR")]
@@ -139,9 +139,9 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
         broken = {i: sum(r[s]["outcome"] != "robust" and r[s]["outcome"] != "misclassified"
                          for s in common) for i, r in zip(ids, recs, strict=True)}
         moved = [s.id for s in specs if _transfer(by_id.get(s.id))]
-        white = [s.id for s in specs if isinstance(s.check, AttackCheck) and
-                 s.check.white_box() and s.id not in moved]
-        row = WorstCase(norm=norm, epsilon=eps, attacks=ids, n=len(common),
+        white = [s.id for s in specs if (atk := attack_of(s.check)) is not None and
+                 atk.white_box() and s.id not in moved]
+        row = WorstCase(norm=norm.name, epsilon=eps, attacks=ids, n=len(common),
                         robust_accuracy=robust / len(common), n_robust=robust,
                         interval=list(wilson_interval(robust, len(common))),
                         white_box=white, transfer=moved, broken_by=broken)
@@ -305,16 +305,18 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
     made it, by id. Returns the results.
     """
     by_id = {r.id: r for r in results}
-    attacks = [(s.id, s.check.threat_model()) for s in specs
-               if isinstance(s.check, AttackCheck)]
+    attacks = [(s.id, atk.threat_model()) for s in specs
+               if (atk := attack_of(s.check)) is not None]
     for spec in specs:
         check = spec.check
-        if not isinstance(check, Corruption) or check.property not in RANDOM_PIXEL_NORMS:
+        norm = check.random_norm()
+        if norm is None:
             continue
+        prop = str(check.get_params().get("property"))
         entry, m = by_id.get(spec.id), measured.get(spec.id)
         if entry is None or entry.status == "ERROR" or m is None:
             continue
-        norm, bound = RANDOM_PIXEL_NORMS[check.property], _number(m.details["bound"])
+        bound = _number(m.details["bound"])
         score = float(m.metrics["robustness_score"])
         rows = []
         for aid, (anorm, eps) in attacks:
@@ -325,16 +327,15 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
             asr = float(am.metrics["attack_success_rate"])
             lo, hi = am.intervals.get("attack_success_rate", (asr, asr))
             survive = 1.0 - asr
-            unit = "pixels" if norm == "l0" else ""
-            at = f"{bound:g} {unit}".strip()
+            at = f"{bound:g} {norm.unit}".strip()
             attack = str(a.params.get("attack", aid))
             sentence = (
-                f"{check.property} draws noise at random and does not search for the worst "
+                f"{prop} draws noise at random and does not search for the worst "
                 f"case; the attack row {aid} ({attack}, {norm} at "
                 f"{at}) is the worst-case evidence: {pct(survive)} of the correctly classified "
                 f"samples it attacked survive it, against this property's {pct(score)}")
             rows.append({"attack_check": aid, "attack": attack,
-                         "norm": norm, "epsilon": bound, "surviving_share": survive,
+                         "norm": norm.name, "epsilon": bound, "surviving_share": survive,
                          "surviving_interval": [1.0 - float(hi), 1.0 - float(lo)],
                          "n_attacked": int(am.metrics["n_robust"]) +
                          int(am.metrics["n_broken"]),
@@ -345,7 +346,7 @@ def worst_case_beside_random(specs: Sequence[CheckSpec], results: list[CheckResu
                 **entry.details, "worst_case_comparison": normalize(rows)}}
             # random draws are not a worst case: the attack row of the same bound decides
             # (issue 29); the row stays on the card as information beside it
-            said = (f"informational: {check.property} draws at random and does not search "
+            said = (f"informational: {prop} draws at random and does not search "
                     f"for the worst case; the attack row {rows[0]['attack_check']} at the "
                     "same bound decides")
             if spec.threshold is not None:

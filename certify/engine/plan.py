@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from certify.checks import AttackCheck
+from certify.checks import attack_of
 from certify.data import Dataset
 from certify.errors import UsageError
 from certify.models.base import BatchChecked, Model, QueryCounter, endpoint_of
@@ -203,16 +203,18 @@ def _timed(call: Callable[[], object], lanes: int = 1) -> float:
 
 def per_sample(spec: CheckSpec) -> tuple[int | None, int]:
     """(most queries, most gradient evaluations) one sample can cost ``spec``'s check."""
-    gradients = spec.check.gradients_per_sample() if isinstance(spec.check, AttackCheck) else 0
+    attack = attack_of(spec.check)
+    gradients = attack.gradients_per_sample() if attack is not None else 0
     return spec.check.max_queries_per_sample(), gradients
 
 
 def binarization_cost(spec: CheckSpec, data: Dataset) -> tuple[int, int]:
     """(samples, most queries in all) of an attack check's binarization test (0, 0 without
     one): at most the check's own samples are tested."""
-    if not isinstance(spec.check, AttackCheck):
+    attack = attack_of(spec.check)
+    if attack is None:
         return 0, 0
-    tested, each = spec.check.binarization_queries()
+    tested, each = attack.binarization_queries()
     tested = min(tested, samples_of(spec, data))
     return tested, tested * each
 
@@ -292,11 +294,12 @@ def choose_samples(checks: Sequence[CheckSpec], data: Dataset, rates: Rates,
         if secs is None:
             raise UsageError(f"--time-budget cannot price check {spec.id}: {rates.how}",
                              hint="give the checks' samples in the suite instead")
-        if isinstance(spec.check, AttackCheck):
+        attack = attack_of(spec.check)
+        if attack is not None:
             attacks.append(spec.id)
             per += secs
             # its binarization test: a fixed cost (its samples, whatever the attack's)
-            tested, each = spec.check.binarization_queries()
+            tested, each = attack.binarization_queries()
             fixed += rates.seconds(min(tested, len(data)) * each, 0) or 0.0
         else:
             fixed += secs * samples_of(spec, data)

@@ -27,7 +27,7 @@ import torch
 
 import certify.probe as probe
 from certify.canonical import JSONLike, normalize
-from certify.checks import AttackCheck, CheckContext, Measurement
+from certify.checks import CheckContext, Measurement, Role, attack_of
 from certify.checks.attack import bt_positions
 from certify.data import Dataset, stratified_subset
 from certify.device import DeviceChoice
@@ -233,7 +233,7 @@ def run_suite(
     """
     progress = progress or NullProgress()
     seed = suite.seed if seed is None else seed
-    white = any(isinstance(s.check, AttackCheck) and s.check.white_box() for s in suite.checks)
+    white = any((atk := attack_of(s.check)) is not None and atk.white_box() for s in suite.checks)
     prepare(model, data, device.torch_device, gradients=white, reference=reference)
     skips = suite.skips(model.info)
     if skips and len(skips) == len(suite.checks):
@@ -267,7 +267,7 @@ def run_suite(
     for k, spec in enumerate(order):
         c0 = time.perf_counter()
         broken_before: dict[int, dict[str, object]] = {}
-        if spec.id not in skips and isinstance(spec.check, AttackCheck):
+        if spec.id not in skips and spec.check.role is Role.ATTACK:
             plan = plan_attack(spec, Earlier(order[:k], done, state.finals, state.measured),
                                model.info.output)
             if plan.skip is not None:
@@ -403,7 +403,7 @@ class _Pilot:
         (whose share per sample depends on what the others spent)."""
         rows = self.memory.written.get(spec.id)
         if not rows or spec.budget is not None or w.run.records[spec.id] \
-                or isinstance(spec.check, AttackCheck):
+                or spec.check.role is Role.ATTACK:
             return
         w.run.append(spec.id, rows)
         w.steps[spec.id] = dict(self.steps.get(spec.id, {}))
@@ -450,8 +450,8 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
             if spec.id in skips:
                 continue
             selected = _selected(spec, w.data, w.subset_seed)
-            tested, _ = spec.check.binarization_queries() \
-                if isinstance(spec.check, AttackCheck) else (0, 0)
+            attack = attack_of(spec.check)
+            tested, _ = attack.binarization_queries() if attack is not None else (0, 0)
             tested_at = bt_positions(CheckContext(0, device.torch_device, [],
                                                   selected=tuple(selected)), tested) \
                 if tested else set()
@@ -463,7 +463,7 @@ def _pilot(order: list[CheckSpec], skips: dict[str, str], w: _Run, seeds: dict[s
             checks[spec.id] = p
             c0, r0 = time.perf_counter(), _requests(w.model)
             before: dict[int, dict[str, object]] = {}
-            if isinstance(spec.check, AttackCheck):
+            if attack is not None:
                 plan = plan_attack(spec, Earlier(order[:k], done, finals, measured), output)
                 if plan.skip is not None:
                     p.none = plan.skip

@@ -33,7 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from certify.checks import AttackCheck, Measurement, Sanity
+from certify.checks import AttackCheck, Measurement, Role, attack_of
+from certify.norms import ThreatModel
 from certify.results import CheckResult
 from certify.rundir import SampleRecord
 from certify.suite import CheckSpec
@@ -41,19 +42,20 @@ from certify.suite import CheckSpec
 
 def execution_order(checks: Sequence[CheckSpec]) -> list[CheckSpec]:
     """The order the runner evaluates ``checks`` in (see the module docstring)."""
-    sanity = [s for s in checks if isinstance(s.check, Sanity)]
-    groups: dict[tuple[str, float], list[CheckSpec]] = {}
+    sanity = [s for s in checks if s.check.role is Role.SUSPECT]
+    groups: dict[ThreatModel, list[CheckSpec]] = {}
     for spec in checks:
-        if isinstance(spec.check, AttackCheck):
-            groups.setdefault(spec.check.threat_model(), []).append(spec)
+        if (attack := attack_of(spec.check)) is not None:
+            groups.setdefault(attack.threat_model(), []).append(spec)
     out: list[CheckSpec] = list(sanity)
     for spec in checks:
-        if isinstance(spec.check, Sanity):
+        if spec.check.role is Role.SUSPECT:
             continue
-        if not isinstance(spec.check, AttackCheck):
+        attack = attack_of(spec.check)
+        if attack is None:
             out.append(spec)
             continue
-        group = groups.pop(spec.check.threat_model(), None)
+        group = groups.pop(attack.threat_model(), None)
         if group is not None:  # the first attack of its threat model: the whole group here
             out.extend(sorted(group, key=lambda s: _rank(s.check)))  # stable: suite order
     return out
@@ -91,10 +93,10 @@ class Earlier:
 def plan_attack(spec: CheckSpec, earlier: Earlier, output: str) -> AttackPlan:
     """The plan for attack check ``spec`` after the checks in ``earlier``, on a model whose
     answers are ``output`` (``logits``, ``probs`` or ``labels``)."""
-    check = spec.check
-    assert isinstance(check, AttackCheck)
-    same = [s for s in earlier.specs if isinstance(s.check, AttackCheck)
-            and s.check.threat_model() == check.threat_model()
+    check = attack_of(spec.check)
+    assert check is not None, f"{spec.id} is not an attack"
+    same = [s for s in earlier.specs if (atk := attack_of(s.check)) is not None
+            and atk.threat_model() == check.threat_model()
             and s.id in earlier.finals and _usable(earlier.results.get(s.id))]
     skip = _redundant(check, same, earlier, output)
     if skip is not None:
@@ -133,7 +135,8 @@ def _converged_white_box(spec: CheckSpec, earlier: Earlier) -> bool:
     """A white-box attack (not a transfer) that attacked every sample it was asked to and
     converged."""
     m = earlier.measured.get(spec.id)
-    if not isinstance(spec.check, AttackCheck) or not spec.check.white_box() or m is None:
+    attack = attack_of(spec.check)
+    if attack is None or not attack.white_box() or m is None:
         return False
     wb, conv = _doc(m, "white_box"), _doc(m, "convergence")
     return bool(conv.get("converged")) and not wb.get("transfer") and \
@@ -148,10 +151,10 @@ def _redundant(check: AttackCheck, same: list[CheckSpec], earlier: Earlier, outp
         return None
     for s in earlier.specs:
         m = earlier.measured.get(s.id)
-        if isinstance(s.check, Sanity) and m is not None and (
+        if s.check.role is Role.SUSPECT and m is not None and (
                 m.metrics.get("quantised") or m.metrics.get("nondeterministic_share")):
             return None
-    scored = [s for s in same if isinstance(s.check, AttackCheck) and s.check.score_based()]
+    scored = [s for s in same if (atk := attack_of(s.check)) is not None and atk.score_based()]
     for s in scored:
         m = earlier.measured.get(s.id)
         if m is None or _doc(m, "evidence").get("stalled"):

@@ -23,6 +23,7 @@ import markupsafe
 from certify.canonical import script_safe_json
 from certify.engine.assemble import verdict_statuses
 from certify.kinds import KINDS
+from certify.norms import card_text
 from certify.report import glance
 from certify.report.sealed import blank_slot
 from certify.results import RunResult, Status
@@ -40,7 +41,9 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * float(v):.1f}%"
-    env.filters["num"] = lambda v, d=3: "–" if v is None else f"{float(v):.{d}f}"
+    env.filters["num"] = num = lambda v, d=3: "–" if v is None else f"{float(v):.{d}f}"
+    # a threat model in the attack section's words, as its norm writes it
+    env.globals["threat_text"] = lambda n, e, grid=True: card_text(n, e, num, grid)
     return env
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from certify.kinds import KINDS
+from certify.norms import order_key, threat_name
 
 #: Group order on the figure (a check class names its group in ``glance_group``).
 GROUPS = ("Corruptions", "Attacks", "Clean, coverage and confidence", "Brittleness and other")
@@ -475,31 +476,10 @@ def alt_text(checks: Sequence[Any], worst: Sequence[Any] = ()) -> str:
     return " ".join(r.sentence() for r in deciding_rows(checks, worst))
 
 
-def _eps(norm: str, eps: float) -> str:
-    if norm == "linf":
-        k = round(eps * 255)
-        if k and abs(eps * 255 - k) < 0.05:
-            return f"{k}/255"
-    return f"{eps:g}"
-
-
-def threat_name(norm: str, eps: float) -> str:
-    """A threat model in a few characters: ``L∞ 8/255``, ``L2 0.5``, ``L0 8 px``, ``spatial``."""
-    if norm == "spatial":
-        return "spatial"
-    if norm == "l0":
-        return f"L0 {eps:g} px"
-    sym = {"linf": "L∞", "l2": "L2", "l1": "L1"}.get(norm, norm)
-    return f"{sym} {_eps(norm, eps)}"
-
-
-_NORM_ORDER = {"linf": 0, "l2": 1, "l1": 2, "l0": 3, "spatial": 4}
-
-
 def worst_case_line(worst: Sequence[Any]) -> str:
     """The worst case per threat model in one line (robust to every attack of the suite), each
     with its row's verdict."""
-    worst = sorted(worst, key=lambda w: (_NORM_ORDER.get(w.norm, 9), w.norm, w.epsilon))
+    worst = sorted(worst, key=lambda w: order_key(w.norm, w.epsilon))
     return " · ".join(f"{threat_name(w.norm, w.epsilon)}: {100 * w.robust_accuracy:.3g}% "
                       f"(n {w.n}){_status(w)}" for w in worst)
 
