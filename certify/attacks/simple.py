@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, top_two_margin
 from certify.errors import AttackProtocolError, SuiteError
+from certify.params import Param, Params
 
 if TYPE_CHECKING:
     import torch
@@ -139,6 +140,16 @@ class SpatialGrid(Attack):
     norms: ClassVar[tuple[str, ...]] = ("spatial",)
     needs_scores: ClassVar[bool] = False
     convergence: ClassVar[str] = "exhaustive"
+    suite_params: ClassVar[Params] = Params(
+        Param("max_rotation", float, 30.0, "the largest rotation tried, in degrees, either way "
+                                           "(Brown et al. 2018: 30)", low=0),
+        Param("max_translation", float, 3.0, "the largest shift tried, in pixels, along each "
+                                             "axis either way (Brown et al. 2018: 3)", low=0),
+        Param("rotation_steps", int, 5, "grid points per side of the rotations (0: none)",
+              low=0),
+        Param("translation_steps", int, 3, "grid points per side of each axis's shifts (0: "
+                                           "none)", low=0),
+    )
 
     def __init__(self, max_rotation: float = 30.0, max_translation: float = 3.0,
                  rotation_steps: int = 5, translation_steps: int = 3,
