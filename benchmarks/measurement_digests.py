@@ -44,8 +44,14 @@ def run(suite: str, model: str, out: Path) -> dict[str, str]:
     """One run of ``suite`` on the demo's ``model`` and its digests."""
     import numpy as np
 
-    from certify.api import (DEMO_MODEL_CARD, DEMO_PER_CLASS, DEMO_SEED, RunOptions,
-                             certify_model, demo_model_path)
+    from certify.api import (
+        DEMO_MODEL_CARD,
+        DEMO_PER_CLASS,
+        DEMO_SEED,
+        RunOptions,
+        certify_model,
+        demo_model_path,
+    )
     from certify.demo.synthetic import generate
 
     out.mkdir(parents=True, exist_ok=True)

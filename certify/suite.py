@@ -28,8 +28,9 @@ from certify.data.loaders import LAYOUTS
 from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
 from certify.norms import Norm
+from certify.params import REQUIRED, Param, Params
 from certify.results import DEFAULT_RELEASE_TOLERANCE
-from certify.validation import expect_keys, plain_data, plain_keys
+from certify.validation import plain_data, plain_keys
 
 #: How a threshold decides: ``interval`` (PASS only when the metric's whole 95% interval meets
 #: it, FAIL only when the whole interval misses it, else INCONCLUSIVE) or ``point`` (the point
@@ -47,29 +48,87 @@ DECISION_RULE_TEXT = {
     "point": "a threshold compares the metric's point estimate; its interval is not used",
 }
 
-_TOP_KEYS = {"name", "description", "version", "seed", "classes", "flip_invariant_classes",
-             "data", "preprocessing", "checks", "decision", "release_tolerance"}
-_REQUIRED_TOP = {"name", "checks"}
-_DATA_KEYS = {"path", "layout", "roi_crop", "interpolation", "samples"}
-_PRE_KEYS = {"input_scale", "mean", "std", "channel_order", "input_size"}
-_CHECK_KEYS = {"id", "kind", "params", "threshold", "budget", "samples", "decision"}
-_THRESHOLD_KEYS = {"metric", "min", "max"}
-# The type of every suite value outside check params (those follow their constructor's hints).
-_TOP_TYPES: dict[str, Any] = {
-    "name": str, "description": str, "version": int | float | str, "seed": int,
-    "classes": list[str] | int, "flip_invariant_classes": list[int], "data": dict[Any, Any] | None,
-    "preprocessing": dict[Any, Any] | None, "checks": list[dict[Any, Any]],
-    "decision": DecisionRule, "release_tolerance": float,
-}
-_DATA_TYPES: dict[str, Any] = {"path": str | None, "layout": str, "roi_crop": bool,
-                               "interpolation": str, "samples": int | None}
-_PRE_TYPES: dict[str, Any] = {"input_scale": float, "mean": float | list[float],
-                              "std": float | list[float], "channel_order": str,
-                              "input_size": list[int] | None}
-_CHECK_TYPES: dict[str, Any] = {"id": str, "kind": str, "params": dict | None,
-                                "threshold": dict | None, "budget": int | None,
-                                "samples": int | None, "decision": DecisionRule}
-_THRESHOLD_TYPES: dict[str, Any] = {"metric": str, "min": float, "max": float}
+#: The largest seed (what every random generator certify seeds accepts).
+MAX_SEED = 2**63 - 1
+
+# Every key of a suite file, by section: its type, default, range and meaning. The suite's
+# validation reads them (unknown keys, types, one-key ranges and choices) and the suite
+# reference is generated from them; check params follow each kind's own declaration.
+TOP_PARAMS = Params(
+    Param("name", str, REQUIRED, "the suite's name"),
+    Param("description", str, "", "what the suite evaluates, in words; the card shows it"),
+    Param("version", int | float | str, None,
+          "the suite's own version, recorded with the results"),
+    Param("seed", int, 0,
+          "the seed every random draw derives from, with the check id and the sample "
+          "(`--seed` overrides it)", low=0, high=MAX_SEED),
+    Param("classes", list[str] | int, None,
+          "the class names in class-id order, or their number; unset: from `--labels`, the "
+          "data (folder names, an npz `class_names`), the model's metadata, else class ids"),
+    Param("flip_invariant_classes", list[int], [],
+          "the classes a horizontal flip does not change (the flip property tests only "
+          "these)"),
+    Param("data", dict[Any, Any] | None, None, "where the data is and how it is read (below)"),
+    Param("preprocessing", dict[Any, Any] | None, None,
+          "what the model expects (below); `certify init` probes it"),
+    Param("checks", list[dict[Any, Any]], REQUIRED, "the checks, in the card's order (below)"),
+    Param("decision", DecisionRule, "interval",
+          "how thresholds decide: `interval` (the metric's 95% interval) or `point` (its "
+          "point estimate)"),
+    Param("release_tolerance", float, DEFAULT_RELEASE_TOLERANCE,
+          "the largest drop `certify compare` accepts per gating row when no `--tolerance` "
+          "is given, in percentage points for rates", low=0, high=100),
+)
+DATA_PARAMS = Params(
+    Param("path", str | None, None, "the data, when `--data` does not give it"),
+    Param("layout", str, "auto", "how to read the data (`auto`: from what the path holds)",
+          choices=LAYOUTS),
+    Param("roi_crop", bool, True, "crop GTSRB images to their region of interest"),
+    Param("interpolation", str, "bilinear", "how images are resized to the model's input",
+          choices=tuple(INTERPOLATIONS)),
+    Param("samples", int | None, None,
+          "how many samples to evaluate (a seeded, class-stratified subset; `--samples` "
+          "overrides it); unset: all", low=1),
+)
+PRE_PARAMS = Params(
+    Param("input_scale", float, 1.0, "the value of a white pixel the model expects (1 or 255)"),
+    Param("mean", float | list[float], 0.0,
+          "per-channel mean subtracted after scaling (one value or three)"),
+    Param("std", float | list[float], 1.0,
+          "per-channel standard deviation divided by (one value or three, none 0)"),
+    Param("channel_order", str, "RGB",
+          "the order of the model's input channels: RGB, or BGR for a model trained on "
+          "OpenCV-loaded images", choices=("RGB", "BGR")),
+    Param("input_size", list[int] | None, None,
+          "[H, W] the images are resized to, where the model does not state it"),
+)
+CHECK_PARAMS = Params(
+    Param("id", str, None,
+          "the row's name on the card, unique in the suite (the kind when unset); the seeds "
+          "of its draws derive from it"),
+    Param("kind", str, REQUIRED, "the check kind (below)"),
+    Param("params", dict | None, None, "the kind's parameters (below)"),
+    Param("threshold", dict | None, None,
+          "`{metric, min, max}`: the metric (the kind's first thresholdable metric when "
+          "unset) and at least one bound; no threshold makes the row information"),
+    Param("budget", int | None, None, "the most model queries the check may spend in a run",
+          low=1),
+    Param("samples", int | None, None,
+          "how many of the run's samples the check evaluates (the first of one seeded, "
+          "class-stratified order shared by all checks)", low=1),
+    Param("decision", DecisionRule, None,
+          "this check's own decision rule (`interval` or `point`); unset: the suite's"),
+)
+THRESHOLD_PARAMS = Params(
+    Param("metric", str, None,
+          "one of the kind's metrics marked *threshold* (the first of them when unset)"),
+    Param("min", float, None, "PASS needs the metric at or above it"),
+    Param("max", float, None, "PASS needs the metric at or below it"),
+)
+#: The sections of a suite file (``""``: the top level), as the suite reference lists them.
+SECTIONS: dict[str, Params] = {"": TOP_PARAMS, "data": DATA_PARAMS,
+                               "preprocessing": PRE_PARAMS, "checks": CHECK_PARAMS,
+                               "threshold": THRESHOLD_PARAMS}
 
 
 @dataclass(frozen=True)
@@ -299,12 +358,12 @@ def packaged_suites() -> dict[str, Path]:
     }
 
 
-def _unknown(where: str, got: dict[str, Any], valid: set[str]) -> None:
-    unknown = sorted(set(got) - valid)
+def _unknown(where: str, got: dict[str, Any], valid: Params) -> None:
+    unknown = sorted(set(got) - set(valid.names()))
     if unknown:
         raise SuiteError(
             f"{where}: unknown key(s) {', '.join(unknown)}",
-            hint=f"valid keys: {', '.join(sorted(valid))}",
+            hint=f"valid keys: {', '.join(sorted(valid.names()))}",
         )
 
 
@@ -352,8 +411,6 @@ def resolve_suite_path(name_or_path: str) -> Path:
 #: number of values once aliases are expanded (a suite is a few hundred values; an alias bomb of
 #: 460 bytes expands to tens of millions, which every later walk of the document would pay for).
 MAX_SUITE_BYTES = 1 << 20
-#: The largest seed (what every random generator certify seeds accepts).
-MAX_SEED = 2**63 - 1
 MAX_DEPTH = 32
 MAX_ALIASES = 200
 MAX_VALUES = 100_000
@@ -452,32 +509,21 @@ def parse_suite(raw: Any, source: str) -> Suite:
     """Validate a suite's parsed YAML; ``source`` names it in errors."""
     raw = _mapping(raw, source)
     plain_keys(raw, source)
-    _unknown(source, raw, _TOP_KEYS)
-    expect_keys(f"{source}:", raw, _TOP_TYPES)
-    missing = sorted(_REQUIRED_TOP - set(raw))
+    _unknown(source, raw, TOP_PARAMS)
+    TOP_PARAMS.validate(raw, f"{source}:")
+    missing = sorted(TOP_PARAMS.required() - set(raw))
     if missing:
         raise SuiteError(f"{source}: missing key(s) {', '.join(missing)}",
                          hint="a suite needs name and checks")
     classes, class_count = _classes(raw.get("classes"), source)
     seed = raw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
-        raise SuiteError(f"{source}: seed must be an integer from 0 to 2^63 - 1",
-                         hint="e.g. seed: 0")
 
     d = _mapping(raw.get("data"), f"{source}: data")
-    _unknown(f"{source}: data", d, _DATA_KEYS)
-    expect_keys(f"{source}: data", d, _DATA_TYPES)
+    _unknown(f"{source}: data", d, DATA_PARAMS)
+    DATA_PARAMS.validate(d, f"{source}: data")
     layout = d.get("layout", "auto")
-    if layout not in LAYOUTS:
-        raise SuiteError(f"{source}: data.layout {layout!r} is not known",
-                         hint=f"valid layouts: {', '.join(LAYOUTS)}")
     interp = d.get("interpolation", "bilinear")
-    if interp not in INTERPOLATIONS:
-        raise SuiteError(f"{source}: data.interpolation {interp!r} is not known",
-                         hint=f"valid: {', '.join(INTERPOLATIONS)}")
     samples = d.get("samples")
-    if samples is not None and (not isinstance(samples, int) or samples <= 0):
-        raise SuiteError(f"{source}: data.samples must be a positive integer", hint="e.g. 430")
     data = DataSpec(
         path=d.get("path"),
         layout=layout,
@@ -487,12 +533,9 @@ def parse_suite(raw: Any, source: str) -> Suite:
     )
 
     p = _mapping(raw.get("preprocessing"), f"{source}: preprocessing")
-    _unknown(f"{source}: preprocessing", p, _PRE_KEYS)
-    expect_keys(f"{source}: preprocessing", p, _PRE_TYPES)
+    _unknown(f"{source}: preprocessing", p, PRE_PARAMS)
+    PRE_PARAMS.validate(p, f"{source}: preprocessing")
     order = p.get("channel_order", "RGB")
-    if order not in ("RGB", "BGR"):
-        raise SuiteError(f"{source}: preprocessing.channel_order must be RGB or BGR",
-                         hint="RGB unless the model was trained on OpenCV-loaded images")
     std = _triple(p.get("std", 1.0), f"{source}: preprocessing.std")
     if any(s == 0 for s in std):
         raise SuiteError(f"{source}: preprocessing.std must not be 0", hint="fix the suite")
@@ -516,8 +559,8 @@ def parse_suite(raw: Any, source: str) -> Suite:
     for i, c in enumerate(checks_raw):
         where = f"{source}: checks[{i}]"
         c = _mapping(c, where)
-        _unknown(where, c, _CHECK_KEYS)
-        expect_keys(where, c, _CHECK_TYPES)
+        _unknown(where, c, CHECK_PARAMS)
+        CHECK_PARAMS.validate(c, where)
         kind = c.get("kind")
         if kind not in CHECKS:
             raise SuiteError(f"{where}: unknown check kind {kind!r}",
@@ -536,8 +579,8 @@ def parse_suite(raw: Any, source: str) -> Suite:
         threshold = None
         if c.get("threshold") is not None:
             t = _mapping(c["threshold"], f"{where}.threshold")
-            _unknown(f"{where}.threshold", t, _THRESHOLD_KEYS)
-            expect_keys(f"{where}.threshold", t, _THRESHOLD_TYPES)
+            _unknown(f"{where}.threshold", t, THRESHOLD_PARAMS)
+            THRESHOLD_PARAMS.validate(t, f"{where}.threshold")
             metric = t.get("metric", cls.metric_names[0] if cls.metric_names else None)
             if metric not in cls.metric_names:
                 raise SuiteError(f"{where}.threshold: metric {metric!r} is not reported by {kind}",
@@ -558,12 +601,7 @@ def parse_suite(raw: Any, source: str) -> Suite:
             # again by Suite.check_thresholds before any model is loaded.
             _threshold_reported(threshold, check, cid, True, f"{where}.threshold")
         budget = c.get("budget")
-        if budget is not None and (not isinstance(budget, int) or budget <= 0):
-            raise SuiteError(f"{where}.budget must be a positive integer", hint="queries per run")
         n_samples = c.get("samples")
-        if n_samples is not None and (not isinstance(n_samples, int) or n_samples <= 0):
-            raise SuiteError(f"{where}.samples must be a positive integer",
-                             hint="a class-stratified subset of the run's samples")
         specs.append(CheckSpec(cid, kind, check, threshold, budget, n_samples,
                                c.get("decision", rule)))
 
@@ -576,12 +614,6 @@ def parse_suite(raw: Any, source: str) -> Suite:
                          hint="integers from 0" + (f" to {top - 1}" if top != MAX_SEED else ""))
 
     tolerance = raw.get("release_tolerance", DEFAULT_RELEASE_TOLERANCE)
-    if not (isinstance(tolerance, int | float) and not isinstance(tolerance, bool)
-            and math.isfinite(tolerance) and 0 <= tolerance <= 100):
-        raise SuiteError(f"{source}: release_tolerance must be a number of percentage points "
-                         f"from 0 to 100, got {tolerance!r}",
-                         hint=f"e.g. release_tolerance: {DEFAULT_RELEASE_TOLERANCE:g} (the "
-                              "largest drop a release may take per gating row)")
 
     plain_data(raw, source)  # what no annotation typed: dates, binary, NaN under Any
     canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -99,8 +99,8 @@ def text(fragment: str) -> str:
 
 @built
 def test_every_check_kind_lists_every_constructor_parameter(site):
-    """Generated from the registry: each kind's parameters, in constructor order, with the
-    constructor's annotation and default, and a meaning."""
+    """Generated from the declarations: each kind's parameters, in constructor order, with the
+    constructor's annotation and default, the declared range and a meaning."""
     import inspect
 
     from certify.checks import CHECKS
@@ -112,7 +112,7 @@ def test_every_check_kind_lists_every_constructor_parameter(site):
                   if n != "self"]
         (listed, *_) = tables(part)
         header, *rows = listed
-        assert header == ["parameter", "type", "default", "meaning"], kind
+        assert header == ["parameter", "type", "default", "range", "meaning"], kind
         assert [r[0] for r in rows] == [p.name for p in params], kind
         for row, p in zip(rows, params, strict=True):
             assert row[1] == str(p.annotation), (kind, p.name)
@@ -121,7 +121,8 @@ def test_every_check_kind_lists_every_constructor_parameter(site):
                 assert row[2] == want, (kind, p.name)
             else:
                 assert row[2] in (repr(p.default), json.dumps(p.default)), (kind, p.name)
-            assert len(row[3]) > 10, (kind, p.name, "no meaning")
+            assert row[3] == cls.suite_params[p.name].allowed(), (kind, p.name)
+            assert len(row[4]) > 10, (kind, p.name, "no meaning")
         # its metrics, and the thresholdable ones marked
         metrics = next(t for t in tables(part) if t[0][:2] == ["metric", "meaning"])
         assert [r[0] for r in metrics[1:]] == [m.name for m in cls.metrics], kind
@@ -148,18 +149,26 @@ def test_the_suite_reference_lists_every_kind_status_property_and_attack(site):
     assert [r[0] for r in props[1:]] == list(PROPERTIES)
     attacks = tables(section(page, "suite-attacks"))[0]
     assert [r[0] for r in attacks[1:]] == list(ATTACKS)
+    for name, attack in ATTACKS.items():  # each attack's attack_params, as declared
+        part = section(page, f"attack-{name}".replace("_", "-"))
+        listed = tables(part)
+        declared = list(attack.suite_params)
+        assert [r[0] for r in (listed[0][1:] if listed else [])] == \
+            [p.name for p in declared], name
 
 
 def test_every_check_describes_its_parameters_and_nothing_else():
-    """The metadata the reference is generated from: one meaning per constructor parameter."""
+    """The declaration the reference is generated from: one meaning per constructor parameter
+    (its type and default held to the signature: tests/test_params.py)."""
     import inspect
 
     from certify.checks import CHECKS
 
     for kind, cls in CHECKS.items():
         names = [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
-        assert list(cls.param_docs) == names, kind
+        assert cls.suite_params.names() == names, kind
         assert [p.name for p in cls.parameters()] == names
+        assert all(len(p.meaning) > 10 for p in cls.parameters()), kind
 
 
 @built
@@ -173,9 +182,8 @@ def test_the_suite_page_example_and_keys_are_a_valid_suite(site):
     page = (site / "reference" / "suite.html").read_text(encoding="utf-8")
     part = page[page.index('id="suite-file"'):page.index('id="suite-kinds"')]
     keys = [r[0] for t in tables(part) for r in t[1:]]
-    for every in (suite._TOP_KEYS, suite._DATA_KEYS, suite._PRE_KEYS, suite._CHECK_KEYS,
-                  suite._THRESHOLD_KEYS):
-        assert set(every) <= set(keys)
+    for params in suite.SECTIONS.values():
+        assert set(params.names()) <= set(keys)
 
 
 # --- (c) the CLI, results, exit-code and HTTP references ----------------------------------

@@ -22,9 +22,9 @@ PKG = ROOT / "certify"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("certify.version", "certify.errors", "certify.redact", "certify.canonical",
                     "certify.stats", "certify.progress", "certify.device", "certify.images",
-                    "certify.figures", "certify.validation", "certify.rundir", "certify.kinds",
-                    "certify.onnx_files", "certify.tolerance", "certify.safetext",
-                    "certify.norms")),
+                    "certify.figures", "certify.validation", "certify.params", "certify.rundir",
+                    "certify.kinds", "certify.onnx_files", "certify.tolerance",
+                    "certify.safetext", "certify.norms")),
     ("inputs", ("certify.models", "certify.data", "certify.perturbations", "certify.demo")),
     ("attacks", ("certify.attacks",)),
     ("checks", ("certify.checks",)),

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, project
 from certify.errors import AttackProtocolError
 from certify.norms import L2, LINF, Norm
+from certify.params import Param, Params
 
 if TYPE_CHECKING:
     import torch
@@ -114,6 +115,13 @@ class APGD(Attack):
     needs_gradients: ClassVar[bool] = True
     convergence: ClassVar[str] = "checkpoints"
     eps_sweep: ClassVar[bool] = True
+    suite_params: ClassVar[Params] = Params(
+        Param("iterations", int, 100, "gradient steps per run (AutoAttack's 100)", low=1),
+        Param("restarts", int, 2,
+              "runs per sample from random points of the ball, the later ones only on the "
+              "still unbroken samples (2, so convergence can be judged across restarts)",
+              low=1),
+    )
 
     def __init__(self, epsilon: float = 8 / 255, norm: Norm | str = LINF, iterations: int = 100,
                  restarts: int = 2, max_queries: int = 0) -> None:
@@ -259,6 +267,15 @@ class APGDTargeted(APGD):
     name: ClassVar[str] = "apgd_t"
     min_classes: ClassVar[int] = 4
     eps_sweep: ClassVar[bool] = False
+    suite_params: ClassVar[Params] = Params(
+        APGD.suite_params["iterations"],
+        Param("restarts", int, 1,
+              "runs per sample and target from random points of the ball, on the still "
+              "unbroken samples", low=1),
+        Param("targets", int, 9,
+              "the top other classes (by the copy's clean logits) attacked in turn, one run "
+              "each, most likely first", low=1),
+    )
 
     def __init__(self, epsilon: float = 8 / 255, norm: Norm | str = LINF, iterations: int = 100,
                  restarts: int = 1, targets: int = 9, max_queries: int = 0) -> None:

@@ -14,13 +14,14 @@ Shapes: ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]``, seeds ``[B]``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final
 
 from certify.errors import AttackProtocolError
 from certify.norms import LINF, Norm, ThreatModel
 from certify.norms import norm as norm_named
+from certify.params import Params
 from certify.perturbations.base import generators
 
 if TYPE_CHECKING:
@@ -265,6 +266,10 @@ class Attack:
     min_classes: ClassVar[int] = 2
     #: Supports the ε sweep (a white-box attack re-run at multiples of ε).
     eps_sweep: ClassVar[bool] = False
+    #: The suite parameters (an ``attack`` check's ``attack_params``): every constructor
+    #: parameter but ``epsilon``, ``norm`` and ``max_queries``, which the check sets, with type,
+    #: default, range and meaning. A test holds it to the constructor's signature.
+    suite_params: ClassVar[Params] = Params()
     #: The threat norm this instance attacks in (one of ``norms``).
     norm: Norm
     epsilon: float
@@ -285,6 +290,13 @@ class Attack:
     def decision_based(cls) -> bool:
         """A black-box attack that reads labels only (works on any model)."""
         return not cls.needs_scores and not cls.needs_gradients
+
+    @classmethod
+    def validate_params(cls, params: Mapping[str, Any], where: str) -> None:
+        """Refuse, when the suite loads, ``attack_params`` (at ``where``) that this attack does
+        not declare, or whose value is not of its declared type and range (SuiteError)."""
+        cls.suite_params.refuse_unknown(params, where, f"attack {cls.name}")
+        cls.suite_params.validate(params, where)
 
     @classmethod
     def configure(cls, norm: Norm, epsilon: float, max_queries: int,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms
 from certify.norms import L2, LINF, Norm
+from certify.params import Param, Params
 
 if TYPE_CHECKING:
     import torch
@@ -78,6 +79,16 @@ class HopSkipJump(Attack):
     query_floor: ClassVar[int] = 25000
     convergence: ClassVar[str] = "distance"
     needs_start: ClassVar[bool] = True
+    suite_params: ClassVar[Params] = Params(
+        Param("init_evals", int, 100,
+              "probes of the boundary's normal at iteration 1 (init_evals * sqrt(t) at "
+              "iteration t)", low=1),
+        Param("max_evals", int, 1000, "the most probes of the boundary's normal per iteration",
+              low=1),
+        Param("init_tries", int, 100,
+              "noise images tried for an adversarial start, per kind of start (uniform, then "
+              "coarse)", low=1),
+    )
 
     def __init__(self, epsilon: float, max_queries: int = 1000, norm: Norm | str = L2,
                  init_evals: int = 100, max_evals: int = 1000, init_tries: int = 100) -> None:

@@ -16,6 +16,7 @@ from certify.attacks.base import Attack, AttackResult, Predictor, Uniforms, top_
 from certify.errors import AttackProtocolError, SuiteError
 from certify.norms import L2, LINF, SPATIAL, Norm
 from certify.norms import norm as norm_named
+from certify.params import Param, Params
 
 if TYPE_CHECKING:
     import torch
@@ -124,6 +125,16 @@ class SpatialGrid(Attack):
     norms: ClassVar[tuple[Norm, ...]] = (SPATIAL,)
     needs_scores: ClassVar[bool] = False
     convergence: ClassVar[str] = "exhaustive"
+    suite_params: ClassVar[Params] = Params(
+        Param("max_rotation", float, 30.0, "the largest rotation tried, in degrees, either way "
+                                           "(Brown et al. 2018: 30)", low=0),
+        Param("max_translation", float, 3.0, "the largest shift tried, in pixels, along each "
+                                             "axis either way (Brown et al. 2018: 3)", low=0),
+        Param("rotation_steps", int, 5, "grid points per side of the rotations (0: none)",
+              low=0),
+        Param("translation_steps", int, 3, "grid points per side of each axis's shifts (0: "
+                                           "none)", low=0),
+    )
 
     def __init__(self, max_rotation: float = 30.0, max_translation: float = 3.0,
                  rotation_steps: int = 5, translation_steps: int = 3,

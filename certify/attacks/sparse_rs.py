@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms, margin
 from certify.norms import L0, Norm
+from certify.params import Param, Params
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +54,12 @@ class SparseRS(Attack):
     needs_scores: ClassVar[bool] = True
     #: Its authors' untargeted L0 setting.
     query_floor: ClassVar[int] = 10000
+    suite_params: ClassVar[Params] = Params(
+        Param("alpha_init", float, 0.3,
+              "the share of the k pixels resampled at the first iteration, lowered on the "
+              "paper's schedule (its authors' untargeted L0 setting)",
+              low=0, low_open=True, high=1),
+    )
 
     def __init__(self, epsilon: float, max_queries: int = 1000, alpha_init: float = 0.3
                  ) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from certify.attacks.base import Attack, AttackResult, Uniforms, margin
 from certify.norms import L2, LINF, Norm
+from certify.params import Param, Params
 
 if TYPE_CHECKING:
     import torch
@@ -91,6 +92,12 @@ class _Square(Attack):
     needs_scores: ClassVar[bool] = True
     #: AutoAttack's budget.
     query_floor: ClassVar[int] = 5000
+    suite_params: ClassVar[Params] = Params(
+        Param("p_init", float | None, None,
+              "the fraction of the image's pixels in the first square window, halved on the "
+              "paper's schedule; unset: 0.8 up to 64x64 pixels, else 0.05 (L-infinity) or "
+              "0.1 (L2)", low=0, low_open=True, high=1),
+    )
 
     def __init__(self, epsilon: float, max_queries: int = 1000, p_init: float | None = None
                  ) -> None:

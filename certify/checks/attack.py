@@ -59,6 +59,7 @@ from certify.kinds import AttackKind
 from certify.models.base import TRANSFER, WHITE_BOX, Model, ModelInfo
 from certify.norms import NORMS, Norm, ThreatModel
 from certify.norms import norm as norm_named
+from certify.params import REQUIRED, Param, Params
 from certify.validation import expect
 
 if TYPE_CHECKING:
@@ -118,30 +119,41 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
     #: Attacks spend thousands of queries per sample: record them in small units.
     record_batch: ClassVar[int | None] = 64
 
-    param_docs: ClassVar[Mapping[str, str]] = {
-        "attack": "the attack, by name (see the table of attacks)",
-        "epsilon": "the threat model's radius: L-infinity or L2 in [0, 1] pixel units (8/255 "
-                   "and 0.5 when unset), or for the L0 attack a whole number of pixels (10)",
-        "norm": "the threat norm, for attacks that attack in several (linf or l2); unset: the "
-                "attack's first norm",
-        "max_queries": "queries per sample: a number is one run with that budget; auto runs "
-                       "rounds that double the budget until a run converges (white-box "
-                       "attacks: iterations are attack_params)",
-        "initial_queries": "max_queries auto: round 0's queries per sample (unset: the "
-                           "attack's own initial budget)",
-        "query_cap": "max_queries auto: the largest budget one round's run may have (unset: "
-                     "16 times the initial budget)",
-        "attack_params": "extra constructor arguments of the attack (e.g. iterations, "
-                         "restarts, targets for APGD), type-checked against its constructor",
-        "binarization": "the binarization test: true (the packaged configuration), false "
-                        "(off), or settings: samples, n_inner, n_boundary, inner_gap, "
-                        "closeness, inner_shell",
-        "confident_queries": "score-based attacks: extra queries per broken sample spent "
-                             "raising the wrong class's confidence in the same ball (100 when "
-                             "unset; 0 turns it off)",
-        "eps_sweep": "white-box attacks that support it (APGD-CE): the ε sweep sanity check, "
-                     "on at most 20 samples at ε/4 to 4ε and an ε that reaches any image",
-    }
+    suite_params: ClassVar[Params] = Params(
+        Param("attack", str, REQUIRED, "the attack, by name (see the table of attacks)",
+              choices=tuple(ATTACKS)),
+        Param("epsilon", float | None, None,
+              "the threat model's radius: L-infinity or L2 in [0, 1] pixel units (8/255 and 0.5 "
+              "when unset), or for the L0 attack a whole number of pixels (10)",
+              low=0, low_open=True),
+        Param("norm", str | None, None,
+              "the threat norm, for attacks that attack in several ("
+              f"{' or '.join(n.name for n in NORMS.values() if n.chosen)}); unset: the "
+              "attack's first norm"),
+        Param("max_queries", int | Literal["auto"], 1000,
+              "queries per sample: a number is one run with that budget; auto runs rounds that "
+              "double the budget until a run converges (white-box attacks: iterations are "
+              "attack_params)", low=2),
+        Param("initial_queries", int | None, None,
+              "max_queries auto: round 0's queries per sample (unset: the attack's own initial "
+              "budget)", low=2),
+        Param("query_cap", int | None, None,
+              "max_queries auto: the largest budget one round's run may have, at least twice "
+              f"the initial budget (unset: {AUTO_CAP_FACTOR} times the initial budget)"),
+        Param("attack_params", dict[str, Any] | None, None,
+              "the attack's own parameters (see each attack's parameters below the table of "
+              "attacks), checked against its declaration"),
+        Param("binarization", dict[str, Any] | bool, True,
+              "the binarization test: true (the packaged configuration), false (off), or "
+              "settings: samples, n_inner, n_boundary, inner_gap, closeness, inner_shell"),
+        Param("confident_queries", int | None, None,
+              "score-based attacks: extra queries per broken sample spent raising the wrong "
+              f"class's confidence in the same ball ({CONFIDENT_QUERIES} when unset; 0 turns "
+              "it off)", low=0),
+        Param("eps_sweep", bool, True,
+              "white-box attacks that support it (APGD-CE): the ε sweep sanity check, on at "
+              f"most {SWEEP_SAMPLES} samples at ε/4 to 4ε and an ε that reaches any image"),
+    )
 
     def __init__(self, attack: str, epsilon: float | None = None, norm: str | None = None,
                  max_queries: int | Literal["auto"] = 1000, initial_queries: int | None = None,
@@ -223,9 +235,7 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
-        if self.attack not in ATTACKS:
-            raise SuiteError(f"{where}: unknown attack {self.attack!r}",
-                             hint=f"valid attacks: {', '.join(ATTACKS)}")
+        super().check_params(where)
         cls = self.attack_class()
         chosen = [n for n in NORMS.values() if n.name == self.norm and n.chosen]
         if self.norm is not None and not chosen:
@@ -253,9 +263,6 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
 
     def _check_budget(self, where: str) -> None:
         """``max_queries``, ``initial_queries`` and ``query_cap`` against the attack's kind."""
-        if not self.auto and (not isinstance(self.max_queries, int) or self.max_queries < 2):
-            raise SuiteError(f"{where}: max_queries must be an integer >= 2 or auto",
-                             hint="e.g. 1000, or auto (rounds until converged)")
         if not self.auto and (self.initial_queries, self.query_cap) != (None, None):
             raise SuiteError(f"{where}: initial_queries and query_cap go with max_queries: auto",
                              hint="e.g. max_queries: auto, initial_queries: 1000")
@@ -270,8 +277,6 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
             raise SuiteError(f"{where}: {self.attack} searches its grid exhaustively: "
                              "max_queries must be the grid size, not auto",
                              hint="e.g. max_queries: 538")
-        if self.initial_budget() < 2:
-            raise SuiteError(f"{where}: initial_queries must be >= 2", hint="e.g. 1000")
         if self.cap() < 2 * self.initial_budget():
             raise SuiteError(f"{where}: query_cap {self.cap()} leaves no room for a second "
                              f"round after {self.initial_budget()} queries",
@@ -279,21 +284,12 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
                                   f"{AUTO_CAP_FACTOR * self.initial_budget()}")
 
     def _check_values(self, where: str) -> None:
-        """The other parameters' types and ranges (nested ones as their annotations say)."""
-        if not isinstance(self.eps_sweep, bool):
-            raise SuiteError(f"{where}: eps_sweep must be true or false",
-                             hint="APGD-CE's ε sweep (Carlini et al. 2019); true by default")
-        if self.confident_queries is not None:
-            if not isinstance(self.confident_queries, int) or self.confident_queries < 0:
-                raise SuiteError(f"{where}: confident_queries must be an integer >= 0",
-                                 hint=f"e.g. {CONFIDENT_QUERIES}; 0 turns it off")
-            if self.confident_queries and not self.score_based():
-                raise SuiteError(f"{where}: confident_queries applies to score-based attacks "
-                                 f"only; {self.attack} sees no scores",
-                                 hint="remove confident_queries from this check")
-        if self.epsilon is not None and (not isinstance(self.epsilon, int | float)
-                                         or self.epsilon <= 0):
-            raise SuiteError(f"{where}: epsilon must be positive", hint="e.g. 0.0314 (8/255)")
+        """The rules that tie parameters to the attack, and the nested parameters (the
+        binarization test's settings; ``attack_params`` from the attack's declaration)."""
+        if self.confident_queries and not self.score_based():
+            raise SuiteError(f"{where}: confident_queries applies to score-based attacks "
+                             f"only; {self.attack} sees no scores",
+                             hint="remove confident_queries from this check")
         if self.attack_class().default_norm().whole and self.epsilon is not None and (
                 isinstance(self.epsilon, bool) or not isinstance(self.epsilon, int)):
             raise SuiteError(f"{where}: epsilon for {self.attack} is a number of pixels, a "
@@ -306,18 +302,14 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
             hints = typing.get_type_hints(BinarizationSettings) | {"samples": int}
             for k, v in self.binarization.items():
                 expect(v, hints[k], f"{where}.params.binarization.{k}")
-        elif not isinstance(self.binarization, bool):
-            raise SuiteError(f"{where}: binarization must be false or a mapping",
-                             hint="e.g. binarization: {samples: 20}")
         if isinstance(self.attack_params, dict):
             own = [k for k in _CHECK_KEYS if k in self.attack_params]
             if own:
                 raise SuiteError(f"{where}: {', '.join(own)} belong(s) in params, not in "
                                  f"params.attack_params",
                                  hint=f"e.g. params: {{{own[0]}: ...}}")
-            hints = typing.get_type_hints(self.attack_class().__init__)
-            for k, v in self.attack_params.items():
-                expect(v, hints.get(k, Any), f"{where}.params.attack_params.{k}")
+            self.attack_class().validate_params(self.attack_params,
+                                                f"{where}.params.attack_params")
 
     def max_queries_per_sample(self) -> int:
         """The clean and judged queries of every round, every round's attack queries and the

@@ -10,7 +10,6 @@ budgets, timing and error handling belong to the runner, not to checks.
 from __future__ import annotations
 
 import inspect
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -28,9 +27,9 @@ from certify.kinds import interval_text as interval_text
 from certify.kinds import pct as pct
 from certify.models.base import Model, ModelInfo
 from certify.norms import Norm
+from certify.params import Param, Params
 from certify.perturbations.base import mix_seed, mix_seeds
 from certify.rundir import SampleRecord
-from certify.validation import expect
 
 if TYPE_CHECKING:
     import torch
@@ -109,22 +108,6 @@ class CheckContext:
 R = TypeVar("R", bound=SampleRecord)
 
 
-@dataclass(frozen=True)
-class ParamDoc:
-    """One suite parameter of a check kind, as the suite reference documents it.
-
-    ``annotation`` is the constructor's type annotation as written (what a suite value is
-    checked against), ``default`` its default (``required`` when it has none) and ``meaning``
-    the check's own description of it (:attr:`Check.param_docs`).
-    """
-
-    name: str
-    annotation: str
-    required: bool
-    default: Any
-    meaning: str
-
-
 class Check(Kind, Generic[R]):
     """Base class of all checks; subclasses set ``kind`` and write ``run_batch``/``summarize``.
 
@@ -140,11 +123,11 @@ class Check(Kind, Generic[R]):
     #: At most this many samples per batch, so that a kill loses little work (``None``: the
     #: runner's batch size). Set by checks whose per-sample work is long (attacks, LIME).
     record_batch: ClassVar[int | None] = None
-    #: What each suite parameter (each ``__init__`` parameter) means, by name. Its type and
-    #: default come from the constructor's signature; the suite reference of the documentation
-    #: is generated from both (:meth:`parameters`), and a test holds every parameter to an
-    #: entry here.
-    param_docs: ClassVar[Mapping[str, str]] = {}
+    #: The suite parameters (the ``__init__`` parameters, in order): type, default, range and
+    #: meaning. The suite's validation (:meth:`from_params`, :meth:`check_params`) and the
+    #: suite reference of the documentation (:meth:`parameters`) read it; a test holds it to
+    #: the constructor's signature.
+    suite_params: ClassVar[Params] = Params()
 
     def next_round(self, records: dict[int, R], done: int
                    ) -> tuple[Check[R], list[int]] | None:
@@ -181,22 +164,10 @@ class Check(Kind, Generic[R]):
         return {}
 
     @classmethod
-    def parameters(cls) -> list[ParamDoc]:
-        """The kind's suite parameters in constructor order: name, annotation, default and
-        meaning (a parameter without a meaning in :attr:`param_docs` is a ``KeyError`` that
-        names it)."""
-        out = []
-        for name, p in inspect.signature(cls.__init__).parameters.items():
-            if name == "self":
-                continue
-            if name not in cls.param_docs:
-                raise KeyError(f"{cls.__name__}.param_docs does not describe {name!r}")
-            annotation = p.annotation if isinstance(p.annotation, str) else \
-                inspect.formatannotation(p.annotation)
-            required = p.default is inspect.Parameter.empty
-            out.append(ParamDoc(name, annotation, required, None if required else p.default,
-                                cls.param_docs[name]))
-        return out
+    def parameters(cls) -> list[Param]:
+        """The kind's suite parameters in constructor order: name, type, default, range and
+        meaning (:attr:`suite_params`)."""
+        return list(cls.suite_params)
 
     def get_params(self) -> dict[str, Any]:
         """The constructor parameters, exactly as given in the suite (scikit-learn style)."""
@@ -211,20 +182,12 @@ class Check(Kind, Generic[R]):
     def from_params(cls, params: dict[str, Any], where: str) -> Check[Any]:
         """Build from suite params; unknown parameters are errors naming the valid ones.
 
-        Every value is checked against the constructor's type annotation (``bool`` is not an
-        ``int``; a string or a date is not a ``float``), as deep as the annotation goes.
+        Every value is checked against its declaration (:attr:`suite_params`): its type (``bool``
+        is not an ``int``; a string or a date is not a ``float``, as deep as the annotation
+        goes) and its range.
         """
-        sig = inspect.signature(cls.__init__)
-        valid = [n for n in sig.parameters if n != "self"]
-        unknown = sorted(set(params) - set(valid))
-        if unknown:
-            raise SuiteError(
-                f"{where}: unknown parameter(s) {', '.join(unknown)} for check kind {cls.kind!r}",
-                hint=f"valid parameters: {', '.join(valid) or '(none)'}",
-            )
-        hints = typing.get_type_hints(cls.__init__)
-        for name, value in params.items():
-            expect(value, hints.get(name, Any), f"{where}.params.{name}")
+        cls.suite_params.refuse_unknown(params, where, f"check kind {cls.kind!r}")
+        cls.suite_params.validate(params, f"{where}.params")
         try:
             return cls(**params)
         except TypeError as exc:
@@ -236,7 +199,11 @@ class Check(Kind, Generic[R]):
         return None
 
     def check_params(self, where: str) -> None:
-        """Validate the parameters themselves when the suite loads (raise SuiteError)."""
+        """Validate the parameters themselves when the suite loads (raise SuiteError): each
+        against its declaration here; a kind adds the rules that tie several together (and
+        calls this first)."""
+        self.suite_params.validate({p.name: getattr(self, p.name) for p in self.suite_params},
+                                   f"{where}.params")
 
     def produced_metrics(self, reference: bool) -> set[str]:
         """The thresholdable metrics this configuration reports.

@@ -46,7 +46,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -60,10 +60,10 @@ from certify.checks.base import (
     Measurement,
 )
 from certify.data import Dataset
-from certify.errors import SuiteError
 from certify.images import ImageSink
 from certify.kinds import BrittlenessKind
 from certify.models.base import Model, ModelInfo, QueryCounter
+from certify.params import Param, Params
 from certify.perturbations.base import mix_seed
 from certify.rundir import SampleRecord
 
@@ -565,15 +565,20 @@ class Brittleness(BrittlenessKind, Check[BrittlenessRecord]):
     #: LIME spends 2 * num_masks queries per sample and model: record in small units.
     record_batch: ClassVar[int | None] = 8
 
-    param_docs: ClassVar[Mapping[str, str]] = {
-        "num_masks": "k, masked images per sample and segmentation (LIME's num_samples)",
-        "n_segments": "about this many SLIC superpixels per image; the grid segmentation has "
-                      "about as many square cells",
-        "compactness": "SLIC's compactness (higher: squarer superpixels)",
-        "kernel_width": "LIME's kernel width on the masks' cosine distance",
-        "alpha": "the ridge penalty of LIME's linear fit",
-        "max_heatmaps": "samples whose LIME heatmaps the card shows",
-    }
+    suite_params: ClassVar[Params] = Params(
+        Param("num_masks", int, 1000,
+              "k, masked images per sample and segmentation (LIME's num_samples)", low=10),
+        Param("n_segments", int, 64,
+              "about this many SLIC superpixels per image; the grid segmentation has about as "
+              "many square cells", low=2),
+        Param("compactness", float, 20.0, "SLIC's compactness (higher: squarer superpixels)",
+              low=0, low_open=True),
+        Param("kernel_width", float, 0.25, "LIME's kernel width on the masks' cosine distance",
+              low=0, low_open=True),
+        Param("alpha", float, 1.0, "the ridge penalty of LIME's linear fit",
+              low=0, low_open=True),
+        Param("max_heatmaps", int, 4, "samples whose LIME heatmaps the card shows"),
+    )
 
     def __init__(self, num_masks: int = 1000, n_segments: int = 64, compactness: float = 20.0,
                  kernel_width: float = 0.25, alpha: float = 1.0, max_heatmaps: int = 4) -> None:
@@ -583,17 +588,6 @@ class Brittleness(BrittlenessKind, Check[BrittlenessRecord]):
         self.kernel_width = kernel_width
         self.alpha = alpha
         self.max_heatmaps = max_heatmaps
-
-    def check_params(self, where: str) -> None:
-        """Validate the parameters when the suite loads."""
-        if not isinstance(self.num_masks, int) or self.num_masks < 10:
-            raise SuiteError(f"{where}: num_masks must be an integer >= 10", hint="e.g. 1000")
-        if not isinstance(self.n_segments, int) or self.n_segments < 2:
-            raise SuiteError(f"{where}: n_segments must be an integer >= 2", hint="e.g. 64")
-        for name in ("compactness", "kernel_width", "alpha"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                raise SuiteError(f"{where}: {name} must be a positive number", hint="see docs")
 
     def produced_metrics(self, reference: bool) -> set[str]:
         """Both R.I.s need a reference model (``--reference``)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from certify.checks.base import (
@@ -14,6 +14,7 @@ from certify.checks.base import (
 from certify.data import Dataset
 from certify.kinds import CleanAccuracyKind
 from certify.models.base import Model
+from certify.params import Param, Params
 from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
 
@@ -37,10 +38,11 @@ class CleanAccuracy(CleanAccuracyKind, Check[CleanRecord]):
     """
 
 
-    param_docs: ClassVar[Mapping[str, str]] = {
-        "top_confusions": "how many of the most frequent (true, predicted) pairs among the "
-                          "mistakes the card lists",
-    }
+    suite_params: ClassVar[Params] = Params(
+        Param("top_confusions", int, 5,
+              "how many of the most frequent (true, predicted) pairs among the mistakes the "
+              "card lists"),
+    )
 
     def __init__(self, top_confusions: int = 5) -> None:
         self.top_confusions = top_confusions

@@ -19,7 +19,7 @@ The suspect-model ``sanity`` check is in :mod:`certify.checks.sanity`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from certify.attacks.base import top_two_margin
@@ -30,9 +30,9 @@ from certify.checks.base import (
     pct,
 )
 from certify.data import Dataset
-from certify.errors import SuiteError
 from certify.kinds import CoverageKind
 from certify.models.base import Model, ModelInfo
+from certify.params import Param, Params
 from certify.rundir import SampleRecord
 from certify.stats import wilson_interval
 
@@ -122,41 +122,27 @@ class Coverage(CoverageKind, Check[CoverageRecord]):
     """
 
 
-    param_docs: ClassVar[Mapping[str, str]] = {
-        "coverage": "the share of inputs answered; the model abstains on the rest, its least "
-                    "confident by the top-two margin",
-        "confidence_threshold": "unset: a confident mistake is a mistake answered at the "
-                                "coverage level (top-two margin at or above the clean "
-                                "coverage quantile, which a positive scaling of the logits "
-                                "keeps); a number in (0, 1]: a fixed cut-off on the top-class "
-                                "probability, which moves with the logits' scale (the card "
-                                "says so)",
-        "abstain_class": "the class id of the model's explicit abstain output, if it has one: "
-                         "predicting it counts as abstaining in every check's coverage "
-                         "figures, never as an answer",
-    }
+    suite_params: ClassVar[Params] = Params(
+        Param("coverage", float, COVERAGE,
+              "the share of inputs answered; the model abstains on the rest, its least "
+              "confident by the top-two margin", low=0, low_open=True, high=1),
+        Param("confidence_threshold", float | None, None,
+              "unset: a confident mistake is a mistake answered at the coverage level (top-two "
+              "margin at or above the clean coverage quantile, which a positive scaling of the "
+              "logits keeps); a number: a fixed cut-off on the top-class probability, which "
+              "moves with the logits' scale (the card says so)",
+              low=0, low_open=True, high=1),
+        Param("abstain_class", int | None, None,
+              "the class id of the model's explicit abstain output, if it has one: predicting "
+              "it counts as abstaining in every check's coverage figures, never as an answer",
+              low=0),
+    )
 
     def __init__(self, coverage: float = COVERAGE, confidence_threshold: float | None = None,
                  abstain_class: int | None = None) -> None:
         self.coverage = coverage
         self.confidence_threshold = confidence_threshold
         self.abstain_class = abstain_class
-
-    def check_params(self, where: str) -> None:
-        """Validate the parameters when the suite loads."""
-        if isinstance(self.coverage, bool) or not isinstance(self.coverage, int | float) or \
-                not 0 < self.coverage <= 1:
-            raise SuiteError(f"{where}: coverage must be in (0, 1]", hint="e.g. 0.8")
-        t = self.confidence_threshold
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
-                              or not 0 < t <= 1):
-            raise SuiteError(f"{where}: confidence_threshold must be in (0, 1] or left out",
-                             hint="leave it out for the scale-free cut-off (the clean margin "
-                                  "at the coverage level); a number is a fixed top-class "
-                                  "probability, which moves with the logits' scale")
-        if self.abstain_class is not None and (not isinstance(self.abstain_class, int)
-                                               or self.abstain_class < 0):
-            raise SuiteError(f"{where}: abstain_class must be a class id", hint="e.g. 43")
 
     def skip_reason(self, info: ModelInfo) -> str | None:
         """A labels-only model has no confidence to abstain on: skipped."""

@@ -38,9 +38,10 @@ query plus the draws.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from certify.canonical import JSONLike
@@ -65,10 +66,10 @@ from certify.images import ImageSink
 from certify.kinds import CorruptionKind, CorruptionPairKind
 from certify.models.base import Model
 from certify.norms import L0, LINF, Norm
+from certify.params import REQUIRED, Param, Params
 from certify.perturbations import PROPERTIES, Property
 from certify.perturbations.base import RoundCandidates
 from certify.stats import wilson_interval
-from certify.validation import expect_keys
 
 if TYPE_CHECKING:
     import torch
@@ -95,17 +96,27 @@ def _property(name: Any, where: str) -> Property:
 
 
 def _bound_steps(prop: Property, bound: Any, steps: Any, where: str) -> tuple[float, int]:
+    """The bound and steps (the property's defaults where unset); a bound beyond the
+    property's largest is refused (their types and ranges are declared: :data:`PART`)."""
     b = prop.default_bound if bound is None else bound
     s = prop.default_steps if steps is None else steps
-    if isinstance(b, bool) or not isinstance(b, int | float) or b <= 0:
-        raise SuiteError(f"{where}: bound must be a positive number, got {b!r}",
-                         hint=f"{prop.name} is measured in {prop.unit}")
     if prop.max_bound is not None and b > prop.max_bound:
         raise SuiteError(f"{where}: bound {b} exceeds {prop.max_bound} for {prop.name}",
                          hint=f"{prop.name} is measured in {prop.unit}")
-    if not isinstance(s, int) or isinstance(s, bool) or s < 1:
-        raise SuiteError(f"{where}: steps must be a positive integer", hint="e.g. steps: 5")
     return float(b), s
+
+
+#: A property, its bound and its steps: a ``corruption`` check's first parameters, and the
+#: keys of each part of a ``corruption_pair``.
+PART = Params(
+    Param("property", str, REQUIRED, "the corruption property (see the table of properties)"),
+    Param("bound", float | None, None,
+          "the largest intensity searched (or drawn, for noise), in the property's unit; "
+          "unset: the property's default bound", low=0, low_open=True),
+    Param("steps", int | None, None,
+          "round 0's grid resolution, or for noise the intensity levels below the bound on "
+          "the card's curve; unset: the property's default", low=1),
+)
 
 
 
@@ -262,25 +273,20 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
     """
 
 
-    param_docs: ClassVar[Mapping[str, str]] = {
-        "property": "the corruption property (see the table of properties)",
-        "bound": "the largest intensity searched (or drawn, for noise), in the property's "
-                 "unit; unset: the property's default bound",
-        "steps": "round 0's grid resolution, or for noise the intensity levels below the "
-                 "bound on the card's curve; unset: the property's default",
-        "tries": "round 0's design points or draws per intensity level, for properties with "
-                 "random or designed parameters (4 when unset); refused for noise",
-        "max_queries": "the search's budget per sample, clean queries excluded; unset: 8 times "
-                       "round 0's candidates, or rounds 0-2 if more; refused for noise",
-        "max_examples": "failure examples kept for the card's gallery",
-        "delta": "random corruptions (noise): the failure probability under the noise a "
-                 "sample may have and still count as robust (0.05 when unset)",
-        "confidence": "random corruptions: the confidence of each sample's decision by "
-                      "sequential exact binomial tests (0.99 when unset)",
-        "max_draws": "random corruptions: the most noise draws per sample at the bound (512 "
-                     "when unset); samples still undecided count on both sides of the "
-                     "interval",
-    }
+    suite_params: ClassVar[Params] = Params(
+        *PART,
+        Param("tries", int | None, None,
+              "round 0's design points or draws per intensity level, for properties with "
+              "random or designed parameters (4 when unset); refused for noise",
+              low=1, high=1 << 16),
+        Param("max_queries", int | None, None,
+              "the search's budget per sample, clean queries excluded, at least round 0's "
+              f"candidates; unset: {BUDGET_FACTOR} times round 0's candidates, or rounds 0-2 "
+              "if more; refused for noise", low=1),
+        Param("max_examples", int, 4, "failure examples kept for the card's gallery"),
+        *(dataclasses.replace(p, meaning="random corruptions (noise): " + p.meaning)
+          for p in noise.DRAW_PARAMS),
+    )
 
     def __init__(self, property: str, bound: float | None = None, steps: int | None = None,
                  tries: int | None = None, max_queries: int | None = None,
@@ -314,6 +320,7 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
+        super().check_params(where)
         prop = _property(self.property, where)
         _bound_steps(prop, self.bound, self.steps, where)
         if prop.statistical:
@@ -331,14 +338,9 @@ class Corruption(CorruptionKind, _CorruptionBase[CorruptionRecord]):
             raise SuiteError(f"{where}: {' and '.join(given)} apply to random corruptions "
                              f"only; {prop.name} is searched for its worst case",
                              hint="use max_queries to set its search's budget")
-        if not isinstance(self.tries, int | None) or isinstance(self.tries, bool) or \
-                self._tries() < 1 or self._tries() > 1 << 16:
-            raise SuiteError(f"{where}: tries must be an integer from 1 to 65536",
-                             hint="e.g. tries: 4")
         if self.max_queries is not None:
             first = len(self._round_candidates(0).rows)
-            if isinstance(self.max_queries, bool) or not isinstance(self.max_queries, int) or \
-                    self.max_queries < first:
+            if self.max_queries < first:
                 raise SuiteError(f"{where}: max_queries must be an integer of at least {first} "
                                  "(round 0's candidates per sample)",
                                  hint=f"e.g. max_queries: {BUDGET_FACTOR * first}, or leave it "
@@ -936,20 +938,18 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
     """
 
 
-    param_docs: ClassVar[Mapping[str, str]] = {
-        "first": "the first property, a mapping {property, bound, steps} (bound and steps "
-                 "default to the property's); flip cannot be combined",
-        "second": "the second property, as first; at most one of the two may be noise",
-        "tries": "draws per intensity level for properties with random parameters",
-        "max_examples": "failure examples kept for the card's gallery",
-        "delta": "pairs with noise: the failure probability under the noise a "
-                 "sample may have and still count as robust (0.05 when unset)",
-        "confidence": "pairs with noise: the confidence of each sample's decision by "
-                      "sequential exact binomial tests (0.99 when unset)",
-        "max_draws": "pairs with noise: the most noise draws per sample at the bound (512 "
-                     "when unset); samples still undecided count on both sides of the "
-                     "interval",
-    }
+    suite_params: ClassVar[Params] = Params(
+        Param("first", dict[str, Any], REQUIRED,
+              "the first property, a mapping {property, bound, steps} (as a corruption check's; "
+              "bound and steps default to the property's); flip cannot be combined"),
+        Param("second", dict[str, Any], REQUIRED,
+              "the second property, as first; at most one of the two may be noise"),
+        Param("tries", int, 2, "draws per intensity level for properties with random "
+                               "parameters", low=1),
+        Param("max_examples", int, 4, "failure examples kept for the card's gallery"),
+        *(dataclasses.replace(p, meaning="pairs with noise: " + p.meaning)
+          for p in noise.DRAW_PARAMS),
+    )
 
     def __init__(self, first: dict[str, Any], second: dict[str, Any], tries: int = 2,
                  max_examples: int = 4, delta: float | None = None,
@@ -962,11 +962,9 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
         self.confidence = confidence
         self.max_draws = max_draws
 
-    def _spec(self, part: Any, where: str) -> tuple[Property, float, int]:
-        if not isinstance(part, dict) or set(part) - {"property", "bound", "steps"}:
-            raise SuiteError(f"{where} must be a mapping with keys property, bound, steps",
-                             hint="e.g. first: {property: rotation, bound: 10, steps: 2}")
-        expect_keys(where, part, {"property": str, "bound": float | None, "steps": int | None})
+    def _spec(self, part: dict[str, Any], where: str) -> tuple[Property, float, int]:
+        PART.refuse_unknown(part, where, "a part of a corruption_pair")
+        PART.validate(part, where)
         prop = _property(part.get("property"), where)
         if prop.name == "flip":
             raise SuiteError(f"{where}: flip cannot be combined", hint="test flip on its own")
@@ -975,10 +973,9 @@ class CorruptionPair(CorruptionPairKind, _CorruptionBase[PairRecord]):
 
     def check_params(self, where: str) -> None:
         """Validate the parameters when the suite loads."""
+        super().check_params(where)
         pa = self._spec(self.first, f"{where}.params.first")[0]
         pb = self._spec(self.second, f"{where}.params.second")[0]
-        if not isinstance(self.tries, int) or self.tries < 1:
-            raise SuiteError(f"{where}: tries must be a positive integer", hint="e.g. tries: 2")
         if pa.statistical and pb.statistical:
             raise SuiteError(f"{where}: {pa.name} and {pb.name} are both random corruptions; "
                              "a pair decides one of them by draws with the other at its "

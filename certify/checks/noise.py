@@ -38,6 +38,7 @@ from certify.checks.base import CheckContext, pct
 from certify.checks.confidence import WorstSeen, confidences, top_probability
 from certify.errors import SuiteError
 from certify.models.base import Model
+from certify.params import Param, Params
 from certify.stats import (
     OutcomeProbabilities,
     SequentialBinomialTest,
@@ -64,6 +65,22 @@ POWER_TARGET = 0.95
 MAX_DRAWS_LIMIT = 1 << 20
 #: Seed keys of a statistical property's draws: (kind, level, draw).
 _AT_BOUND, _BELOW = 40, 41
+#: The suite parameters of a decision by draws (a random corruption's, a pair's with one),
+#: unset meaning the packaged defaults; each check's declaration says for which of its
+#: properties they apply.
+DRAW_PARAMS = Params(
+    Param("delta", float | None, None,
+          "the failure probability under the noise a sample may have and still count as "
+          f"robust ({DEFAULT_DELTA:g} when unset)", low=0, low_open=True, high=1,
+          high_open=True),
+    Param("confidence", float | None, None,
+          "the confidence of each sample's decision by sequential exact binomial tests "
+          f"({DEFAULT_CONFIDENCE:g} when unset)", low=0.5, high=1, high_open=True),
+    Param("max_draws", int | None, None,
+          f"the most noise draws per sample at the bound ({DEFAULT_MAX_DRAWS} when unset); "
+          "samples still undecided count on both sides of the interval",
+          low=1, high=MAX_DRAWS_LIMIT),
+)
 
 
 @dataclass(frozen=True)
@@ -146,15 +163,7 @@ def draw_plan(delta: Any, confidence: Any, max_draws: Any, where: str) -> DrawPl
     d = DEFAULT_DELTA if delta is None else delta
     c = DEFAULT_CONFIDENCE if confidence is None else confidence
     m = DEFAULT_MAX_DRAWS if max_draws is None else max_draws
-    if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d < 1:
-        raise SuiteError(f"{where}: delta must be a failure probability in (0, 1), got {d!r}",
-                         hint="e.g. delta: 0.05 (robust: fails on at most 5% of noise draws)")
-    if isinstance(c, bool) or not isinstance(c, int | float) or not 0.5 <= c < 1:
-        raise SuiteError(f"{where}: confidence must lie in [0.5, 1), got {c!r}",
-                         hint="e.g. confidence: 0.99")
-    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_DRAWS_LIMIT:
-        raise SuiteError(f"{where}: max_draws must be an integer from 1 to {MAX_DRAWS_LIMIT}, "
-                         f"got {m!r}", hint=f"e.g. max_draws: {DEFAULT_MAX_DRAWS}")
+    DRAW_PARAMS.validate({"delta": d, "confidence": c, "max_draws": m}, where)
     plan = DrawPlan(float(d), float(c), int(m))
     if not plan.test.can_decide_robust():
         need = math.ceil(math.log(1 - plan.confidence) / math.log1p(-plan.delta) - 1e-9)

@@ -8,7 +8,7 @@ is a warning on the card.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from certify.checks.base import (
@@ -18,9 +18,9 @@ from certify.checks.base import (
 )
 from certify.checks.confidence import top_probability
 from certify.data import Dataset
-from certify.errors import SuiteError
 from certify.kinds import SanityKind
 from certify.models.base import Model
+from certify.params import Param, Params
 from certify.rundir import SampleRecord
 
 if TYPE_CHECKING:
@@ -146,17 +146,23 @@ class Sanity(SanityKind, Check[SanityRecord]):
     """
 
 
-    param_docs: ClassVar[Mapping[str, str]] = {
-        "repeats": "queries of one input, on the sample and on its near-boundary input; at "
-                   "least 10",
-        "saturation_threshold": "a top-class probability at or above it counts as saturated",
-        "saturated_share": "warn when more than this share of the samples is saturated",
-        "tolerance": "the largest change between repeated answers (relative to the scores' "
-                     "scale) that still counts as the same answer; a larger one is random",
-        "near_boundary": "also probe each sample's near-boundary input (on the straight path "
-                         "to a noise image or to the sample's negative, where the label first "
-                         "changes), where a model that randomises only when unsure shows it",
-    }
+    suite_params: ClassVar[Params] = Params(
+        Param("repeats", int, MIN_REPEATS,
+              "queries of one input, on the sample and on its near-boundary input; fewer "
+              f"than {MIN_REPEATS} miss models that randomise only sometimes",
+              low=MIN_REPEATS),
+        Param("saturation_threshold", float, 0.999,
+              "a top-class probability at or above it counts as saturated"),
+        Param("saturated_share", float, 0.5,
+              "warn when more than this share of the samples is saturated"),
+        Param("tolerance", float, 1e-5,
+              "the largest change between repeated answers (relative to the scores' scale) "
+              "that still counts as the same answer; a larger one is random"),
+        Param("near_boundary", bool, True,
+              "also probe each sample's near-boundary input (on the straight path to a noise "
+              "image or to the sample's negative, where the label first changes), where a "
+              "model that randomises only when unsure shows it"),
+    )
 
     def __init__(self, repeats: int = MIN_REPEATS, saturation_threshold: float = 0.999,
                  saturated_share: float = 0.5, tolerance: float = 1e-5,
@@ -166,13 +172,6 @@ class Sanity(SanityKind, Check[SanityRecord]):
         self.saturated_share = saturated_share
         self.tolerance = tolerance
         self.near_boundary = near_boundary
-
-    def check_params(self, where: str) -> None:
-        """Validate the parameters when the suite loads."""
-        if not isinstance(self.repeats, int) or self.repeats < MIN_REPEATS:
-            raise SuiteError(f"{where}: repeats must be an integer >= {MIN_REPEATS}",
-                             hint=f"fewer repeats miss models that randomise only sometimes; "
-                                  f"e.g. {MIN_REPEATS}")
 
     def _boundary(self, model: Model, x: torch.Tensor, label: torch.Tensor,
                   index: Sequence[int], ctx: CheckContext
