@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final
 from certify.errors import AttackProtocolError
 from certify.norms import LINF, Norm, ThreatModel
 from certify.norms import norm as norm_named
+from certify.norms import project_l1_box as project_l1_box  # re-exported for the attacks
 from certify.perturbations.base import generators
 
 if TYPE_CHECKING:

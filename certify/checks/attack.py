@@ -77,7 +77,8 @@ _BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness", "inner
 _CHECK_KEYS = ("epsilon", "max_queries", "norm")
 #: The ε sweep of APGD-CE (Carlini et al. 2019's sanity checks; issue 27): at most this many
 #: of the check's correctly classified samples, attacked at these multiples of ε and at an ε
-#: that reaches any image (L∞ 0.5; L2 the diagonal of the image cube, sqrt(C·H·W)).
+#: that reaches any image (L∞ 0.5; L2 the diagonal of the image cube, sqrt(C·H·W); L1 its
+#: L1 diameter, C·H·W).
 SWEEP_SAMPLES = 20
 SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 #: Extra queries per broken sample that score-based attacks spend on a confident mistake.
@@ -88,12 +89,13 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
     """Robust accuracy at ε under one attack and budget (queries per sample).
 
     Parameters: ``attack`` (square_linf, square_l2, hopskipjump, random, spatial_grid,
-    sparse_rs), ``epsilon`` (L∞ or L2 radius in [0, 1] pixel units, 8/255 and 0.5 by default;
-    for the L0 attack sparse_rs a whole number of pixels, 10 by default), ``norm``
-    (for hopskipjump and random), ``max_queries`` per sample (a number: one run with that
-    budget; ``auto``: rounds, below), ``initial_queries`` and ``query_cap`` (``auto`` only),
-    ``attack_params`` (extra constructor arguments of the attack), ``binarization``
-    (``false``, or settings: samples, n_inner, n_boundary, inner_gap, closeness),
+    sparse_rs, apgd_ce, apgd_t), ``epsilon`` (L∞, L2 or L1 radius in [0, 1] pixel units,
+    8/255, 0.5 and 12 by default; for the L0 attack sparse_rs a whole number of pixels, 10 by
+    default), ``norm`` (linf or l2 for hopskipjump and random; linf, l2 or l1 for APGD),
+    ``max_queries`` per sample (a number: one run with that budget; ``auto``: rounds, below),
+    ``initial_queries`` and ``query_cap`` (``auto`` only), ``attack_params`` (extra
+    constructor arguments of the attack), ``binarization`` (``false``, or settings: samples,
+    n_inner, n_boundary, inner_gap, closeness),
     ``confident_queries`` (score-based attacks: extra queries per broken sample spent raising
     the wrong class's confidence, Brown et al. 2018; 100 by default, 0 turns it off;
     decision-based attacks take none and report no accuracy at coverage under attack).
@@ -120,10 +122,11 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
 
     param_docs: ClassVar[Mapping[str, str]] = {
         "attack": "the attack, by name (see the table of attacks)",
-        "epsilon": "the threat model's radius: L-infinity or L2 in [0, 1] pixel units (8/255 "
-                   "and 0.5 when unset), or for the L0 attack a whole number of pixels (10)",
-        "norm": "the threat norm, for attacks that attack in several (linf or l2); unset: the "
-                "attack's first norm",
+        "epsilon": "the threat model's radius: L-infinity, L2 or L1 in [0, 1] pixel units "
+                   "(8/255, 0.5 and 12 when unset), or for the L0 attack a whole number of "
+                   "pixels (10)",
+        "norm": "the threat norm, for attacks that attack in several (linf or l2; l1 for the "
+                "white-box APGD attacks); unset: the attack's first norm",
         "max_queries": "queries per sample: a number is one run with that budget; auto runs "
                        "rounds that double the budget until a run converges (white-box "
                        "attacks: iterations are attack_params)",
