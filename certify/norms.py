@@ -36,9 +36,9 @@ class Draws(Protocol):
 
 class Norm:
     """A threat norm: see the module docstring. The instances are the module's constants
-    (:data:`LINF`, :data:`L2`, :data:`L0`, :data:`SPATIAL`); :func:`norm` finds one by name.
-    A norm equals (and hashes as) its name, so a table keyed by norms finds an entry by the
-    name a suite or results hold."""
+    (:data:`LINF`, :data:`L2`, :data:`L1`, :data:`L0`, :data:`SPATIAL`); :func:`norm` finds one
+    by name. A norm equals (and hashes as) its name, so a table keyed by norms finds an entry
+    by the name a suite or results hold."""
 
     #: The name in suites and results (``linf``).
     name: ClassVar[str] = ""
@@ -237,6 +237,59 @@ class _L2(Norm):
         return math.sqrt(math.prod(shape))
 
 
+class _L1(Norm):
+    """L1: the radius is in [0, 1] pixel units summed over all C·H·W values (12 for 3×32×32
+    images is Croce & Hein 2021's CIFAR-10 radius). The ball meets the pixel box in corners a
+    clip after a projection onto the ball alone would miss: :meth:`project` is the exact
+    Euclidean projection onto their intersection (:func:`project_l1_box`). White-box attacks
+    only (l1-APGD); the binarization test has no L1 rung."""
+
+    name = "l1"
+    symbol = "L1"
+    order = 2
+    chosen = True
+    default_epsilon = 12.0
+    no_binarization = " (not available for L1)"
+    needs_normals = True
+
+    def size(self, delta: torch.Tensor) -> torch.Tensor:
+        """Summed in float64: a float32 sum of thousands of terms drifts by more than the
+        membership test's tolerance."""
+        return delta.double().abs().sum(dim=1)
+
+    def project(self, x_adv: torch.Tensor, x: torch.Tensor, epsilon: float) -> torch.Tensor:
+        return project_l1_box(x_adv, x, epsilon)
+
+    def inside(self, x_adv: torch.Tensor, x: torch.Tensor, epsilon: float,
+               rtol: float = 1e-6) -> torch.Tensor:
+        """The offset taken in float64 (exact for float32 images), then :meth:`size`."""
+        valid = ((x_adv >= 0) & (x_adv <= 1)).flatten(1).all(dim=1)
+        delta = (x_adv.double() - x.double()).flatten(1)
+        return valid & (self.size(delta) <= epsilon * (1 + rtol))
+
+    def direction(self, grad: torch.Tensor) -> torch.Tensor:
+        """Steepest ascent in L1: the sign of the largest gradient magnitude (ties share the
+        unit step). l1-APGD widens it to its adaptive top-k (:mod:`certify.attacks.apgd`)."""
+        import torch
+
+        g = grad.flatten(1)
+        top = g.abs() == g.abs().amax(dim=1, keepdim=True)
+        signs = torch.where(top, g.sign(), torch.zeros_like(g))
+        out: torch.Tensor = signs / signs.abs().sum(dim=1, keepdim=True).clamp(min=1)
+        return out.view_as(grad)
+
+    def start(self, draws: Draws, ids: list[int], shape: tuple[int, ...]) -> torch.Tensor:
+        """On the sphere (normals over their L1 norm)."""
+        import torch
+
+        t = torch.stack([draws.normal(shape, i) for i in ids])
+        return t / t.flatten(1).abs().sum(dim=1).clamp(min=1e-12).view(-1, 1, 1, 1)
+
+    def sweep_top(self, shape: Sequence[int]) -> float:
+        """The cube's L1 diameter, C·H·W."""
+        return float(math.prod(shape))
+
+
 class _L0(Norm):
     """L0: the radius is a number of pixels ``k``; all channels of a pixel count as one."""
 
@@ -297,10 +350,11 @@ class _Spatial(Norm):
 
 LINF: Norm = _Linf()
 L2: Norm = _L2()
+L1: Norm = _L1()
 L0: Norm = _L0()
 SPATIAL: Norm = _Spatial()
 #: Every norm, in card order.
-NORMS: dict[str, Norm] = {n.name: n for n in sorted((LINF, L2, L0, SPATIAL),
+NORMS: dict[str, Norm] = {n.name: n for n in sorted((LINF, L2, L1, L0, SPATIAL),
                                                       key=lambda n: n.order)}
 
 
@@ -354,6 +408,80 @@ def order_key(name: str, eps: float) -> tuple[int, str, float]:
     """Sort key of a serialised threat model: its norm's order, its name, its radius."""
     found = NORMS.get(name)
     return (found.order if found is not None else 9, name, eps)
+
+
+def project_l1_box(x_adv: torch.Tensor, x: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """The nearest point (Euclidean) to ``x_adv`` in ``{z : ||z − x||_1 ≤ ε, 0 ≤ z ≤ 1}``,
+    per sample of ``[B, C, H, W]`` (``x`` in ``[0, 1]``).
+
+    The solution soft-thresholds the offset ``w = x_adv − x`` by one multiplier λ ≥ 0 and
+    clips it to the room the box leaves each coordinate in ``w``'s direction:
+    ``d_i = sign(w_i) · min(max(|w_i| − λ, 0), room_i)``; λ is 0 where the clipped offset is
+    already within ε, else the root of the piecewise-linear, non-increasing
+    ``g(λ) = Σ_i min(max(|w_i| − λ, 0), room_i) = ε``. The root is found exactly from g's
+    breakpoints (:func:`_l1_root`). Only the coordinates with the largest ``|w_i|`` can move,
+    so the search starts on the :data:`L1_CANDIDATES` largest and widens (×4) for the samples
+    where λ came out below an excluded ``|w_i|`` (the search over the candidates alone is
+    exact exactly when λ is not below any excluded one). Arithmetic in float64; the result is
+    rounded towards ``x`` coordinate by coordinate, so it lies in the box exactly and its L1
+    distance to ``x`` is at most ε up to float64 rounding. A point already in both is returned
+    unchanged.
+    """
+    import torch
+
+    shape, dtype = x_adv.shape, x_adv.dtype
+    x64 = x.detach().flatten(1).double()
+    w = x_adv.detach().flatten(1).double() - x64
+    a = w.abs()
+    room = torch.where(w > 0, 1 - x64, x64).clamp(min=0)
+    lam = torch.zeros(len(w), dtype=torch.float64, device=w.device)
+    over = torch.minimum(a, room).sum(dim=1) > epsilon
+    if bool(over.any()):
+        lam[over] = _l1_multiplier(a[over], room[over], float(epsilon), L1_CANDIDATES)
+    d = torch.sign(w) * torch.minimum((a - lam.view(-1, 1)).clamp(min=0), room)
+    out = (x64 + d).clamp(0.0, 1.0).to(dtype)
+    if dtype != torch.float64:  # round towards x where rounding to nearest moved away from it
+        away = (out.double() - x64).abs() > d.abs()
+        out = torch.where(away, torch.nextafter(out, x.detach().flatten(1).to(dtype)), out)
+    return out.view(shape).to(x_adv.device)
+
+
+#: Coordinates :func:`project_l1_box` first searches λ on (per sample; widened as needed).
+L1_CANDIDATES = 256
+
+
+def _l1_multiplier(a: torch.Tensor, room: torch.Tensor, epsilon: float, k: int
+                   ) -> torch.Tensor:
+    """λ ``[B]`` with ``Σ_i min(max(a_i − λ, 0), room_i) = ε`` (float64 ``[B, n]`` rows whose
+    λ is positive), searched on each row's ``k`` largest ``a_i``, then wider where needed."""
+    if k >= a.shape[1]:
+        return _l1_root(a, room, epsilon)
+    top, idx = a.topk(k + 1, dim=1)
+    lam = _l1_root(top[:, :k], room.gather(1, idx[:, :k]), epsilon)
+    # an excluded coordinate does not move at any λ at or above its a_i
+    wider = lam < top[:, k]
+    if bool(wider.any()):
+        lam[wider] = _l1_multiplier(a[wider], room[wider], epsilon, 4 * k)
+    return lam
+
+
+def _l1_root(a: torch.Tensor, room: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """The root of ``g(λ) = Σ_i min(max(a_i − λ, 0), room_i) = ε`` per row, from g's
+    breakpoints sorted once: ``g(λ) = Σ_{p > λ} s_p (p − λ)`` over the points ``a_i`` (sign
+    +1, where a coordinate starts to move) and ``a_i − room_i`` (sign −1, where the box stops
+    it), so on the segment below the m-th largest point ``g = S_m − λ W_m`` with running sums
+    S and W; ε lies on the last segment whose upper end has ``g ≤ ε``. Clamped at 0."""
+    import torch
+
+    pts = torch.cat([a, a - room], dim=1)
+    signs = torch.cat([torch.ones_like(a), -torch.ones_like(room)], dim=1)
+    p, order = pts.sort(dim=1, descending=True)
+    s = signs.gather(1, order)
+    big_s, big_w = (s * p).cumsum(dim=1), s.cumsum(dim=1)
+    at = big_s - p * big_w  # g at each point, non-decreasing along the sort
+    m = ((at <= epsilon).sum(dim=1) - 1).clamp(min=0).view(-1, 1)
+    root = (big_s.gather(1, m) - epsilon) / big_w.gather(1, m).clamp(min=1)
+    return root.view(-1).clamp(min=0)
 
 
 def l0_keep(delta: torch.Tensor, k: int) -> torch.Tensor:
