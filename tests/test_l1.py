@@ -19,11 +19,11 @@ import yaml
 import certify.norms as norms
 from certify.attacks import APGD, APGDTargeted
 from certify.attacks.apgd import _sparse_direction, l1_reviews
-from certify.attacks.base import CountingProxy, inside, project, project_l1_box
+from certify.attacks.base import CountingProxy, inside, project
 from certify.checks.attack import AttackCheck
 from certify.demo.synthetic import GTSRB_CLASS_NAMES, generate
 from certify.errors import SuiteError
-from certify.norms import L1
+from certify.norms import L1, project_l1_box
 
 pytestmark = pytest.mark.unit
 
@@ -203,7 +203,7 @@ def test_the_suite_takes_l1_for_the_attacks_that_list_it():
     for attack in ("square_linf", "hopskipjump", "random"):
         with pytest.raises(SuiteError, match="works in"):
             AttackCheck(attack, norm="l1").check_params("checks[0]")
-    with pytest.raises(SuiteError, match="norm must be linf or l2 or l1"):
+    with pytest.raises(SuiteError, match="norm must be linf, l2 or l1"):
         AttackCheck("apgd_ce", norm="l3").check_params("checks[0]")
 
 
@@ -236,3 +236,9 @@ def test_an_l1_row_runs_end_to_end_and_renders_on_the_card(tmp_path):
     assert sweep["epsilons"][-1] == 3072.0
     html = (tmp_path / "out" / "card.html").read_text()
     assert "L1 6" in html and "l1, ε = 6" in html
+    # compare pairs the L1 threat-model row by its norm and radius, like any other
+    proc = run_cli("compare", tmp_path / "out", tmp_path / "out", "--json", "-")
+    doc = json.loads(proc.stdout)
+    (threat,) = doc["threat_models"]
+    assert threat["id"] == "threat model L1 6" and threat["paired"], threat
+    assert threat["norm"] == "l1" and threat["epsilon"] == 6.0, threat

@@ -74,6 +74,13 @@ __all__ = ["AUTO_CAP_FACTOR", "BT_NOT_L0", "CONFIDENCE_OF", "CONVERGENCE_SHARE",
 #: Planted problems per attack by default (issue 17: at least 20).
 BT_SAMPLES = 20
 _BT_KEYS = {"samples", "n_inner", "n_boundary", "inner_gap", "closeness", "inner_shell"}
+
+
+def _or(names: list[str]) -> str:
+    """``a, b or c``."""
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 #: Set by the check's own parameters; in ``attack_params`` they would disagree with the card.
 _CHECK_KEYS = ("epsilon", "max_queries", "norm")
 #: The ε sweep of APGD-CE (Carlini et al. 2019's sanity checks; issue 27): at most this many
@@ -128,7 +135,7 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
               low=0, low_open=True),
         Param("norm", str | None, None,
               "the threat norm, for attacks that attack in several ("
-              f"{' or '.join(n.name for n in NORMS.values() if n.chosen)}); unset: the "
+              f"{_or([n.name for n in NORMS.values() if n.chosen])}); unset: the "
               "attack's first norm"),
         Param("max_queries", int | Literal["auto"], 1000,
               "queries per sample: a number is one run with that budget; auto runs rounds that "
@@ -239,13 +246,13 @@ class AttackCheck(AttackKind, AttackSchedule, Check[AttackRecord]):
         cls = self.attack_class()
         chosen = [n for n in NORMS.values() if n.name == self.norm and n.chosen]
         if self.norm is not None and not chosen:
-            names = " or ".join(n.name for n in NORMS.values() if n.chosen)
+            names = _or([n.name for n in NORMS.values() if n.chosen])
             raise SuiteError(f"{where}: norm must be {names}", hint="e.g. norm: linf")
         if chosen and chosen[0] not in cls.norms:
             other = [a for a, c in ATTACKS.items() if chosen[0] in c.norms
                      and c.reads() == cls.reads() and c.__mro__[1] is cls.__mro__[1]]
             raise SuiteError(f"{where}: {self.attack} works in "
-                             f"{' or '.join(n.name for n in cls.norms)}",
+                             f"{_or([n.name for n in cls.norms])}",
                              hint=f"use {other[0]} for {self.norm}" if other else
                              f"drop norm: {self.attack} attacks in {cls.default_norm()}")
         self._check_budget(where)
