@@ -56,7 +56,8 @@ def run(suite: str, model: str, out: Path) -> dict[str, str]:
 
     out.mkdir(parents=True, exist_ok=True)
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
-    npz = out / "signs.npz"
+    # the demo's own file name: sample ids (and so every check's records) carry it
+    npz = out / "synthetic-gtsrb-test.npz"
     np.savez(npz, x=x, y=y)
     opts = RunOptions(model=str(demo_model_path(model)), suite=suite, data=str(npz),
                       out=out / "card", samples=len(y), pdf=False, model_card=DEMO_MODEL_CARD,
