@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -381,14 +381,6 @@ class ThreatModel(NamedTuple):
     def of(name: str | Norm, epsilon: float) -> ThreatModel:
         """The threat model of a norm (or its name) and a radius."""
         return ThreatModel(norm(name), float(epsilon))
-
-    def short(self) -> str:
-        """``L∞ 8/255``: see :meth:`Norm.short`."""
-        return self.norm.short(self.epsilon)
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"norm": name, "epsilon": ε}``, as results keep it."""
-        return {"norm": self.norm.name, "epsilon": self.epsilon}
 
 
 def threat_name(name: str, eps: float) -> str:

@@ -403,3 +403,16 @@ def in_lanes(lane: Callable[[], AbstractContextManager[Any]], calls: list[Callab
     for t in threads:
         t.join(timeout)
     return out
+
+
+def docs_extension() -> Any:
+    """docs/_ext/certify_docs.py, which generates the documentation's references, loaded as
+    a module (it is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "certify_docs", Path(__file__).resolve().parents[1] / "docs" / "_ext" / "certify_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

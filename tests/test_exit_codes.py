@@ -98,24 +98,12 @@ def test_unknown_status_is_refused():
         overall_verdict(["PASS", "OK"])
 
 
-def _docs_extension():
-    """docs/_ext/certify_docs.py, which generates the documentation's references."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "certify_docs", ROOT / "docs" / "_ext" / "certify_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_docs_and_cli_document_the_same_table():
     """The documentation's exit-code page shows the table generated from EXIT_CODES, and its
     hand-written details name every code; the CLI's docstring and --help say the same."""
     page = (ROOT / "docs" / "reference" / "exit-codes.md").read_text()
     assert "```{include} ../_generated/exit-codes.md" in page
-    section = _docs_extension().exit_codes_reference()
+    section = builders.docs_extension().exit_codes_reference()
     documented = {int(c) for c in re.findall(r"^\| (\d+) \|", section, flags=re.M)}
     assert documented == set(EXIT_CODES)
     assert " > ".join(VERDICT_PRECEDENCE) in section

@@ -8,10 +8,8 @@ meaning.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import inspect
 import typing
-from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -22,9 +20,10 @@ from certify.errors import SuiteError
 from certify.params import REQUIRED, Param, Params, annotation_text
 from certify.suite import SECTIONS, parse_suite
 
+import builders
+
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 #: What an attack check sets itself: never an attack's ``attack_params``.
 CHECK_SETS = {"epsilon", "norm", "max_queries"}
 
@@ -165,15 +164,6 @@ def test_a_param_says_its_range_and_type_in_words():
         Params(q, q)
 
 
-def _docs_extension() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "certify_docs", ROOT / "docs" / "_ext" / "certify_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _rows(markdown: str, first_table: bool = True) -> dict[str, list[str]]:
     """The first cell (a parameter's name) -> the row's cells, of the rows of the first table
     (of every table)."""
@@ -196,7 +186,7 @@ def _section(markdown: str, label: str) -> str:
 def test_the_suite_reference_lists_every_declared_parameter():
     """Every check kind's parameters and every attack's attack_params, each with its type,
     default, range and meaning from the declaration; every key of a suite file too."""
-    docs = _docs_extension()
+    docs = builders.docs_extension()
     reference = docs.suite_reference()
     owners = [(f"kind-{k}", c.suite_params) for k, c in CHECKS.items()]
     owners += [(f"attack-{n}", a.suite_params) for n, a in ATTACKS.items()]
