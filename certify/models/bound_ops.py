@@ -449,7 +449,8 @@ class _Run:
             extra = (negs * up_b.unsqueeze(1)).flatten(2).sum(2)
             return [(src, a_in, extra)]
         if t == "MaxPool":
-            return [(src, *self._back_maxpool(n, a))]
+            a_pool, extra_pool = self._back_maxpool(n, a)
+            return [(src, a_pool, extra_pool)]
         if t in ("Identity", "Dropout"):
             return [(src, a, None)]
         if t in ("Flatten", "Reshape"):
@@ -487,7 +488,8 @@ class _Run:
             return n.op(full, n.attrs)[0]
 
         zero = torch.zeros((b * s, *in_shape), dtype=torch.float64)
-        f0, vjp = torch.func.vjp(f, zero)
+        pair = torch.func.vjp(f, zero)
+        f0, vjp = pair[0], pair[1]
         flat = a.reshape(b * s, *a.shape[2:])
         if f0.shape != flat.shape:
             raise BoundsUnavailable(n.op_type, f"output shape {tuple(f0.shape)} is not "
