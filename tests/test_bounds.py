@@ -486,3 +486,49 @@ def test_preprocessing_outside_the_graph_is_an_affine_first_layer():
         b = inside.bounds(x, y, m, 0.01, methods=("ibp", "crown")).margins
         assert torch.allclose(a["crown"], b["crown"], atol=1e-6)
         assert (a["crown"] <= reachable_margin(whole, x, y, m, 0.01) + 1e-5).all()
+
+
+class Mixed(nn.Module):
+    """The other operators of the table: Sub / Mul / Div by constants, Pad, LeakyRelu,
+    AveragePool, Concat, GlobalAveragePool, BatchNormalization (not fused: after a ReLU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(10)
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.bn = nn.BatchNorm2d(3)
+        self.bn.running_mean.uniform_(-0.2, 0.2)
+        self.bn.running_var.uniform_(0.5, 2.0)
+        self.bn.weight.data.uniform_(-1.5, 1.5)
+        self.head = nn.Linear(3 + 6 * 2 * 2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = (x - 0.5) * 2.0 / 0.7
+        h = nn.functional.pad(h, (1, 1, 1, 1), value=0.25)
+        h = self.bn(torch.relu(self.conv(h)))
+        h = nn.functional.leaky_relu(h, 0.1)
+        a = nn.functional.avg_pool2d(h, 4)
+        g = nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
+        both = torch.cat([a, -a], dim=1).flatten(1)
+        return self.head(torch.cat([g, both], dim=1))
+
+
+@pytest.mark.parametrize("norm,eps", [("linf", 0.02), ("l2", 0.2)])
+def test_the_other_operators_are_sound(norm, eps):
+    net = Mixed().eval()
+    proto = export(net, (2, 8, 8))
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"Pad", "LeakyRelu", "AveragePool", "GlobalAveragePool", "Concat",
+            "BatchNormalization"} <= ops, ops
+    graph = BoundGraph(proto)
+    x, _ = toy_data((2, 8, 8), 6, 14)
+    with torch.no_grad():
+        y = net(x).argmax(1)
+        assert torch.allclose(graph.logits(x).float(), net(x), atol=1e-5)
+    margins = certify_margins(graph, x, y, norm, eps)
+    reached = reachable_margin(net, x, y, norm, eps)
+    for m in METHODS:
+        assert (margins[m] <= reached + 1e-5).all(), (m, margins[m], reached)
+    assert (margins["ibp"] <= margins["crown"]).all()
+    assert (margins["crown"] <= margins["alpha"]).all()
+    assert (margins["crown"] > -1e3).all()

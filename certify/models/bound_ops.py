@@ -17,7 +17,7 @@ row is the maximum of its own and the previous method's):
   final lower bound (intermediate bounds kept from CROWN); the best bound seen per row is kept.
 
 Operators (with a variable input): Conv, Gemm / MatMul with constant weights, Add / Sub / Mul /
-Div by constants, Add / Sub of two variable branches (residual blocks), BatchNormalization
+Div by constants, Neg, Add / Sub of two variable branches (residual blocks), BatchNormalization
 (inference), Relu, LeakyRelu, MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape,
 Concat, Pad, Identity, Dropout (inference). Constant subgraphs (shapes and the like) are
 evaluated concretely. Anything else raises :class:`BoundsUnavailable` naming the operator
@@ -67,7 +67,7 @@ METHODS = ("ibp", "crown", "alpha")
 NONLINEAR = frozenset({"Relu", "LeakyRelu", "MaxPool"})
 #: Affine operators of one variable input, backward through a vector-Jacobian product.
 AFFINE = frozenset({"Conv", "Gemm", "MatMul", "BatchNormalization", "AveragePool",
-                    "GlobalAveragePool", "Pad", "Add", "Sub", "Mul", "Div"})
+                    "GlobalAveragePool", "Pad", "Add", "Sub", "Mul", "Div", "Neg"})
 #: Operators that only move values of one variable input.
 MOVES = frozenset({"Flatten", "Reshape", "Identity", "Dropout"})
 SUPPORTED = NONLINEAR | AFFINE | MOVES | {"Concat"}
@@ -352,6 +352,9 @@ class _Run:
                      for k, (i, f) in enumerate(zip(n.inputs, n.variable, strict=True))]
             axis = int(attrs["axis"])
             return (torch.cat([p[0] for p in parts], axis), torch.cat([p[1] for p in parts], axis))
+        if t == "Neg":
+            lo, hi = var(0)
+            return -hi, -lo
         if t in ("Add", "Sub") and all(n.variable):
             (l1, u1), (l2, u2) = var(0), var(1)
             return (l1 + l2, u1 + u2) if t == "Add" else (l1 - u2, u1 - l2)
@@ -375,7 +378,7 @@ class _Run:
         elif t == "MatMul":
             rargs[1] = _need(args[1]).abs()
         elif t == "BatchNormalization":
-            scale, _, _, _, v = (_need(a) for a in args[:5])
+            scale, _, _, v = (_need(a) for a in args[1:5])
             rargs = [rad, scale.abs(), torch.zeros_like(scale), torch.zeros_like(scale), v]
         elif t == "Mul":
             rargs[1 - k] = _need(args[1 - k]).abs()
