@@ -500,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
             "torch_version": torch.__version__,
         }
     figures["total_wall_s"] = round(time.perf_counter() - t_start, 1)
+    previous = args.out / "figures.json"
+    if previous.is_file():
+        # keep the entries this run did not retrain (e.g. ``certified``, written by
+        # benchmarks/train_certified.py)
+        for name, entry in json.loads(previous.read_text()).get("models", {}).items():
+            figures["models"].setdefault(name, entry)
     (args.out / "figures.json").write_text(json.dumps(figures, indent=2) + "\n")
     log(f"done in {figures['total_wall_s']:.0f} s; wrote {args.out / 'figures.json'}")
     return 0
