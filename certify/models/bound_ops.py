@@ -53,6 +53,7 @@ import onnx
 import onnx.numpy_helper
 import torch
 
+from certify.models.base import Preprocessing, preprocess
 from certify.models.batching import opset_of
 from certify.models.onnx_ops import Attrs, Op, op_for, tensor
 from certify.norms import L2, LINF, Norm
@@ -71,6 +72,41 @@ AFFINE = frozenset({"Conv", "Gemm", "MatMul", "BatchNormalization", "AveragePool
 #: Operators that only move values of one variable input.
 MOVES = frozenset({"Flatten", "Reshape", "Identity", "Dropout"})
 SUPPORTED = NONLINEAR | AFFINE | MOVES | {"Concat"}
+
+
+class InputMap:
+    """The preprocessing from certify's ``[N, C, H, W]`` RGB image in ``[0, 1]`` to the graph's
+    input (:func:`certify.models.base.preprocess`: luma for a grayscale model, scale, mean/std,
+    channel order, layout), an affine map that never decreases a coordinate, so the image box's
+    corners map to the input box's and a linear bound over the input pulls back exactly."""
+
+    def __init__(self, pre: Preprocessing, channels: int, layout: str) -> None:
+        if pre.input_scale <= 0 or any(v <= 0 for v in pre.std[:channels]):
+            raise BoundsUnavailable("(preprocessing)", "a scale or std that is not positive")
+        self.pre, self.channels, self.layout = pre, channels, layout
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return preprocess(x.to(torch.float64), self.pre, self.channels, self.layout)
+
+    def pull(self, a: torch.Tensor, image: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+        """``a`` ``[B, S, *input]``, coefficients over the graph's input ``u = W·x + p``: the
+        coefficients ``Wᵀ·a`` ``[B, S, *image]`` over the image and the offset ``a·p``
+        ``[B, S]``."""
+        b, s = a.shape[:2]
+        offset = (a * self(torch.zeros((1, *image), dtype=torch.float64)).unsqueeze(1)
+                  ).flatten(2).sum(2)
+        c = self.channels
+        if self.layout == "NHWC":
+            a = a.permute(0, 1, 4, 2, 3)
+        if self.pre.channel_order == "BGR" and c == 3:
+            a = a.flip(2)
+        if any(m != 0.0 for m in self.pre.mean) or any(v != 1.0 for v in self.pre.std):
+            a = a / torch.tensor(self.pre.std[:c], dtype=a.dtype).view(1, 1, c, 1, 1)
+        a = a * self.pre.input_scale
+        if c == 1 and image[0] == 3:
+            luma = torch.tensor([0.299, 0.587, 0.114], dtype=a.dtype).view(1, 1, 3, 1, 1)
+            a = a * luma
+        return a.reshape(b, s, *image), offset
 
 
 class BoundsUnavailable(Exception):  # noqa: N818 - a reason, not a failure of certify
@@ -118,7 +154,8 @@ class BoundGraph:
 
     def __init__(self, model: onnx.ModelProto | str | Path,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                 max_crown_neurons: int = 4096) -> None:
+                 max_crown_neurons: int = 4096, *, input_map: InputMap | None = None
+                 ) -> None:
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
         graph = proto.graph
         opset = opset_of(proto)
@@ -127,8 +164,12 @@ class BoundGraph:
         self.output_name = graph.output[0].name
         self.constants: dict[str, torch.Tensor] = {
             i.name: _f64(tensor(onnx.numpy_helper.to_array(i))) for i in graph.initializer}
-        self.mean = None if mean is None else torch.tensor(list(mean), dtype=torch.float64)
-        self.std = None if std is None else torch.tensor(list(std), dtype=torch.float64)
+        if input_map is None and (mean is not None or std is not None):
+            c = len(mean if mean is not None else std)  # type: ignore[arg-type]
+            input_map = InputMap(Preprocessing(
+                mean=tuple(mean) if mean is not None else (0.0,) * c,
+                std=tuple(std) if std is not None else (1.0,) * c), c, "NCHW")
+        self.input_map = input_map
         self.max_crown_neurons = max_crown_neurons
         variable = {self.input_name}
         self.nodes: list[_Node] = []
@@ -154,17 +195,7 @@ class BoundGraph:
 
     # -- concrete values ------------------------------------------------------------------
     def _model_input(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mean is None and self.std is None:
-            return x
-        return (x - self._shift(x)) / self._scale(x)
-
-    def _scale(self, x: torch.Tensor) -> torch.Tensor:
-        s = self.std if self.std is not None else torch.ones(1, dtype=torch.float64)
-        return s.reshape(1, -1, *[1] * (x.dim() - 2)).to(x)
-
-    def _shift(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.mean if self.mean is not None else torch.zeros(1, dtype=torch.float64)
-        return m.reshape(1, -1, *[1] * (x.dim() - 2)).to(x)
+        return x if self.input_map is None else self.input_map(x)
 
     def concrete(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every tensor of the graph at the image batch ``x`` (float64)."""
@@ -418,11 +449,9 @@ class _Run:
                 if name is not None and a_in is not None:
                     acc[name] = acc[name] + a_in if name in acc else a_in
         a = acc.pop(self.g.input_name)
-        # fold the preprocessing (x − mean) / std into the image's coefficients
-        scale = self.g._scale(self.x).unsqueeze(1)
-        shift = self.g._shift(self.x).unsqueeze(1)
-        bias = bias - (a * shift / scale).flatten(2).sum(2)
-        a = a / scale
+        if self.g.input_map is not None:  # fold the preprocessing into the image's coefficients
+            a, offset = self.g.input_map.pull(a, self.x.shape[1:])
+            bias = bias + offset
         return bias + self._concretise(a)
 
     def _concretise(self, a: torch.Tensor) -> torch.Tensor:
