@@ -140,6 +140,9 @@ class Role(enum.Enum):
     ATTACK = "attack"
     #: A score of the model's behaviour (the brittle score, accuracy at coverage).
     SCORE = "score"
+    #: A certified lower bound in a threat model (:class:`certify.checks.certified.Certified`):
+    #: put beside the attacks of its threat model, whose row it brackets from below.
+    BOUND = "certified bound"
 
 
 class Kind:
@@ -729,9 +732,57 @@ class BrittlenessKind(Kind):
                      f"which a positive scaling of the logits leaves unchanged: {words}")
         return text
 
+class CertifiedKind(Kind):
+    """A certified lower bound of robust accuracy by bound propagation
+    (:class:`certify.checks.certified.Certified`)."""
+
+    name: ClassVar[str] = "Certified"
+    kind: ClassVar[str] = "certified"
+    role: ClassVar[Role] = Role.BOUND
+    glance_group: ClassVar[str] = "Attacks"
+    family: ClassVar[str] = "Certified robustness (bound propagation)"
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("certified_accuracy", "share of all samples correct and proved robust within "
+               "the threat model (a lower bound of robust accuracy)", "higher", threshold=True),
+        Metric("clean_accuracy", "share of samples correct before any perturbation", "higher"),
+        Metric("n", "samples evaluated", unit="count"),
+        Metric("n_certified", "samples proved robust", unit="count"),
+        Metric("n_certified_ibp", "samples interval bounds (IBP) prove robust", unit="count"),
+        Metric("n_certified_crown", "samples IBP or CROWN prove robust", unit="count",
+               optional=True),
+        Metric("n_certified_alpha", "samples IBP, CROWN or α-CROWN prove robust",
+               unit="count", optional=True),
+        Metric("n_budget", "correct samples left unproved because the time budget ran out "
+               "before their last method (counted as not certified)", unit="count"),
+    )
+    compare_outcomes = {"certified_accuracy": ("certified", "higher")}
+    export: ClassVar[ExportMetric | None] = ExportMetric(
+        "certified_accuracy", "certified_accuracy", "Certified robust accuracy")
+    statuses: ClassVar[Mapping[str, str]] = {
+        "PASS": "the certified share's interval meets the threshold: proved, per sample, for "
+                "every perturbation of the threat model",
+        "INFO": "no threshold: the certified share brackets its threat model's row from below",
+        "SKIPPED": "certified: not available: the model is not a graph certify can bound (a "
+                   "TorchScript program or an endpoint), or its graph has an operator without "
+                   "a relaxation (named)",
+    }
+
+    @classmethod
+    def headline(cls, result: ResultView) -> str:
+        """Certified accuracy with its interval, the threat model and the strongest method."""
+        m, d = result.metrics, result.details
+        bound = norm(d["norm"]).headline(d["epsilon"])
+        text = (f"certified accuracy {pct(m.certified_accuracy)} (95% CI "
+                f"{interval_text(result.intervals['certified_accuracy'])}) at {bound} by "
+                f"{' → '.join(d['methods'])}")
+        if m.n_budget:
+            text += f"; {int(m.n_budget)} sample(s) unproved when the time budget ran out"
+        return text
+
+
 #: Every check kind's description, by its suite ``kind``, in the card's order.
 KINDS: dict[str, type[Kind]] = {
     k.kind: k
     for k in (SanityKind, CleanAccuracyKind, CoverageKind, CorruptionKind, CorruptionPairKind,
-              AttackKind, BrittlenessKind)
+              AttackKind, CertifiedKind, BrittlenessKind)
 }

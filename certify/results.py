@@ -110,6 +110,8 @@ Rule = Literal[
     "random_draw",         # a random draw beside an attack of the same bound, which decides
     "error",               # the check could not complete
     "skipped",             # not evaluated on this model
+    "certified_within",    # a threat model: its certified share's whole interval meets it
+    "certified_meets",     # a threat model: its certified share meets it (point rule)
 ]
 #: What stopped a threshold that was met from passing (:class:`DecidedBy`).
 Stop = Literal[
@@ -351,6 +353,22 @@ class RunQueries(_Strict):
     budget: int | None
 
 
+class CertifiedFloor(_Strict):
+    """A threat model's certified floor: the share of its samples a ``certified`` check proved
+    robust (bound propagation), on the samples the row and that check share."""
+
+    check: str = Field(description="the certified check's id")
+    n: int = Field(description="samples the row and the certified check share")
+    n_certified: int
+    share: float = Field(description="certified share of the n samples (a lower bound of "
+                         "robust accuracy)")
+    interval: list[float] = Field(default_factory=list, description="95% Wilson interval")
+    methods: list[str] = Field(default_factory=list, description="the methods, weakest first")
+    by_method: dict[str, int] = Field(default_factory=dict, description="of the n samples, "
+                                      "those proved by each method or a weaker one")
+    n_budget: int = Field(0, description="correct samples left unproved by the time budget")
+
+
 class WorstCase(_Strict):
     """A threat model's headline row: robust accuracy against all of the suite's attacks of
     that threat model at once (a sample is robust only if every attack failed on it), decided
@@ -381,6 +399,9 @@ class WorstCase(_Strict):
     warnings: list[str] = Field(default_factory=list)
     decided_by: DecidedBy = Field(default_factory=lambda: DecidedBy(rule="no_threshold"),
                                   description="the rule that made the status")
+    certified: CertifiedFloor | None = Field(
+        default=None, description="the certified floor under the attacked robust accuracy "
+        "(a certified check of the same threat model); null when the suite has none")
 
 
 class RunMeasurement(BaseModel):

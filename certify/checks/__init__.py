@@ -11,6 +11,7 @@ from typing import Any
 from certify.checks.attack import AttackCheck, attack_of
 from certify.checks.base import Check, CheckContext, Measurement, Role
 from certify.checks.brittleness import Brittleness
+from certify.checks.certified import Certified, certified_of
 from certify.checks.clean import CleanAccuracy
 from certify.checks.confidence import Coverage
 from certify.checks.corruption import Corruption, CorruptionPair
@@ -19,8 +20,9 @@ from certify.checks.sanity import Sanity
 CHECKS: dict[str, type[Check[Any]]] = {
     c.kind: c
     for c in (Sanity, CleanAccuracy, Coverage, Corruption, CorruptionPair, AttackCheck,
-              Brittleness)
+              Certified, Brittleness)
 }
 
-__all__ = ["CHECKS", "AttackCheck", "Brittleness", "Check", "CheckContext", "CleanAccuracy",
-           "Corruption", "CorruptionPair", "Coverage", "Measurement", "Role", "Sanity", "attack_of"]
+__all__ = ["CHECKS", "AttackCheck", "Brittleness", "Certified", "Check", "CheckContext",
+           "CleanAccuracy", "Corruption", "CorruptionPair", "Coverage", "Measurement", "Role",
+           "Sanity", "attack_of", "certified_of"]

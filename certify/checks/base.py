@@ -217,6 +217,12 @@ class Check(Kind, Generic[R]):
     def validate(self, info: ModelInfo) -> None:
         """Refuse, before any query, a model this check cannot run on (raise SuiteError)."""
 
+    def unavailable(self, model: Model) -> str | None:
+        """Why this check cannot be evaluated on this model as read from the model itself (its
+        graph), before any query, or ``None``: the runner records a SKIPPED row with it, as
+        for :meth:`skip_reason`."""
+        return None
+
     def skip_reason(self, info: ModelInfo) -> str | None:
         """Why this check cannot be evaluated on this model, or ``None`` when it can.
 

@@ -11,10 +11,10 @@ import math
 from collections.abc import Sequence
 
 from certify.canonical import JSONLike, normalize
-from certify.checks import Measurement, Role, attack_of
+from certify.checks import Measurement, Role, attack_of, certified_of
 from certify.checks.base import pct
 from certify.norms import ThreatModel
-from certify.results import CheckResult, DecidedBy, WorstCase
+from certify.results import CertifiedFloor, CheckResult, DecidedBy, WorstCase
 from certify.rundir import SampleRecord
 from certify.stats import samples_to_decide, wilson_interval
 from certify.suite import CheckSpec, Suite
@@ -119,6 +119,7 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
     its breaks like any attack, never PASSes on its own, and takes no part in the masking
     cross-check.
     """
+    floors = _floors(suite, finals, skipped)
     groups: dict[ThreatModel, list[CheckSpec]] = {}
     for spec in suite.checks:
         if (attack := attack_of(spec.check)) is not None and spec.id not in skipped:
@@ -147,8 +148,61 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
                         white_box=white, transfer=moved, broken_by=broken)
         errored = [s.id for s in group if s not in specs]
         row = _masking(row, {i: r for i, r in zip(ids, recs, strict=True)}, common)
+        row = _with_floor(row, floors.get(ThreatModel(norm, eps)), finals, recs, common)
         out.append(_decide_threat_model(row, specs, errored, by_id, suite.decision))
     return out
+
+
+class CertifiedButBroken(RuntimeError):  # noqa: N818 - a bug of certify, said as one
+    """A sample proved robust by bound propagation that an attack of the same threat model
+    broke: one of the two is wrong, so the run stops (exit 70) with both records."""
+
+
+def _floors(suite: Suite, finals: dict[str, dict[int, SampleRecord]], skipped: frozenset[str]
+            ) -> dict[ThreatModel, CheckSpec]:
+    """The certified check of each threat model (the first in the suite's order) that left
+    records."""
+    out: dict[ThreatModel, CheckSpec] = {}
+    for spec in suite.checks:
+        cert = certified_of(spec.check)
+        if cert is not None and spec.id not in skipped and finals.get(spec.id):
+            out.setdefault(cert.threat_model(), spec)
+    return out
+
+
+def _with_floor(row: WorstCase, spec: CheckSpec | None,
+                finals: dict[str, dict[int, SampleRecord]],
+                recs: list[dict[int, SampleRecord]], common: set[int]) -> WorstCase:
+    """The row with its certified floor (on the samples it shares with the certified check),
+    after checking that no sample is both certified and broken (:class:`CertifiedButBroken`)."""
+    if spec is None:
+        return row
+    cert = finals[spec.id]
+    for s, rec in sorted(cert.items()):
+        if rec.get("outcome") != "certified":
+            continue
+        for aid, r in zip(row.attacks, recs, strict=True):
+            hit = r.get(s)
+            if hit is not None and hit["outcome"] not in ("robust", "misclassified", "error"):
+                raise CertifiedButBroken(
+                    f"sample {s} is certified robust by {spec.id} and broken by {aid} in the "
+                    f"same threat model {row.norm} ε={row.epsilon:g}: a bug of certify "
+                    f"(certified record {normalize(dict(rec))}; attack record "
+                    f"{normalize(dict(hit))})")
+    shared = sorted(common & set(cert))
+    if not shared:
+        return row
+    proved = [cert[s].get("method") for s in shared if cert[s].get("outcome") == "certified"]
+    check = certified_of(spec.check)
+    methods = list(check.chosen_methods()) if check is not None else []
+    floor = CertifiedFloor(
+        check=spec.id, n=len(shared), n_certified=len(proved),
+        share=len(proved) / len(shared), interval=list(wilson_interval(len(proved),
+                                                                       len(shared))),
+        methods=methods,
+        by_method={m: sum(p in methods[:k + 1] for p in proved) for k, m in enumerate(methods)},
+        n_budget=sum(bool(cert[s].get("budget")) for s in shared))
+    return row.model_copy(update={"certified": floor})
 
 
 def _masking(row: WorstCase, recs: dict[str, dict[int, SampleRecord]], common: set[int]
@@ -223,8 +277,17 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
                                              if warned else ""),
             "decided_by": DecidedBy(rule="no_threshold")})
     t = max(mins)
+    proof = _proved(row, t, rule)
+    if proof is not None:
+        return row.model_copy(update={"threshold": t, "status": "PASS", "decision": proof[0],
+                                      "warnings": warnings, "support": support,
+                                      "decided_by": proof[1]})
     said = (f"worst case over {len(row.attacks)} attack(s) {pct(value)} "
             f"(95% interval {pct(lo)}–{pct(hi)}, n {row.n})")
+    if row.certified is not None:
+        f = row.certified
+        said += (f"; certified {pct(f.share)} (95% interval {pct(f.interval[0])}–"
+                 f"{pct(f.interval[1])}, n {f.n}, by {f.check}) does not prove it")
     if rule == "point":
         status = "PASS" if value >= t else "FAIL"
         said += f" {'meets' if status == 'PASS' else 'misses'} robust_accuracy ≥ {t:g} " \
@@ -253,6 +316,28 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
     return row.model_copy(update={"threshold": t, "status": status, "decision": said,
                                   "warnings": warnings, "support": support,
                                   "decided_by": why})
+
+
+def _proved(row: WorstCase, t: float, rule: str) -> tuple[str, DecidedBy] | None:
+    """A PASS by proof: the row's certified share meets the threshold ``t`` (its whole interval
+    under the interval rule, its point estimate under the point rule); ``None`` when it does
+    not (or the row has no certified floor). A proof needs no attack's support: no
+    perturbation of the threat model changes a certified sample's answer."""
+    f = row.certified
+    if f is None:
+        return None
+    lo = f.interval[0] if f.interval else f.share
+    met = f.share >= t if rule == "point" else lo >= t
+    if not met:
+        return None
+    how = "point rule" if rule == "point" else "interval rule"
+    said = (f"certified {pct(f.share)} (95% interval {pct(f.interval[0])}–{pct(f.interval[1])}, "
+            f"n {f.n}) by {f.check} ({', '.join(f.methods)}) "
+            f"{'meets' if rule == 'point' else 'lies wholly within'} robust_accuracy ≥ {t:g} "
+            f"({how}; the strictest threshold of its attack rows): decided by proof, each "
+            f"certified sample robust to every perturbation of the threat model; the attacks "
+            f"found {pct(row.robust_accuracy)}")
+    return said, DecidedBy(rule="certified_meets" if rule == "point" else "certified_within")
 
 
 def _stopped_pass(row: WorstCase, errored: list[str], warnings: list[str], support: list[str],

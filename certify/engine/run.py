@@ -236,6 +236,8 @@ def run_suite(
     white = any((atk := attack_of(s.check)) is not None and atk.white_box() for s in suite.checks)
     prepare(model, data, device.torch_device, gradients=white, reference=reference)
     skips = suite.skips(model.info)
+    skips.update({s.id: why for s in suite.checks if s.id not in skips
+                  and (why := s.check.unavailable(model)) is not None})
     if skips and len(skips) == len(suite.checks):
         suite.validate_for(model.info)  # raises: a run must evaluate something
     recorded = sum(recorded_queries(run))

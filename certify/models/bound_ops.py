@@ -1,7 +1,10 @@
-"""Bound propagation over an ONNX classifier's graph: certified lower bounds of the margin.
+"""Bound propagation over a classifier's graph: certified lower bounds of the margin.
 
 The operator table of certify's verifier, beside :mod:`certify.models.onnx_ops` (whose
-converters it reuses for the graph's concrete values and its linear operators). Three methods,
+converters it reuses for the graph's concrete values and its linear operators). One op set, two
+front ends: :class:`BoundGraph` reads an ONNX graph; :func:`certify.models.bound_fx.
+fx_bound_graph` translates the FX graph of a ``torch.export`` program into the same table (ONNX
+operator types and attributes, through :meth:`BoundGraph.from_table`). Three methods,
 each at least as tight as the one before by construction (every method's bound of each margin
 row is the maximum of its own and the previous method's):
 
@@ -21,7 +24,11 @@ Div by constants, Neg, Add / Sub of two variable branches (residual blocks), Bat
 (inference), Relu, LeakyRelu, MaxPool, AveragePool, GlobalAveragePool, Flatten, Reshape,
 Concat, Pad, Identity, Dropout (inference). Constant subgraphs (shapes and the like) are
 evaluated concretely. Anything else raises :class:`BoundsUnavailable` naming the operator
-(``certified: not available (operator X)``).
+(``certified: not available (operator X)``). A Softmax or LogSoftmax over the class axis that
+writes the graph's output (and feeds nothing else) is left out (:attr:`BoundGraph.dropped`): it
+keeps the order of each row, so a sample's answer is robust exactly when the margin of its input
+is positive; the margins, and :meth:`BoundGraph.logits`, are then those of its input
+(:meth:`BoundGraph.scores` applies it again).
 
 MaxPool is relaxed soundly: intervals by monotonicity; linear bounds ``max ≥ x_j`` (``j`` the
 window's input with the largest lower bound) and ``max ≤ max(u)`` over the window (a constant);
@@ -34,10 +41,10 @@ linear bound ``A·x' + b`` is concretised as the larger (both are sound) of the 
 ``A·x − ε‖A‖₂ + b`` (dual norm, ignoring the pixel box) and the enclosing box's minimum.
 
 **Preprocessing.** The graph's input is taken to be the ``[0, 1]`` image (NCHW). A model whose
-normalisation lives outside the graph passes ``mean`` / ``std`` (per channel): the first layer
-is then the affine map ``(x − mean) / std``, folded into the linear bounds at the input.
-Other input conventions (NHWC, 0–255) are not handled yet. The graph is evaluated at batch
-``B`` (a graph written for a fixed batch of 1 takes one sample at a time).
+normalisation lives outside the graph passes ``mean`` / ``std`` (per channel), or its whole
+input convention as an :class:`InputMap` (luma, scale, mean/std, channel order, NHWC): the
+first layer is then that affine map, folded into the linear bounds at the input. The graph is
+evaluated at batch ``B`` (a graph written for a fixed batch of 1 takes one sample at a time).
 
 All bounds are computed in float64; a sample is certified only when the lower bound of its
 margin exceeds :data:`TOLERANCE` (:func:`certified`).
@@ -120,6 +127,21 @@ class BoundsUnavailable(Exception):  # noqa: N818 - a reason, not a failure of c
                          + (f": {detail}" if detail else ""))
 
 
+@dataclass(frozen=True)
+class NodeSpec:
+    """One operator of the table as a front end writes it: the ONNX operator type, the names of
+    its input tensors (``""`` for an omitted optional input) and output tensors, its ONNX
+    attributes, a label, and ``origin``: the front end's own name of the operation, which
+    :class:`BoundsUnavailable` names when the table cannot bound it (``""``: ``op_type``)."""
+
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: Attrs
+    label: str = ""
+    origin: str = ""
+
+
 @dataclass
 class _Node:
     op_type: str
@@ -147,10 +169,13 @@ class Result:
 
 
 class BoundGraph:
-    """An ONNX classifier's graph, read once, ready to bound (see the module docstring).
+    """A classifier's graph as the operator table, read once, ready to bound (see the module
+    docstring).
 
     ``model``: an ``onnx.ModelProto`` or a path. ``mean`` / ``std``: the normalisation applied
-    before the graph (per channel), if it is outside the graph."""
+    before the graph (per channel), if it is outside the graph; ``input_map``: the model's whole
+    preprocessing (:class:`InputMap`, instead of ``mean`` / ``std``). Another front end builds
+    the same table with :meth:`from_table` (:func:`certify.models.bound_fx.fx_bound_graph`)."""
 
     def __init__(self, model: onnx.ModelProto | str | Path,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
@@ -158,36 +183,70 @@ class BoundGraph:
                  ) -> None:
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
         graph = proto.graph
-        opset = opset_of(proto)
         inits = {i.name for i in graph.initializer}
-        self.input_name = next(i.name for i in graph.input if i.name not in inits)
-        self.output_name = graph.output[0].name
-        self.constants: dict[str, torch.Tensor] = {
-            i.name: _f64(tensor(onnx.numpy_helper.to_array(i))) for i in graph.initializer}
+        constants = {i.name: tensor(onnx.numpy_helper.to_array(i)) for i in graph.initializer}
         if input_map is None and (mean is not None or std is not None):
             c = len(mean if mean is not None else std)  # type: ignore[arg-type]
             input_map = InputMap(Preprocessing(
                 mean=tuple(mean) if mean is not None else (0.0,) * c,
                 std=tuple(std) if std is not None else (1.0,) * c), c, "NCHW")
+        specs = [NodeSpec(n.op_type, list(n.input), list(n.output),
+                          {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
+                          n.name or n.op_type) for n in graph.node]
+        self._build(specs, constants, next(i.name for i in graph.input if i.name not in inits),
+                    graph.output[0].name, opset_of(proto), input_map, max_crown_neurons)
+
+    @classmethod
+    def from_table(cls, specs: Sequence[NodeSpec], constants: dict[str, torch.Tensor],
+                   input_name: str, output_name: str, *, opset: int = 17,
+                   input_map: InputMap | None = None, max_crown_neurons: int = 4096
+                   ) -> BoundGraph:
+        """The graph of an operator table another front end wrote: ``specs`` in a topological
+        order (ONNX operator types and attributes at ``opset``), ``constants`` by name, the
+        input tensor's and the output tensor's names."""
+        graph = cls.__new__(cls)
+        graph._build(specs, constants, input_name, output_name, opset, input_map,
+                     max_crown_neurons)
+        return graph
+
+    def _build(self, specs: Sequence[NodeSpec], constants: dict[str, torch.Tensor],
+               input_name: str, output_name: str, opset: int, input_map: InputMap | None,
+               max_crown_neurons: int) -> None:
+        self.input_name, self.output_name = input_name, output_name
+        self.constants: dict[str, torch.Tensor] = {k: _f64(v) for k, v in constants.items()}
         self.input_map = input_map
         self.max_crown_neurons = max_crown_neurons
-        variable = {self.input_name}
+        specs = list(specs)
+        #: the final Softmax / LogSoftmax left out of the bounds (its input is the output)
+        self.dropped: _Node | None = None
+        last = _final_softmax(specs, output_name)
+        if last is not None:
+            spec = specs.pop(last)
+            self.output_name = spec.inputs[0]
+            self.dropped = _Node(spec.op_type, op_for(spec.op_type, opset), spec.inputs,
+                                 spec.outputs, spec.attrs, spec.label or spec.op_type)
+        variable = {input_name}
         self.nodes: list[_Node] = []
-        for n in graph.node:
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        for s in specs:
             try:
-                op = op_for(n.op_type, opset)
+                op = op_for(s.op_type, opset)
             except Exception:  # noqa: BLE001 - an operator the converter does not know
                 op = None
-            flags = [i in variable for i in n.input]
-            if any(flags):
-                _check(n.op_type, flags, attrs, n.output)
-            if op is None:
-                raise BoundsUnavailable(n.op_type, "no converter for it")
-            node = _Node(n.op_type, op, list(n.input), list(n.output), attrs,
-                         n.name or n.op_type, flags)
-            if any(flags) and n.op_type != "Shape":
-                variable.update(o for o in n.output if o)
+            flags = [i in variable for i in s.inputs]
+            try:
+                if any(flags):
+                    _check(s.op_type, flags, s.attrs, s.outputs)
+                if op is None:
+                    raise BoundsUnavailable(s.op_type, "no converter for it")
+            except BoundsUnavailable as exc:
+                if not s.origin:
+                    raise
+                raise BoundsUnavailable(s.origin, f"as {exc.operator}" + (
+                    f", {exc.detail}" if exc.detail else "")) from None
+            node = _Node(s.op_type, op, list(s.inputs), list(s.outputs), s.attrs,
+                         s.label or s.op_type, flags)
+            if any(flags) and s.op_type != "Shape":
+                variable.update(o for o in s.outputs if o)
             self.nodes.append(node)
         if self.output_name not in variable:
             raise BoundsUnavailable("(none)", "the output does not depend on the input")
@@ -199,8 +258,12 @@ class BoundGraph:
 
     def concrete(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every tensor of the graph at the image batch ``x`` (float64)."""
+        return self.evaluate(self._model_input(x.to(torch.float64)))
+
+    def evaluate(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every tensor of the graph at its own input ``u`` (the preprocessed batch; float64)."""
         env = dict(self.constants)
-        env[self.input_name] = self._model_input(x.to(torch.float64))
+        env[self.input_name] = _f64(u)
         for n in self.nodes:
             outs = n.op([env[i] if i else None for i in n.inputs], n.attrs)
             for name, v in zip(n.outputs, outs, strict=False):
@@ -209,8 +272,15 @@ class BoundGraph:
         return env
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The graph's output at ``x`` (float64), for checks."""
+        """The bounded output at ``x`` (float64), for checks: the graph's output, or the input
+        of its final Softmax / LogSoftmax where that was left out (:attr:`dropped`)."""
         return self.concrete(x)[self.output_name]
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """The graph's own output at ``x`` (float64): :meth:`logits` with the final Softmax /
+        LogSoftmax applied again where it was left out (to compare with the model's answers)."""
+        z = self.logits(x)
+        return z if self.dropped is None else _f64(self.dropped.op([z], self.dropped.attrs)[0])
 
     # -- bounds ---------------------------------------------------------------------------
     def bounds(self, x: torch.Tensor, y: torch.Tensor, norm: Norm | str, eps: float,
@@ -232,10 +302,7 @@ class BoundGraph:
         c = _spec(y.to(torch.long), logits.shape[1])
         rows: dict[str, torch.Tensor] = {}
         run.forward(crown=False)
-        lo, hi = run.bounds[self.output_name]
-        ibp = torch.einsum("bsk,bk->bs", c.clamp(min=0), lo) + \
-            torch.einsum("bsk,bk->bs", c.clamp(max=0), hi)
-        best = ibp
+        best = run.spec_ibp(c)
         if "ibp" in methods:
             rows["ibp"] = best
         if "crown" in methods or "alpha" in methods:
@@ -298,6 +365,19 @@ def _check(op_type: str, flags: list[bool], attrs: Attrs, outputs: list[str]) ->
         raise BoundsUnavailable(op_type, "a second output")
 
 
+def _final_softmax(specs: list[NodeSpec], output_name: str) -> int | None:
+    """The index of the Softmax / LogSoftmax over the class axis that writes the graph's
+    output and feeds nothing else (left out of the bounds: it keeps each row's order)."""
+    at = next((k for k, s in enumerate(specs) if output_name in s.outputs), None)
+    if at is None or specs[at].op_type not in ("Softmax", "LogSoftmax"):
+        return None
+    spec = specs[at]
+    if int(spec.attrs.get("axis", -1)) not in (1, -1) or len(spec.inputs) != 1 or \
+            any(o in s.inputs for s in specs for o in spec.outputs if o):
+        return None
+    return at
+
+
 def _spec(y: torch.Tensor, k: int) -> torch.Tensor:
     """``C`` ``[B, K−1, K]``: rows ``e_y − e_j`` for ``j ≠ y`` in class order."""
     b = y.shape[0]
@@ -341,6 +421,10 @@ class _Run:
         lo, hi = self.box
         self.bounds = {g.input_name: (g._model_input(lo), g._model_input(hi))}
         consumers_nonlinear = {n.inputs[0] for n in g.nodes if n.op_type in NONLINEAR}
+        #: inputs only ReLUs read: CROWN refines just their unstable values (a stable ReLU's
+        #: relaxation is exact whatever its bounds)
+        relu_only = consumers_nonlinear - {i for n in g.nodes if n.op_type not in
+                                           ("Relu", "LeakyRelu") for i in n.inputs}
         for n in g.nodes:
             if not any(n.variable) or n.op_type == "Shape":
                 continue
@@ -348,16 +432,52 @@ class _Run:
             b = self._ibp(n)
             if crown and out in consumers_nonlinear and \
                     b[0][0].numel() <= g.max_crown_neurons:
-                k = b[0][0].numel()
-                eye = torch.eye(k, dtype=torch.float64).reshape(k, *b[0].shape[1:])
-                c = torch.cat([eye, -eye]).unsqueeze(0).expand(self.batch, *[-1] * eye.dim())
-                with torch.no_grad():
-                    lb = self.backward(out, c, intermediate=True)
-                lower = lb[:, :k].reshape(b[0].shape)
-                upper = (-lb[:, k:]).reshape(b[0].shape)
-                b = (torch.maximum(b[0], lower), torch.minimum(b[1], upper))
-                b = (b[0], torch.maximum(b[1], b[0]))
+                b = self._refine(out, b, out in relu_only)
             self.bounds[out] = b
+
+    def _refine(self, out: str, b: Bounds, unstable_only: bool) -> Bounds:
+        """The interval ``b`` of tensor ``out`` intersected with CROWN's bounds of its values
+        (only those whose interval crosses zero where ``unstable_only``)."""
+        lo, hi = b[0].flatten(1), b[1].flatten(1)
+        k = lo.shape[1]
+        rows = ((lo < 0) & (hi > 0)).any(0).nonzero().flatten() if unstable_only \
+            else torch.arange(k)
+        if not len(rows):
+            return b
+        eye = torch.zeros((len(rows), k), dtype=torch.float64)
+        eye[torch.arange(len(rows)), rows] = 1.0
+        eye = eye.reshape(len(rows), *b[0].shape[1:])
+        c = torch.cat([eye, -eye]).unsqueeze(0).expand(self.batch, *[-1] * eye.dim())
+        with torch.no_grad():
+            lb = self.backward(out, c, intermediate=True)
+        r = len(rows)
+        lo, hi = lo.clone(), hi.clone()
+        lo[:, rows] = torch.maximum(lo[:, rows], lb[:, :r])
+        hi[:, rows] = torch.minimum(hi[:, rows], -lb[:, r:])
+        hi = torch.maximum(hi, lo)
+        return lo.reshape(b[0].shape), hi.reshape(b[1].shape)
+
+    def spec_ibp(self, c: torch.Tensor) -> torch.Tensor:
+        """IBP's lower bounds ``[B, S]`` of ``c · output``: from the output's interval, and,
+        where the output is a Gemm / MatMul of one variable input, also with ``c`` folded into
+        that layer and concretised over its input's interval (the elision of Gowal et al.
+        2018: much tighter, as sound); the larger of the two."""
+        out = self.g.output_name
+        lo, hi = self.bounds[out]
+        best = torch.einsum("bsk,bk->bs", c.clamp(min=0), lo) + \
+            torch.einsum("bsk,bk->bs", c.clamp(max=0), hi)
+        last = next((n for n in self.g.nodes if out in n.outputs), None)
+        if last is None or last.op_type not in ("Gemm", "MatMul") or sum(last.variable) != 1:
+            return best
+        with torch.no_grad():
+            name, a_in, extra = self._back_affine(last, c)
+        if name is None or a_in is None or name not in self.bounds:
+            return best
+        l_in, h_in = (t.unsqueeze(1) for t in self.bounds[name])
+        folded = (a_in.clamp(min=0) * l_in + a_in.clamp(max=0) * h_in).flatten(2).sum(2)
+        if extra is not None:
+            folded = folded + extra
+        return torch.maximum(best, folded)
 
     def _arg(self, n: _Node, k: int) -> torch.Tensor | None:
         name = n.inputs[k] if k < len(n.inputs) else ""
