@@ -276,6 +276,12 @@ class BoundGraph:
         of its final Softmax / LogSoftmax where that was left out (:attr:`dropped`)."""
         return self.concrete(x)[self.output_name]
 
+    @property
+    def head(self) -> str | None:
+        """The operator type of the final Softmax / LogSoftmax left out (:attr:`dropped`), or
+        ``None``."""
+        return None if self.dropped is None else self.dropped.op_type
+
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """The graph's own output at ``x`` (float64): :meth:`logits` with the final Softmax /
         LogSoftmax applied again where it was left out (to compare with the model's answers)."""
