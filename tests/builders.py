@@ -288,6 +288,7 @@ DEMO_SMALL = {"sanity": {"samples": 43}, "clean": {}, "coverage": {},
               "spatial_grid": {"samples": 16, "params": {
                   "max_queries": 44, "attack_params": {"rotation_steps": 2,
                                                        "translation_steps": 1}}},
+              "certified_linf": {"samples": 12},
               "brittleness": {"samples": 6, "params": {"num_masks": 60}},
               "translation+scaling": {"samples": 86}}
 

@@ -178,10 +178,13 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
                     recs[todo[j]]["budget"] = True
                 break
             ctx.say_step(f"{METHOD_NAMES[method]} on {len(left)} sample(s)", len(left))
-            lower = self._bound(graph, xs[left], ys[left], tm, method, model)
+            lower = self._bound(graph, xs[left], ys[left], tm, method, model, deadline)
             still = []
-            for j, m in zip(left, lower.tolist(), strict=True):
+            for j, m in zip(left, lower, strict=True):
                 r = recs[todo[j]]
+                if m is None:  # the budget ran out before this sample's bound
+                    r["budget"] = True
+                    continue
                 r["margins"][method] = float(m) if math.isfinite(m) else -1e300
                 if m > tol:
                     r["outcome"], r["method"] = "certified", method
@@ -191,20 +194,27 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
         return recs
 
     def _bound(self, graph: Any, x: torch.Tensor, y: torch.Tensor, tm: ThreatModel,
-               method: str, model: Model) -> torch.Tensor:
-        """Lower bounds ``[B]`` of the margins by ``method`` (intersected with the weaker
-        methods' by :meth:`BoundGraph.bounds`), in chunks the graph takes at once."""
-        import torch
+               method: str, model: Model, deadline: float | None = None
+               ) -> list[float | None]:
+        """Lower bounds of the margins by ``method`` (intersected with the weaker methods'
+        by :meth:`BoundGraph.bounds`), one per sample, in chunks the graph takes at once;
+        ``None`` for a sample whose CROWN pass the time budget stopped (never certified)."""
+        from certify.models.bound_ops import BudgetSpent
 
         chosen = tuple(m for m in METHODS[:METHODS.index(method) + 1])
         fixed = getattr(model, "fixed_batch", None)
         step = 1 if method != "ibp" or fixed else len(x)
-        out = []
+        out: list[float | None] = []
         for s in range(0, len(x), max(1, step)):
-            res = graph.bounds(x[s:s + step], y[s:s + step], tm.norm, tm.epsilon,
-                               methods=chosen, alpha_steps=self.alpha_steps)
-            out.append(res.margins[method])
-        return torch.cat(out)
+            try:
+                res = graph.bounds(x[s:s + step], y[s:s + step], tm.norm, tm.epsilon,
+                                   methods=chosen, alpha_steps=self.alpha_steps,
+                                   deadline=None if method == "ibp" else deadline)
+            except BudgetSpent:
+                out.extend([None] * (len(x) - s))
+                break
+            out.extend(float(v) for v in res.margins[method].tolist())
+        return out
 
     def outcome_bits(self, records: list[CertifiedRecord]) -> dict[str, list[bool]]:
         """``certified`` per sample."""

@@ -196,6 +196,15 @@ class SuiteOutcome:
     images: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+def _skips(suite: Suite, model: Model) -> dict[str, str]:
+    """Check id -> why it is not evaluated on this model: from its description
+    (:meth:`Suite.skips`), then from the model itself (a graph certify cannot bound)."""
+    skips = suite.skips(model.info)
+    skips.update({s.id: why for s in suite.checks if s.id not in skips
+                  and (why := s.check.unavailable(model)) is not None})
+    return skips
+
+
 def run_suite(
     model: Model,
     data: Dataset,
@@ -235,9 +244,7 @@ def run_suite(
     seed = suite.seed if seed is None else seed
     white = any((atk := attack_of(s.check)) is not None and atk.white_box() for s in suite.checks)
     prepare(model, data, device.torch_device, gradients=white, reference=reference)
-    skips = suite.skips(model.info)
-    skips.update({s.id: why for s in suite.checks if s.id not in skips
-                  and (why := s.check.unavailable(model)) is not None})
+    skips = _skips(suite, model)
     if skips and len(skips) == len(suite.checks):
         suite.validate_for(model.info)  # raises: a run must evaluate something
     recorded = sum(recorded_queries(run))

@@ -265,7 +265,7 @@ class _Translation:
         if first is None:
             return
         if first not in self.variable:
-            raise BoundsUnavailable("(none)", "the output does not depend on the input")
+            raise BoundsUnavailable("(output)", "it does not depend on the input")
         self.output_name = self.names[first]
 
     # helpers for the converters ----------------------------------------------------------

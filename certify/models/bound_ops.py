@@ -52,6 +52,7 @@ margin exceeds :data:`TOLERANCE` (:func:`certified`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,8 @@ from certify.models.onnx_ops import Attrs, Op, op_for, tensor
 from certify.norms import L2, LINF, Norm
 from certify.norms import norm as norm_of
 
+#: Bytes one backward pass's coefficients may take by default (:meth:`BoundGraph.bounds`).
+MEMORY = 1 << 30
 #: A margin's lower bound must exceed this to certify a sample (float64 bounds).
 TOLERANCE = 1e-6
 #: The methods, weakest first: each one's bounds are intersected with the previous one's.
@@ -116,15 +119,21 @@ class InputMap:
         return a.reshape(b, s, *image), offset
 
 
+class BudgetSpent(Exception):  # noqa: N818 - the time budget, not a failure
+    """CROWN passed its deadline (:meth:`BoundGraph.bounds`): the samples keep their weaker
+    method's bounds."""
+
+
 class BoundsUnavailable(Exception):  # noqa: N818 - a reason, not a failure of certify
     """Why a graph has no certified bounds: :attr:`operator` is the operator it cannot
-    bound (``certified: not available (operator X)``)."""
+    bound (``certified: not available (operator X)``), or, in parentheses, what else stands in
+    the way (``certified: not available (format)``, ``(agreement)``, ``(preprocessing)``)."""
 
     def __init__(self, operator: str, detail: str = "") -> None:
         self.operator = operator
         self.detail = detail
-        super().__init__(f"certified: not available (operator {operator})"
-                         + (f": {detail}" if detail else ""))
+        what = operator if operator.startswith("(") else f"(operator {operator})"
+        super().__init__(f"certified: not available {what}" + (f": {detail}" if detail else ""))
 
 
 @dataclass(frozen=True)
@@ -249,7 +258,7 @@ class BoundGraph:
                 variable.update(o for o in s.outputs if o)
             self.nodes.append(node)
         if self.output_name not in variable:
-            raise BoundsUnavailable("(none)", "the output does not depend on the input")
+            raise BoundsUnavailable("(output)", "it does not depend on the input")
         self.variable = variable
 
     # -- concrete values ------------------------------------------------------------------
@@ -291,9 +300,15 @@ class BoundGraph:
     # -- bounds ---------------------------------------------------------------------------
     def bounds(self, x: torch.Tensor, y: torch.Tensor, norm: Norm | str, eps: float,
                methods: Iterable[str] = METHODS, alpha_steps: int = 30,
-               alpha_lr: float = 0.1) -> Result:
+               alpha_lr: float = 0.1, deadline: float | None = None,
+               memory: int = MEMORY) -> Result:
         """Lower bounds of each sample's margin over the threat model's set (module
-        docstring). ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]`` the true classes."""
+        docstring). ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]`` the true classes.
+
+        ``deadline`` (``time.monotonic()``): CROWN raises :class:`BudgetSpent` when it passes
+        it, α-CROWN stops its steps there (its best bound so far is kept: as sound).
+        ``memory``: bytes one backward pass's coefficients may take; CROWN's intermediate
+        bounds are computed in chunks of rows that fit."""
         methods = [m for m in METHODS if m in set(methods)]
         nm = norm_of(norm)
         if nm not in (LINF, L2):
@@ -301,6 +316,7 @@ class BoundGraph:
         x = x.detach().to(torch.float64)
         env = self.concrete(x)
         run = _Run(self, env, x, nm, float(eps))
+        run.deadline, run.memory = deadline, memory
         logits = env[self.output_name]
         if logits.dim() != 2 or logits.shape[0] != x.shape[0]:
             raise BoundsUnavailable("(output)", f"output shape {tuple(logits.shape)} is not "
@@ -420,6 +436,15 @@ class _Run:
         self.box = ((x - eps).clamp(min=0.0), (x + eps).clamp(max=1.0))
         self.bounds: dict[str, Bounds] = {}
         self.alphas: dict[str, torch.Tensor] = {}
+        self.deadline: float | None = None
+        self.memory = MEMORY
+        #: the most values per sample of any tensor (a backward pass's widest coefficients)
+        self.widest = max([t[0].numel() for t in env.values()
+                           if t.dim() and t.shape[0] == self.batch] + [x[0].numel()])
+
+    def _in_time(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise BudgetSpent
 
     # interval bounds -------------------------------------------------------------------
     def forward(self, crown: bool) -> None:
@@ -450,16 +475,21 @@ class _Run:
             else torch.arange(k)
         if not len(rows):
             return b
-        eye = torch.zeros((len(rows), k), dtype=torch.float64)
-        eye[torch.arange(len(rows)), rows] = 1.0
-        eye = eye.reshape(len(rows), *b[0].shape[1:])
-        c = torch.cat([eye, -eye]).unsqueeze(0).expand(self.batch, *[-1] * eye.dim())
-        with torch.no_grad():
-            lb = self.backward(out, c, intermediate=True)
-        r = len(rows)
         lo, hi = lo.clone(), hi.clone()
-        lo[:, rows] = torch.maximum(lo[:, rows], lb[:, :r])
-        hi[:, rows] = torch.minimum(hi[:, rows], -lb[:, r:])
+        # rows per backward pass: two coefficient tensors of the widest size must fit
+        step = max(1, self.memory // (2 * 8 * 2 * self.batch * self.widest))
+        for start in range(0, len(rows), step):
+            self._in_time()
+            part = rows[start:start + step]
+            r = len(part)
+            eye = torch.zeros((r, k), dtype=torch.float64)
+            eye[torch.arange(r), part] = 1.0
+            eye = eye.reshape(r, *b[0].shape[1:])
+            c = torch.cat([eye, -eye]).unsqueeze(0).expand(self.batch, *[-1] * eye.dim())
+            with torch.no_grad():
+                lb = self.backward(out, c, intermediate=True)
+            lo[:, part] = torch.maximum(lo[:, part], lb[:, :r])
+            hi[:, part] = torch.minimum(hi[:, part], -lb[:, r:])
         hi = torch.maximum(hi, lo)
         return lo.reshape(b[0].shape), hi.reshape(b[1].shape)
 
@@ -568,6 +598,7 @@ class _Run:
         for n in reversed(self.g.nodes[:end + 1]):
             if not n.outputs or n.outputs[0] not in acc:
                 continue
+            self._in_time()
             a = acc.pop(n.outputs[0])
             for name, a_in, extra in self._back(n, a, intermediate):
                 if extra is not None:
@@ -698,6 +729,8 @@ class _Run:
             return best
         opt = torch.optim.Adam([p for p, _ in params], lr=lr)
         for _ in range(steps):
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                break  # the best bound so far stands (every step's bound is sound)
             lb = self.backward(self.g.output_name, c)
             best = torch.maximum(best, lb.detach())
             opt.zero_grad()
