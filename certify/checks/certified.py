@@ -15,6 +15,12 @@ logits are compared with the model's own scores (onnxruntime for an ONNX file, t
 TOLERANCE` times the scores' scale). A graph that disagrees beyond that is refused, and a margin
 counts only above twice that tolerance (a difference of two logits).
 
+**Device.** Bound propagation runs on the CPU in float64, also where the run has a GPU (said
+once in the log); the model's own answers come from the run's device.
+
+**Device.** Bound propagation runs on the CPU in float64, also where the run has a GPU (said
+once in the log); the model's own answers come from the run's device.
+
 **Budget.** ``seconds_per_sample`` times the batch's correct samples is the batch's time; a
 stronger method starts only while time is left, and the samples it would have tried count as
 *not certified* (``budget`` in their records), never as certified.
@@ -50,6 +56,8 @@ log = logging.getLogger("certify")
 
 #: The methods, weakest first (:data:`certify.models.bound_ops.METHODS`).
 METHODS = ("ibp", "crown", "alpha")
+#: Set once the CPU-only bound propagation was said in the log (per process).
+_SAID_CPU: list[bool] = []
 #: The methods' names on the card.
 METHOD_NAMES = {"ibp": "IBP", "crown": "CROWN", "alpha": "α-CROWN"}
 
@@ -154,6 +162,10 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
         from certify.models.bound_source import bound_graph_of, margin_tolerance
 
         graph = bound_graph_of(model, self.max_crown_neurons)
+        if ctx.device.type != "cpu" and not _SAID_CPU:
+            _SAID_CPU.append(True)
+            log.info("certified: bound propagation runs on the CPU in float64 (not on %s "
+                     "yet); the model's own answers come from %s", ctx.device, ctx.device)
         scores = model.predict(x).detach().cpu()
         correct = scores.argmax(1) == y.cpu()
         recs: list[CertifiedRecord] = [
