@@ -367,6 +367,8 @@ class CertifiedFloor(_Strict):
     by_method: dict[str, int] = Field(default_factory=dict, description="of the n samples, "
                                       "those proved by each method or a weaker one")
     n_budget: int = Field(0, description="correct samples left unproved by the time budget")
+    n_unevaluated: int = Field(0, description="of the n samples, those the certified check did "
+                               "not evaluate (counted as not certified)")
 
 
 class WorstCase(_Strict):

@@ -532,3 +532,53 @@ def test_the_other_operators_are_sound(norm, eps):
     assert (margins["ibp"] <= margins["crown"]).all()
     assert (margins["crown"] <= margins["alpha"]).all()
     assert (margins["crown"] > -1e3).all()
+
+
+def test_overlapping_max_pool_windows_stay_sound():
+    """MaxPool 3×3 stride 1 (a ResNet stem's kind of window: each input in several windows):
+    no window may be taken as exact from a mask shared between windows (found by review: a
+    certified sample broken at x = 0.199). Bounds against PGD and random corners."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(),
+                        nn.MaxPool2d(3, stride=1, padding=1), nn.Conv2d(4, 4, 3, stride=2),
+                        nn.ReLU(), nn.MaxPool2d(2, stride=1), nn.Flatten(),
+                        nn.Linear(16, 3)).eval()
+    graph = BoundGraph(export(net, (1, 8, 8)))
+    x = torch.rand(6, 1, 8, 8)
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    for eps in (0.03, 0.1):
+        margins = certify_margins(graph, x, y, "linf", eps, methods=("ibp", "crown"))
+        reached = reachable_margin(net, x, y, "linf", eps)
+        for m in ("ibp", "crown"):
+            assert (margins[m] <= reached + 1e-5).all(), (m, eps, margins[m], reached)
+    # the review's counterexample: three values, windows [v0, v1] and [v1, v2]; v1 is window
+    # 1's chosen input, and masking it made window 0 look dominated by v0
+    w = onnx.numpy_helper.from_array(np.array([0, 45, 2.5], np.float32).reshape(1, 1, 1, 3), "w")
+    b = onnx.numpy_helper.from_array(np.array([0, 1, 1.25], np.float32).reshape(1, 1, 1, 3),
+                                     "b")
+    lin = onnx.numpy_helper.from_array(np.array([[0, 0], [0, 1]], np.float32), "W")
+    c = onnx.numpy_helper.from_array(np.array([3.5, 0], np.float32), "C")
+    h = onnx.helper
+    nodes = [h.make_node("Mul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["v"]),
+             h.make_node("MaxPool", ["v"], ["p"], kernel_shape=[1, 2], strides=[1, 1]),
+             h.make_node("Flatten", ["p"], ["f"]), h.make_node("Gemm", ["f", "W", "C"], ["z"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                           [1, 1, 1, 3])],
+                     [h.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 2])],
+                     [w, b, lin, c])
+    graph = BoundGraph(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    x = torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64).reshape(1, 1, 1, 3)
+    broken = torch.tensor([0.5, 0.199, 0.5], dtype=torch.float64).reshape(1, 1, 1, 3)
+    z = graph.logits(broken)[0]
+    assert z[0] < z[1]  # within ε = 0.2 of x, class 1 wins
+    margins = certify_margins(graph, x, torch.tensor([0]), "linf", 0.2)
+    assert all(float(v) <= float(z[0] - z[1]) for v in margins.values()), margins
+
+
+def test_a_leaky_relu_that_is_not_monotone_is_refused():
+    """LeakyRelu with a negative slope is not monotone: interval bounds through it would be
+    unsound (the review's counterexample certified a margin of +0.25 that x = 0.5 breaks)."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.LeakyReLU(-1.0), nn.Linear(3, 2))
+    with pytest.raises(BoundsUnavailable, match="LeakyRelu"):
+        BoundGraph(export(net.eval(), (1, 2, 2)))

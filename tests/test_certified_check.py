@@ -130,7 +130,9 @@ def test_the_floor_is_informative_and_below_the_attacked_figure(onnx_run: dict[s
         assert m["n_certified_ibp"] <= m["n_certified_crown"] == m["n_certified"]
         row = rows[key]
         floor = row["certified"]
-        assert floor["check"] == cid and floor["n"] == c["metrics"]["n"]
+        # over the row's samples: those the certified check did not evaluate are not certified
+        assert floor["check"] == cid and floor["n"] == row["n"]
+        assert floor["n_unevaluated"] == row["n"] - c["metrics"]["n"]
         assert floor["n_certified"] == m["n_certified"]
         # certified ≤ attacked, sample by sample (a certified sample no attack broke)
         assert floor["share"] <= row["robust_accuracy"]
@@ -262,3 +264,50 @@ def test_a_graph_that_measures_another_function_is_refused() -> None:
     assert margin_tolerance(graph, x, scores, "m") > 0
     with pytest.raises(BoundsUnavailable, match="differ from m's"):
         margin_tolerance(graph, x, scores + 0.05 * scores.abs().max(), "m")
+
+
+def _inline_suite(rule: str, cert_samples: int, cert_eps: float, cert_norm: str = "linf"
+                  ) -> Any:
+    from certify.suite import parse_suite
+
+    return parse_suite({"name": "s", "decision": rule, "classes": ["a", "b"], "checks": [
+        {"id": "apgd", "kind": "attack", "samples": 1000,
+         "params": {"attack": "apgd_ce", "norm": "linf", "epsilon": 8 / 255},
+         "threshold": {"metric": "robust_accuracy", "min": 0.5}},
+        {"id": "cert", "kind": "certified", "samples": cert_samples,
+         "params": {"norm": cert_norm, "epsilon": cert_eps, "methods": ["ibp"]}}]}, "inline")
+
+
+@pytest.mark.parametrize("rule", ["interval", "point"])
+def test_a_floor_on_fewer_samples_never_passes_the_row(rule: str) -> None:
+    """The review's case: APGD leaves 400 of 1,000 samples; the certified check ran on 12 and
+    proved all 12. The floor is over the row's 1,000 samples (the 988 unevaluated count as not
+    certified): no PASS by proof while the attacked interval lies below the threshold."""
+    from certify.engine.crosscheck import attack_worst_case
+
+    apgd = {i: {"outcome": "robust" if i < 400 else "broken", "queries": 1}
+            for i in range(1000)}
+    cert = {i: {"outcome": "certified", "method": "ibp", "queries": 1} for i in range(12)}
+    (row,) = attack_worst_case(_inline_suite(rule, 12, 8 / 255), {"apgd": apgd, "cert": cert})
+    assert row.certified is not None
+    assert (row.certified.n, row.certified.n_certified, row.certified.n_unevaluated) == \
+        (1000, 12, 988)
+    assert row.status == "FAIL" and not row.decided_by.rule.startswith("certified")
+
+
+def test_a_break_inside_a_larger_certified_ball_stops_the_run() -> None:
+    """An attack at a smaller radius, or of an L2 ball inside the certified L∞ ball, that
+    breaks a certified sample contradicts the proof as much as one at the same radius."""
+    from certify.engine.crosscheck import CertifiedButBroken, no_certified_sample_broken
+
+    apgd = {0: {"outcome": "broken", "queries": 1}, 1: {"outcome": "robust", "queries": 1}}
+    cert = {0: {"outcome": "certified", "method": "ibp", "queries": 1}}
+    finals = {"apgd": apgd, "cert": cert}
+    with pytest.raises(CertifiedButBroken, match="sample 0 is certified robust by cert"):
+        no_certified_sample_broken(_inline_suite("interval", 2, 16 / 255), finals, 3072)
+    # a certified ball smaller than the attack's: the break may lie outside it
+    no_certified_sample_broken(_inline_suite("interval", 2, 4 / 255), finals, 3072)
+    # an L2 certificate of radius 8/255·√D contains the L∞ ball of 8/255
+    with pytest.raises(CertifiedButBroken):
+        no_certified_sample_broken(
+            _inline_suite("interval", 2, 8 / 255 * 3072 ** 0.5 + 1e-9, "l2"), finals, 3072)

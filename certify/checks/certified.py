@@ -18,9 +18,6 @@ counts only above twice that tolerance (a difference of two logits).
 **Device.** Bound propagation runs on the CPU in float64, also where the run has a GPU (said
 once in the log); the model's own answers come from the run's device.
 
-**Device.** Bound propagation runs on the CPU in float64, also where the run has a GPU (said
-once in the log); the model's own answers come from the run's device.
-
 **Budget.** ``seconds_per_sample`` times the batch's correct samples is the batch's time; a
 stronger method starts only while time is left, and the samples it would have tried count as
 *not certified* (``budget`` in their records), never as certified.
@@ -148,12 +145,15 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
         """Why this model has no certified bounds (``certified: not available (…)``), read
         from its graph before any query; ``None`` when its graph can be bounded."""
         from certify.models.bound_ops import BoundsUnavailable
-        from certify.models.bound_source import bound_graph_of
+        from certify.models.bound_source import bound_graph_of, check_agreement
 
         try:
-            bound_graph_of(model, self.max_crown_neurons)
+            check_agreement(model, bound_graph_of(model, self.max_crown_neurons))
         except BoundsUnavailable as exc:
             return str(exc)
+        except Exception as exc:  # noqa: BLE001 - reading the graph failed: said, not raised
+            return (f"certified: not available (graph): {type(exc).__name__}: "
+                    f"{str(exc)[:200]}")
         return None
 
     # -- measurement ----------------------------------------------------------------------
@@ -190,14 +190,14 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
                     recs[todo[j]]["budget"] = True
                 break
             ctx.say_step(f"{METHOD_NAMES[method]} on {len(left)} sample(s)", len(left))
-            lower = self._bound(graph, xs[left], ys[left], tm, method, model, deadline)
+            lower = self._bound(graph, xs[left], ys[left], tm, method, deadline)
             still = []
             for j, m in zip(left, lower, strict=True):
                 r = recs[todo[j]]
                 if m is None:  # the budget ran out before this sample's bound
                     r["budget"] = True
                     continue
-                r["margins"][method] = float(m) if math.isfinite(m) else -1e300
+                r["margins"][method] = float(m) if math.isfinite(m) else math.copysign(1e300, m)
                 if m > tol:
                     r["outcome"], r["method"] = "certified", method
                 else:
@@ -206,16 +206,16 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
         return recs
 
     def _bound(self, graph: Any, x: torch.Tensor, y: torch.Tensor, tm: ThreatModel,
-               method: str, model: Model, deadline: float | None = None
-               ) -> list[float | None]:
+               method: str, deadline: float | None = None) -> list[float | None]:
         """Lower bounds of the margins by ``method`` (intersected with the weaker methods'
         by :meth:`BoundGraph.bounds`), one per sample, in chunks the graph takes at once;
         ``None`` for a sample whose CROWN pass the time budget stopped (never certified)."""
         from certify.models.bound_ops import BudgetSpent
 
         chosen = tuple(m for m in METHODS[:METHODS.index(method) + 1])
-        fixed = getattr(model, "fixed_batch", None)
-        step = 1 if method != "ibp" or fixed else len(x)
+        # CROWN's coefficients grow with the batch: one sample at a time; IBP takes the batch
+        # where the graph does
+        step = len(x) if method == "ibp" and getattr(graph, "batched", True) else 1
         out: list[float | None] = []
         for s in range(0, len(x), max(1, step)):
             try:
@@ -235,7 +235,7 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
     def summarize(self, records: list[CertifiedRecord], data: Dataset) -> Measurement:
         n = len(records)
         proved = [r.get("method") for r in records if r["outcome"] == "certified"]
-        correct = sum(r["outcome"] != "misclassified" for r in records)
+        correct = sum(r["outcome"] in ("certified", "not_certified") for r in records)
         chosen = self.chosen_methods()
         metrics: dict[str, float] = {
             "certified_accuracy": len(proved) / n if n else 0.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 import typing
@@ -16,7 +17,11 @@ from certify.canonical import JSONLike
 from certify.checks import Check, Measurement
 from certify.data import Dataset
 from certify.device import DeviceChoice
-from certify.engine.crosscheck import attack_worst_case, no_attack_passes_beside_masking
+from certify.engine.crosscheck import (
+    attack_worst_case,
+    no_attack_passes_beside_masking,
+    no_certified_sample_broken,
+)
 from certify.engine.records import recorded_queries
 from certify.errors import overall_verdict
 from certify.models.base import Model, endpoint_of
@@ -71,6 +76,7 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
                     model_spec: str, reference_spec: str | None) -> RunResult:
     """The typed result: the deterministic measurement, and the provenance beside it."""
     checks = state.results
+    no_certified_sample_broken(suite, state.finals, math.prod(model.info.input_shape))
     worst = attack_worst_case(suite, state.finals, checks, frozenset(skips))
     if any(w.startswith("gradient masking") for row in worst for w in row.warnings):
         # no attack row PASSes beside it; the rows decide again on what is left

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from certify.canonical import JSONLike, normalize
 from certify.checks import Measurement, Role, attack_of, certified_of
 from certify.checks.base import pct
-from certify.norms import ThreatModel
+from certify.norms import L1, L2, LINF, ThreatModel
 from certify.results import CertifiedFloor, CheckResult, DecidedBy, WorstCase
 from certify.rundir import SampleRecord
 from certify.stats import samples_to_decide, wilson_interval
@@ -148,7 +148,7 @@ def attack_worst_case(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
                         white_box=white, transfer=moved, broken_by=broken)
         errored = [s.id for s in group if s not in specs]
         row = _masking(row, {i: r for i, r in zip(ids, recs, strict=True)}, common)
-        row = _with_floor(row, floors.get(ThreatModel(norm, eps)), finals, recs, common)
+        row = _with_floor(row, floors.get(ThreatModel(norm, eps)), finals, common)
         out.append(_decide_threat_model(row, specs, errored, by_id, suite.decision))
     return out
 
@@ -161,7 +161,7 @@ class CertifiedButBroken(RuntimeError):  # noqa: N818 - a bug of certify, said a
 def _floors(suite: Suite, finals: dict[str, dict[int, SampleRecord]], skipped: frozenset[str]
             ) -> dict[ThreatModel, CheckSpec]:
     """The certified check of each threat model (the first in the suite's order) that left
-    records."""
+    records: the floor its row shows."""
     out: dict[ThreatModel, CheckSpec] = {}
     for spec in suite.checks:
         cert = certified_of(spec.check)
@@ -170,29 +170,62 @@ def _floors(suite: Suite, finals: dict[str, dict[int, SampleRecord]], skipped: f
     return out
 
 
+def _inside(inner: ThreatModel, outer: ThreatModel, dims: int) -> bool:
+    """Whether every perturbation of ``inner`` is one of ``outer`` (``dims`` values per
+    image): the same norm at a radius no larger, an L2 or L1 ball inside an L∞ ball of the
+    same radius, an L1 ball inside an L2 ball, an L∞ ball inside an L2 ball of √dims times
+    its radius."""
+    (a, ea), (b, eb) = inner, outer
+    if a == b:
+        return ea <= eb
+    if b is LINF and a in (L2, L1):
+        return ea <= eb
+    if b is L2 and a is L1:
+        return ea <= eb
+    if b is L2 and a is LINF:
+        return ea * math.sqrt(dims) <= eb
+    return False
+
+
+def no_certified_sample_broken(suite: Suite, finals: dict[str, dict[int, SampleRecord]],
+                               dims: int) -> None:
+    """Raise :class:`CertifiedButBroken` where a sample certified by any certified check was
+    broken by any attack whose threat model lies inside the certified one (its own, a smaller
+    radius, a smaller ball of another norm), errored attacks' records included: one of the
+    two is wrong."""
+    certs = [(s, c) for s in suite.checks if (c := certified_of(s.check)) is not None
+             and finals.get(s.id)]
+    attacks = [(s, a) for s in suite.checks if (a := attack_of(s.check)) is not None
+               and finals.get(s.id)]
+    for spec, cert in certs:
+        tm = cert.threat_model()
+        proved = {i: r for i, r in finals[spec.id].items() if r.get("outcome") == "certified"}
+        for aspec, atk in attacks:
+            if not _inside(atk.threat_model(), tm, dims):
+                continue
+            for i, rec in sorted(proved.items()):
+                hit = finals[aspec.id].get(i)
+                if hit is not None and hit["outcome"] not in ("robust", "misclassified",
+                                                              "error"):
+                    raise CertifiedButBroken(
+                        f"sample {i} is certified robust by {spec.id} ({tm.norm.name} "
+                        f"ε={tm.epsilon:g}) and broken by {aspec.id} (its threat model "
+                        f"{atk.threat_model().norm.name} ε={atk.threat_model().epsilon:g} lies "
+                        f"inside): a bug of certify (certified record {normalize(dict(rec))}; "
+                        f"attack record {normalize(dict(hit))})")
+
+
 def _with_floor(row: WorstCase, spec: CheckSpec | None,
-                finals: dict[str, dict[int, SampleRecord]],
-                recs: list[dict[int, SampleRecord]], common: set[int]) -> WorstCase:
-    """The row with its certified floor (on the samples it shares with the certified check),
-    after checking that no sample is both certified and broken (:class:`CertifiedButBroken`)."""
+                finals: dict[str, dict[int, SampleRecord]], common: set[int]) -> WorstCase:
+    """The row with its certified floor over the row's own samples: a sample the certified
+    check did not evaluate counts as not certified, so the floor is never measured on fewer
+    samples than the row it may decide."""
     if spec is None:
         return row
     cert = finals[spec.id]
-    for s, rec in sorted(cert.items()):
-        if rec.get("outcome") != "certified":
-            continue
-        for aid, r in zip(row.attacks, recs, strict=True):
-            hit = r.get(s)
-            if hit is not None and hit["outcome"] not in ("robust", "misclassified", "error"):
-                raise CertifiedButBroken(
-                    f"sample {s} is certified robust by {spec.id} and broken by {aid} in the "
-                    f"same threat model {row.norm} ε={row.epsilon:g}: a bug of certify "
-                    f"(certified record {normalize(dict(rec))}; attack record "
-                    f"{normalize(dict(hit))})")
-    shared = sorted(common & set(cert))
-    if not shared:
-        return row
-    proved = [cert[s].get("method") for s in shared if cert[s].get("outcome") == "certified"]
+    shared = sorted(common)
+    proved = [cert[s].get("method") for s in shared
+              if s in cert and cert[s].get("outcome") == "certified"]
     check = certified_of(spec.check)
     methods = list(check.chosen_methods()) if check is not None else []
     floor = CertifiedFloor(
@@ -201,7 +234,8 @@ def _with_floor(row: WorstCase, spec: CheckSpec | None,
                                                                        len(shared))),
         methods=methods,
         by_method={m: sum(p in methods[:k + 1] for p in proved) for k, m in enumerate(methods)},
-        n_budget=sum(bool(cert[s].get("budget")) for s in shared))
+        n_budget=sum(bool(cert[s].get("budget")) for s in shared if s in cert),
+        n_unevaluated=sum(s not in cert for s in shared))
     return row.model_copy(update={"certified": floor})
 
 

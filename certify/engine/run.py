@@ -55,7 +55,13 @@ from certify.engine.records import (
 )
 from certify.engine.schedule import Earlier, execution_order, plan_attack
 from certify.engine.verdicts import judge
-from certify.errors import BudgetExceeded, CertifyError, ModelError, NonFiniteOutput
+from certify.errors import (
+    BudgetExceeded,
+    CertifyError,
+    ModelError,
+    NonFiniteOutput,
+    SuiteError,
+)
 from certify.models.base import WHITE_BOX, Budget, Model, Reconfigurable, endpoint_of
 from certify.progress import NullProgress, Progress, StepCounter, report_reused, report_step
 from certify.redact import redact, redact_obj
@@ -202,6 +208,11 @@ def _skips(suite: Suite, model: Model) -> dict[str, str]:
     skips = suite.skips(model.info)
     skips.update({s.id: why for s in suite.checks if s.id not in skips
                   and (why := s.check.unavailable(model)) is not None})
+    if skips and len(skips) == len(suite.checks):
+        first = next(iter(skips.values()))
+        raise SuiteError(f"every check of suite {suite.name!r} would be skipped on "
+                         f"{model.info.name}, so nothing would be evaluated ({first})",
+                         hint="add checks this model can be evaluated with")
     return skips
 
 

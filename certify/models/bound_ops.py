@@ -385,6 +385,18 @@ def _check(op_type: str, flags: list[bool], attrs: Attrs, outputs: list[str]) ->
         raise BoundsUnavailable(op_type, "training mode")
     if op_type in ("MaxPool", "Dropout") and len([o for o in outputs if o]) > 1:
         raise BoundsUnavailable(op_type, "a second output")
+    if op_type == "LeakyRelu" and not 0.0 <= float(attrs.get("alpha", 0.01)) <= 1.0:
+        raise BoundsUnavailable(op_type, "a negative-side slope outside [0, 1] (not monotone, "
+                                         "or concave)")
+
+
+def _windows_overlap(attrs: Attrs) -> bool:
+    """Whether a pooling's windows share inputs (a kernel wider than its stride, or dilated)."""
+    kernel = list(attrs.get("kernel_shape", []))
+    strides = list(attrs.get("strides", [1] * len(kernel)))
+    dilations = list(attrs.get("dilations", [1] * len(kernel)))
+    return any(d != 1 for d in dilations) or \
+        any(k > s for k, s in zip(kernel, strides, strict=False))
 
 
 def _final_softmax(specs: list[NodeSpec], output_name: str) -> int | None:
@@ -698,10 +710,17 @@ class _Run:
         per = lo[0].numel()
         idx = idx - torch.arange(b).reshape(b, *[1] * (idx.dim() - 1)) * per
         # exact where the input with the largest lower bound dominates its window: the
-        # largest upper bound of the others is below its lower bound
-        hi_masked = hi.flatten(1).scatter(1, idx.flatten(1), float("-inf")).reshape(hi.shape)
-        others_up = n.op([hi_masked], attrs)[0]
-        exact = (others_up <= low_max).unsqueeze(1)
+        # largest upper bound of the others is below its lower bound. Masking each window's
+        # chosen input in one shared tensor is right only where windows do not overlap (an
+        # overlapping window would lose a neighbour's chosen input): elsewhere, no window is
+        # taken as exact (the relaxation stays sound)
+        if _windows_overlap(attrs):
+            exact = torch.zeros((b, 1, *low_max.shape[1:]), dtype=torch.bool)
+        else:
+            hi_masked = hi.flatten(1).scatter(1, idx.flatten(1), float("-inf")
+                                              ).reshape(hi.shape)
+            others_up = n.op([hi_masked], attrs)[0]
+            exact = (others_up <= low_max).unsqueeze(1)
         pos, neg = a.clamp(min=0), a.clamp(max=0)
         moved = torch.where(exact, a, pos).flatten(2)
         a_in = torch.zeros((b, s, per), dtype=torch.float64)
@@ -739,6 +758,7 @@ class _Run:
             with torch.no_grad():
                 for p, low in params:
                     p.clamp_(low, 1.0)
+        self.deadline = None  # the last pass ends what was started: its bound is kept
         with torch.no_grad():
             best = torch.maximum(best, self.backward(self.g.output_name, c))
         self.alphas.clear()

@@ -27,42 +27,78 @@ _cache: OrderedDict[tuple[Any, ...], BoundGraph] = OrderedDict()
 _lock = threading.Lock()
 
 
-def _unwrapped(model: object) -> object:
+def unwrapped(model: object) -> object:
+    """The model behind query counters."""
     while isinstance(model, QueryCounter):
         model = model.model
     return model
 
 
 def bound_graph_of(model: object, max_crown_neurons: int = 4096) -> BoundGraph:
-    """The model's graph, ready to bound (built once per model and setting).
+    """The model's graph, ready to bound (built once per model and setting; its
+    :attr:`batched` says whether it evaluates a batch at once or one sample at a time).
 
-    Raises :class:`~certify.models.bound_ops.BoundsUnavailable` naming the format or the
-    operator certify cannot bound."""
+    Raises :class:`~certify.models.bound_ops.BoundsUnavailable` naming the format, the
+    operator or the input certify cannot bound."""
     from certify.models.onnx import OnnxModel
     from certify.models.torchprog import FxProgram, TorchProgramModel
 
-    inner = _unwrapped(model)
+    inner = unwrapped(model)
     if isinstance(inner, OnnxModel):
-        key: tuple[Any, ...] = ("onnx", id(inner._proto), inner.preprocessing, inner.layout,
-                                inner.input_shape, max_crown_neurons)
+        kind = "onnx"
     elif isinstance(inner, TorchProgramModel) and isinstance(inner.program, FxProgram):
-        key = ("fx", id(inner.program.gm), inner.preprocessing, inner.layout,
-               inner.input_shape, max_crown_neurons)
+        if not inner._float_input:
+            raise BoundsUnavailable("(input)", "the program's input is an integer tensor: "
+                                               "it rounds what the bounds take as continuous")
+        kind = "fx"
     else:
         fmt = getattr(getattr(inner, "info", None), "metadata", {}).get("format") \
             or type(inner).__name__
         raise BoundsUnavailable("(format)", f"{fmt} has no graph certify can bound (an ONNX "
                                             "file or a torch.export program has)")
+    info = inner.info
+    key: tuple[Any, ...] = (kind, info.identity, info.batch, inner.preprocessing, inner.layout,
+                            inner.input_shape, max_crown_neurons)
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
     graph = _build(inner, max_crown_neurons)
+    graph.batched = _batches(graph, inner.input_shape)  # type: ignore[attr-defined]
     with _lock:
         _cache[key] = graph
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return graph
+
+
+def _batches(graph: BoundGraph, shape: tuple[int, int, int]) -> bool:
+    """Whether the graph evaluates two images at once (else one at a time, as a graph written
+    for a fixed batch of 1 does); refused when it evaluates neither."""
+    from certify.models.base import probe_images
+
+    x = probe_images(shape, 2).to(torch.float64)
+    try:
+        if graph.logits(x).shape[0] == 2:
+            return True
+    except Exception:  # noqa: BLE001 - a graph whose shapes fix its batch
+        pass
+    try:
+        graph.logits(x[:1])
+    except Exception as exc:  # noqa: BLE001 - neither: said as the reason
+        raise BoundsUnavailable("(batch)", f"the graph evaluates neither a batch nor one "
+                                           f"image ({type(exc).__name__}: "
+                                           f"{str(exc)[:160]})") from None
+    return False
+
+
+def graph_logits(graph: BoundGraph, x: torch.Tensor) -> torch.Tensor:
+    """The graph's bounded output at ``x`` (float64), a batch at once or one image at a
+    time as the graph takes them."""
+    x = x.to(torch.float64)
+    if getattr(graph, "batched", True):
+        return graph.logits(x)
+    return torch.cat([graph.logits(x[i:i + 1]) for i in range(len(x))])
 
 
 def _build(inner: Any, max_crown_neurons: int) -> BoundGraph:
@@ -80,6 +116,16 @@ def _build(inner: Any, max_crown_neurons: int) -> BoundGraph:
     from certify.models.bound_fx import fx_bound_graph
 
     return fx_bound_graph(inner.program.gm, input_map, max_crown_neurons=max_crown_neurons)
+
+
+def check_agreement(model: object, graph: BoundGraph) -> None:
+    """Refuse (:class:`BoundsUnavailable`) a graph whose scores on certify's probe images are
+    not the model's own: it would bound another function than the one the card names."""
+    from certify.models.base import probe_images
+
+    inner: Any = unwrapped(model)
+    x = probe_images(inner.input_shape, 4)
+    margin_tolerance(graph, x, inner.predict(x).detach().cpu(), inner.info.name)
 
 
 def _as_model(graph: BoundGraph, logits: torch.Tensor) -> torch.Tensor:
@@ -103,7 +149,7 @@ def margin_tolerance(graph: BoundGraph, x: torch.Tensor, scores: torch.Tensor,
     scores' scale per score; a margin is a difference of two scores, so it must exceed twice
     that. A graph whose scores differ by more, or whose decisions differ, measured another
     function than the model: refused (:class:`BoundsUnavailable`)."""
-    logits = graph.logits(x.to(torch.float64)).detach().cpu()
+    logits = graph_logits(graph, x).detach().cpu()
     ours = _as_model(graph, logits)
     theirs = scores.detach().cpu().to(torch.float64)
     if ours.shape != theirs.shape:
