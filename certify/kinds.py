@@ -732,6 +732,10 @@ class BrittlenessKind(Kind):
                      f"which a positive scaling of the logits leaves unchanged: {words}")
         return text
 
+#: The bound methods' names on the card, weakest first (:mod:`certify.models.bound_ops`).
+CERTIFIED_METHODS = {"ibp": "IBP", "crown": "CROWN", "alpha": "α-CROWN"}
+
+
 class CertifiedKind(Kind):
     """A certified lower bound of robust accuracy by bound propagation
     (:class:`certify.checks.certified.Certified`)."""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from certify.checks.base import Check, CheckContext, Measurement
 from certify.data import Dataset
 from certify.errors import SuiteError
-from certify.kinds import CertifiedKind
+from certify.kinds import CERTIFIED_METHODS, CertifiedKind
 from certify.models.base import Model
 from certify.norms import L2, LINF, Norm, ThreatModel
 from certify.norms import norm as norm_named
@@ -56,7 +56,7 @@ METHODS = ("ibp", "crown", "alpha")
 #: Set once the CPU-only bound propagation was said in the log (per process).
 _SAID_CPU: list[bool] = []
 #: The methods' names on the card.
-METHOD_NAMES = {"ibp": "IBP", "crown": "CROWN", "alpha": "α-CROWN"}
+METHOD_NAMES = CERTIFIED_METHODS
 
 
 class CertifiedRecord(SampleRecord, total=False):
@@ -71,8 +71,8 @@ class CertifiedRecord(SampleRecord, total=False):
 
 
 class Certified(CertifiedKind, Check[CertifiedRecord]):
-    """Certified robust accuracy within an L∞ or L2 ball, by bound propagation over the
-    model's ONNX graph or exported program (see the module docstring).
+    """Certified robust accuracy within an L∞ or L2 ball by bound propagation over the model's
+    ONNX graph or exported program: a lower bound beside the attacks of its threat model.
 
     Parameters: ``norm`` (linf or l2), ``epsilon`` (8/255 and 0.5 by default, as the attacks),
     ``methods`` (a list of ibp, crown, alpha; all three by default), ``alpha_steps`` (α-CROWN's

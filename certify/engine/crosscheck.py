@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from certify.canonical import JSONLike, normalize
 from certify.checks import Measurement, Role, attack_of, certified_of
 from certify.checks.base import pct
+from certify.kinds import CERTIFIED_METHODS
 from certify.norms import L1, L2, LINF, ThreatModel
 from certify.results import CertifiedFloor, CheckResult, DecidedBy, WorstCase
 from certify.rundir import SampleRecord
@@ -318,10 +319,6 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
                                       "decided_by": proof[1]})
     said = (f"worst case over {len(row.attacks)} attack(s) {pct(value)} "
             f"(95% interval {pct(lo)}–{pct(hi)}, n {row.n})")
-    if row.certified is not None:
-        f = row.certified
-        said += (f"; certified {pct(f.share)} (95% interval {pct(f.interval[0])}–"
-                 f"{pct(f.interval[1])}, n {f.n}, by {f.check}) does not prove it")
     if rule == "point":
         status = "PASS" if value >= t else "FAIL"
         said += f" {'meets' if status == 'PASS' else 'misses'} robust_accuracy ≥ {t:g} " \
@@ -347,6 +344,10 @@ def _decide_threat_model(row: WorstCase, specs: Sequence[CheckSpec], errored: li
         why = DecidedBy(rule="interval_straddles", reason=left)
     if status == "PASS":
         status, said, why = _stopped_pass(row, errored, warnings, support, by_id, said, why)
+    if row.certified is not None:
+        f = row.certified
+        said += (f"; the certified floor {pct(f.share)} (95% interval {pct(f.interval[0])}–"
+                 f"{pct(f.interval[1])}, n {f.n}, by {f.check}) does not prove it")
     return row.model_copy(update={"threshold": t, "status": status, "decision": said,
                                   "warnings": warnings, "support": support,
                                   "decided_by": why})
@@ -366,7 +367,7 @@ def _proved(row: WorstCase, t: float, rule: str) -> tuple[str, DecidedBy] | None
         return None
     how = "point rule" if rule == "point" else "interval rule"
     said = (f"certified {pct(f.share)} (95% interval {pct(f.interval[0])}–{pct(f.interval[1])}, "
-            f"n {f.n}) by {f.check} ({', '.join(f.methods)}) "
+            f"n {f.n}) by {f.check} ({' → '.join(CERTIFIED_METHODS.get(m, m) for m in f.methods)}) "
             f"{'meets' if rule == 'point' else 'lies wholly within'} robust_accuracy ≥ {t:g} "
             f"({how}; the strictest threshold of its attack rows): decided by proof, each "
             f"certified sample robust to every perturbation of the threat model; the attacks "

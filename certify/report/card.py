@@ -22,7 +22,7 @@ import markupsafe
 
 from certify.canonical import script_safe_json
 from certify.engine.assemble import verdict_statuses
-from certify.kinds import KINDS
+from certify.kinds import CERTIFIED_METHODS, KINDS
 from certify.norms import card_text
 from certify.report import glance
 from certify.report.sealed import blank_slot
@@ -514,6 +514,7 @@ def card_context(result: RunResult, signature: Any = None,
         "p": p,
         "not_tested": not_tested,
         "figures": figures,
+        "method_names": CERTIFIED_METHODS,
         "certified_rows": any(w.certified is not None for w in m.attack_worst_case),
         "timings": dict((getattr(p, "timings", None) or {}).get("checks") or {}),
         "headlines": {c.id: headline(c) for c in checks},
