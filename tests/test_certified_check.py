@@ -223,8 +223,9 @@ def test_a_sample_certified_and_broken_stops_the_run(setting: dict[str, Path],
     """A planted bug: bounds that prove every sample at 16/255, where APGD breaks many."""
     from certify.checks.certified import Certified
 
-    def wrong(self: Certified, graph: Any, x: torch.Tensor, *args: Any) -> list[float]:
-        return [1e9] * len(x)
+    def wrong(self: Certified, graph: Any, x: torch.Tensor, y: torch.Tensor, tm: Any,
+              stage: tuple[str, ...], *args: Any) -> list[dict[str, float]]:
+        return [{m: 1e9 for m in stage} for _ in range(len(x))]
 
     monkeypatch.setattr(Certified, "_bound", wrong)
     suite = setting["root"] / "planted.yaml"

@@ -181,51 +181,67 @@ class Certified(CertifiedKind, Check[CertifiedRecord]):
             r["tolerance"] = tol
         tm = self.threat_model()
         deadline = time.monotonic() + self.seconds_per_sample * len(todo)
+        chosen = self.chosen_methods()
+        stages = [s for s in (("ibp",), tuple(m for m in chosen if m != "ibp")) if s]
+        if "ibp" not in chosen:
+            stages = [tuple(chosen)]
         left = list(range(len(todo)))
-        for k, method in enumerate(self.chosen_methods()):
+        for k, stage in enumerate(stages):
             if not left:
                 break
             if k and time.monotonic() > deadline:
                 for j in left:
                     recs[todo[j]]["budget"] = True
                 break
-            ctx.say_step(f"{METHOD_NAMES[method]} on {len(left)} sample(s)", len(left))
-            lower = self._bound(graph, xs[left], ys[left], tm, method, deadline)
-            still = []
-            for j, m in zip(left, lower, strict=True):
-                r = recs[todo[j]]
-                if m is None:  # the budget ran out before this sample's bound
-                    r["budget"] = True
-                    continue
-                r["margins"][method] = float(m) if math.isfinite(m) else math.copysign(1e300, m)
-                if m > tol:
-                    r["outcome"], r["method"] = "certified", method
-                else:
-                    still.append(j)
-            left = still
+            names = " → ".join(METHOD_NAMES[m] for m in stage)
+            ctx.say_step(f"{names} on {len(left)} sample(s)", len(left))
+            found = self._bound(graph, xs[left], ys[left], tm, stage, deadline, tol)
+            left = [j for j, margins in zip(left, found, strict=True)
+                    if not self._record(recs[todo[j]], margins, stage, tol)]
         return recs
 
+    @staticmethod
+    def _record(rec: CertifiedRecord, margins: dict[str, float] | None,
+                stage: tuple[str, ...], tol: float) -> bool:
+        """Write a stage's margins into ``rec``; whether they proved the sample (its method:
+        the weakest of the stage above ``tol``). ``None``: the budget stopped it."""
+        if margins is None:
+            rec["budget"] = True
+            return False
+        for m in stage:
+            if m not in margins:
+                continue
+            v = margins[m]
+            rec["margins"][m] = v if math.isfinite(v) else math.copysign(1e300, v)
+            if v > tol:
+                rec["outcome"], rec["method"] = "certified", m
+                return True
+        return False
+
     def _bound(self, graph: Any, x: torch.Tensor, y: torch.Tensor, tm: ThreatModel,
-               method: str, deadline: float | None = None) -> list[float | None]:
-        """Lower bounds of the margins by ``method`` (intersected with the weaker methods'
-        by :meth:`BoundGraph.bounds`), one per sample, in chunks the graph takes at once;
-        ``None`` for a sample whose CROWN pass the time budget stopped (never certified)."""
+               stage: tuple[str, ...], deadline: float, tol: float
+               ) -> list[dict[str, float] | None]:
+        """Each sample's lower bounds of its margin by the stage's methods (each intersected
+        with the weaker methods' by :meth:`BoundGraph.bounds`; α-CROWN only where CROWN did
+        not prove it), in chunks the graph takes at once; ``None`` for a sample whose CROWN
+        pass the time budget stopped (never certified)."""
         from certify.models.bound_ops import BudgetSpent
 
-        chosen = tuple(m for m in METHODS[:METHODS.index(method) + 1])
+        strong = stage != ("ibp",)
         # CROWN's coefficients grow with the batch: one sample at a time; IBP takes the batch
         # where the graph does
-        step = len(x) if method == "ibp" and getattr(graph, "batched", True) else 1
-        out: list[float | None] = []
-        for s in range(0, len(x), max(1, step)):
+        step = 1 if strong or not getattr(graph, "batched", True) else len(x)
+        out: list[dict[str, float] | None] = []
+        for s in range(0, len(x), step):
             try:
                 res = graph.bounds(x[s:s + step], y[s:s + step], tm.norm, tm.epsilon,
-                                   methods=chosen, alpha_steps=self.alpha_steps,
-                                   deadline=None if method == "ibp" else deadline)
+                                   methods=stage, alpha_steps=self.alpha_steps,
+                                   deadline=deadline if strong else None, enough=tol)
             except BudgetSpent:
                 out.extend([None] * (len(x) - s))
                 break
-            out.extend(float(v) for v in res.margins[method].tolist())
+            values = {m: v.tolist() for m, v in res.margins.items()}
+            out.extend({m: float(values[m][i]) for m in values} for i in range(len(x[s:s + step])))
         return out
 
     def outcome_bits(self, records: list[CertifiedRecord]) -> dict[str, list[bool]]:

@@ -301,14 +301,15 @@ class BoundGraph:
     def bounds(self, x: torch.Tensor, y: torch.Tensor, norm: Norm | str, eps: float,
                methods: Iterable[str] = METHODS, alpha_steps: int = 30,
                alpha_lr: float = 0.1, deadline: float | None = None,
-               memory: int = MEMORY) -> Result:
+               memory: int = MEMORY, enough: float | None = None) -> Result:
         """Lower bounds of each sample's margin over the threat model's set (module
         docstring). ``x`` ``[B, C, H, W]`` in ``[0, 1]``, ``y`` ``[B]`` the true classes.
 
         ``deadline`` (``time.monotonic()``): CROWN raises :class:`BudgetSpent` when it passes
         it, α-CROWN stops its steps there (its best bound so far is kept: as sound).
         ``memory``: bytes one backward pass's coefficients may take; CROWN's intermediate
-        bounds are computed in chunks of rows that fit."""
+        bounds are computed in chunks of rows that fit. ``enough``: α-CROWN is skipped when
+        every sample's CROWN margin already exceeds it (its bound is then CROWN's)."""
         methods = [m for m in METHODS if m in set(methods)]
         nm = norm_of(norm)
         if nm not in (LINF, L2):
@@ -334,8 +335,10 @@ class BoundGraph:
             best = torch.maximum(best, crown)
             if "crown" in methods:
                 rows["crown"] = best
-        if "alpha" in methods:
+        if "alpha" in methods and (enough is None or not bool(
+                (best.min(dim=1).values > enough).all() if best.shape[1] else True)):
             best = torch.maximum(best, run.optimise(c, alpha_steps, alpha_lr))
+        if "alpha" in methods:
             rows["alpha"] = best
         margins = {m: r.min(dim=1).values if r.shape[1] else
                    torch.full((r.shape[0],), float("inf"), dtype=r.dtype)
