@@ -7,6 +7,7 @@ worker's log names, for each run, the child that ran it and the host that forked
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -231,3 +232,37 @@ def test_a_runs_secret_never_passes_through_the_host(tmp_path: Path) -> None:
         assert job.returncode not in (None, 70), (job.returncode, log[-2000:])
     finally:
         host.close()
+
+
+def test_a_frozen_job_host_never_hides_a_finished_run(
+        service: Service, inputs: tuple[Path, Path], slow_suite: Path) -> None:
+    """Issue 65: a job host stopped (SIGSTOP) while its run computes. The run's child writes
+    its outcome and exits; the host can neither reap it nor report it. The worker sees the
+    child's end itself (its pidfd), replaces the silent host, and records the run ``done``
+    with its measurement within a couple of heartbeats; the next run starts on a new host."""
+    suite, _ = inputs
+    token = service.token("submit")
+    run = _submit(service, token, slow_suite, samples=8, seed=11)
+    child = _running_child(service, run, token)
+    host = _parent(child)
+    os.kill(host, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 300
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the run did not finish"
+        exited = time.monotonic()
+        doc = service.wait_run(run, token)
+        waited = time.monotonic() - exited
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(host, signal.SIGCONT)
+    assert doc["state"] == "done", doc
+    assert waited < 4.0, waited  # heartbeat 0.5 s; the host gets 1 s to report
+    assert not _alive(host)
+    assert "has not reported it: the host is replaced" in service.log()
+    assert _measurement(service, run)["verdict"]
+    nxt = _submit(service, token, suite, seed=12)
+    assert service.wait_run(nxt, token)["state"] == "done"
+    hosts = [h for rid, _c, h in _placed(service) if rid == nxt]
+    assert hosts and hosts[0] != host, hosts

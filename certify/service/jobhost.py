@@ -49,6 +49,7 @@ import json
 import logging
 import os
 import resource
+import select
 import signal
 import socket
 import subprocess
@@ -103,6 +104,30 @@ class JobProcess:
         self._proc: subprocess.Popen[bytes] | None = None  # the host process it was sent to
         self._started = threading.Event()
         self._ended = threading.Event()
+        #: A pidfd of the child (Linux): readable once the child exits, whether or not its
+        #: host reaps it and says so (a frozen host does neither).
+        self._pidfd: int | None = None
+
+    def _watch_pid(self, pid: int) -> None:
+        self.pid = pid
+        with contextlib.suppress(OSError, AttributeError):  # no pidfd: the host's word only
+            self._pidfd = os.pidfd_open(pid)
+
+    def exited(self) -> bool:
+        """Whether the kernel says the child exited, whatever its host reported (its pidfd
+        became readable); False where no pidfd could be opened."""
+        fd = self._pidfd
+        if fd is None:
+            return False
+        readable, _, _ = select.select([fd], [], [], 0)
+        return bool(readable)
+
+    def release(self) -> None:
+        """Close the child's pidfd (once the worker is done with the run)."""
+        fd, self._pidfd = self._pidfd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the child ended (or its host died); whether it did within ``timeout``."""
@@ -230,7 +255,7 @@ class JobHost:
                 job._started.set()
                 job._ended.set()
             elif "pid" in msg:
-                job.pid = int(msg["pid"])
+                job._watch_pid(int(msg["pid"]))
                 job._started.set()
         proc.stdout.close()
         proc.wait()

@@ -54,6 +54,10 @@ log = logging.getLogger("certify.service")
 SEGMENT_RECORDS, SEGMENT_SECONDS = 256, 10.0
 #: An idle worker looks for runs submitted to other processes this often (seconds).
 CLAIM_POLL_S = 0.5
+#: Seconds a job host has to report a run's child that the kernel says has exited, before the
+#: worker takes the host for frozen (stopped, wedged) and replaces it: the run's outcome, if
+#: the child wrote one, is then recorded as if the host had reported it.
+HOST_SILENT_S = 1.0
 #: Attempts of one run that may each lose their job host before the run ends an error.
 HOST_ATTEMPTS = 5
 _ATTEMPT_DIR = re.compile(r"[0-9]{4,}")
@@ -513,6 +517,7 @@ class WorkerPool:
         try:
             ended = self._watch(run, proc, host, segments, lease)
         finally:
+            proc.release()
             with self._lock:
                 self._procs.pop(run.id, None)
             if not proc.ended:  # whatever went wrong here, the process goes with it
@@ -547,9 +552,18 @@ class WorkerPool:
         store (:class:`RecordSegments`) and checking its lease, cancellation and time limit
         every second; the final values if it had to be killed."""
         started = time.monotonic()
+        exited_at: float | None = None
         while True:
             if proc.wait(timeout=1.0):
                 return None
+            if proc.exited():  # the child is gone, yet its host has not said so
+                exited_at = exited_at or time.monotonic()
+                if time.monotonic() - exited_at > HOST_SILENT_S:
+                    log.warning("run %s: its process %s ended %.1f s ago and job host %s "
+                                "has not reported it: the host is replaced", run.id,
+                                proc.pid, time.monotonic() - exited_at, host.pid)
+                    host.reap(proc, timeout=0.0)  # kills the host: the job reads as lost
+                    continue
             if not self._stop.is_set() and lease.held:
                 try:
                     segments.poll()
