@@ -33,7 +33,7 @@ class Judge:
 
 def oracle_net(path: Path) -> nn.Sequential:
     """The demo architecture rebuilt from the ONNX file's weights with torch.nn layers (the
-    oracle's own route to gradients; the demo graph is Conv/Relu/MaxPool/Flatten/Gemm)."""
+    oracle's own route to gradients; the demo graphs are Conv/Relu/MaxPool/Flatten/Gemm)."""
     m = onnx.load(str(path))
     w = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in m.graph.initializer}
     layers: list[nn.Module] = []
@@ -42,6 +42,7 @@ def oracle_net(path: Path) -> nn.Sequential:
         if node.op_type == "Conv":
             weight = w[node.input[1]]
             conv = nn.Conv2d(weight.shape[1], weight.shape[0], weight.shape[2],
+                             stride=attrs.get("strides", [1])[0],
                              padding=attrs.get("pads", [0])[0])
             conv.weight.data, conv.bias.data = weight, w[node.input[2]]
             layers.append(conv)

@@ -15,17 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 import torch
 import yaml
-from onnx import numpy_helper
 from torch import nn
 
 from certify.api import DEMO_PER_CLASS, DEMO_SEED
 from certify.demo.synthetic import generate
 
 from builders import CLASSES, run_cli
+from pgd_oracle import oracle_net
 
 pytestmark = pytest.mark.unit
 
@@ -62,36 +61,12 @@ def _suite(path: Path, extra: list[dict[str, Any]] | None = None) -> Path:
     return path
 
 
-def _module(path: Path) -> nn.Module:
-    """certified.onnx (Conv, Relu, Flatten, Gemm) as a torch module with its weights."""
-    proto = onnx.load(str(path))
-    w = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy())
-         for i in proto.graph.initializer}
-    layers: list[nn.Module] = []
-    for node in proto.graph.node:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "Conv":
-            weight = w[node.input[1]]
-            conv = nn.Conv2d(weight.shape[1], weight.shape[0], weight.shape[2],
-                             stride=attrs["strides"][0], padding=attrs["pads"][0])
-            conv.weight.data, conv.bias.data = weight, w[node.input[2]]
-            layers.append(conv)
-        elif node.op_type == "Gemm":
-            weight = w[node.input[1]]
-            lin = nn.Linear(weight.shape[1], weight.shape[0])
-            lin.weight.data, lin.bias.data = weight, w[node.input[2]]
-            layers.append(lin)
-        else:
-            layers.append({"Relu": nn.ReLU(), "Flatten": nn.Flatten()}[node.op_type])
-    return nn.Sequential(*layers).eval()
-
-
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("certified")
     x, y = generate(DEMO_PER_CLASS, seed=DEMO_SEED)
     np.savez(root / "signs.npz", x=x, y=y)
-    module = _module(DEMO / "certified.onnx")
+    module = oracle_net(DEMO / "certified.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.export.save(torch.export.export(module, (torch.rand(1, 3, 32, 32),)),
@@ -189,7 +164,7 @@ def test_a_model_without_a_graph_to_bound_is_skipped_with_the_reason(
     class Squashed(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.net = _module(DEMO / "certified.onnx")
+            self.net = oracle_net(DEMO / "certified.onnx")
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.sigmoid(self.net(x)) * 10
@@ -212,7 +187,7 @@ def test_a_model_without_a_graph_to_bound_is_skipped_with_the_reason(
     script = tmp_path / "model.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.jit.save(torch.jit.script(_module(DEMO / "certified.onnx")), str(script))
+        torch.jit.save(torch.jit.script(oracle_net(DEMO / "certified.onnx")), str(script))
     r = _run(setting, script, "script", suite=suite)
     assert r["checks"]["cert"]["status"] == "SKIPPED"
     assert "certified: not available (format)" in r["checks"]["cert"]["decision"]
