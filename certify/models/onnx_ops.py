@@ -157,6 +157,22 @@ def _max_pool(x: torch.Tensor, kernel: list[int], stride: list[int], dil: list[i
     return [y, flat]
 
 
+def _max_pool_values(x: torch.Tensor, kernel: list[int], stride: list[int], dil: list[int],
+                     pads: list[int], ceil: bool) -> torch.Tensor:
+    """MaxPool's values alone (the same values as :func:`_max_pool`'s): for the many graphs
+    that do not read its Indices, whose computation took a third of a small CNN's forward
+    pass in the torch copy (benchmarks/RESULTS.md, issue 66)."""
+    n = len(kernel)
+    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1]
+    out = _pool_sizes(list(x.shape[2:]), kernel, stride, dil, pads, ceil)
+    if pads[:n] == pads[n:] and all(0 <= p <= k // 2
+                                    for p, k in zip(pads[:n], kernel, strict=True)):
+        y = pool(x, kernel, stride, pads[:n], dil, ceil)
+    else:  # padded by hand, so torch's ceil_mode may give one more window than ONNX's
+        y = pool(F.pad(x, _torch_pad(pads), value=float("-inf")), kernel, stride, 0, dil, ceil)
+    return _leading(y, out)
+
+
 def _avg_pool(x: torch.Tensor, kernel: list[int], stride: list[int], dil: list[int],
               pads: list[int], ceil: bool, include: bool) -> torch.Tensor:
     """AveragePool: each window's mean over the input's values (and the pads' zeros with
@@ -195,6 +211,8 @@ def _pool(kind: str) -> Op:
         stride, dil, pads = _spatial(x, attrs, kernel, crop=True)
         ceil = bool(attrs.get("ceil_mode", 0))
         if kind == "max":
+            if int(attrs.get(N_OUTPUTS, 2)) < 2:  # no Indices read: torch's values alone
+                return [_max_pool_values(x, kernel, stride, dil, pads, ceil)]
             return _max_pool(x, kernel, stride, dil, pads, ceil,
                              int(attrs.get("storage_order", 0)))
         include = bool(attrs.get("count_include_pad", 0))
@@ -555,10 +573,11 @@ def _shape(args: list[torch.Tensor | None], attrs: Attrs) -> list[torch.Tensor]:
 
 # -- operators of transformer exports and shape arithmetic -----------------------------------
 #: The attribute the node reader adds to a node whose operator needs its number of outputs
-#: (Split into equal parts).
+#: (Split into equal parts; MaxPool, which computes its Indices only where the graph names
+#: that output).
 N_OUTPUTS: str = "_n_outputs"
 #: The operators that are given it.
-NEEDS_OUTPUTS = frozenset({"Split"})
+NEEDS_OUTPUTS = frozenset({"Split", "MaxPool"})
 #: The attribute the node reader adds to a QuantizeLinear whose output only DequantizeLinear
 #: nodes read (a quantised network's Q/DQ pair): its values stay floats with a straight-through
 #: gradient, instead of an integer tensor no gradient passes.

@@ -103,7 +103,8 @@ def read_nodes(graph: onnx.GraphProto, opset: int) -> list[Node]:
     outputs = {o.name for o in graph.output}
 
     def added(n: onnx.NodeProto) -> Attrs:
-        extra: Attrs = {N_OUTPUTS: len(n.output)} if n.op_type in NEEDS_OUTPUTS else {}
+        named = len(n.output) if n.op_type == "Split" else sum(1 for o in n.output if o)
+        extra: Attrs = {N_OUTPUTS: named} if n.op_type in NEEDS_OUTPUTS else {}
         if n.op_type == "QuantizeLinear" and n.output[0] not in outputs and \
                 readers.get(n.output[0]) == {"DequantizeLinear"}:
             extra[STRAIGHT_THROUGH] = True
