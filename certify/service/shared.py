@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import HTTPException, Request, Response, UploadFile
+from fastapi import HTTPException, Request, Response
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
+from starlette.datastructures import UploadFile
 
 from certify.service import auth
 from certify.service.config import ServeConfig
