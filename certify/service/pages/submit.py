@@ -48,7 +48,7 @@ async def submit(request: Request, svc: Svc) -> Response:
 
 async def _submit_form(request: Request, svc: Services, who: auth.Principal, form: FormData
                        ) -> Response:
-    from certify.service.submit_checks import accept_submission
+    from certify.service.submit_checks import RunRequest, accept_submission
 
     if not who.allows("submit"):
         return submit_page(request, svc, 403,
@@ -56,8 +56,8 @@ async def _submit_form(request: Request, svc: Services, who: auth.Principal, for
     try:
         models = [f for f in form.getlist("model")
                   if isinstance(f, UploadFile) and f.filename]
-        run = await accept_submission(
-            svc, who, model=models, endpoint=_text(form, "endpoint"), endpoint_secret=None,
+        run = await accept_submission(svc, who, RunRequest(
+            model=models, endpoint=_text(form, "endpoint"), endpoint_secret=None,
             endpoint_header="Authorization", model_version=_text(form, "model_version"),
             suite=None if _file(form, "suite_file") else _text(form, "suite"),
             suite_file=_file(form, "suite_file"),
@@ -65,7 +65,7 @@ async def _submit_form(request: Request, svc: Services, who: auth.Principal, for
             dataset_file=_file(form, "dataset_file"), reference=_file(form, "reference"),
             surrogate=_file(form, "surrogate"), samples=_number(form, "samples"),
             seed=_number(form, "seed"),
-            card={k: _text(form, k) for k in MODEL_CARD_FIELDS}, device=_text(form, "device"))
+            card={k: _text(form, k) for k in MODEL_CARD_FIELDS}, device=_text(form, "device")))
     except HTTPException as exc:
         return submit_page(request, svc, exc.status_code, str(exc.detail))
     return RedirectResponse(f"/runs/{run.id}", 303)

@@ -65,15 +65,15 @@ async def submit(
                     "GPU")] = None,
 ) -> dict[str, object]:
     """Submit a run: 202 with its id once the static checks pass."""
-    from certify.service.submit_checks import accept_submission
+    from certify.service.submit_checks import RunRequest, accept_submission
 
-    run = await accept_submission(
-        svc, who, model=model or [], endpoint=endpoint, endpoint_secret=endpoint_secret,
+    run = await accept_submission(svc, who, RunRequest(
+        model=list(model or []), endpoint=endpoint, endpoint_secret=endpoint_secret,
         endpoint_header=endpoint_header, model_version=model_version, suite=suite,
         suite_file=suite_file, dataset=dataset, dataset_file=dataset_file,
         reference=reference, surrogate=surrogate, samples=samples, seed=seed,
         card={"model_name": model_name, "model_version": model_version, "owner": owner,
-              "license": license, "intended_use": intended_use}, device=device)
+              "license": license, "intended_use": intended_use}, device=device))
     log.info("run %s queued by token %d (%s)", run.id, who.token_id, run.model_name)
     return run_json(run)
 

@@ -63,6 +63,7 @@ def metrics(request: Request, svc: Svc) -> PlainTextResponse:
     from certify.service.metrics import exposition
 
     who = principal_from(request, svc)
+    assert svc.counters is not None  # made with the application
     if not _from_this_host(request, svc.cfg.trusted_proxies) and (
             who is None or not who.allows("admin")):
         raise HTTPException(401 if who is None else 403,
