@@ -1,4 +1,8 @@
-"""The HTTP API (``/api/v1``), mounted with the web UI and the transparency log's routes.
+"""The HTTP API (``/api/v1``), mounted with the web UI and the transparency log's routes:
+the service's state (:func:`open_services`) and the application that assembles the API's
+routers, one per resource (:mod:`certify.service.routes`), and the web UI's pages
+(:mod:`certify.service.ui`) behind the gates of :mod:`certify.service.conn`
+(:func:`create_app`).
 
 Only static validation happens before a submission's 202 (tokens and limits, suite parse, upload
 sizes, the ONNX static checks, dataset name, endpoint allow-list); the model is loaded and
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from certify.service.store import StoreError
 
 log = logging.getLogger("certify.service")
+
 
 def open_services(cfg: ServeConfig, rotate_identity: bool = False) -> Services:
     """Open (and migrate) the database, the store, the keys and the log.

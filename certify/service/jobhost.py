@@ -491,7 +491,10 @@ def _start(loop: forks.ForkLoop, secrets: socket.socket | None, host_pid: int,
     worker sent over ``secrets`` just before the job's line."""
     if secrets is None:
         raise RuntimeError("the job host has no channel for secrets")
-    _, fds, _, _ = socket.recv_fds(secrets, 1, 1)
+    try:
+        _, fds, _, _ = socket.recv_fds(secrets, 1, 1)
+    except OSError as exc:  # the channel broke: this host can take no job (it exits)
+        raise RuntimeError(f"the job host's channel for secrets failed: {exc}") from None
     if len(fds) != 1:
         raise RuntimeError("the job host got a job without its secret pipe")
     gc.freeze()
