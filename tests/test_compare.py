@@ -1202,7 +1202,7 @@ def test_every_place_that_states_the_tolerance_rule_quotes_the_one_sentence():
     rule = flat(TOLERANCE_RULE)
     root = Path(__file__).resolve().parents[1]
     for page in ("docs/ci.md", "docs/github-actions.md", "action.yml",
-                 "certify/service/app.py", "certify/ci_action.py"):
+                 "certify/service/routes/cards.py", "certify/ci_action.py"):
         assert rule in flat((root / page).read_text(encoding="utf-8")), page
     assert rule in flat(compare_module.__doc__ or "")
     assert rule in flat(INPUTS["CERTIFY_TOLERANCE"][1])

@@ -24,12 +24,13 @@ the document: a status it does not list, or a success body its schema refuses, f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.routing import BaseRoute
 
 
 class _Open(BaseModel):
@@ -68,11 +69,11 @@ class RunAnswer(BaseModel):
     model_kind: str
     suite: str
     dataset: str
-    options: dict[str, Any] = Field(description="samples and seed, where given")
+    options: dict[str, object] = Field(description="samples and seed, where given")
     created: str
     updated: str
     attempts: int
-    progress: dict[str, Any] = Field(description="current check, each check's done and "
+    progress: dict[str, object] = Field(description="current check, each check's done and "
                                                  "total, the running step")
     verdict: str | None
     exit_code: int | None
@@ -131,9 +132,9 @@ class Comparison(_Open):
     schema_: str = Field(alias="schema")
     decision: str
     exit_code: int
-    old: dict[str, Any]
-    new: dict[str, Any]
-    tolerance: dict[str, Any]
+    old: dict[str, object]
+    new: dict[str, object]
+    tolerance: dict[str, object]
 
 
 class Verification(_Open):
@@ -162,7 +163,7 @@ class LogEntry(BaseModel):
     index: int
     leaf_hash: str
     statement_digest: str
-    statement: Any
+    statement: object
     run_id: str | None
     created: str
 
@@ -279,7 +280,7 @@ def document(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _schema_of(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
+def _schema_of(model: type[BaseModel], components: dict[str, object]) -> dict[str, str]:
     """A ``$ref`` to ``model``'s schema, which (with the models it uses) joins
     ``components``."""
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}",
@@ -290,7 +291,7 @@ def _schema_of(model: type[BaseModel], components: dict[str, Any]) -> dict[str, 
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
-def _api_routes(routes: Any) -> Iterator[APIRoute]:
+def _api_routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
     """Every API route of ``routes``, those of included routers too."""
     for r in routes:
         if isinstance(r, APIRoute):
@@ -299,7 +300,8 @@ def _api_routes(routes: Any) -> Iterator[APIRoute]:
             yield from _api_routes(r.original_router.routes)
 
 
-def _route_of(routes: list[APIRoute], path: str, method: str, op: dict[str, Any]) -> APIRoute:
+def _route_of(routes: list[APIRoute], path: str, method: str, op: Mapping[str, object]
+              ) -> APIRoute:
     """The route behind the document's operation ``method path`` (its path ends with the
     route's, a router's prefix before it; its operation id starts with the route's name)."""
     found = [r for r in routes if r.include_in_schema and method in (r.methods or ())
@@ -310,7 +312,7 @@ def _route_of(routes: list[APIRoute], path: str, method: str, op: dict[str, Any]
     return max(found, key=lambda r: len(r.path_format))
 
 
-def _media_schema(media: str) -> dict[str, Any]:
+def _media_schema(media: str) -> dict[str, str]:
     """The schema of a body that is not one of the models: a file's bytes, or text."""
     if media == "application/json":
         return {"type": "object"}  # a run's results.json or its signature
@@ -330,7 +332,7 @@ def _answers(app: FastAPI, doc: dict[str, Any]) -> None:
             if answer is None:
                 raise RuntimeError(f"operation {route.name} states no answer in "
                                    "certify.service.answers.ANSWERS")
-            ok: dict[str, Any]
+            ok: dict[str, object]
             if isinstance(answer, dict):
                 ok = {"description": "; ".join(f"{k}: {v}" for k, v in answer.items()),
                       "content": {k: {"schema": _media_schema(k)} for k in answer}}
@@ -338,7 +340,7 @@ def _answers(app: FastAPI, doc: dict[str, Any]) -> None:
                 ok = {"description": (answer.__doc__ or "").strip().split("\n")[0],
                       "content": {"application/json": {
                           "schema": _schema_of(answer, components)}}}
-            responses: dict[str, Any] = {str(route.status_code or 200): ok}
+            responses: dict[str, object] = {str(route.status_code or 200): ok}
             for code, words in sorted(refusals(route).items()):
                 responses[str(code)] = ({"description": words} if code < 400 else
                                         {"description": words,

@@ -1,5 +1,10 @@
-"""The service's connections: no request body before its caller is known, and a deadline for
-every connection (issue 38, item 3).
+"""The service's connections: no request body before its caller is known, none beyond the
+service's limits, and a deadline for every connection (issue 38, item 3).
+
+The gates a request passes before its body is read are here, in the order
+:func:`certify.service.app.create_app` stacks them (outermost first): :class:`AuthBeforeBody`
+(the caller), :class:`BodyLimit` (the body's stated size), :class:`VerifyGate` (card
+verifications without a token, per address).
 
 Two layers, because they see different things:
 
@@ -22,16 +27,19 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import h11
 from fastapi import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
-from certify.service.ratelimit import client_address
+from certify.service.ratelimit import RateLimiter, client_address, retry_after
 from certify.service.shared import API, Services, principal_from, require
 
 log = logging.getLogger("certify.service")
@@ -62,16 +70,16 @@ class AuthBeforeBody:
     body will not be read (a client which sends it anyway costs nothing more).
     """
 
-    def __init__(self, app: Any, svc: Services) -> None:
+    def __init__(self, app: ASGIApp, svc: Services) -> None:
         self.app, self.svc = app, svc
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: D102
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: D102
         if not (scope["type"] == "http" and scope["method"] in CHANGES and _has_body(scope)):
             await self.app(scope, receive, send)
             return
         state = {"checked": False, "refused": False}
 
-        async def checked_receive() -> Any:
+        async def checked_receive() -> Message:
             if not state["checked"]:
                 state["checked"] = True
                 refusal = await asyncio.to_thread(self.refusal, scope)
@@ -82,7 +90,7 @@ class AuthBeforeBody:
                 return {"type": "http.disconnect"}
             return await receive()
 
-        async def checked_send(message: Any) -> None:
+        async def checked_send(message: Message) -> None:
             if not state["refused"]:
                 await send(message)
 
@@ -93,7 +101,7 @@ class AuthBeforeBody:
                 raise
             # the application's reaction to a client that left: nothing to report
 
-    def refusal(self, scope: Any) -> Response | None:
+    def refusal(self, scope: Scope) -> Response | None:
         """The answer to a request whose caller may not send it (None: it may)."""
         path, method = scope.get("path", ""), scope["method"]
         request = Request(scope)
@@ -135,15 +143,73 @@ def declared_role(route: BaseRoute | None) -> str | None:
     return max(found, key=ROLES.index) if found else None
 
 
-async def _left() -> dict[str, str]:
+async def _left() -> Message:
     return {"type": "http.disconnect"}
 
 
-def _has_body(scope: Any) -> bool:
+def _has_body(scope: Scope) -> bool:
     for name, value in scope.get("headers") or ():
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
             return True
     return False
+
+
+# --- what a body may be, before it is read ----------------------------------------------
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes before reading them (413), and bodies of
+    unstated length (411): uploads are spooled to disk as they arrive, so a limit checked only
+    afterwards would let one request fill the disk."""
+
+    def __init__(self, app: ASGIApp, limit: int, paths: dict[str, int] | None = None
+                 ) -> None:
+        self.app, self.limit, self.paths = app, limit, paths or {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: D102
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = dict(scope.get("headers") or [])
+            length = headers.get(b"content-length")
+            limit = self.paths.get(scope.get("path", ""), self.limit)
+            status, detail = 0, ""
+            if length is None:
+                if b"chunked" in headers.get(b"transfer-encoding", b""):
+                    status, detail = 411, "send the request with a Content-Length"
+            elif not length.isdigit() or len(length) > 15 or int(length) > limit:
+                status, detail = 413, (f"the request is larger than this service's limit of "
+                                       f"{limit // 2**20} MB")
+            if status:
+                await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class VerifyGate:
+    """Rate-limit card verification (API and UI) for callers without a valid token, per
+    client address (:mod:`certify.service.ratelimit`), before the upload is read (429 with
+    ``Retry-After``)."""
+
+    PATHS = frozenset({f"{API}/verify", "/verify"})
+
+    def __init__(self, app: ASGIApp, svc: Services, limiter: RateLimiter) -> None:
+        self.app, self.svc, self.limiter = app, svc, limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: D102
+        if scope["type"] == "http" and scope["method"] == "POST" and \
+                scope.get("path") in self.PATHS:
+            request = Request(scope)
+            if await asyncio.to_thread(principal_from, request, self.svc) is None:
+                peer = scope["client"][0] if scope.get("client") else None
+                who = client_address(peer, request.headers.get("x-forwarded-for"),
+                                     self.svc.cfg.trusted_proxies)
+                wait = self.limiter.take(who)
+                if wait:
+                    await JSONResponse(
+                        {"detail": f"too many verifications from {who} without a token: at "
+                                   f"most {self.limiter.per_minute} a minute"},
+                        status_code=429, headers={"Retry-After": retry_after(wait)},
+                    )(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 # --- deadlines for every connection -------------------------------------------------------
@@ -206,8 +272,10 @@ class DeadlineProtocol(H11Protocol):
     open_per_client: ClassVar[dict[str, int]] = {}
     refused: ClassVar[list[float]] = [0.0, 0.0]  # count since the last log line, its time
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: Config, server_state: ServerState,
+                 app_state: dict[str, object], _loop: asyncio.AbstractEventLoop | None = None
+                 ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
         self._peer: str | None = None  # counted in open_per_client
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None

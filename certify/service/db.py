@@ -11,7 +11,7 @@ import datetime as dt
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy import (
     JSON,
@@ -27,7 +27,11 @@ from sqlalchemy import (
     false,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.sql.dml import UpdateBase
 
 #: Run states. ``queued`` and ``running`` are live; the rest are final.
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
@@ -37,6 +41,28 @@ FINAL_STATES = (DONE, ERROR, CANCELLED)
 def utcnow() -> dt.datetime:
     """Now, timezone-aware UTC (stored as naive UTC: SQLite keeps no zone)."""
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class HttpOptions(TypedDict):
+    """An endpoint run's HTTP options: the header its secret goes in, the version it serves."""
+
+    auth_header: str
+    version: str | None
+
+
+class RunOptions(TypedDict, total=False):
+    """A run's options (the ``runs.options`` JSON column), as the submission checks set
+    them: the run's size, seed and query budget, its model card, an endpoint's HTTP options,
+    its reference and surrogate models (store keys) and the uploads it uses (digests)."""
+
+    samples: int | None
+    seed: int | None
+    query_budget: int | None
+    model_card: dict[str, str]
+    http: HttpOptions
+    reference: str
+    surrogate: str
+    uploads: list[str]
 
 
 class Base(DeclarativeBase):
@@ -82,13 +108,13 @@ class Run(Base):
     suite_name: Mapped[str] = mapped_column(String(300))
     #: A registered dataset name, or ``upload:<digest>`` of an uploaded .npz.
     dataset: Mapped[str] = mapped_column(String(300))
-    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    options: Mapped[RunOptions] = mapped_column(JSON, default=dict)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     #: Live progress: {"label": ..., "done": n, "total": m, "checks": {id: status}}.
-    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    progress: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
     verdict: Mapped[str | None] = mapped_column(String(16), nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -150,7 +176,7 @@ class LogEntry(Base):
     leaf_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
     #: sha256 of the signed statement's canonical JSON (the leaf's data), "sha256:<hex>".
     statement_digest: Mapped[str] = mapped_column(String(80), unique=True, index=True)
-    statement: Mapped[dict[str, Any]] = mapped_column(JSON)
+    statement: Mapped[dict[str, object]] = mapped_column(JSON)
     run_id: Mapped[str] = mapped_column(String(32))
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
@@ -181,15 +207,26 @@ class Identity(Base):
     created: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
-def db_now(session: Any) -> dt.datetime:
+def db_now(session: Session) -> dt.datetime:
     """Now on the database's clock, as naive UTC: leases and heartbeats are compared on one
     clock however many machines write them. PostgreSQL answers ``now()``; SQLite is a local
     file, so every process using it shares this machine's clock."""
     bind = session.get_bind()
     if bind.dialect.name == "postgresql":
         value = session.scalar(text("SELECT now() AT TIME ZONE 'UTC'"))
+        if not isinstance(value, dt.datetime):
+            raise RuntimeError(f"the database's clock answered {value!r}")
         return value.replace(tzinfo=None)
     return utcnow()
+
+
+def changed_rows(session: Session, statement: UpdateBase) -> int:
+    """Run an UPDATE or DELETE in ``session``; the rows it matched (what a conditional
+    transition of the queue tests)."""
+    result = session.execute(statement)
+    if not isinstance(result, CursorResult):  # what SQLAlchemy returns for DML
+        raise TypeError(f"{type(result).__name__} has no row count")
+    return int(result.rowcount)
 
 
 def sqlite_url(home: Path) -> str:
@@ -210,7 +247,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
-        def _pragmas(conn: Any, _record: Any) -> None:
+        def _pragmas(conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             cur = conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -267,6 +304,6 @@ def _migration_lock(engine: Engine) -> Iterator[None]:
         os.close(fd)  # closing the file releases the lock
 
 
-def sessions(engine: Engine) -> sessionmaker[Any]:
+def sessions(engine: Engine) -> sessionmaker[Session]:
     """A session factory whose objects stay readable after commit."""
     return sessionmaker(engine, expire_on_commit=False)

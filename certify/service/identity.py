@@ -21,10 +21,11 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 from certify.errors import UsageError
 from certify.service.db import Identity
@@ -41,7 +42,7 @@ class NodeIdentity:
 
     #: A key file the run processes read, with its certificate (``NAME.crt``) beside it.
     sign_key: Path
-    private: Any  # ec.EllipticCurvePrivateKey
+    private: ec.EllipticCurvePrivateKey
     certificate_pem: bytes
     session_secret: bytes
 
@@ -105,7 +106,7 @@ def _fingerprint(label: bytes, secret: bytes) -> str:
     return "sha256:" + hashlib.sha256(label + b"\0" + secret).hexdigest()
 
 
-def _recorded(factory: Any, name: str, value: str) -> str:
+def _recorded(factory: sessionmaker[Session], name: str, value: str) -> str:
     """The service's recorded ``name``: ``value`` if this node is the first to record it."""
     from certify.service.db import utcnow
 
@@ -124,7 +125,7 @@ def _recorded(factory: Any, name: str, value: str) -> str:
             return str(row.value)
 
 
-def _replace(factory: Any, name: str, value: str) -> None:
+def _replace(factory: sessionmaker[Session], name: str, value: str) -> None:
     from certify.service.db import utcnow
 
     with factory() as s:
@@ -141,7 +142,7 @@ _WHAT = {"sign_key": ("signing key", "--sign-key (or CERTIFY_SIGN_KEY)"),
          "secrets_key": ("secrets key", "--secrets-key (or CERTIFY_SECRETS_KEY)")}
 
 
-def _agree(factory: Any, name: str, mine: str, rotate: bool) -> None:
+def _agree(factory: sessionmaker[Session], name: str, mine: str, rotate: bool) -> None:
     theirs = _recorded(factory, name, mine)
     if theirs == mine:
         return
@@ -158,7 +159,8 @@ def _agree(factory: Any, name: str, mine: str, rotate: bool) -> None:
                           f"{what} on purpose, start one node with --new-identity")
 
 
-def load_identity(factory: Any, home: Path, sign_key: Path | None, passphrase: bytes | None,
+def load_identity(factory: sessionmaker[Session], home: Path, sign_key: Path | None,
+                  passphrase: bytes | None,
                   session_secret: Path | None, secrets_fingerprint: str | None,
                   rotate: bool = False) -> NodeIdentity:
     """This node's keys, checked against (or, first, recorded as) the service's."""

@@ -29,8 +29,10 @@ Each child
   ``/proc/PID/mem`` for processes of the same user);
 - gives its memory back when it exits, at the end of its run.
 
-The protocol is :class:`certify.service.forks.ForkLoop`'s, shared with the card verifier: one
-JSON job a line on the host's stdin, one JSON report a line on its stdout. The host reports
+The protocol is the fork protocol (:mod:`certify.service.forkproto`), shared with the card
+verifier: a job a line on the host's stdin, a report a line on its stdout; the host's loop is
+:class:`certify.service.forks.ForkLoop`, the worker's client :class:`forkproto.Server`. The
+host reports
 each child's pid when it forks it, and how it ended (``returncode`` as
 :class:`subprocess.Popen` says it: negative for a signal) when it reaps it, since the worker
 cannot wait for a grandchild. A host that exits, is killed, or does not take a job within
@@ -42,24 +44,23 @@ was killed does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
-import itertools
-import json
 import logging
 import os
 import resource
 import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from certify.service import forks
+from certify.service import forkproto, forks
 
 log = logging.getLogger("certify.service")
 
@@ -87,29 +88,65 @@ class HostBroken(RuntimeError):
 
 class JobProcess:
     """A run's child in a job host, as the worker sees it (:class:`subprocess.Popen`'s
-    ``pid``, ``returncode``, ``wait`` and ``poll``)."""
+    ``pid``, ``returncode``, ``wait``, ``poll`` and ``kill``).
 
-    def __init__(self, job_id: int, host: JobHost) -> None:
-        self.job_id, self.host = job_id, host
-        #: The child's pid, also its process group's id (None until the host forked it).
-        self.pid: int | None = None
-        #: As :attr:`subprocess.Popen.returncode`: the exit status, or minus the signal.
-        self.returncode: int | None = None
-        #: The host ended before it reported this child's end (the child died with it).
-        self.host_died = False
-        #: The host could not fork (the errno), e.g. out of memory or processes.
-        self.fork_error: int | None = None
-        #: CPU seconds and peak resident set (KB) of the ended child, from ``wait4``.
-        self.cpu_s, self.maxrss_kb = 0.0, 0
-        self._proc: subprocess.Popen[bytes] | None = None  # the host process it was sent to
-        self._started = threading.Event()
-        self._ended = threading.Event()
+    Made by :meth:`JobHost.run`, which sends the job: what the host reports of the child
+    (:class:`certify.service.forkproto.Child`) and what the kernel says of it (its pidfd) are
+    this object's own state, read through its properties and methods.
+    """
+
+    def __init__(self, server: forkproto.Server, folder: Path, memory_bytes: int,
+                 before: Callable[[], None] | None = None) -> None:
+        """Send the job in ``folder`` to the job host behind ``server`` (``before``: what is
+        sent beside its line, just before it)."""
         #: A pidfd of the child (Linux): readable once the child exits, whether or not its
         #: host reaps it and says so (a frozen host does neither).
         self._pidfd: int | None = None
+        self._child = server.send({"folder": str(folder), "memory_bytes": int(memory_bytes)},
+                                  on_started=self._watch_pid, before=before)
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid, also its process group's id (None until the host forked it)."""
+        return self._child.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """As :attr:`subprocess.Popen.returncode`: the exit status, or minus the signal
+        (None while it runs, or where its host died first)."""
+        ending = self._child.ending
+        return ending.returncode if isinstance(ending, forkproto.Ended) else None
+
+    @property
+    def host_died(self) -> bool:
+        """The host ended before it reported this child's end (the child died with it)."""
+        return self._child.lost
+
+    @property
+    def fork_error(self) -> int | None:
+        """The errno where the host could not fork (out of memory or processes)."""
+        ending = self._child.ending
+        return ending.errno if isinstance(ending, forkproto.ForkFailed) else None
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds of the ended child, from ``wait4`` (0 before it ended)."""
+        ending = self._child.ending
+        return ending.cpu_s if isinstance(ending, forkproto.Ended) else 0.0
+
+    @property
+    def maxrss_kb(self) -> int:
+        """Peak resident set (KB) of the ended child, from ``wait4`` (0 before it ended)."""
+        ending = self._child.ending
+        return ending.maxrss_kb if isinstance(ending, forkproto.Ended) else 0
+
+    @property
+    def ended(self) -> bool:
+        """Whether the child ended (or could not fork) or its host died."""
+        return self._child.done
 
     def _watch_pid(self, pid: int) -> None:
-        self.pid = pid
+        """The host forked the child (its report's reader thread calls this)."""
         with contextlib.suppress(OSError, AttributeError):  # no pidfd: the host's word only
             self._pidfd = os.pidfd_open(pid)
 
@@ -129,54 +166,52 @@ class JobProcess:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+    def wait_started(self, timeout: float) -> bool:
+        """Wait until the host forked the child (or could not, or died); whether it did
+        within ``timeout``."""
+        return self._child.wait_started(timeout)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the child ended (or its host died); whether it did within ``timeout``."""
-        return self._ended.wait(timeout)
+        return self._child.wait(timeout)
 
     def poll(self) -> int | None:
         """The return code if the child ended, else None."""
         return self.returncode
 
-    @property
-    def ended(self) -> bool:
-        """Whether the child ended or its host died."""
-        return self._ended.is_set()
-
     def kill(self) -> None:
         """SIGKILL the child's process group (everything the run started); nothing once the
         host reported the child's end (its pid may be another process's by then)."""
-        if self.pid is not None and self.returncode is None:
+        pid = self.pid
+        if pid is not None and self.returncode is None:
             try:
-                os.killpg(self.pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 # just forked: the child may not have made its own group yet
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(self.pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
 
-    def _lost(self) -> None:
-        self.host_died = True
-        self._started.set()
-        self._ended.set()
+    def kill_host(self, timeout: float) -> None:
+        """Kill the job host that forked this child (it stopped answering; the child dies
+        with it) and mark the child's host dead, when its end is seen or ``timeout`` later."""
+        self._child.server.kill(KILL_WAIT_S)
+        self._child.wait(timeout)
+        self._child.give_up("the job host was killed before it reported the child's end")
 
 
 class JobHost:
     """A worker slot's handle on its job host process, started (and restarted) from that
     slot's thread: the host's parent-death signal is tied to the thread that started it.
 
-    A reader thread turns the host's reports into each :class:`JobProcess`'s state; when the
-    host's stdout ends (it exited or was killed), every job it had not reported is marked
-    :attr:`JobProcess.host_died`.
+    The fork protocol's client (:class:`certify.service.forkproto.Server`) turns the host's
+    reports into each :class:`JobProcess`'s state; when the host's stdout ends (it exited or
+    was killed), every job it had not reported is marked :attr:`JobProcess.host_died`.
     """
 
     def __init__(self, name: str = "job-host") -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._ready = threading.Event()
-        self._pending: dict[int, JobProcess] = {}
-        self._ids = itertools.count(1)
-        #: The host's ready report (its pid, seconds of imports, threads) once it is ready.
-        self.info: dict[str, Any] = {}
+        self._server: forkproto.Server | None = None
         #: How many host processes this handle started (a replaced host adds one).
         self.started = 0
         self._sock: socket.socket | None = None
@@ -184,32 +219,35 @@ class JobHost:
     @property
     def pid(self) -> int | None:
         """The live host's pid (None before it starts or once it ended)."""
-        proc = self._proc
-        return None if proc is None or proc.poll() is not None else proc.pid
+        server = self._server
+        return server.pid if server is not None and server.alive else None
+
+    @property
+    def info(self) -> Mapping[str, forkproto.Scalar]:
+        """The host's ready report (its pid, seconds of imports, threads) once it is ready;
+        empty before."""
+        server = self._server
+        facts = None if server is None else server.facts
+        return {} if facts is None else {"pid": facts.pid, **facts.facts}
 
     def start(self) -> None:
         """Start the host if none is running (it imports in the background)."""
         with self._lock:
             self._ensure()
 
-    def _ensure(self) -> subprocess.Popen[bytes]:
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
+    def _ensure(self) -> forkproto.Server:
+        if self._server is not None and self._server.alive:
+            return self._server
         from certify.service.config import child_env
 
         forks.libc()  # loaded here: the host's preexec_fn may not load a library
-        self._ready.clear()
-        self.info = {}
         # the channel that carries each run's secret pipe (its read end) to the host
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            # stderr is the service's: a host's warnings and tracebacks go to its log
-            proc = subprocess.Popen([sys.executable, "-m", "certify.service.jobhost",
-                                     str(theirs.fileno())],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env=child_env(), close_fds=True,
-                                    pass_fds=(theirs.fileno(),),
-                                    preexec_fn=forks.die_with_parent)
+            server = forkproto.start(
+                [sys.executable, "-m", "certify.service.jobhost", str(theirs.fileno())],
+                self.name, child_env(), pass_fds=(theirs.fileno(),),
+                preexec_fn=forks.die_with_parent, on_ready=self._said_ready)
         except BaseException:
             ours.close()
             raise
@@ -218,56 +256,14 @@ class JobHost:
         if self._sock is not None:
             self._sock.close()
         self._sock = ours
-        self._proc = proc
+        self._server = server
         self.started += 1
-        threading.Thread(target=self._read, args=(proc,), name=f"certify-{self.name}",
-                         daemon=True).start()
-        return proc
+        return server
 
-    def _read(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if msg.get("ready"):
-                self.info = msg
-                self._ready.set()
-                log.info("%s: job host %d ready (imports %.1f s of CPU, %d thread(s))",
-                         self.name, msg.get("pid", 0), msg.get("import_s", 0.0),
-                         msg.get("threads", 0))
-                continue
-            with self._lock:
-                job = self._pending.get(int(msg.get("id", -1)))
-            if job is None:
-                continue
-            if "returncode" in msg:
-                with self._lock:
-                    self._pending.pop(job.job_id, None)
-                job.returncode = int(msg["returncode"])
-                job.cpu_s, job.maxrss_kb = float(msg.get("cpu_s", 0)), int(msg.get("maxrss_kb", 0))
-                job._ended.set()
-            elif "fork_error" in msg:
-                with self._lock:
-                    self._pending.pop(job.job_id, None)
-                job.fork_error = int(msg["fork_error"])
-                job._started.set()
-                job._ended.set()
-            elif "pid" in msg:
-                job._watch_pid(int(msg["pid"]))
-                job._started.set()
-        proc.stdout.close()
-        proc.wait()
-        with self._lock:
-            lost = [j for j in self._pending.values() if j.host is self and j._proc is proc]
-            for j in lost:
-                self._pending.pop(j.job_id, None)
-        if lost or proc.returncode not in (0, None):
-            log.warning("%s: job host %d ended (status %s) with %d job(s) running", self.name,
-                        proc.pid, proc.returncode, len(lost))
-        for j in lost:
-            j._lost()
+    def _said_ready(self, ready: forkproto.Ready) -> None:
+        facts = ready.facts
+        log.info("%s: job host %d ready (imports %.1f s of CPU, %d thread(s))", self.name,
+                 ready.pid, _number(facts.get("import_s")), _number(facts.get("threads")))
 
     def run(self, folder: Path, secret: str, memory_bytes: int,
             ack_timeout: float = ACK_TIMEOUT_S,
@@ -278,43 +274,36 @@ class JobHost:
         the host is killed), :class:`HostBroken` where it could not start at all, OSError
         where it could not fork."""
         with self._lock:
-            proc = self._ensure()
-            job = JobProcess(next(self._ids), self)
-            job._proc = proc
-            self._pending[job.job_id] = job
-            line = json.dumps({"id": job.job_id, "folder": str(folder),
-                               "memory_bytes": int(memory_bytes)})
+            server = self._ensure()
+            sock = self._sock
+            assert sock is not None
             read_end, write_end = os.pipe()
             try:
-                assert proc.stdin is not None and self._sock is not None
-                socket.send_fds(self._sock, [b"s"], [read_end])
-                proc.stdin.write(line.encode() + b"\n")
-                proc.stdin.flush()
-            except OSError as exc:
+                # the secret pipe's read end goes to the host just before the job's line
+                job = JobProcess(server, folder, memory_bytes,
+                                 before=lambda: _send_fd(sock, read_end))
+            except (OSError, ValueError) as exc:
                 os.close(write_end)
-                self._pending.pop(job.job_id, None)
-                self._kill(proc)
+                server.kill(KILL_WAIT_S)
                 raise HostDied(f"the job host did not take the job ({exc})") from None
             finally:
                 os.close(read_end)
         try:
-            return self._started_job(job, proc, write_end, secret, ack_timeout, abort)
+            return self._started_job(job, server, write_end, secret, ack_timeout, abort)
         finally:
             os.close(write_end)  # the child reads the secret to its end
 
-    def _started_job(self, job: JobProcess, proc: subprocess.Popen[bytes], write_end: int,
+    def _started_job(self, job: JobProcess, server: forkproto.Server, write_end: int,
                      secret: str, ack_timeout: float,
                      abort: threading.Event | None) -> JobProcess:
         """Wait until the host forked the job's child, then write the secret into the
         child's own pipe (never through the host)."""
-        allowance = ack_timeout + (0.0 if self._ready.is_set() else START_ALLOWANCE_S)
+        allowance = ack_timeout + (0.0 if server.ready.is_set() else START_ALLOWANCE_S)
         deadline = time.monotonic() + allowance
-        while not job._started.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+        while not job.wait_started(min(0.1, max(0.0, deadline - time.monotonic()))):
             aborted = abort is not None and abort.is_set()
             if aborted or time.monotonic() >= deadline:
-                with self._lock:
-                    self._pending.pop(job.job_id, None)
-                self._kill(proc)
+                server.kill(KILL_WAIT_S)
                 raise HostDied("the service is stopping" if aborted else
                                f"the job host did not start the job within {allowance:.0f} s;"
                                " it was replaced")
@@ -322,12 +311,11 @@ class JobHost:
             raise OSError(job.fork_error, f"the job host could not fork: "
                           f"{os.strerror(job.fork_error)}")
         if job.pid is None:  # the host ended before it forked
-            proc.wait()
-            if not self._ready.is_set() and proc.returncode is not None \
-                    and proc.returncode > 0:
+            returncode = server.proc.wait()
+            if not server.ready.is_set() and returncode > 0:
                 raise HostBroken(f"the worker's job host could not start (exit status "
-                                 f"{proc.returncode}; the service's log says why)")
-            raise HostDied(f"the job host ended (status {proc.returncode}) before it "
+                                 f"{returncode}; the service's log says why)")
+            raise HostDied(f"the job host ended (status {returncode}) before it "
                            "started the job")
         data = secret.encode("utf-8")
         with contextlib.suppress(BrokenPipeError):  # the child died before it read it
@@ -344,40 +332,32 @@ class JobHost:
             return
         log.warning("%s: job host did not report process %s within %.0f s; replacing it",
                     self.name, job.pid, timeout)
-        self._kill(job._proc)
-        job.wait(timeout)
-        if not job.ended:  # the reader never saw the end: say so here
-            job._lost()
-
-    def _kill(self, proc: subprocess.Popen[bytes] | None) -> None:
-        """Kill a host (its children die with it: parent-death signal)."""
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(KILL_WAIT_S)
+        job.kill_host(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the host: end of file on its stdin (it kills its children and exits), then
         SIGKILL if it has not exited within ``timeout``; a host still importing (it reads its
         stdin only once ready, and has no child yet) is killed at once."""
         with self._lock:
-            proc, self._proc = self._proc, None
+            server, self._server = self._server, None
             sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
-        if proc is None:
+        if server is None:
             return
-        if not self._ready.is_set():
-            self._kill(proc)
+        if not server.ready.is_set():
+            server.kill(KILL_WAIT_S)
             return
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._kill(proc)
+        server.close(timeout)
+
+
+def _send_fd(sock: socket.socket, fd: int) -> None:
+    """Send ``fd`` to the host over ``sock`` (``SCM_RIGHTS``)."""
+    socket.send_fds(sock, [b"s"], [fd])
+
+
+def _number(value: forkproto.Scalar) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 # --- the host's side --------------------------------------------------------------------
@@ -412,7 +392,7 @@ def preload() -> list[str]:
     return sorted({m.split(".")[0] for m in sys.modules if not m.startswith("_")})
 
 
-def _run_child(job: dict[str, Any], host_pid: int) -> int:
+def _run_child(job: forkproto.Job, secret_fd: int, host_pid: int) -> int:
     """The child's part: its own group, tied to the host, limited, logging to job.log; then
     the job process's own function. Returns the exit status."""
     os.setsid()
@@ -421,16 +401,16 @@ def _run_child(job: dict[str, Any], host_pid: int) -> int:
     forks.die_with_parent()
     if os.getppid() != host_pid:  # the host died before the signal was asked for
         return EXIT_BROKEN
-    folder = Path(job["folder"])
+    folder = Path(job.text("folder"))
     from certify.service.job import LOG_FILE, run_process
 
     fd = os.open(folder / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    memory = int(job["memory_bytes"])
+    memory = job.integer("memory_bytes")
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    with os.fdopen(job.pop("secret_fd"), "rb") as pipe:  # written by the worker
+    with os.fdopen(secret_fd, "rb") as pipe:  # written by the worker
         secret = pipe.read().decode("utf-8") or None
     try:
         return run_process(folder, secret)
@@ -443,11 +423,11 @@ def _run_child(job: dict[str, Any], host_pid: int) -> int:
         return 1
 
 
-def _child(job: dict[str, Any], host_pid: int) -> NoReturn:
+def _child(job: forkproto.Job, secret_fd: int, host_pid: int) -> NoReturn:
     """The forked child: run the job, then exit as an interpreter does (atexit handlers,
     threads joined, streams flushed); nothing may return into the host's loop."""
     try:
-        status = _run_child(job, host_pid)
+        status = _run_child(job, secret_fd, host_pid)
     except BaseException:  # noqa: BLE001 - a failure before the job could start
         with contextlib.suppress(BaseException):  # in job.log, or the service's log
             import traceback
@@ -460,14 +440,13 @@ def _child(job: dict[str, Any], host_pid: int) -> NoReturn:
 
 
 def serve() -> None:
-    """The host's loop: preload, then fork a child per job line and report its pid and its
-    end (:class:`certify.service.forks.ForkLoop`)."""
+    """The host's loop: preload, then fork a child per job (:func:`_start`); the loop
+    (:class:`certify.service.forks.ForkLoop`) reports each child's pid and its end."""
     # the worker ends this process (end of file on stdin), not a Ctrl-C sent to the group
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # no core file and no /proc/PID/mem for the host or its children (fork keeps both)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    with contextlib.suppress(OSError, AttributeError):
-        forks.libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    forks.prctl(_PR_SET_DUMPABLE, 0)
     secrets = socket.socket(fileno=int(sys.argv[1])) if len(sys.argv) > 1 else None
     # reports go on a private copy of stdout; what a library prints goes to stderr
     out = os.fdopen(os.dup(1), "wb")
@@ -483,8 +462,17 @@ def serve() -> None:
     imported = time.process_time() - began
     host_pid = os.getpid()
     loop = forks.ForkLoop(0, out)
-    # one fork before the first job: libraries whose pools stop at fork (OpenBLAS) stop now,
-    # and the thread count in the ready report is the one every child is forked with
+    threads = _fork_once(loop, host_pid)
+    loop.report(forkproto.Ready(host_pid, {
+        "import_s": round(imported, 3), "threads": threads, "packages": len(packages),
+        "torch": "torch" in packages, "onnxruntime": "onnxruntime" in packages}))
+    loop.run(functools.partial(_start, loop, secrets, host_pid), kill=_kill_group)
+
+
+def _fork_once(loop: forks.ForkLoop, host_pid: int) -> int:
+    """One fork before the first job: libraries whose pools stop at fork (OpenBLAS) stop now,
+    and the thread count returned (for the ready report) is the one every child is forked
+    with."""
     gc.freeze()
     pid = loop.fork()
     if pid == 0:
@@ -494,50 +482,41 @@ def serve() -> None:
     if threads > 1:
         sys.stderr.write(f"certify job host {host_pid}: {threads} threads before forking; "
                          "an import started a thread pool\n")
-    running: dict[int, int] = {}  # pid -> job id
+    return threads
 
-    def start(job: dict[str, Any]) -> int | None:
-        # the read end of the run's secret pipe, sent before its job line
-        if secrets is None:
-            raise RuntimeError("the job host has no channel for secrets")
+
+def _start(loop: forks.ForkLoop, secrets: socket.socket | None, host_pid: int,
+           job: forkproto.Job) -> forks.Forked:
+    """Fork ``job``'s child, handing it the read end of the run's secret pipe, which the
+    worker sent over ``secrets`` just before the job's line."""
+    if secrets is None:
+        raise RuntimeError("the job host has no channel for secrets")
+    try:
         _, fds, _, _ = socket.recv_fds(secrets, 1, 1)
-        if len(fds) != 1:
-            raise RuntimeError("the job host got a job without its secret pipe")
-        job["secret_fd"] = fds[0]
-        gc.freeze()
-        try:
-            pid = loop.fork()
-        except OSError as exc:
-            os.close(fds[0])
-            loop.report({"id": job["id"], "fork_error": exc.errno})
-            return None
-        if pid == 0:
-            with contextlib.suppress(OSError):
-                secrets.close()
-            _child(job, host_pid)
+    except OSError as exc:  # the channel broke: this host can take no job (it exits)
+        raise RuntimeError(f"the job host's channel for secrets failed: {exc}") from None
+    if len(fds) != 1:
+        raise RuntimeError("the job host got a job without its secret pipe")
+    gc.freeze()
+    try:
+        pid = loop.fork()
+    except OSError:
         os.close(fds[0])
-        running[pid] = job["id"]
-        loop.report({"id": job["id"], "pid": pid})
-        return pid
+        raise  # the loop reports the fork's failure
+    if pid == 0:
+        with contextlib.suppress(OSError):
+            secrets.close()
+        _child(job, fds[0], host_pid)
+    os.close(fds[0])
+    return forks.Forked(pid)
 
-    def reap(pid: int, status: int, usage: Any) -> None:
-        jid = running.pop(pid, None)
-        if jid is not None:
-            loop.report({"id": jid, "pid": pid,
-                         "returncode": os.waitstatus_to_exitcode(status),
-                         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
-                         "maxrss_kb": usage.ru_maxrss})
 
-    def kill(pid: int) -> None:  # the child's whole group: what its run started too
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-    loop.report({"ready": True, "pid": host_pid, "import_s": round(imported, 3),
-                 "threads": threads, "packages": len(packages),
-                 "torch": "torch" in packages, "onnxruntime": "onnxruntime" in packages})
-    loop.run(start, reap, kill=kill)
+def _kill_group(pid: int) -> None:
+    """SIGKILL a child's whole group: what its run started too."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def main() -> int:

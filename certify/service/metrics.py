@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from certify.service.db import DONE, ERROR, FINAL_STATES, QUEUED, RUNNING, Run, Worker, db_now
+
+if TYPE_CHECKING:
+    from certify.service.store import Store
 
 #: Upper bounds (seconds) of the run-duration histogram's buckets.
 DURATION_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
@@ -56,15 +61,15 @@ class Counters:
 class CountResponses:
     """ASGI middleware: every HTTP response's status class into :class:`Counters`."""
 
-    def __init__(self, app: Any, counters: Counters) -> None:
+    def __init__(self, app: ASGIApp, counters: Counters) -> None:
         self.app, self.counters = app, counters
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: D102
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: D102
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def counted(message: Any) -> None:
+        async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self.counters.response(int(message["status"]))
             await send(message)
@@ -76,7 +81,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def exposition(factory: Any, counters: Counters, store: Any = None) -> str:
+def exposition(factory: sessionmaker[Session], counters: Counters,
+               store: Store | None = None) -> str:
     """The metrics document; with ``store``, one probe of it gives the store's latency."""
     lines: list[str] = []
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,6 +30,7 @@ from certify.service.db import (
     Run,
     Token,
     Worker,
+    changed_rows,
     db_now,
     utcnow,
 )
@@ -38,7 +38,7 @@ from certify.service.runids import new_run_id
 
 #: Called inside the insert's transaction before the row is added: it may lock rows, check
 #: limits (raising to refuse: the transaction is rolled back) and return the fields to insert.
-Admit = Callable[[Session, dict[str, Any]], dict[str, Any]]
+Admit = Callable[[Session, dict[str, object]], dict[str, object]]
 
 _listeners: list[Callable[[], None]] = []
 _listeners_lock = threading.Lock()
@@ -68,7 +68,7 @@ def notify_enqueued() -> None:
 
 
 def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = None,
-            **fields: Any) -> Run:
+            **fields: object) -> Run:
     """Insert a queued run (``fields`` are Run columns); returns it with its id and order.
 
     ``admit`` runs first in the same transaction, and again on each retry: whatever it checked
@@ -95,7 +95,7 @@ def enqueue(session: Session, admit: Admit | None = None, run_id: str | None = N
     raise RuntimeError("could not allocate a run number after 20 tries")
 
 
-def _claimable(now: dt.datetime, device: str | None = None) -> Any:
+def _claimable(now: dt.datetime, device: str | None = None) -> ColumnElement[bool]:
     """Queued runs, and running ones whose lease expired; with ``device``, only those a
     worker with that device may run: a run that asked for none, or for that device. A run's
     first claim pins it to its worker's device (:func:`claim`), so that a resumed run goes on
@@ -144,7 +144,7 @@ def _claim_order(s: Session, now: dt.datetime, limit: int = 8, device: str | Non
     return [rid for _key, rid in keyed[:limit]]
 
 
-def claim(factory: sessionmaker[Any], owner: str, lease_s: float, device: str | None = None
+def claim(factory: sessionmaker[Session], owner: str, lease_s: float, device: str | None = None
           ) -> Run | None:
     """Take the next run in the fair order (:func:`_claim_order`) that a worker with
     ``device`` may run (None: any): a queued one, or a running one whose lease expired; None
@@ -158,36 +158,37 @@ def claim(factory: sessionmaker[Any], owner: str, lease_s: float, device: str | 
                           error="cancelled while its server was down"))
         s.commit()
         for rid in _claim_order(s, now, device=device):
-            res = s.execute(update(Run).where(Run.id == rid, _claimable(now, device),
-                                              Run.cancel_requested.is_(False))
-                            .values(state=RUNNING, lease_owner=owner, attempts=Run.attempts + 1,
-                                    device=func.coalesce(Run.device, device),
-                                    lease_expires=now + dt.timedelta(seconds=lease_s),
-                                    updated=now))
+            taken = changed_rows(s, update(Run).where(Run.id == rid, _claimable(now, device),
+                                                      Run.cancel_requested.is_(False))
+                                 .values(state=RUNNING, lease_owner=owner,
+                                         attempts=Run.attempts + 1,
+                                         device=func.coalesce(Run.device, device),
+                                         lease_expires=now + dt.timedelta(seconds=lease_s),
+                                         updated=now))
             s.commit()
-            if res.rowcount == 1:
+            if taken == 1:
                 return s.get(Run, rid, populate_existing=True)
         return None
 
 
-def heartbeat(factory: sessionmaker[Any], run_id: str, owner: str, lease_s: float,
-              progress: dict[str, Any] | None = None) -> tuple[bool, bool]:
+def heartbeat(factory: sessionmaker[Session], run_id: str, owner: str, lease_s: float,
+              progress: dict[str, object] | None = None) -> tuple[bool, bool]:
     """Renew the lease (and store progress); returns (still held, cancel requested)."""
     with factory() as s:
         now = db_now(s)
-        values: dict[str, Any] = {"lease_expires": now + dt.timedelta(seconds=lease_s),
+        values: dict[str, object] = {"lease_expires": now + dt.timedelta(seconds=lease_s),
                                   "updated": now}
         if progress is not None:
             values["progress"] = progress
-        res = s.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner,
-                                          Run.state == RUNNING).values(**values))
+        held = changed_rows(s, update(Run).where(Run.id == run_id, Run.lease_owner == owner,
+                                                 Run.state == RUNNING).values(**values))
         s.commit()
         cancel = bool(s.scalar(select(Run.cancel_requested).where(Run.id == run_id)))
-        return res.rowcount == 1, cancel
+        return held == 1, cancel
 
 
-def finish(factory: sessionmaker[Any], run_id: str, owner: str, charge: int = 0,
-           **values: Any) -> bool:
+def finish(factory: sessionmaker[Session], run_id: str, owner: str, charge: int = 0,
+           **values: object) -> bool:
     """Move a run this owner holds to a final state; False if the lease was lost.
 
     ``charge`` model queries are added to the run's token's spent queries in the same
@@ -195,11 +196,10 @@ def finish(factory: sessionmaker[Any], run_id: str, owner: str, charge: int = 0,
     a submission admitted meanwhile never sees that budget twice.
     """
     with factory() as s:
-        res = s.execute(update(Run).where(Run.id == run_id, Run.lease_owner == owner,
-                                          Run.state == RUNNING)
-                        .values(lease_owner=None, lease_expires=None, updated=db_now(s),
-                                **values))
-        held = res.rowcount == 1
+        held = changed_rows(s, update(Run).where(Run.id == run_id, Run.lease_owner == owner,
+                                                 Run.state == RUNNING)
+                            .values(lease_owner=None, lease_expires=None, updated=db_now(s),
+                                    **values)) == 1
         if held and charge:
             token_id = s.scalar(select(Run.token_id).where(Run.id == run_id))
             if token_id is not None:
@@ -215,10 +215,9 @@ def request_cancel(session: Session, run_id: str) -> str:
     Returns the run's state after the request.
     """
     now = utcnow()
-    res = session.execute(update(Run).where(Run.id == run_id, Run.state == QUEUED)
-                          .values(state=CANCELLED, cancel_requested=True, updated=now,
-                                  error="cancelled before it started"))
-    if res.rowcount == 0:  # type: ignore[attr-defined]
+    if not changed_rows(session, update(Run).where(Run.id == run_id, Run.state == QUEUED)
+                        .values(state=CANCELLED, cancel_requested=True, updated=now,
+                                error="cancelled before it started")):
         session.execute(update(Run).where(Run.id == run_id, Run.state == RUNNING)
                         .values(cancel_requested=True, updated=now))
     session.commit()
@@ -229,7 +228,7 @@ def request_cancel(session: Session, run_id: str) -> str:
 WORKER_FORGOTTEN = dt.timedelta(hours=1)
 
 
-def worker_heartbeat(factory: sessionmaker[Any], worker_id: str, host: str, device: str,
+def worker_heartbeat(factory: sessionmaker[Session], worker_id: str, host: str, device: str,
                      slots: int, running: int) -> None:
     """Record that worker ``worker_id`` is alive (its slots, and the runs it holds), on the
     database's clock; the first heartbeat registers it. Workers silent for
@@ -237,15 +236,15 @@ def worker_heartbeat(factory: sessionmaker[Any], worker_id: str, host: str, devi
     with factory() as s:
         now = db_now(s)
         s.execute(delete(Worker).where(Worker.last_seen < now - WORKER_FORGOTTEN))
-        res = s.execute(update(Worker).where(Worker.id == worker_id)
-                        .values(last_seen=now, running=running, slots=slots, device=device))
-        if res.rowcount == 0:
+        if not changed_rows(s, update(Worker).where(Worker.id == worker_id)
+                            .values(last_seen=now, running=running, slots=slots,
+                                    device=device)):
             s.add(Worker(id=worker_id, host=host[:200], device=device, started=now,
                          last_seen=now, slots=slots, running=running))
         s.commit()
 
 
-def worker_gone(factory: sessionmaker[Any], worker_id: str) -> None:
+def worker_gone(factory: sessionmaker[Session], worker_id: str) -> None:
     """Remove a worker that stopped cleanly (a killed one ages out of ``/metrics``)."""
     with factory() as s:
         s.execute(delete(Worker).where(Worker.id == worker_id))

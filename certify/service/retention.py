@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from certify.service.db import QUEUED, RUNNING, Run, Upload, utcnow
+
+if TYPE_CHECKING:
+    from certify.service.store import Store
 
 log = logging.getLogger("certify.service")
 
 
-def in_use(factory: Any, digest: str, token_id: int | None = None) -> bool:
+def in_use(factory: sessionmaker[Session], digest: str, token_id: int | None = None) -> bool:
     """Whether a queued or running run (of ``token_id``, when given) uses the upload
     ``digest``. Asked per token, another token's runs never show through."""
     q = select(Run.options).where(Run.state.in_((QUEUED, RUNNING)))
@@ -32,7 +36,8 @@ def in_use(factory: Any, digest: str, token_id: int | None = None) -> bool:
     return False
 
 
-def delete_upload(factory: Any, store: Any, digest: str, token_id: int | None = None) -> bool:
+def delete_upload(factory: sessionmaker[Session], store: Store, digest: str,
+                  token_id: int | None = None) -> bool:
     """Delete ``token_id``'s record of an upload (``None``: every token's), and, with the
     upload's last record, the stored file and what was made from it; False if a live run (of
     that token) uses it."""
@@ -66,7 +71,7 @@ def delete_upload(factory: Any, store: Any, digest: str, token_id: int | None = 
     return True
 
 
-def expire(factory: Any, store: Any) -> int:
+def expire(factory: sessionmaker[Session], store: Store) -> int:
     """Delete upload records whose retention period ended; returns how many went."""
     with factory() as s:
         due = list(s.execute(select(Upload.digest, Upload.token_id)

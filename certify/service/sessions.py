@@ -21,9 +21,9 @@ import hashlib
 import hmac
 import re
 import secrets
-from typing import Any
 
 from sqlalchemy import delete
+from sqlalchemy.orm import Session, sessionmaker
 
 from certify.service.db import WebSession, utcnow
 
@@ -40,7 +40,7 @@ def _mac(key: bytes, data: bytes) -> str:
     return base64.urlsafe_b64encode(hmac.new(key, data, hashlib.sha256).digest()).decode()
 
 
-def new_session(factory: Any, token_id: int, lifetime_s: int = SESSION_S) -> str:
+def new_session(factory: sessionmaker[Session], token_id: int, lifetime_s: int = SESSION_S) -> str:
     """Start a session for a logged-in token; returns the cookie's value (shown only here).
     Expired sessions are swept on the way."""
     value = secrets.token_urlsafe(32)
@@ -53,7 +53,7 @@ def new_session(factory: Any, token_id: int, lifetime_s: int = SESSION_S) -> str
     return value
 
 
-def session_token(session: Any, value: str) -> int | None:
+def session_token(session: Session, value: str) -> int | None:
     """The token id of a live session (``session`` is a database session); None for an
     unknown, ended or expired one. The caller still checks the token itself."""
     if not _COOKIE.match(value):
@@ -64,7 +64,7 @@ def session_token(session: Any, value: str) -> int | None:
     return int(row.token_id)
 
 
-def end_session(factory: Any, value: str | None) -> None:
+def end_session(factory: sessionmaker[Session], value: str | None) -> None:
     """Log out: delete the session's row (nothing for an unknown one)."""
     if not value or not _COOKIE.match(value):
         return

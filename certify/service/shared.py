@@ -10,19 +10,30 @@ import logging
 import re
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
-from fastapi import HTTPException, Request, Response, UploadFile
-from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker
+from fastapi import HTTPException, Request, Response
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.datastructures import UploadFile
 
 from certify.service import auth
 from certify.service.config import ServeConfig
 from certify.service.db import Run, Token, utcnow
 from certify.service.runids import is_run_id
+
+if TYPE_CHECKING:
+    from certify.service.metrics import Counters
+    from certify.service.ratelimit import RateLimiter
+    from certify.service.secrets import SecretBox
+    from certify.service.store import Store
+    from certify.service.tlog import TransparencyLog
+    from certify.service.uploads import Limits
+    from certify.service.verify_sandbox import Gate
+    from certify.service.workers import WorkerPool
 
 log = logging.getLogger("certify.service")
 
@@ -38,24 +49,24 @@ class Services:
     """What the routes share: configuration, database, store, log, keys, workers."""
 
     cfg: ServeConfig
-    factory: sessionmaker[Any]
-    store: Any  # certify.service.store.Store
-    tlog: Any  # certify.service.tlog.TransparencyLog
-    secrets: Any  # certify.service.secrets.SecretBox | None
+    factory: sessionmaker[Session]
+    store: Store
+    tlog: TransparencyLog
+    secrets: SecretBox | None
     public_pem: bytes
     session_key: bytes
-    limits: Any  # certify.service.uploads.Limits
+    limits: Limits
     #: node-local folder where uploads are spooled while their submission is checked
     spool_dir: Path = Path("/nonexistent")
-    workers: Any = None  # certify.service.workers.WorkerPool
+    workers: WorkerPool | None = None
     #: set when the service begins to shut down (see :func:`begin_shutdown`)
     stopping: threading.Event = field(default_factory=threading.Event)
     #: uploads an hour per token (``--token-uploads-per-hour``; refused ones count too)
-    upload_limiter: Any = None  # certify.service.ratelimit.RateLimiter
+    upload_limiter: RateLimiter | None = None
     #: what ``GET /metrics`` counts in this process
-    counters: Any = None  # certify.service.metrics.Counters
+    counters: Counters | None = None
     #: card verifications at once (``--verify-concurrency``), made at the first one
-    verify_gate: Any = None  # certify.service.verify_sandbox.Gate
+    verify_gate: Gate | None = None
 
 
 def begin_shutdown(svc: Services) -> None:
@@ -116,13 +127,13 @@ def require(role: str) -> Callable[[Request], auth.Principal]:
 
 # --- runs ---------------------------------------------------------------------------------
 
-def run_json(run: Run) -> dict[str, Any]:
+def run_json(run: Run) -> dict[str, object]:
     """A run as the API shows it (never its secret)."""
     links = {"self": f"{API}/runs/{run.id}", "events": f"{API}/runs/{run.id}/events"}
     if run.state == "done":
         written = (run.progress or {}).get("files")  # absent: a run from before it was kept
         links.update({name: f"{API}/runs/{run.id}/{name}" for name in ARTEFACTS
-                      if written is None or name in written})
+                      if not isinstance(written, list) or name in written})
     return {
         "id": run.id, "state": run.state, "model": run.model_name, "model_kind": run.model_kind,
         "suite": run.suite_name, "dataset": run.dataset if not run.dataset.startswith("store:")
@@ -137,7 +148,7 @@ def run_json(run: Run) -> dict[str, Any]:
 
 # --- tenants ------------------------------------------------------------------------------
 # A token sees its own runs, runs made public, and (as an admin) every run; a run is changed
-# (cancelled, shared) by its owner or an admin. Any other run answers exactly as a missing one
+# (cancelled, shared) by its owner or an admin. Every other run answers exactly as a missing one
 # does: its id reveals nothing. Share links read a run's files without a token.
 
 def owns(who: auth.Principal, run: Run) -> bool:
@@ -151,7 +162,7 @@ def can_read(who: auth.Principal, run: Run) -> bool:
 
 
 def runs_query(who: auth.Principal, model: str | None, suite: str | None,
-               verdict: str | None, state: str | None = None) -> Any:
+               verdict: str | None, state: str | None = None) -> Select[Run]:
     """``who``'s runs (an admin's: every run) filtered by model name (substring), suite,
     verdict and state (API and UI). Others' public runs are read by id, not listed."""
     q = select(Run)
@@ -274,7 +285,7 @@ def artefact_response(svc: Services, run: Run, name: str) -> Response:
         raise HTTPException(503, "the service's store did not answer; retry",
                             headers={"Retry-After": "5"}) from None
 
-    def body() -> Any:
+    def body() -> Iterator[bytes]:
         yield first
         yield from chunks
 
@@ -300,7 +311,22 @@ def set_public(svc: Services, run_id: str, public: bool) -> Run:
         return run
 
 
-def new_share_link(svc: Services, run_id: str, who: auth.Principal) -> dict[str, Any]:
+class NewLink(TypedDict):
+    """A share link just made: its id (to revoke it), its secret path, when."""
+
+    id: int
+    path: str
+    created: str
+
+
+class LinkInfo(TypedDict):
+    """A share link as it is listed (its secret is not kept)."""
+
+    id: int
+    created: str
+
+
+def new_share_link(svc: Services, run_id: str, who: auth.Principal) -> NewLink:
     """A new share link of a run: its id (to revoke it) and its secret path (shown only
     here; only the secret's sha256 is kept)."""
     import hashlib
@@ -314,16 +340,16 @@ def new_share_link(svc: Services, run_id: str, who: auth.Principal) -> dict[str,
                          created=utcnow(), token_id=who.token_id)
         s.add(link)
         s.commit()
-        return {"id": link.id, "path": f"/shared/{secret}",
-                "created": link.created.isoformat() + "Z"}
+        return NewLink(id=link.id, path=f"/shared/{secret}",
+                       created=link.created.isoformat() + "Z")
 
 
-def share_links(svc: Services, run_id: str) -> list[dict[str, Any]]:
+def share_links(svc: Services, run_id: str) -> list[LinkInfo]:
     """A run's share links (ids and dates; their secrets are not kept)."""
     from certify.service.db import ShareLink
 
     with svc.factory() as s:
-        return [{"id": x.id, "created": x.created.isoformat() + "Z"} for x in s.scalars(
+        return [LinkInfo(id=x.id, created=x.created.isoformat() + "Z") for x in s.scalars(
             select(ShareLink).where(ShareLink.run_id == run_id).order_by(ShareLink.id))]
 
 
@@ -331,19 +357,19 @@ def revoke_share_links(svc: Services, run_id: str, link_id: int | None = None) -
     """Revoke one share link of a run, or all of them; how many went."""
     from sqlalchemy import delete
 
-    from certify.service.db import ShareLink
+    from certify.service.db import ShareLink, changed_rows
 
     q = delete(ShareLink).where(ShareLink.run_id == run_id)
     if link_id is not None:
         q = q.where(ShareLink.id == link_id)
     with svc.factory() as s:
-        n = s.execute(q).rowcount
+        n = changed_rows(s, q)
         s.commit()
-    return int(n or 0)
+    return n
 
 
 async def verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
-                        ) -> dict[str, Any]:
+                        ) -> dict[str, object]:
     """Verify an uploaded card (and detached signature) against the service's key.
 
     The card is verified in a child process with fixed limits, behind a concurrency limit
@@ -357,7 +383,9 @@ async def verify_upload(svc: Services, file: UploadFile, signature: UploadFile |
             svc.counters.verification("refused")
         raise
     if svc.counters is not None:
-        svc.counters.verification(out.get("state") or ("valid" if out["valid"] else "invalid"))
+        state = out.get("state")
+        svc.counters.verification(str(state) if state else
+                                  "valid" if out["valid"] else "invalid")
     return out
 
 
@@ -377,7 +405,7 @@ def upload_name(filename: str | None) -> str:
 
 
 async def _verify_upload(svc: Services, file: UploadFile, signature: UploadFile | None
-                         ) -> dict[str, Any]:
+                         ) -> dict[str, object]:
     import asyncio
     import shutil
     import time
@@ -448,7 +476,7 @@ def _stage(svc: Services, file: UploadFile, signature: UploadFile | None, inbox:
         copy_limited(signature, inbox / f"{name}.sig", 2**20)
 
 
-def _answer(folder: Path) -> dict[str, Any] | None:
+def _answer(folder: Path) -> dict[str, object] | None:
     """The child's answer, or None where it wrote none (its limits ended it)."""
     import json
 
@@ -485,12 +513,13 @@ def _no_paths(text: str, folder: Path) -> str:
 VERIFY_STATES = ("valid", "visible_not_checked", "invalid")
 
 
-def _valid_answer(svc: Services, answer: dict[str, Any]) -> dict[str, Any]:
+def _valid_answer(svc: Services, answer: dict[str, object]) -> dict[str, object]:
     """The answer for a card whose signature and payload check out, with where the
     transparency log has it: ``valid`` only where its visible layer was compared too."""
     from certify.service.tlog import statement_digest
 
-    signed = answer.get("signed") or {}
+    signed = answer.get("signed")
+    signed = signed if isinstance(signed, dict) else {}
     digest = statement_digest(signed)
     index = svc.tlog.lookup(digest)
     run_id = answer.get("run_id")

@@ -15,26 +15,57 @@ import contextlib
 import datetime as dt
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-from fastapi import HTTPException, UploadFile
+from fastapi import HTTPException
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
+from starlette.datastructures import UploadFile
 
 from certify.errors import CertifyError
 from certify.model_card import model_card_from
 from certify.redact import has_credentials, redact
 from certify.service import auth
-from certify.service.db import QUEUED, RUNNING, Run, Token, Upload, utcnow
+from certify.service.db import QUEUED, RUNNING, Run, RunOptions, Token, Upload, utcnow
 from certify.service.runids import new_run_id
+from certify.service.shared import Services
+from certify.service.store import Spooled
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a submission asks for (the API's form fields, or the web UI's): the model (its
+    uploaded ``.onnx`` files, or an endpoint with its secret and the header it goes in), the
+    suite (a packaged name or an uploaded YAML), the dataset (a registered name or an uploaded
+    ``.npz``), a reference and an endpoint's surrogate model, the run's size, seed and device,
+    and the model card's fields."""
+
+    model: list[UploadFile] = field(default_factory=list)
+    endpoint: str | None = None
+    endpoint_secret: str | None = None
+    endpoint_header: str = "Authorization"
+    model_version: str | None = None
+    suite: str | None = None
+    suite_file: UploadFile | None = None
+    dataset: str | None = None
+    dataset_file: UploadFile | None = None
+    reference: UploadFile | None = None
+    surrogate: UploadFile | None = None
+    samples: int | None = None
+    seed: int | None = None
+    card: dict[str, str | None] = field(default_factory=dict)
+    device: str | None = None
 
 
 def _hex(digest: str) -> str:
     return digest.split(":", 1)[1]
 
 
-def _place(svc: Any, spooled: Any, key: str) -> None:
+def _place(svc: Services, spooled: Spooled, key: str) -> None:
     """Store a spooled upload again under the key the service names it by (a suite's
     ``.yaml``, a dataset's ``.npz``); content-addressed, so an object already there is it."""
     if svc.store.size(key) == spooled.size:
@@ -93,7 +124,7 @@ def token_limits(s: Session, token_id: int) -> int | None:
     return left
 
 
-def admit(s: Session, fields: dict[str, Any]) -> dict[str, Any]:
+def admit(s: Session, fields: dict[str, object]) -> dict[str, object]:
     """The token's limits, checked again inside the transaction that inserts its run
     (:func:`certify.service.queue.enqueue`): the check and the insert are one step.
 
@@ -102,18 +133,20 @@ def admit(s: Session, fields: dict[str, Any]) -> dict[str, Any]:
     each counts the runs the ones before it committed. The run holds the budget left now (the
     early check's figure may be stale).
     """
-    token_id = fields["token_id"]
+    token_id, options = fields["token_id"], fields["options"]
+    if not isinstance(token_id, int) or not isinstance(options, dict):
+        raise TypeError("a run's fields name its token and its options")
     s.execute(update(Token).where(Token.id == token_id)
               .values(max_concurrent=Token.max_concurrent))
     budget = token_limits(s, token_id)
-    return {**fields, "options": {**fields["options"], "query_budget": budget}}
+    return {**fields, "options": {**options, "query_budget": budget}}
 
 
 class _Submission:
     """Collects what a submission stored: each upload is recorded when it is stored, kept for
     the retention period once the submission is accepted, and deleted if it is refused."""
 
-    def __init__(self, svc: Any, who: auth.Principal) -> None:
+    def __init__(self, svc: Services, who: auth.Principal) -> None:
         self.svc, self.who = svc, who
         #: digest -> (kind, size, store paths made from it)
         self.uploads: dict[str, tuple[str, int, list[str]]] = {}
@@ -122,7 +155,7 @@ class _Submission:
         #: node-local spooled copies of the uploads (the static checks read them)
         self.spooled: list[Path] = []
 
-    def put(self, upload: UploadFile, limit: int, kind: str) -> Any:
+    def put(self, upload: UploadFile, limit: int, kind: str) -> Spooled:
         from certify.service.store import spool_upload
 
         self._quota_before()
@@ -139,7 +172,9 @@ class _Submission:
         from certify.service.ratelimit import retry_after
 
         limiter = self.svc.upload_limiter
-        wait = limiter.take(f"token:{self.who.token_id}") if limiter is not None else 0.0
+        if limiter is None:
+            return
+        wait = limiter.take(f"token:{self.who.token_id}")
         if wait:
             raise HTTPException(429, f"this token sent more uploads in the last hour than the "
                                      f"service's limit of {limiter.per_minute}; retry later",
@@ -305,14 +340,13 @@ class _Submission:
         raise HTTPException(503, "the upload could not be recorded; retry")
 
 
-def _check(svc: Any, who: auth.Principal, then: Callable[[dict[str, Any]], Any] | None = None,
-           **kw: Any) -> Any:
+def _check(svc: Services, who: auth.Principal, req: RunRequest,
+           then: Callable[[dict[str, object]], _T]) -> _T:
     """The submission's static checks, then ``then`` of the Run fields (the insert); a
     refused submission's uploads are deleted, whether the checks or the insert refused it."""
     sub = _Submission(svc, who)
     try:
-        fields = _check_with(sub, svc, who, **kw)
-        return fields if then is None else then(fields)
+        return then(_check_with(sub, svc, who, req))
     except BaseException:
         sub.sweep()
         raise
@@ -320,83 +354,86 @@ def _check(svc: Any, who: auth.Principal, then: Callable[[dict[str, Any]], Any] 
         sub.cleanup()
 
 
-def _check_with(sub: _Submission, svc: Any, who: auth.Principal, model: list[UploadFile],
-                endpoint: str | None, endpoint_secret: str | None, endpoint_header: str,
-                model_version: str | None, suite: str | None, suite_file: UploadFile | None,
-                dataset: str | None, dataset_file: UploadFile | None,
-                reference: UploadFile | None, samples: int | None, seed: int | None,
-                surrogate: UploadFile | None = None,
-                card: dict[str, str | None] | None = None,
-                device: str | None = None) -> dict[str, Any]:
-    from certify.service.endpoints import EndpointRefused, check_endpoint
-
+def _check_with(sub: _Submission, svc: Services, who: auth.Principal, req: RunRequest
+                ) -> dict[str, object]:
+    """The Run fields of ``req``, once every static check passed (HTTPException else)."""
     budget = sub.limits_for_token()
-    if samples is not None and samples > svc.cfg.max_samples:
-        raise HTTPException(422, f"samples {samples} is over this service's limit of "
+    if req.samples is not None and req.samples > svc.cfg.max_samples:
+        raise HTTPException(422, f"samples {req.samples} is over this service's limit of "
                                  f"{svc.cfg.max_samples}")
-    if bool(model) == bool(endpoint):
+    if bool(req.model) == bool(req.endpoint):
         raise HTTPException(422, "give a model: upload its .onnx file(s) (model) or name an "
                                  "endpoint URL (endpoint), not both")
-    suite_ref, suite_name = sub.suite(suite, suite_file)
-    dataset_ref = sub.dataset(dataset, dataset_file)
-    options: dict[str, Any] = {"samples": samples, "seed": seed, "query_budget": budget}
+    suite_ref, suite_name = sub.suite(req.suite, req.suite_file)
+    dataset_ref = sub.dataset(req.dataset, req.dataset_file)
+    options = RunOptions(samples=req.samples, seed=req.seed, query_budget=budget)
     try:
-        stated = model_card_from(**(card or {}))
+        stated = model_card_from(**req.card)
     except CertifyError as exc:
         raise HTTPException(422, str(exc)) from None
     if stated is not None:
         options["model_card"] = stated.model_dump(exclude_none=True)
-    if endpoint:
-        try:
-            check_endpoint(endpoint, tuple(svc.cfg.allow_endpoints))
-        except EndpointRefused as exc:
-            raise HTTPException(422, f"endpoint refused: {exc}") from None
-        if (endpoint_secret or has_credentials(endpoint)) and svc.secrets is None:
-            raise HTTPException(422, "this service stores no endpoint secrets (a header "
-                                     "secret, or a credential in the URL): its operator has "
-                                     "not given it a secrets key (--secrets-key)")
-        if not endpoint_header or any(c in endpoint_header for c in "\r\n:"):
-            raise HTTPException(422, "endpoint_header must be a plain header name")
-        options["http"] = {"auth_header": endpoint_header, "version": model_version}
+    if req.endpoint:
+        _check_endpoint(svc, req)
+        options["http"] = {"auth_header": req.endpoint_header, "version": req.model_version}
         # a credential in the URL is kept encrypted with the run, like a header secret
-        kind, ref, name = "http", redact(endpoint), redact(endpoint)
+        kind, ref, name = "http", redact(req.endpoint), redact(req.endpoint)
     else:
         kind = "onnx"
-        ref, name = sub.onnx(model)
-    if device not in (None, "", "auto", "cpu", "cuda"):
-        raise HTTPException(422, f"device must be auto, cpu or cuda, not {str(device)[:20]!r}")
-    if surrogate is not None and not endpoint:
+        ref, name = sub.onnx(req.model)
+    if req.device not in (None, "", "auto", "cpu", "cuda"):
+        raise HTTPException(422, f"device must be auto, cpu or cuda, not "
+                                 f"{str(req.device)[:20]!r}")
+    if req.surrogate is not None and not req.endpoint:
         raise HTTPException(422, "a surrogate is for endpoints: an uploaded model is attacked "
                                  "through its own graph")
-    if reference is not None:
-        options["reference"], _ = sub.onnx([reference])
-    if surrogate is not None:
-        options["surrogate"], _ = sub.onnx([surrogate])
+    if req.reference is not None:
+        options["reference"], _ = sub.onnx([req.reference])
+    if req.surrogate is not None:
+        options["surrogate"], _ = sub.onnx([req.surrogate])
     options["uploads"] = sorted(sub.uploads)
     sub.record_uploads()
     return {"token_id": who.token_id, "model_kind": kind, "model_ref": ref,
             "model_name": name[:300], "suite": suite_ref, "suite_name": suite_name,
             "dataset": dataset_ref, "options": options,
             # a run that asks for a GPU waits for a worker that has one
-            "device": device if device in ("cpu", "cuda") else None}
+            "device": req.device if req.device in ("cpu", "cuda") else None}
 
 
-async def validate_submission(svc: Any, who: auth.Principal, **kw: Any) -> dict[str, Any]:
-    """Check a submission statically; the Run fields to enqueue (HTTPException otherwise)."""
-    return dict(await _checked(svc, who, None, **kw))
+def _check_endpoint(svc: Services, req: RunRequest) -> None:
+    """An endpoint's URL on the allow-list, its secret storable, its header a plain name."""
+    from certify.service.endpoints import EndpointRefused, check_endpoint
 
-
-async def _checked(svc: Any, who: auth.Principal, then: Callable[[dict[str, Any]], Any] | None,
-                   **kw: Any) -> Any:
+    assert req.endpoint is not None
     try:
-        return await asyncio.to_thread(_check, svc, who, then, **kw)
+        check_endpoint(req.endpoint, tuple(svc.cfg.allow_endpoints))
+    except EndpointRefused as exc:
+        raise HTTPException(422, f"endpoint refused: {exc}") from None
+    if (req.endpoint_secret or has_credentials(req.endpoint)) and svc.secrets is None:
+        raise HTTPException(422, "this service stores no endpoint secrets (a header "
+                                 "secret, or a credential in the URL): its operator has "
+                                 "not given it a secrets key (--secrets-key)")
+    if not req.endpoint_header or any(c in req.endpoint_header for c in "\r\n:"):
+        raise HTTPException(422, "endpoint_header must be a plain header name")
+
+
+async def validate_submission(svc: Services, who: auth.Principal, req: RunRequest
+                              ) -> dict[str, object]:
+    """Check a submission statically; the Run fields to enqueue (HTTPException otherwise)."""
+    return await _checked(svc, who, req, dict)
+
+
+async def _checked(svc: Services, who: auth.Principal, req: RunRequest,
+                   then: Callable[[dict[str, object]], _T]) -> _T:
+    try:
+        return await asyncio.to_thread(_check, svc, who, req, then)
     except CertifyError as exc:
         status = int(getattr(exc, "status", 422))
         detail = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
         raise HTTPException(status, detail) from None
 
 
-async def accept_submission(svc: Any, who: auth.Principal, **kw: Any) -> Any:
+async def accept_submission(svc: Services, who: auth.Principal, req: RunRequest) -> Run:
     """Check a submission and queue it (its endpoint secret encrypted); returns the Run.
 
     The token's limits are checked twice: early, as a fast refusal before any upload is read,
@@ -407,14 +444,15 @@ async def accept_submission(svc: Any, who: auth.Principal, **kw: Any) -> Any:
     from certify.service import queue
     from certify.service.secrets import pack
 
-    header, url = kw.get("endpoint_secret"), kw.get("endpoint")
+    header, url = req.endpoint_secret, req.endpoint
     url = url if url and has_credentials(url) else None
 
-    def enqueue(fields: dict[str, Any]) -> Any:
+    def enqueue(fields: dict[str, object]) -> Run:
         run_id = new_run_id()
         if header or url:
+            assert svc.secrets is not None  # checked: a secret needs the secrets key
             fields = {**fields, "secret_enc": svc.secrets.encrypt(pack(header, url), run_id)}
         with svc.factory() as s:
             return queue.enqueue(s, admit=admit, run_id=run_id, **fields)
 
-    return await _checked(svc, who, enqueue, **kw)
+    return await _checked(svc, who, req, enqueue)

@@ -20,30 +20,32 @@ given back when it exits. Forking a child costs tens of milliseconds where a fre
 per card would pay those seconds of imports each time (``benchmarks/verify_load.py`` measures
 both).
 
-The protocol is one JSON object a line: jobs on the verifier's stdin, outcomes on its stdout.
-When the service process ends, the verifier reads end-of-file, kills its children and exits.
-The loop is :class:`certify.service.forks.ForkLoop`, which the service's job hosts
-(:mod:`certify.service.jobhost`) share.
+The verifier speaks the fork protocol (:mod:`certify.service.forkproto`, which the service's
+job hosts speak too): a job on its stdin per card, a report on its stdout as each child starts
+and ends (:func:`outcome_of` reads how). When the service process ends, the verifier reads
+end-of-file, kills its children and exits. Its loop is
+:class:`certify.service.forks.ForkLoop`, which the job hosts (:mod:`certify.service.jobhost`)
+share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import math
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO
+
+from certify.service import forkproto
 
 #: The child's answer, written beside the folder holding the upload.
 ANSWER = "answer.json"
@@ -100,116 +102,92 @@ class VerifierUnavailable(RuntimeError):
 class Verifier:
     """The service process's handle on its verifier process (started on first use).
 
-    Thread-safe: jobs may be submitted from any thread or event loop; a reader thread resolves
-    each job's future from the verifier's report.
+    Thread-safe: jobs may be submitted from any thread or event loop; the fork protocol's
+    client (:class:`certify.service.forkproto.Server`) resolves each job from the verifier's
+    reports.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        #: job id -> (the verifier process it was sent to, its future)
-        self._pending: dict[int, tuple[subprocess.Popen[bytes], Future[Outcome]]] = {}
-        self._ids = itertools.count(1)
-        self._ready = threading.Event()
+        self._server: forkproto.Server | None = None
 
     @property
     def pid(self) -> int | None:
         """The verifier's process id (None before the first verification)."""
-        proc = self._proc
-        return None if proc is None or proc.poll() is not None else proc.pid
+        server = self._server
+        return server.pid if server is not None and server.alive else None
 
-    def _start(self) -> subprocess.Popen[bytes]:
+    def _start(self) -> forkproto.Server:
         from certify.service.config import child_env
 
         env = child_env()  # a verification never needs the node's keys or credentials
         # one thread per library: the verifier forks, and a child has no use for thread pools
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")
-        proc = subprocess.Popen([sys.executable, "-m", "certify.service.verify_sandbox"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                close_fds=True)
-        self._ready.clear()
-        threading.Thread(target=self._read, args=(proc,), name="certify-verifier-reader",
-                         daemon=True).start()
-        return proc
-
-    def _read(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if msg.get("ready"):
-                self._ready.set()
-                continue
-            with self._lock:
-                entry = self._pending.pop(int(msg.get("id", -1)), None)
-            if entry is not None and not entry[1].done():
-                entry[1].set_result(Outcome(str(msg["how"]), int(msg.get("maxrss_kb", 0)),
-                                            float(msg.get("cpu_s", 0.0)),
-                                            int(msg.get("code", 0))))
-        proc.wait()
-        with self._lock:
-            if self._proc is proc:
-                self._proc = None
-            lost = [jid for jid, (p, _) in self._pending.items() if p is proc]
-            futures = [self._pending.pop(jid)[1] for jid in lost]
-        for fut in futures:
-            if not fut.done():
-                fut.set_exception(VerifierUnavailable(
-                    f"the verifier process ended (status {proc.returncode})"))
+        return forkproto.start([sys.executable, "-m", "certify.service.verify_sandbox"],
+                               "verifier", env)
 
     def submit(self, folder: Path, name: str, public_pem: bytes, limits: Limits
-               ) -> Future[Outcome]:
-        """Ask for ``folder/in/name`` to be verified; the future holds how the child ended."""
-        fut: Future[Outcome] = Future()
-        job = {"folder": str(folder), "name": name, "key": public_pem.decode("ascii"),
-               "memory_mb": limits.memory_mb, "timeout_s": limits.timeout_s,
-               "max_inflated_bytes": limits.max_inflated_bytes}
+               ) -> forkproto.Child:
+        """Ask for ``folder/in/name`` to be verified; the child's future says how it ended
+        (:func:`outcome_of`)."""
+        job: dict[str, forkproto.Scalar] = {
+            "folder": str(folder), "name": name, "key": public_pem.decode("ascii"),
+            "memory_mb": limits.memory_mb, "timeout_s": limits.timeout_s,
+            "max_inflated_bytes": limits.max_inflated_bytes}
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
-            job["id"] = jid = next(self._ids)
-            self._pending[jid] = (self._proc, fut)
-            assert self._proc.stdin is not None
-            try:
-                self._proc.stdin.write(json.dumps(job).encode() + b"\n")
-                self._proc.stdin.flush()
-            except OSError as exc:
-                self._pending.pop(jid, None)
-                raise VerifierUnavailable(f"cannot reach the verifier: {exc}") from None
-        return fut
+            if self._server is None or not self._server.alive:
+                self._server = self._start()
+            server = self._server
+        try:
+            return server.send(job)
+        except (OSError, ValueError) as exc:
+            raise VerifierUnavailable(f"cannot reach the verifier: {exc}") from None
 
     async def run(self, folder: Path, name: str, public_pem: bytes, limits: Limits) -> Outcome:
         """Verify ``folder/in/name`` in a child; wait for it without holding a thread."""
-        fut = self.submit(folder, name, public_pem, limits)
+        child = self.submit(folder, name, public_pem, limits)
         # the verifier enforces the limit; this bound only catches a verifier that hangs
-        grace = limits.timeout_s + 15.0 + (0.0 if self._ready.is_set() else START_ALLOWANCE_S)
+        ready = child.server.ready.is_set()
+        grace = limits.timeout_s + 15.0 + (0.0 if ready else START_ALLOWANCE_S)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), grace)
+            ending = await asyncio.wait_for(asyncio.wrap_future(child.future), grace)
         except asyncio.TimeoutError:
             self.restart()
             raise VerifierUnavailable("the verifier did not answer in time") from None
+        except forkproto.ServerLost as exc:
+            raise VerifierUnavailable(str(exc)) from None
+        return outcome_of(ending)
 
     def restart(self) -> None:
         """Kill the verifier and its children; the next job starts a new one."""
         with self._lock:
-            proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()  # its children die with it (parent-death signal)
+            server, self._server = self._server, None
+        if server is not None and server.alive:
+            server.proc.kill()  # its children die with it (parent-death signal)
 
     def close(self) -> None:
         """Stop the verifier: end of file on its stdin; it kills its children and exits."""
         with self._lock:
-            proc, self._proc = self._proc, None
-        if proc is not None and proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            server, self._server = self._server, None
+        if server is not None:
+            server.close(10.0)
+
+
+def outcome_of(ending: forkproto.Ending) -> Outcome:
+    """How a verification child ended, from the verifier's report: ``answered`` (exit 0),
+    ``memory`` (its allocation failed at the limit), ``time`` (killed at its deadline, or its
+    CPU limit's SIGXCPU), ``signal`` (another signal), ``failed`` (any other status, or no
+    fork)."""
+    if isinstance(ending, forkproto.ForkFailed):
+        return Outcome("failed", code=ending.errno)
+    if ending.returncode < 0:
+        code = -ending.returncode
+        how = "time" if ending.overdue or code == signal.SIGXCPU else "signal"
+    else:
+        code = ending.returncode
+        how = {0: "answered", EXIT_MEMORY: "memory"}.get(code, "failed")
+    return Outcome(how, ending.maxrss_kb, ending.cpu_s, code)
 
 
 _VERIFIER: Verifier | None = None
@@ -239,7 +217,7 @@ class Gate:
         self._sem: asyncio.Semaphore | None = None
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> Any:
+    async def slot(self) -> AsyncIterator[None]:
         """Hold one slot; raise :class:`Busy` when none frees within ``wait_s``."""
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.slots)
@@ -300,13 +278,13 @@ def _vm_bytes() -> int:
     return 0
 
 
-def _limit_self(job: dict[str, Any]) -> None:
+def _limit_self(memory_mb: int, timeout_s: float) -> None:
     import resource
 
     os.nice(10)
-    cap = _vm_bytes() + int(job["memory_mb"]) * 2**20
+    cap = _vm_bytes() + memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    cpu = max(1, math.ceil(float(job["timeout_s"])))
+    cpu = max(1, math.ceil(timeout_s))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     # the child writes one small answer (libraries may write a font cache): nothing a card
     # does may fill the disk; a write past the limit fails (EFBIG) instead of killing it
@@ -314,7 +292,7 @@ def _limit_self(job: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_WRITE_BYTES, MAX_WRITE_BYTES))
 
 
-def answer_for(path: Path, key_pem: bytes, max_inflated_bytes: int) -> dict[str, Any]:
+def answer_for(path: Path, key_pem: bytes, max_inflated_bytes: int) -> dict[str, object]:
     """Verify ``path`` (relative: messages name the file, not a folder) and say what the API
     answers of it: valid or not, why, and what a valid card states."""
     import dataclasses
@@ -326,7 +304,7 @@ def answer_for(path: Path, key_pem: bytes, max_inflated_bytes: int) -> dict[str,
     from certify.report.sign import fingerprint, verify_file
 
     key = serialization.load_pem_public_key(key_pem)
-    kw: dict[str, Any] = {}
+    kw: dict[str, int] = {}
     if "max_inflated_bytes" in inspect.signature(verify_file).parameters:
         kw["max_inflated_bytes"] = max_inflated_bytes
     try:
@@ -344,7 +322,7 @@ def answer_for(path: Path, key_pem: bytes, max_inflated_bytes: int) -> dict[str,
         return {"valid": False, "reason": f"{path}: the card could not be read "
                 f"({type(exc).__name__})", "hint": "is it a card certify wrote?",
                 "service_key": fingerprint(key)}  # type: ignore[arg-type]
-    out: dict[str, Any] = {"valid": True, "key_fingerprint": v.signature.key_fingerprint,
+    out: dict[str, object] = {"valid": True, "key_fingerprint": v.signature.key_fingerprint,
                            "signed": v.signature.signed, "visible": v.visible,
                            "model": None, "suite": None, "verdict": None, "checks": {},
                            "run_id": None}
@@ -371,7 +349,7 @@ def answer_for(path: Path, key_pem: bytes, max_inflated_bytes: int) -> dict[str,
 _SKIP = object()
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """``value`` as JSON (scalars, sequences of them, dataclasses of them), else ``_SKIP``."""
     import dataclasses
 
@@ -386,7 +364,7 @@ def _plain(value: Any) -> Any:
     return _SKIP
 
 
-def _child(job: dict[str, Any]) -> None:
+def _child(job: forkproto.Job) -> None:
     """The forked child: limit itself, verify, write the answer; never returns."""
     from certify.service.forks import die_with_parent
 
@@ -405,18 +383,19 @@ def _child(job: dict[str, Any]) -> None:
         import warnings
 
         warnings.simplefilter("ignore")
-        _limit_self(job)
-        folder = Path(job["folder"])
+        _limit_self(job.integer("memory_mb"), job.number("timeout_s"))
+        folder = Path(job.text("folder"))
+        name = job.text("name")
         os.chdir(folder / INBOX)
         try:
-            answer = answer_for(Path(job["name"]), job["key"].encode("ascii"),
-                                int(job["max_inflated_bytes"]))
+            answer = answer_for(Path(name), job.text("key").encode("ascii"),
+                                job.integer("max_inflated_bytes"))
             data = json.dumps(answer).encode()
         except MemoryError:
             status = EXIT_MEMORY
             raise
         if len(data) > MAX_ANSWER_BYTES - 1:
-            data = json.dumps({"valid": False, "reason": f"{job['name']}: the card states more "
+            data = json.dumps({"valid": False, "reason": f"{name}: the card states more "
                                "than this service reports", "hint": "do not trust this card"}
                               ).encode()
         tmp = folder / (ANSWER + ".part")
@@ -429,24 +408,10 @@ def _child(job: dict[str, Any]) -> None:
         os._exit(status)
 
 
-def _ended(status: int, timed_out: bool) -> tuple[str, int]:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if timed_out or sig == signal.SIGXCPU:
-            return "time", sig
-        return "signal", sig
-    code = os.WEXITSTATUS(status)
-    if code == 0:
-        return "answered", 0
-    if code == EXIT_MEMORY:
-        return "memory", code
-    return "failed", code
-
-
-def serve(stdin: Any = None, stdout: Any = None) -> None:
-    """The verifier's loop (:class:`certify.service.forks.ForkLoop`): fork a child per job
-    line, kill it at its deadline, report how it ended."""
-    from certify.service.forks import ForkLoop
+def serve(stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None) -> None:
+    """The verifier's loop (:class:`certify.service.forks.ForkLoop`): fork a child per job,
+    kill it at its deadline; the loop reports how each ended."""
+    from certify.service.forks import Forked, ForkLoop
 
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout.buffer
@@ -454,41 +419,16 @@ def serve(stdin: Any = None, stdout: Any = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _preload()
     loop = ForkLoop(stdin.fileno(), stdout)
-    #: pid -> [job id, deadline, killed for time]
-    running: dict[int, list[Any]] = {}
 
-    def start(job: dict[str, Any]) -> int | None:
-        try:
-            pid = loop.fork()
-        except OSError as exc:
-            loop.report({"id": job["id"], "how": "failed", "code": exc.errno})
-            return None
+    def start(job: forkproto.Job) -> Forked:
+        deadline = time.monotonic() + job.number("timeout_s")
+        pid = loop.fork()
         if pid == 0:
             _child(job)
-        running[pid] = [job["id"], time.monotonic() + float(job["timeout_s"]), False]
-        return pid
+        return Forked(pid, deadline)
 
-    def reap(pid: int, status: int, usage: Any) -> None:
-        entry = running.pop(pid, None)
-        if entry is None:
-            return
-        how, code = _ended(status, entry[2])
-        loop.report({"id": entry[0], "pid": pid, "how": how, "code": code,
-                     "maxrss_kb": usage.ru_maxrss,
-                     "cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
-
-    def tick(now: float) -> float | None:
-        for pid, entry in running.items():
-            if not entry[2] and now >= entry[1]:
-                entry[2] = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        # a child killed for time is waited for at a short tick, not at its past deadline
-        # (which would spin this loop until the kernel reaps it)
-        return min((now + 0.05 if r[2] else r[1] for r in running.values()), default=None)
-
-    loop.report({"ready": True, "pid": os.getpid()})
-    loop.run(start, reap, tick)
+    loop.report(forkproto.Ready(os.getpid()))
+    loop.run(start)
 
 
 def main() -> int:

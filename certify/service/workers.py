@@ -25,17 +25,18 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from certify.errors import EXIT_INTERNAL, EXIT_INTERRUPTED
 from certify.rundir import RECORDS_FILE, RUN_FILE
 from certify.service import job, queue
 from certify.service.config import ServeConfig
-from certify.service.db import CANCELLED, DONE, ERROR, QUEUED, RUNNING, Run, utcnow
+from certify.service.db import CANCELLED, DONE, ERROR, QUEUED, RUNNING, Run, RunOptions, utcnow
 from certify.service.jobhost import HostBroken, HostDied, JobHost, JobProcess
 from certify.service.private import make_private_dir
 from certify.service.store import (
@@ -47,6 +48,10 @@ from certify.service.store import (
     read_bytes,
     run_prefix,
 )
+
+if TYPE_CHECKING:
+    from certify.service.secrets import SecretBox
+    from certify.service.tlog import TransparencyLog
 
 log = logging.getLogger("certify.service")
 
@@ -194,7 +199,7 @@ class RecordSegments:
 def input_keys(run: Run) -> list[str]:
     """The store keys (or key prefixes, ending in ``/``) a run reads: its model's folder, its
     uploaded suite and dataset, its reference and surrogate models' folders."""
-    opts = dict(run.options or {})
+    opts: RunOptions = run.options or {}
     keys = []
     for ref in (run.model_ref if run.model_kind == "onnx" else None, opts.get("reference"),
                 opts.get("surrogate")):
@@ -206,10 +211,10 @@ def input_keys(run: Run) -> list[str]:
     return keys
 
 
-def job_spec(run: Run, cfg: ServeConfig, inputs: Path) -> dict[str, Any]:
+def job_spec(run: Run, cfg: ServeConfig, inputs: Path) -> dict[str, object]:
     """The job.json of a run: everything its process needs, no secret. ``inputs`` is the
     node-local folder the run's inputs (:func:`input_keys`) were copied into, by key."""
-    opts = dict(run.options or {})
+    opts: RunOptions = run.options or {}
     if run.model_kind == "onnx":
         model = str(inputs / run.model_ref)
     else:
@@ -302,8 +307,8 @@ class WorkerPool:
     write their records and cards to, the shared store.
     """
 
-    def __init__(self, cfg: ServeConfig, factory: sessionmaker[Any], store: Any, tlog: Any,
-                 secrets: Any) -> None:
+    def __init__(self, cfg: ServeConfig, factory: sessionmaker[Session], store: Store,
+                 tlog: TransparencyLog, secrets: SecretBox | None) -> None:
         self.cfg, self.factory, self.store, self.tlog, self.secrets = (
             cfg, factory, store, tlog, secrets)
         # at most 58 characters: the lease_owner and workers.id columns hold 64
@@ -313,7 +318,7 @@ class WorkerPool:
         #: set when a run may be claimable (one was submitted here or put back): idle slots
         #: claim at once
         self._wake = threading.Event()
-        self._unlisten: Any = None
+        self._unlisten: Callable[[], None] | None = None
         self._threads: list[threading.Thread] = []
         self._procs: dict[str, JobProcess] = {}
         self._lock = threading.Lock()
@@ -449,11 +454,11 @@ class WorkerPool:
                 self._end(run.id, state=ERROR, exit_code=EXIT_INTERNAL,
                           error=f"internal error in the service: {type(exc).__name__}")
 
-    def _end(self, run_id: str, **values: Any) -> None:
+    def _end(self, run_id: str, **values: object) -> None:
         """Record a run's end; a database that is away is logged (the lease then expires
         and the run is taken up again), never the end of this worker."""
         try:
-            queue.finish(self.factory, run_id, self.owner, **values)
+            queue.finish(self.factory, run_id, self.owner, charge=0, **values)
         except Exception:  # noqa: BLE001
             log.exception("run %s: its end could not be recorded", run_id)
 
@@ -498,7 +503,8 @@ class WorkerPool:
         spec = job_spec(run, self.cfg, inputs)
         (folder / job.JOB_FILE).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         secret = ""
-        if run.secret_enc is not None:
+        # (a run with a secret was refused above where this worker has no secrets key)
+        if run.secret_enc is not None and self.secrets is not None:
             secret = self.secrets.decrypt(run.secret_enc, run.id)
         log.info("run %s: starting (attempt %d)", run.id, run.attempts)
         try:
@@ -547,7 +553,7 @@ class WorkerPool:
         self._record_outcome(run, returncode, folder, segments, lease)
 
     def _watch(self, run: Run, proc: JobProcess, host: JobHost, segments: RecordSegments,
-               lease: _Lease) -> dict[str, Any] | None:
+               lease: _Lease) -> dict[str, object] | None:
         """Wait for the process (its end is heard at once), sending its new records to the
         store (:class:`RecordSegments`) and checking its lease, cancellation and time limit
         every second; the final values if it had to be killed."""
@@ -569,7 +575,7 @@ class WorkerPool:
                     segments.poll()
                 except StoreError as exc:  # kept locally; sent at the next poll
                     log.warning("run %s: records not yet in the store: %s", run.id, exc)
-            reason: dict[str, Any] | None = None
+            reason: dict[str, object] | None = None
             if self._stop.is_set():
                 reason = {}
             elif not lease.held:
@@ -620,15 +626,19 @@ class WorkerPool:
         if not lease.beat():  # another worker has the run now: it publishes, not this one
             raise _Abandoned
         segments.publish()  # the card, results and signature, before the run is done
-        index = self.tlog.append(sig["signed"], run.id)
+        signed = sig.get("signed")
+        if not isinstance(signed, dict):
+            raise RuntimeError("the finished run's signature states nothing")
+        index = self.tlog.append(signed, run.id)
         progress["checks"] = outcome.get("checks", {})
         if "files" in outcome:  # the run page and API link only what was written
             progress["files"] = outcome["files"]
         # the queries are charged as the run stops holding its budget (one transaction)
+        queries = outcome.get("queries", 0)
         held = queue.finish(self.factory, run.id, self.owner, state=DONE,
                             verdict=outcome["verdict"], exit_code=outcome["exit_code"],
                             log_index=index, progress=progress,
-                            charge=int(outcome.get("queries", 0)))
+                            charge=int(queries) if isinstance(queries, int | float) else 0)
         if held:
             segments.cleanup()
         log.info("run %s: %s (log entry %d)", run.id, outcome["verdict"], index)
@@ -638,11 +648,14 @@ class _Abandoned(Exception):
     """The run was given up by this worker (server stopping, lease lost): no final state."""
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> dict[str, object] | None:
+    """The JSON object in ``path`` (a run's progress, outcome or signature), or None where
+    there is none (not written, not JSON, not an object)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def worker_device(choice: str = "auto") -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import PlainTextResponse
@@ -14,6 +14,15 @@ from certify.service.tlog import TransparencyLog
 #: Log indices and sizes: what a database integer holds (a larger number is refused with 422).
 Index = Annotated[int, Path(ge=0, le=2**63 - 1)]
 Size = Annotated[int, Query(ge=0, le=2**63 - 1)]
+_Doc = TypeVar("_Doc")
+
+
+def _guard(fn: Callable[[], _Doc], status: int = 404) -> _Doc:
+    """``fn()``, its :class:`LogError` answered with ``status``."""
+    try:
+        return fn()
+    except LogError as exc:
+        raise HTTPException(status, exc.message) from None
 
 
 def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes,
@@ -22,34 +31,28 @@ def log_router(get_log: Callable[[], TransparencyLog], public_pem: bytes,
     ``/certificate``."""
     r = APIRouter(tags=["transparency log"])
 
-    def guard(fn: Callable[[], dict[str, Any]], status: int = 404) -> dict[str, Any]:
-        try:
-            return fn()
-        except LogError as exc:
-            raise HTTPException(status, exc.message) from None
-
     @r.get("/log")
-    def tree_head() -> dict[str, Any]:
+    def tree_head() -> Mapping[str, object]:
         """The latest signed tree head."""
         return get_log().tree_head()
 
     @r.get("/log/entries/{n}")
-    def entry(n: Index) -> dict[str, Any]:
+    def entry(n: Index) -> Mapping[str, object]:
         """One entry: its leaf hash and the statement it logs."""
-        return guard(lambda: get_log().entry(n))
+        return _guard(lambda: get_log().entry(n))
 
     @r.get("/log/proof/inclusion")
-    def inclusion(index: Size, tree_size: Size) -> dict[str, Any]:
+    def inclusion(index: Size, tree_size: Size) -> Mapping[str, object]:
         """The audit path of an entry in a tree of the given size."""
-        return guard(lambda: get_log().inclusion(index, tree_size), 400)
+        return _guard(lambda: get_log().inclusion(index, tree_size), 400)
 
     @r.get("/log/proof/consistency")
-    def consistency(first: Size, second: Size) -> dict[str, Any]:
+    def consistency(first: Size, second: Size) -> Mapping[str, object]:
         """Proof that the tree of size ``first`` is a prefix of the tree of size ``second``."""
-        return guard(lambda: get_log().consistency(first, second), 400)
+        return _guard(lambda: get_log().consistency(first, second), 400)
 
     @r.get("/log/lookup")
-    def lookup(statement_digest: str) -> dict[str, Any]:
+    def lookup(statement_digest: str) -> Mapping[str, object]:
         """The index of the entry logging a statement digest."""
         idx = get_log().lookup(statement_digest)
         if idx is None:
