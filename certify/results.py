@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
@@ -55,6 +56,21 @@ Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "WARN", "ERROR", "INFO", "SKIPP
 
 Interval = tuple[float | None, float | None]
 
+#: How a threshold decides: ``interval`` (PASS only when the metric's whole 95% interval meets
+#: it, FAIL only when the whole interval misses it, else INCONCLUSIVE) or ``point`` (the point
+#: estimate alone decides, as before issue 17). A suite sets it at the top level (default
+#: ``interval``) and a check may override it; the results record the rule that decided.
+DecisionRule = Literal["interval", "point"]
+#: How the card states each decision rule (shown once near the summary).
+DECISION_RULE_TEXT: dict[DecisionRule, str] = {
+    "interval": ("a threshold PASSes only when the metric's whole 95% interval meets it and "
+                 "FAILs only when the whole interval misses it; an interval across the "
+                 "threshold is INCONCLUSIVE (not a pass), with the sample size that would "
+                 "decide it at the observed value; a metric without an interval is decided on "
+                 "its point estimate"),
+    "point": "a threshold compares the metric's point estimate; its interval is not used",
+}
+
 
 class SchemaError(CertifyError):
     """A results document that does not follow certify's schema (exit 1)."""
@@ -73,7 +89,7 @@ class ThresholdDoc(_Strict):
     min: float | None
     max: float | None
     text: str
-    rule: Literal["interval", "point"] = Field(
+    rule: DecisionRule = Field(
         "point", description="how it decided: on the metric's 95% interval or its point "
         "estimate (results written before the interval rule have none: point)")
 
@@ -212,7 +228,7 @@ class SuiteDoc(_Strict):
     name: str
     digest: str
     description: str
-    decision: Literal["interval", "point"] = Field(
+    decision: DecisionRule = Field(
         "point", description="the suite's decision rule for thresholds (checks may override)")
     release_tolerance: float | None = Field(
         None, ge=0, le=100, description="the largest drop a release may take per gating row "
@@ -462,6 +478,18 @@ class RunResult(BaseModel):
     def checks(self) -> list[CheckResult]:
         """The typed check results, in suite order."""
         return list(self.measurement.checks)
+
+
+def verdict_statuses(checks: Sequence[CheckResult], worst: Sequence[WorstCase]
+                     ) -> list[Status]:
+    """The statuses the run's verdict is made of: each check's, except that an attack row
+    summarised by a threat model's headline row counts through that row (the attack rows are
+    its evidence); an errored attack row still counts itself.
+
+    The engine decides the verdict from these; the card counts them, from the signed rows."""
+    grouped = {i for w in worst for i in w.attacks}
+    own: list[Status] = [c.status for c in checks if c.id not in grouped or c.status == "ERROR"]
+    return own + [w.status for w in worst]
 
 
 def _known_kinds(doc: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import yaml
 
@@ -29,24 +29,11 @@ from certify.errors import SuiteError
 from certify.models.base import ModelInfo, Preprocessing
 from certify.norms import Norm
 from certify.params import REQUIRED, Param, Params
-from certify.results import DEFAULT_RELEASE_TOLERANCE
+from certify.results import DEFAULT_RELEASE_TOLERANCE, DecisionRule
 from certify.validation import plain_data, plain_keys
 
-#: How a threshold decides: ``interval`` (PASS only when the metric's whole 95% interval meets
-#: it, FAIL only when the whole interval misses it, else INCONCLUSIVE) or ``point`` (the point
-#: estimate alone decides, as before issue 17). A suite sets it at the top level (default
-#: ``interval``) and a check may override it.
-DecisionRule = Literal["interval", "point"]
+#: The decision rules' names (:data:`certify.results.DecisionRule`).
 DECISION_RULES: tuple[str, ...] = get_args(DecisionRule)
-#: How the card states each decision rule (shown once near the summary).
-DECISION_RULE_TEXT = {
-    "interval": ("a threshold PASSes only when the metric's whole 95% interval meets it and "
-                 "FAILs only when the whole interval misses it; an interval across the "
-                 "threshold is INCONCLUSIVE (not a pass), with the sample size that would "
-                 "decide it at the observed value; a metric without an interval is decided on "
-                 "its point estimate"),
-    "point": "a threshold compares the metric's point estimate; its interval is not used",
-}
 
 #: The largest seed (what every random generator certify seeds accepts).
 MAX_SEED = 2**63 - 1

@@ -204,6 +204,26 @@ def run_cli_process(*args: str | Path, timeout: float = 300, env: dict[str, str]
                                                 **_log_state(env), **(env or {})})
 
 
+def loaded_after(argvs: list[list[str]], heavy: tuple[str, ...],
+                 env: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """Run each ``certify`` argv in turn in one fresh interpreter; the ``heavy`` modules loaded
+    after them, and the output (which says after each command what was loaded by then).
+    ``env`` is added to this process's environment for the interpreter."""
+    code = ("import sys, json\nfrom certify.cli import main\n"
+            f"heavy = {heavy!r}\n"
+            f"for args in {argvs!r}:\n"
+            "    try:\n        main(args)\n    except SystemExit as e:\n"
+            "        print('EXIT', args[0], e.code)\n"
+            "    print('AFTER', ' '.join(args[:2]), sorted(m for m in heavy if m in sys.modules))\n"
+            "print('LOADED', json.dumps(sorted(m for m in heavy if m in sys.modules)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **_log_state(env), **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("LOADED "), proc.stdout
+    return json.loads(last.removeprefix("LOADED ")), proc.stdout + proc.stderr
+
+
 _LOG_STATES: list[Path] = []
 
 

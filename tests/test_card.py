@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -322,6 +323,37 @@ def test_model_signing_bundle(demo_card, keys, tmp_path):
         f.write(b"\0")
     bad = builders.run_cli("verify-bundle", out, "--signature", sig, "--pubkey", keys[1])
     assert bad.returncode == 1 and "standard.onnx" in bad.stderr
+
+
+def test_rendering_the_card_loads_no_check_attack_or_engine_module(demo_run):
+    """Issue 65: the report reads only signed results. In a fresh interpreter, importing
+    certify.report.card and rendering the demo's card (every kind's section, the glance, the
+    findings) gives card.html byte for byte and loads no module of the checks, the attacks,
+    the engine, the model adapters, the suite, the data or the perturbations, nor torch,
+    onnxruntime, kornia or WeasyPrint. (The card once loaded 12 check and 8 attack modules
+    through the engine's verdict rule.)"""
+    watched = ("certify.checks", "certify.attacks", "certify.engine", "certify.models",
+               "certify.suite", "certify.data", "certify.perturbations", "torch",
+               "onnxruntime", "kornia", "weasyprint")
+    code = ("import json, sys\nfrom pathlib import Path\n"
+            "from certify.report.card import render_html\n"
+            "from certify.images import data_uri\n"
+            "from certify.report.write import load_images\n"
+            "from certify.results import parse_result\n"
+            f"run = Path({str(demo_run)!r})\n"
+            "result = parse_result(json.loads((run / 'results.json').read_text()))\n"
+            "images = {d: data_uri(b) for d, b in load_images(run).items()}\n"
+            "html = render_html(result, None, images)\n"
+            "print('SAME', html == (run / 'card.html').read_text(encoding='utf-8'))\n"
+            f"watched = {watched!r}\n"
+            "print('LOADED', json.dumps(sorted(m for m in sys.modules if any(\n"
+            "    m == w or m.startswith(w + '.') for w in watched))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SAME True" in proc.stdout, proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert json.loads(last.removeprefix("LOADED ")) == [], proc.stdout
 
 
 def test_schema_is_printed_and_the_demo_results_follow_it(demo_run):

@@ -179,40 +179,21 @@ def test_version_and_help_do_not_import_torch():
     assert proc.stdout.splitlines()[-1] == "LOADED []", proc.stdout
 
 
-
-def _loaded_after(argvs: list[list[str]], heavy: tuple[str, ...]) -> tuple[list[str], str]:
-    """Run each ``certify`` argv in turn in one fresh interpreter; the ``heavy`` modules loaded
-    after them, and the output (which says after each command what was loaded by then)."""
-    code = ("import sys, json\nfrom certify.cli import main\n"
-            f"heavy = {heavy!r}\n"
-            f"for args in {argvs!r}:\n"
-            "    try:\n        main(args)\n    except SystemExit as e:\n"
-            "        print('EXIT', args[0], e.code)\n"
-            "    print('AFTER', ' '.join(args[:2]), sorted(m for m in heavy if m in sys.modules))\n"
-            "print('LOADED', json.dumps(sorted(m for m in heavy if m in sys.modules)))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("LOADED "), proc.stdout
-    return json.loads(last.removeprefix("LOADED ")), proc.stdout + proc.stderr
-
-
 def test_a_run_without_pdf_imports_no_weasyprint_and_reading_commands_no_engine(
         model_path, clean_suite, npz_path, tmp_path):
     """Issue 53: ``certify run --no-pdf`` never imports WeasyPrint (it did, for the version
     in provenance); ``compare`` and ``schema`` import neither torch nor WeasyPrint (nor
     onnxruntime, matplotlib or the checks), in a fresh interpreter as a user starts them."""
     out = tmp_path / "run"
-    loaded, said = _loaded_after([["run", str(model_path), "--suite", str(clean_suite),
-                                   "--data", str(npz_path), "--out", str(out), "--no-pdf",
-                                   "-q"]], ("weasyprint", "pydyf", "torch"))
+    loaded, said = builders.loaded_after([["run", str(model_path), "--suite", str(clean_suite),
+                                           "--data", str(npz_path), "--out", str(out),
+                                           "--no-pdf", "-q"]], ("weasyprint", "pydyf", "torch"))
     assert (out / "card.html").is_file() and not (out / "card.pdf").exists(), said
     assert loaded == ["torch"], said  # the run needs torch, and never the PDF renderer
     heavy = ("torch", "onnxruntime", "weasyprint", "matplotlib", "certify.engine",
              "certify.checks")
     results = str(out / "results.json")
-    loaded, said = _loaded_after([["compare", results, results], ["schema"]], heavy)
+    loaded, said = builders.loaded_after([["compare", results, results], ["schema"]], heavy)
     assert "EXIT compare 0" in said and loaded == [], said
 
 
@@ -238,7 +219,7 @@ def test_suites_reading_commands_and_inits_refusals_import_no_heavy_library(
                 ["init", str(model_path), "--data", str(tmp_path / "missing"), "--out",
                  str(tmp_path / "suite.yaml")]]
     heavy = ("torch", "onnxruntime", "kornia", "weasyprint", "matplotlib")
-    loaded, said = _loaded_after(commands, heavy)
+    loaded, said = builders.loaded_after(commands, heavy)
     exits = re.findall(r"^EXIT (\S+) (\S+)$", said, flags=re.M)
     assert [code for _, code in exits] == ["0"] * 7 + ["2"], said
     assert "gtsrb" in said and "data path not found" in said, said

@@ -18,19 +18,21 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "certify"
 
 #: Layers, lowest first: a module may import its own layer and the ones below it, never above.
-#: Every module of the package must fall in one (longest matching prefix wins).
+#: Every module of the package must fall in one (longest matching prefix wins). The signed
+#: results' schema sits on the foundation, and the report on the schema, below everything that
+#: computes (issue 65): the report reads signed results, never the compute that made them.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("certify.version", "certify.errors", "certify.redact", "certify.canonical",
                     "certify.stats", "certify.progress", "certify.device", "certify.images",
                     "certify.figures", "certify.validation", "certify.params", "certify.rundir",
                     "certify.kinds", "certify.onnx_files", "certify.tolerance",
                     "certify.safetext", "certify.norms")),
+    ("schema", ("certify.results",)),
+    ("report", ("certify.report",)),
     ("inputs", ("certify.models", "certify.data", "certify.perturbations", "certify.demo")),
     ("attacks", ("certify.attacks",)),
     ("checks", ("certify.checks",)),
-    ("engine", ("certify.engine", "certify.distributed", "certify.suite", "certify.results",
-                "certify.probe")),
-    ("report", ("certify.report",)),
+    ("engine", ("certify.engine", "certify.distributed", "certify.suite", "certify.probe")),
     ("edges", ("certify", "certify.api", "certify.cli", "certify.ci_action", "certify.service",
                "certify.init_suite", "certify.model_card")),
 ]
@@ -71,19 +73,26 @@ def _imported_names(node: ast.AST, pkg: str) -> tuple[str | None, list[str]]:
     return base, [f"{base}.{a.name}" for a in node.names]
 
 
+def module_imports(source: str, mod: str, pkg: str, mods: dict[str, Path]) -> set[str]:
+    """The certify modules that ``source`` (module ``mod`` of package ``pkg``) imports,
+    anywhere in it: at the top, in a function, under ``TYPE_CHECKING``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        for name in _imported_names(node, pkg)[1]:
+            if name == "certify" or name.startswith("certify."):
+                target = _resolve(name, mods)
+                if target and target != mod:
+                    found.add(target)
+    return found
+
+
 def import_graph() -> dict[str, set[str]]:
     """certify module -> the certify modules it imports (anywhere in its source)."""
     mods = _modules()
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for mod, path in mods.items():
-        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            for name in _imported_names(node, pkg)[1]:
-                if name == "certify" or name.startswith("certify."):
-                    target = _resolve(name, mods)
-                    if target and target != mod:
-                        graph[mod].add(target)
-    return graph
+    return {mod: module_imports(path.read_text(), mod,
+                                mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0],
+                                mods)
+            for mod, path in mods.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -148,8 +157,53 @@ def test_no_module_imports_a_layer_above_its_own():
 def test_the_checker_sees_a_planted_circle_and_an_upward_import():
     graph = {"certify.a": {"certify.b"}, "certify.b": {"certify.a"}, "certify.c": set()}
     assert _cycles(graph) == [["certify.a", "certify.b"]]
-    assert layer_of("certify.checks.attack") < layer_of("certify.report.card")
+    assert layer_of("certify.kinds") < layer_of("certify.results") < layer_of(
+        "certify.report.card") < layer_of("certify.models.onnx") < layer_of(
+        "certify.checks.attack") < layer_of("certify.engine.assemble") == layer_of(
+        "certify.suite")
     assert layer_of("certify.service.app") == len(LAYERS) - 1
+
+
+#: What computes a result: the report reads the signed results (:mod:`certify.results`) and
+#: the foundation, never one of these (issue 65). ``certify bundle``, ``verify`` and the card's
+#: rendering then load no check, attack, model adapter, torch or onnxruntime by structure.
+COMPUTE = ("certify.engine", "certify.checks", "certify.attacks", "certify.models",
+           "certify.suite", "certify.distributed", "certify.probe", "certify.perturbations",
+           "certify.data", "certify.demo")
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def compute_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``report module -> compute module`` for each import of a :data:`COMPUTE` module by a
+    module of certify.report, sorted."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if _within(m, "certify.report")
+                  for t in targets if any(_within(t, c) for c in COMPUTE))
+
+
+def test_the_report_imports_no_engine_checks_attacks_or_models_module():
+    """The report reads only signed results: no module of certify.report imports a module of
+    the engine, the checks, the attacks, the model adapters, the suite, the data or the
+    perturbations, at the top or inside a function."""
+    found = compute_imports(import_graph())
+    assert not found, "the report imports compute:\n" + "\n".join(found)
+
+
+def test_the_report_rule_sees_planted_imports_even_inside_functions():
+    mods = _modules()
+    planted = ("from certify.results import RunResult\n"
+               "from certify import onnx_files\n"
+               "def render():\n    from certify.engine import assemble\n"
+               "    import certify.checks.attack\n"
+               "    from ..models.onnx import model_identity\n")
+    graph = {"certify.report.planted": module_imports(planted, "certify.report.planted",
+                                                      "certify.report", mods),
+             "certify.cli": {"certify.engine.run"}}
+    assert compute_imports(graph) == ["certify.report.planted -> certify.checks.attack",
+                                      "certify.report.planted -> certify.engine.assemble",
+                                      "certify.report.planted -> certify.models.onnx"]
 
 
 def test_docs_layout_names_every_top_level_part_of_the_package():

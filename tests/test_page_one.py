@@ -20,11 +20,10 @@ from typing import Any
 
 import pytest
 
-from certify.engine.assemble import verdict_statuses
 from certify.kinds import KINDS
 from certify.report import card as card_mod
 from certify.report import glance
-from certify.results import RunResult, parse_result
+from certify.results import RunResult, parse_result, verdict_statuses
 from certify.stats import wilson_interval
 
 pytestmark = pytest.mark.unit

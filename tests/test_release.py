@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from certify.errors import ModelError, UsageError
-from certify.models.onnx import external_data_files, model_identity, sha256_file
+from certify.onnx_files import external_data_files, model_identity, sha256_file
 from certify.rundir import RunDir, check_out_dir
 
 import builders
@@ -213,6 +213,25 @@ def test_bundle_refuses_a_card_that_fails_verification(signed_run, ext_model, ke
                             other / "certify.key", "--out", out)
     assert proc.returncode == 1 and "refusing to bundle" in proc.stderr
     assert not out.exists()
+
+
+def test_bundle_and_verify_bundle_import_no_torch(signed_run, ext_model, keys, tmp_path):
+    """Issue 65: ``certify bundle`` reads the model's files through certify.onnx_files and the
+    card through the report; ``verify-bundle`` checks the folder. In a fresh interpreter, after
+    both ran, none of torch, onnxruntime, kornia or WeasyPrint is loaded, nor any module of
+    the engine, the checks, the attacks or the model adapters."""
+    pytest.importorskip("model_signing")
+    out = tmp_path / "bundle"
+    watched = ("torch", "onnxruntime", "kornia", "weasyprint", "certify.engine",
+               "certify.checks", "certify.attacks", "certify.models")
+    loaded, said = builders.loaded_after(
+        [["bundle", str(signed_run), "--model", str(ext_model), "--key",
+          str(keys / "certify.key"), "--out", str(out), "--passphrase-env", "CERTIFY_TEST_PW"],
+         ["verify-bundle", str(out), "--signature", f"{out}.sigstore.json", "--pubkey",
+          str(keys / "certify.pub")]], watched, env=PASS_ENV)
+    assert "EXIT bundle 0" in said and "EXIT verify-bundle 0" in said, said
+    assert (out / ext_model.name).is_file() and (out / "card.pdf").is_file(), said
+    assert loaded == [], said
 
 
 # -- 16.8 --out and the demo folder -------------------------------------------------------------

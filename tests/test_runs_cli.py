@@ -208,7 +208,7 @@ def external_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_submit_uploads_the_external_data_it_finds_beside_the_model(
         service: Service, tokens: dict[str, str], clean_suite: Path, external_model: Path,
         tmp_path: Path) -> None:
-    from certify.models.onnx import external_data_files, model_identity
+    from certify.onnx_files import external_data_files, model_identity
 
     assert external_data_files(external_model)  # the weights are not in the graph file
     r = _submit(service, tokens["a"], clean_suite, external_model, "--out", tmp_path / "card")

@@ -11,9 +11,8 @@ import torch
 from certify.attacks import ATTACKS
 from certify.checks import attack_verdict
 from certify.checks.attack import AttackCheck, stalled_counts
-from certify.engine.assemble import verdict_statuses
 from certify.engine.crosscheck import attack_worst_case
-from certify.results import check_result_model
+from certify.results import check_result_model, verdict_statuses
 from certify.suite import parse_suite
 
 import builders

@@ -6,8 +6,8 @@
 (record keys). :mod:`certify.distributed` is the Ray executor.
 
 The names below are imported from their modules when first asked for (PEP 562): a reader of
-one light module (the card reads :func:`~certify.engine.assemble.verdict_statuses`) does not
-pay for the runner's imports, torch among them (issue 53).
+one light module does not pay for the runner's imports, torch among them (issue 53). What the
+card reads of a verdict lives with the signed results (:func:`certify.results.verdict_statuses`).
 """
 
 from __future__ import annotations

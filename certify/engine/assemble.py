@@ -6,7 +6,6 @@ import math
 import platform
 import time
 import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,8 +38,8 @@ from certify.results import (
     Seeds,
     Status,
     SuiteDoc,
-    WorstCase,
     pack_bits,
+    verdict_statuses,
 )
 from certify.rundir import RunDir, SampleRecord
 from certify.suite import Suite
@@ -124,15 +123,6 @@ def assemble_result(state: RunState, suite: Suite, skips: dict[str, str], model:
         traffic=traffic or None,
     )))
     return RunResult(schema=SCHEMA, measurement=measurement, provenance=provenance)
-
-
-def verdict_statuses(checks: Sequence[CheckResult], worst: Sequence[WorstCase]) -> list[str]:
-    """The statuses the run's verdict is made of: each check's, except that an attack row
-    summarised by a threat model's headline row counts through that row (the attack rows are
-    its evidence); an errored attack row still counts itself."""
-    grouped = {i for w in worst for i in w.attacks}
-    own: list[str] = [c.status for c in checks if c.id not in grouped or c.status == "ERROR"]
-    return own + [w.status for w in worst]
 
 
 def _versions() -> dict[str, str]:

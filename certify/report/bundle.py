@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from certify.errors import UsageError, VerificationError
-from certify.models.onnx import external_data_files, model_identity
+from certify.onnx_files import external_data_files, model_identity
 from certify.results import RunResult
 
 CARD_FILES = ("card.html", "card.pdf", "results.json", "results.json.sig")

@@ -15,19 +15,32 @@ import logging
 import re
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import jinja2
 import markupsafe
 
 from certify.canonical import script_safe_json
-from certify.engine.assemble import verdict_statuses
 from certify.kinds import CERTIFIED_METHODS, KINDS
 from certify.norms import card_text
 from certify.report import glance
 from certify.report.sealed import blank_slot
-from certify.results import RunResult, Status
-from certify.suite import DECISION_RULE_TEXT
+from certify.results import (
+    DECISION_RULE_TEXT,
+    CheckResult,
+    DecidedBy,
+    ModelCardDoc,
+    RunMeasurement,
+    RunResult,
+    Status,
+    WorstCase,
+    verdict_statuses,
+)
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+    from certify.report.signature import Signature
 
 
 def _environment() -> jinja2.Environment:
@@ -47,7 +60,7 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def headline(c: Any) -> str:
+def headline(c: CheckResult) -> str:
     """One line that says what a check measured (the card's summary and the CLI's)."""
     if c.status == "ERROR":
         return f"error: {c.error}"
@@ -65,7 +78,8 @@ COUNT_WORDS = (("pass", "passed"), ("fail", "failed"), ("inconclusive", "inconcl
                ("info", "informational"), ("skipped", "skipped"))
 
 
-def row_warnings(checks: Sequence[Any], worst: Sequence[Any]) -> list[tuple[str, str]]:
+def row_warnings(checks: Sequence[CheckResult], worst: Sequence[WorstCase]
+                 ) -> list[tuple[str, str]]:
     """Every warning the rows carry, whatever their status, as (row, text): the console
     prints one line each and the card counts them (a FAIL or INFO row may warn too, so the
     count of WARN rows is not the count of warnings)."""
@@ -77,13 +91,14 @@ def row_warnings(checks: Sequence[Any], worst: Sequence[Any]) -> list[tuple[str,
     return out
 
 
-def deciding_counts(checks: Sequence[Any], worst: Sequence[Any]) -> tuple[dict[str, int], int]:
+def deciding_counts(checks: Sequence[CheckResult], worst: Sequence[WorstCase]
+                    ) -> tuple[dict[str, int], int]:
     """The rows that decide the run's verdict, counted by status (lower case, every status),
     and how many attack rows the threat-model rows stand in for.
 
     Each check row counts, except that a threat model's row counts in place of the attack rows
     it summarises (their evidence; an errored attack row still counts itself), as in the
-    verdict (:func:`~certify.engine.assemble.verdict_statuses`). The signed
+    verdict (:func:`~certify.results.verdict_statuses`). The signed
     ``measurement.summary`` counts every check row instead, attack rows included.
     """
     statuses = verdict_statuses(checks, worst)
@@ -92,15 +107,15 @@ def deciding_counts(checks: Sequence[Any], worst: Sequence[Any]) -> tuple[dict[s
     return {s.lower(): statuses.count(s) for s in typing.get_args(Status)}, evidence
 
 
-def _tree_digest(root: Any, suffixes: tuple[str, ...]) -> str:
+def _tree_digest(root: Traversable, suffixes: tuple[str, ...]) -> str:
     """sha256 over the relative name and the bytes of every file under ``root`` (a
     :mod:`importlib.resources` traversable) whose name ends with one of ``suffixes``, in
     name order."""
     import hashlib
 
-    files: list[tuple[str, Any]] = []
+    files: list[tuple[str, Traversable]] = []
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: Traversable, prefix: str) -> None:
         for child in node.iterdir():
             if child.is_dir():
                 if child.name != "__pycache__":
@@ -158,14 +173,14 @@ def html_renderer() -> dict[str, str]:
             "code": code_digest(), "jinja2": j.__version__}
 
 
-def same_renderer(recorded: Mapping[str, Any]) -> bool:
+def same_renderer(recorded: Mapping[str, object]) -> bool:
     """Whether a card's recorded renderer is this certify's own (same version, templates,
     code and jinja2): then it re-renders byte for byte."""
     mine = html_renderer()
     return all(recorded.get(k) == mine[k] for k in SAME_RENDERER_KEYS)
 
 
-def renderer_text(r: Mapping[str, Any]) -> str:
+def renderer_text(r: Mapping[str, object]) -> str:
     """A renderer in words (digests cut to 12 hex digits)."""
     if not r:
         return "an unrecorded renderer"
@@ -176,7 +191,7 @@ def renderer_text(r: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _glance(checks: list[Any], worst: list[Any]) -> dict[str, Any]:
+def _glance(checks: Sequence[CheckResult], worst: Sequence[WorstCase]) -> dict[str, str]:
     """The at-a-glance figure (wide and phone variants) of the rows the header counts."""
     return {"svg": glance.glance_svg(checks, worst),
             "narrow": glance.glance_svg(checks, worst, narrow=True),
@@ -223,7 +238,7 @@ def _value_words(r: glance.Row) -> str:
     return text
 
 
-def _why(status: str, error: str, warnings: list[str], decision: str, by: Any) -> str:
+def _why(status: str, error: str, warnings: list[str], decision: str, by: DecidedBy) -> str:
     """Why a verdict is what it is, in a clause: the error, the warning that stopped a pass,
     what keeps an interval from deciding, the rule a failure met, or what stopped a pass.
     ``by`` is the row's typed rule (:class:`~certify.results.DecidedBy`); the ``decision``
@@ -241,7 +256,8 @@ def _why(status: str, error: str, warnings: list[str], decision: str, by: Any) -
     return _first_clause(decision)
 
 
-def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, str]]:
+def findings(checks: Sequence[CheckResult], worst: Sequence[WorstCase], n: int = 3
+             ) -> list[dict[str, str]]:
     """The card's most important findings, in words.
 
     Failures first, then errors and inconclusive verdicts, then warnings (:data:`SEVERITY`);
@@ -300,7 +316,7 @@ def findings(checks: list[Any], worst: list[Any], n: int = 3) -> list[dict[str, 
     return [f[3] for f in ordered[:max(n, len(leaders))]]
 
 
-def _unsettled(c: Any) -> dict[str, bool]:
+def _unsettled(c: CheckResult) -> dict[str, bool]:
     """What keeps a check's figure from being final, from its typed ``settled`` field: a random
     draw (not searched), a search or an attack that had not converged, an attack that failed
     the binarization test, a black-box attack below its query floor (evidence only)."""
@@ -313,7 +329,7 @@ def _unsettled(c: Any) -> dict[str, bool]:
             "statistical": s.statistical}
 
 
-def summary_result(c: Any, r: glance.Row) -> str:
+def summary_result(c: CheckResult, r: glance.Row) -> str:
     """A check's result in one short line for the summary table (its full headline is in its
     detail block): the headline value and interval, and what keeps it from being final."""
     if c.status == "ERROR":
@@ -339,8 +355,17 @@ def summary_result(c: Any, r: glance.Row) -> str:
 
 
 def limitations(result: RunResult) -> list[str]:
-    """What this run could not establish, in sentences (the card's Limitations)."""
-    m = result.measurement
+    """What this run could not establish, in sentences (the card's Limitations): the model's
+    identity and how it was run, time budgets, rows not established, figures that are not
+    final, searches without their gradient search, then the data and the scope."""
+    m, checks = result.measurement, result.checks
+    return [*_model_limitations(m), *_budget_limitations(checks), *_not_established(checks),
+            *_unsettled_limitations(checks), *_gradient_search_limitations(checks),
+            *_scope_limitations(m)]
+
+
+def _model_limitations(m: RunMeasurement) -> list[str]:
+    """An unidentified model; how white-box attacks and batching ran on it."""
     out: list[str] = []
     if m.model.identity.startswith("unidentified"):
         out.append(f"The model is unidentified ({m.model.identity.split(': ', 1)[-1]}): this "
@@ -350,24 +375,41 @@ def limitations(result: RunResult) -> list[str]:
         out.append(f"White-box attacks: {m.model.metadata['white_box']}.")
     if m.model.metadata.get("batching"):  # a batch fixed in the model: how it was run
         out.append(f"Batching: the model was {m.model.metadata['batching']}.")
-    budgeted = {c.id: c.details["time_budget"] for c in result.checks
-                if isinstance(c.details.get("time_budget"), dict)}
-    if budgeted:
-        first = next(iter(budgeted.values()))
-        assert isinstance(first, dict)
-        out.append(f"Samples chosen by a time budget of {first.get('seconds', 0):,.0f} s "
-                   f"({first.get('rates', '')}): "
-                   + ", ".join(f"{i} on {d.get('samples')}" for i, d in budgeted.items()
-                               if isinstance(d, dict))
-                   + " samples; a larger budget gives narrower intervals.")
-    skipped = [c.id for c in result.checks if c.status == "SKIPPED"]
+    return out
+
+
+def _budget_limitations(checks: Sequence[CheckResult]) -> list[str]:
+    """Samples chosen by a time budget (the first budget's seconds and rates stand for all)."""
+    budgeted = {c.id: d for c in checks
+                if isinstance(d := c.details.get("time_budget"), dict)}
+    if not budgeted:
+        return []
+    first = next(iter(budgeted.values()))
+    return [f"Samples chosen by a time budget of {first.get('seconds', 0):,.0f} s "
+            f"({first.get('rates', '')}): "
+            + ", ".join(f"{i} on {d.get('samples')}" for i, d in budgeted.items())
+            + " samples; a larger budget gives narrower intervals."]
+
+
+def _not_established(checks: Sequence[CheckResult]) -> list[str]:
+    """Checks skipped on this model and checks that errored."""
+    out: list[str] = []
+    skipped = [c.id for c in checks if c.status == "SKIPPED"]
     if skipped:
         out.append(f"Not evaluated on this model: {', '.join(skipped)} (skipped checks are "
                    "not passed).")
-    errored = [c.id for c in result.checks if c.status == "ERROR"]
+    errored = [c.id for c in checks if c.status == "ERROR"]
     if errored:
         out.append(f"Errored, so not established: {', '.join(errored)}.")
-    state = {c.id: _unsettled(c) for c in result.checks}
+    return out
+
+
+def _unsettled_limitations(checks: Sequence[CheckResult]) -> list[str]:
+    """Figures that are not final (:func:`_unsettled`): searches and attacks that had not
+    converged, attacks too weak to trust, black-box evidence, random draws and random
+    corruptions."""
+    out: list[str] = []
+    state = {c.id: _unsettled(c) for c in checks}
     unconverged = [i for i, s in state.items() if s["search"] or s["attack"]]
     weak = [i for i, s in state.items() if s["weak"]]
     evidence = [i for i, s in state.items() if s["evidence"]]
@@ -384,7 +426,7 @@ def limitations(result: RunResult) -> list[str]:
     if random:
         out.append(f"Random draws, not worst cases: {', '.join(random)} (the attack rows at "
                    "the same bound say what an adversary finds).")
-    statistical = [c for c in result.checks if state[c.id]["statistical"]
+    statistical = [c for c in checks if state[c.id]["statistical"]
                    and not state[c.id]["random"] and c.status not in ("ERROR", "SKIPPED")]
     if statistical:
         undecided = []
@@ -397,36 +439,46 @@ def limitations(result: RunResult) -> list[str]:
                    f"confidence per sample, not worst cases: {', '.join(c.id for c in statistical)}"
                    + (f"; samples undecided within their draws, counted on both sides of the "
                       f"interval: {', '.join(undecided)}" if undecided else "") + ".")
-    no_gradient = []
-    for c in result.checks:
-        gs = c.details.get("gradient_search") if c.status not in ("ERROR", "SKIPPED") else None
-        if isinstance(gs, dict) and gs.get("samples_not_run"):
-            no_gradient.append(f"{c.id} ({gs.get('samples_not_run')} sample(s))")
-    if no_gradient:
-        out.append("Searched only by their design, without the gradient search over their "
-                   f"parameters (no graph of the model, or its copy disagreed): "
-                   f"{', '.join(no_gradient)}. A gradient search may find fields the design "
-                   "does not visit.")
-    out += list(m.data.notes or [])  # resizing, a sample cap, skipped files
-    pre = m.model.preprocessing
-    out.append(
-        f"Preprocessing is assumed, not read from the model: inputs scaled "
-        f"×{pre.get('input_scale')}, mean {_listed(pre.get('mean'))}, std "
-        f"{_listed(pre.get('std'))}, {pre.get('channel_order')} channel "
-        f"order, {m.model.layout} layout, images resized to "
-        f"{m.model.input_shape[1]}×{m.model.input_shape[2]}. A different input pipeline in "
-        "deployment can change every figure on this card.")
-    out.append(f"Results hold for the {m.data.n} evaluation samples of {m.data.name} and the "
-               "threat models and budgets stated here. Every robust accuracy is an empirical "
-               "upper bound: a stronger attack may break what these attacks could not.")
     return out
 
 
-def _listed(v: Any) -> str:
+def _gradient_search_limitations(checks: Sequence[CheckResult]) -> list[str]:
+    """Checks searched only by their design, without the gradient search over their
+    parameters."""
+    no_gradient = []
+    for c in checks:
+        gs = c.details.get("gradient_search") if c.status not in ("ERROR", "SKIPPED") else None
+        if isinstance(gs, dict) and gs.get("samples_not_run"):
+            no_gradient.append(f"{c.id} ({gs.get('samples_not_run')} sample(s))")
+    if not no_gradient:
+        return []
+    return ["Searched only by their design, without the gradient search over their "
+            f"parameters (no graph of the model, or its copy disagreed): "
+            f"{', '.join(no_gradient)}. A gradient search may find fields the design "
+            "does not visit."]
+
+
+def _scope_limitations(m: RunMeasurement) -> list[str]:
+    """The data's notes (resizing, a sample cap, skipped files), the assumed preprocessing and
+    what the figures hold for."""
+    pre = m.model.preprocessing
+    return [*(m.data.notes or []),
+            f"Preprocessing is assumed, not read from the model: inputs scaled "
+            f"×{pre.get('input_scale')}, mean {_listed(pre.get('mean'))}, std "
+            f"{_listed(pre.get('std'))}, {pre.get('channel_order')} channel "
+            f"order, {m.model.layout} layout, images resized to "
+            f"{m.model.input_shape[1]}×{m.model.input_shape[2]}. A different input pipeline in "
+            "deployment can change every figure on this card.",
+            f"Results hold for the {m.data.n} evaluation samples of {m.data.name} and the "
+            "threat models and budgets stated here. Every robust accuracy is an empirical "
+            "upper bound: a stronger attack may break what these attacks could not."]
+
+
+def _listed(v: object) -> str:
     return ", ".join(f"{x:g}" for x in v) if isinstance(v, list) else str(v)
 
 
-def _short_threshold(c: Any, r: glance.Row) -> str:
+def _short_threshold(c: CheckResult, r: glance.Row) -> str:
     """A threshold in the summary: its bound on the headline metric the result states."""
     if c.threshold is None:
         return "none"
@@ -435,27 +487,41 @@ def _short_threshold(c: Any, r: glance.Row) -> str:
     return str(c.threshold.text)
 
 
-def model_details(result: RunResult) -> dict[str, Any]:
+class ModelDetails(TypedDict):
+    """The model's details on the card, as its team stated them (``None``: not stated)."""
+
+    name: str
+    #: whether ``name`` is the stated one (else the file or endpoint name certify saw)
+    name_stated: bool
+    version: str | None
+    owner: str | None
+    license: str | None
+    intended_use: str | None
+    #: when the run was made (ISO 8601, from provenance), and its date alone
+    evaluated_at: str | None
+    evaluated_on: str | None
+
+
+def model_details(result: RunResult) -> ModelDetails:
     """Name, version, owner, license, intended use and the evaluation date, as stated (or
     "not stated"); the name falls back to the file or endpoint name certify saw."""
     m, p = result.measurement, result.provenance
-    card = m.model_card
-    stated = card.model_dump() if card is not None else {}
-    when = getattr(p, "evaluated_at", None)  # provenance keeps extra keys as attributes
+    stated = m.model_card or ModelCardDoc()
+    when = (p.model_extra or {}).get("evaluated_at")  # provenance keeps extra keys
     return {
-        "name": stated.get("name") or m.model.name,
-        "name_stated": bool(stated.get("name")),
-        "version": stated.get("version"),
-        "owner": stated.get("owner"),
-        "license": stated.get("license"),
-        "intended_use": stated.get("intended_use"),
-        "evaluated_at": when,
+        "name": stated.name or m.model.name,
+        "name_stated": bool(stated.name),
+        "version": stated.version,
+        "owner": stated.owner,
+        "license": stated.license,
+        "intended_use": stated.intended_use,
+        "evaluated_at": None if when is None else str(when),
         "evaluated_on": str(when)[:10] if when else None,
     }
 
 
-def card_context(result: RunResult, signature: Any = None,
-                 images: Mapping[str, str] | None = None) -> dict[str, Any]:
+def card_context(result: RunResult, signature: Signature | None = None,
+                 images: Mapping[str, str] | None = None) -> dict[str, object]:
     """Everything the template shows, computed from the result (and the images it names)."""
     images = images or {}
     m, p = result.measurement, result.provenance
@@ -530,14 +596,14 @@ def card_context(result: RunResult, signature: Any = None,
     }
 
 
-def unsealed_form(html: str, signature: Any) -> str:
+def unsealed_form(html: str, signature: Signature) -> str:
     """``html`` rendered for ``signature`` in the form cards had before they were sealed (the
     signature document inline in its script, no byte-range signature): what an older card's
     re-rendering is compared with (:func:`certify.report.visible.check_html`)."""
     return html.replace(blank_slot(), signature.to_json().strip().replace("<", "\\u003c"), 1)
 
 
-def render_html(result: RunResult, signature: Any = None,
+def render_html(result: RunResult, signature: Signature | None = None,
                 images: Mapping[str, str] | None = None) -> str:
     """The self-contained card HTML; ``images`` maps digests to data URIs."""
     env = _environment()
@@ -571,7 +637,7 @@ def figures_as_images(html: str) -> str:
     return _INLINE_SVG.sub(image, html)
 
 
-def render_pdf(html: str, payload: bytes, signature: Any = None) -> bytes:
+def render_pdf(html: str, payload: bytes, signature: Signature | None = None) -> bytes:
     """Render the card HTML to PDF with WeasyPrint, attaching the payload and signature.
 
     Raises :class:`~certify.errors.PdfUnavailableError` where WeasyPrint cannot load its

@@ -10,16 +10,15 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from certify.canonical import canonical_json
-from certify.kinds import KINDS
+from certify.kinds import KINDS, ExportMetric
 from certify.redact import redact
 from certify.report.card import headline
 from certify.report.sign import part_digest
-from certify.results import RunResult
+from certify.results import CheckResult, RunResult
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#!{}])")
 _ABS_PATH = re.compile(r"(?<![\w:/.~-])(?:/[^\s/|`'\"<>]+)+/(?P<name>[^\s/|`'\"<>]*)")
@@ -30,7 +29,7 @@ def local_free(text: str) -> str:
     return _ABS_PATH.sub(lambda m: m["name"] or "local folder", redact(text))
 
 
-def md(text: Any) -> str:
+def md(text: object) -> str:
     """Markdown-safe inline text: one line, no markup, links, HTML or absolute local paths."""
     s = local_free(str(text)).replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -69,7 +68,7 @@ def _is_demo_data(result: RunResult) -> bool:
 
 
 def dataset_entry(result: RunResult, dataset_id: str | None = None,
-                  split: str | None = None) -> dict[str, Any]:
+                  split: str | None = None) -> dict[str, str]:
     """The ``dataset`` of a model-index result: what the evaluation data is.
 
     A Hub dataset id is written only when the caller names one (``dataset_id``: the person
@@ -79,7 +78,7 @@ def dataset_entry(result: RunResult, dataset_id: str | None = None,
     d = result.measurement.data
     short = d.digest.split(":")[-1][:12]
     if dataset_id:
-        entry: dict[str, Any] = {"name": local_free(dataset_id), "type": local_free(dataset_id)}
+        entry = {"name": local_free(dataset_id), "type": local_free(dataset_id)}
         if split:
             entry["split"] = local_free(split)
     elif _is_demo_data(result):
@@ -91,9 +90,11 @@ def dataset_entry(result: RunResult, dataset_id: str | None = None,
     return entry
 
 
-def _metric(c: Any, export: Any, value: float) -> dict[str, Any]:
+def _metric(c: CheckResult, export: ExportMetric, value: float) -> dict[str, object]:
+    """One model-index metric: the check's exported value, with its interval, threshold and
+    sample count as ``args``."""
     lo, hi = c.intervals.get(export.metric, (None, None))
-    args: dict[str, Any] = {"check": local_free(c.id), "kind": c.kind, "verdict": c.status}
+    args: dict[str, object] = {"check": local_free(c.id), "kind": c.kind, "verdict": c.status}
     if lo is not None and hi is not None:
         args["ci95"] = [lo, hi]
     if c.threshold is not None:
@@ -106,7 +107,8 @@ def _metric(c: Any, export: Any, value: float) -> dict[str, Any]:
 
 
 def front_matter(result: RunResult, *, dataset_id: str | None = None,
-                 split: str | None = None, source_url: str | None = None) -> dict[str, Any]:
+                 split: str | None = None, source_url: str | None = None
+                 ) -> dict[str, object]:
     """The model card metadata: a ``model-index`` entry per check and the card's digests.
 
     ``verified``/``verify_token`` are left to the Hub (they mark its own evaluation service).
@@ -124,7 +126,7 @@ def front_matter(result: RunResult, *, dataset_id: str | None = None,
             continue
         metrics.append(_metric(c, export, value))
     digest = results_digest(result)
-    entry: dict[str, Any] = {
+    entry: dict[str, object] = {
         "task": {"type": "image-classification", "name": "Image Classification"},
         "dataset": dataset_entry(result, dataset_id, split),
         "metrics": metrics,
@@ -133,13 +135,13 @@ def front_matter(result: RunResult, *, dataset_id: str | None = None,
         entry["source"] = {"name": f"certify {m.certify_version} robustness card ({digest})",
                            "url": source_url}
     card = m.model_card
-    stated: dict[str, Any] = {}
+    stated: dict[str, str] = {}
     if card is not None:  # model details as the team stated them on the run
         stated = {k: local_free(v) for k, v in (("model_version", card.version),
                                                  ("owner", card.owner),
                                                  ("intended_use", card.intended_use))
                   if v is not None}
-    doc: dict[str, Any] = {}
+    doc: dict[str, object] = {}
     if card is not None and card.license is not None:
         doc["license"] = local_free(card.license)
     return doc | {

@@ -20,11 +20,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 from xml.sax.saxutils import escape
 
 from certify.kinds import KINDS
 from certify.norms import order_key, threat_name
+from certify.results import CheckResult, WorstCase
 
 #: Group order on the figure (a check class names its group in ``glance_group``).
 GROUPS = ("Corruptions", "Attacks", "Clean, coverage and confidence", "Brittleness and other")
@@ -122,7 +122,7 @@ def _threshold_text(r: Row) -> str:
     return " and ".join(parts)
 
 
-def headline_metric(c: Any) -> str | None:
+def headline_metric(c: CheckResult) -> str | None:
     """The metric a check is judged on: its threshold's, else its export metric, else its
     first thresholdable metric that it reported (None when it has none)."""
     cls = KINDS[c.kind]
@@ -134,7 +134,7 @@ def headline_metric(c: Any) -> str | None:
     return next((m for m in cls.metric_names if values.get(m) is not None), None)
 
 
-def rows(checks: Sequence[Any]) -> list[Row]:
+def rows(checks: Sequence[CheckResult]) -> list[Row]:
     """The figure's rows, in group order and the suite's order within a group."""
     out: list[Row] = []
     for c in checks:
@@ -151,15 +151,22 @@ def rows(checks: Sequence[Any]) -> list[Row]:
             metric=name or "", words=(name or "").replace("_", " "),
             rate=decl is None or decl.unit == "rate",
             value=None if value is None else float(value),
-            interval=None if iv is None else (float(iv[0]), float(iv[1])),
+            interval=_interval(iv),
             threshold=thr,
             reference=None if ref is None else (
-                float(ref), c.intervals.get(f"reference_{name}"))))
+                float(ref), _interval(c.intervals.get(f"reference_{name}")))))
     order = {g: i for i, g in enumerate(GROUPS)}
     return sorted(out, key=lambda r: order.get(r.group, len(GROUPS)))
 
 
-def threat_row(w: Any, group: str, evidence: Sequence[Row] = ()) -> Row:
+def _interval(iv: Sequence[float | None] | None) -> tuple[float, float] | None:
+    """A 95% interval as two floats (``None`` without one, or with an open end)."""
+    if iv is None or len(iv) != 2 or iv[0] is None or iv[1] is None:
+        return None
+    return float(iv[0]), float(iv[1])
+
+
+def threat_row(w: WorstCase, group: str, evidence: Sequence[Row] = ()) -> Row:
     """A threat model's row (its robust accuracy against all its attacks at once, decided
     against its threshold), with its attack rows' own robust accuracies as evidence."""
     name = threat_name(w.norm, w.epsilon)
@@ -174,9 +181,10 @@ def threat_row(w: Any, group: str, evidence: Sequence[Row] = ()) -> Row:
                evidence=tuple(Evidence(e.id, e.value) for e in evidence))
 
 
-def deciding_rows(checks: Sequence[Any], worst: Sequence[Any] = ()) -> list[Row]:
+def deciding_rows(checks: Sequence[CheckResult], worst: Sequence[WorstCase] = ()
+                  ) -> list[Row]:
     """The rows that decide the run's verdict, as the figure draws them and the card's header
-    counts them (:func:`certify.engine.assemble.verdict_statuses`): every check's row, except
+    counts them (:func:`certify.results.verdict_statuses`): every check's row, except
     that each threat model's row stands, at its first attack's place, in place of the attack
     rows it summarises (drawn as its evidence); an errored attack row is its own row. In group
     order, the suite's order within a group."""
@@ -408,8 +416,8 @@ def _other_row(g: _Geometry, r: Row, y: float) -> tuple[list[str], float]:
     return body, h
 
 
-def glance_svg(checks: Sequence[Any], worst: Sequence[Any] = (), *, narrow: bool = False
-               ) -> str:
+def glance_svg(checks: Sequence[CheckResult], worst: Sequence[WorstCase] = (), *,
+               narrow: bool = False) -> str:
     """The at-a-glance figure as inline SVG (with ``<title>`` and ``<desc>``): the headline
     value, interval, threshold and verdict of every row that decides (:func:`deciding_rows`
     of ``checks`` and the threat models' rows ``worst``), grouped, on one 0–100% axis drawn
@@ -471,12 +479,12 @@ def smallest_text(svg: str) -> float:
     return min(float(v) for v in re.findall(r'font-size="([\d.]+)"', svg))
 
 
-def alt_text(checks: Sequence[Any], worst: Sequence[Any] = ()) -> str:
+def alt_text(checks: Sequence[CheckResult], worst: Sequence[WorstCase] = ()) -> str:
     """The figure's numbers in words (its text alternative)."""
     return " ".join(r.sentence() for r in deciding_rows(checks, worst))
 
 
-def worst_case_line(worst: Sequence[Any]) -> str:
+def worst_case_line(worst: Sequence[WorstCase]) -> str:
     """The worst case per threat model in one line (robust to every attack of the suite), each
     with its row's verdict."""
     worst = sorted(worst, key=lambda w: order_key(w.norm, w.epsilon))
@@ -484,7 +492,7 @@ def worst_case_line(worst: Sequence[Any]) -> str:
                       f"(n {w.n}){_status(w)}" for w in worst)
 
 
-def _status(row: Any) -> str:
+def _status(row: WorstCase) -> str:
     """`` PASS`` etc. after a threat model's figure (none for rows made before they had one)."""
-    status = getattr(row, "status", None)
+    status: str | None = getattr(row, "status", None)
     return f" {status}" if status else ""

@@ -31,7 +31,8 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -40,6 +41,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from certify.errors import UsageError, VerificationError
+
+if TYPE_CHECKING:
+    from asn1crypto import cms as asn1_cms
+    from asn1crypto import x509 as asn1_x509
+    from pypdf.generic import PdfObject, StreamObject
 
 log = logging.getLogger("certify")
 
@@ -173,7 +179,7 @@ class PdfSigningKey:
         return cls(key, self_issued_certificate(key))
 
 
-def _cms() -> Any:
+def _cms() -> ModuleType:
     """asn1crypto's ``cms`` module with every CMS attribute type registered.
 
     ``asn1crypto.tsp`` adds ``signing_certificate_v2`` (which pyHanko signs with) to
@@ -288,7 +294,13 @@ def verify_pdf_signature(data: bytes, key: ec.EllipticCurvePublicKey, where: str
     return PdfSignature(*signer, byte_range=(start, a, b, c))
 
 
-def _check_cms(der: bytes, digest: bytes, key: ec.EllipticCurvePublicKey, refuse: Any
+class _Refuse(Protocol):
+    """How a check says no: the refusal naming the file, with a hint."""
+
+    def __call__(self, what: str, hint: str = ...) -> VerificationError: ...
+
+
+def _check_cms(der: bytes, digest: bytes, key: ec.EllipticCurvePublicKey, refuse: _Refuse
                ) -> tuple[str, str]:
     """Check a detached CMS SignedData over ``digest``; returns (key fingerprint, subject)."""
     cms = _cms()
@@ -341,7 +353,8 @@ def _check_cms(der: bytes, digest: bytes, key: ec.EllipticCurvePublicKey, refuse
     return theirs, subject
 
 
-def _signer_certificate(sd: Any, sid: Any) -> Any:
+def _signer_certificate(sd: asn1_cms.SignedData, sid: asn1_cms.SignerIdentifier
+                        ) -> asn1_x509.Certificate:
     """The certificate of the signer ``sid`` names, among those the SignedData carries."""
     for choice in sd["certificates"] or []:
         if choice.name != "certificate":
@@ -384,9 +397,8 @@ def attachments(data: bytes, limits: dict[str, int], where: str, signed: bool = 
 
     try:
         reader = PdfReader(io.BytesIO(data))
-        root: Any = reader.trailer["/Root"].get_object()
-        names: Any = root.get("/Names")
-        tree = names.get_object().get("/EmbeddedFiles") if names is not None else None
+        names = _pdf_dict(reader.trailer["/Root"]).get("/Names")
+        tree = _pdf_dict(names).get("/EmbeddedFiles") if names is not None else None
         found = _name_tree(tree, set(limits)) if tree is not None else {}
     except (PdfReadError, OSError, ValueError, KeyError, TypeError, AttributeError,
             RecursionError) as exc:
@@ -398,37 +410,71 @@ def attachments(data: bytes, limits: dict[str, int], where: str, signed: bool = 
     return out
 
 
-def _name_tree(node: Any, wanted: set[str], depth: int = 0) -> dict[str, Any]:
+def _pdf_resolved(obj: object) -> object:
+    """``obj``, or the object it refers to (a pypdf indirect reference)."""
+    from pypdf.generic import PdfObject
+
+    return obj.get_object() if isinstance(obj, PdfObject) else obj
+
+
+def _pdf_dict(obj: object) -> dict[str, PdfObject]:
+    """A pypdf dictionary (a reference resolved); ValueError for anything else."""
+    from pypdf.generic import DictionaryObject
+
+    got = _pdf_resolved(obj)
+    if not isinstance(got, DictionaryObject):
+        raise ValueError(f"a {type(got).__name__} where a dictionary belongs")
+    return got
+
+
+def _pdf_list(obj: object) -> list[PdfObject]:
+    """A pypdf array (a reference resolved; none: empty); ValueError for anything else."""
+    from pypdf.generic import ArrayObject
+
+    got = _pdf_resolved(obj)
+    if got is None:
+        return []
+    if not isinstance(got, ArrayObject):
+        raise ValueError(f"a {type(got).__name__} where an array belongs")
+    return got
+
+
+def _name_tree(node: object, wanted: set[str], depth: int = 0) -> dict[str, StreamObject]:
     """The file streams of the ``wanted`` names in an /EmbeddedFiles name tree (the last of
     each, as pypdf reads them); bounded in depth."""
+    from pypdf.generic import StreamObject
+
     if depth > 16:
         raise ValueError("the attachment tree is too deep")
-    node = node.get_object()
-    found: dict[str, Any] = {}
-    for kid in node.get("/Kids") or []:
+    tree = _pdf_dict(node)
+    found: dict[str, StreamObject] = {}
+    for kid in _pdf_list(tree.get("/Kids")):
         found.update(_name_tree(kid, wanted, depth + 1))
-    pairs = node.get("/Names") or []
+    pairs = _pdf_list(tree.get("/Names"))
     for i in range(0, len(pairs) - 1, 2):
         name = str(pairs[i])
         if name in wanted:
-            spec = pairs[i + 1].get_object()
-            ef = spec["/EF"].get_object()
-            found[name] = (ef.get("/F") or ef["/UF"]).get_object()
+            ef = _pdf_dict(_pdf_dict(pairs[i + 1])["/EF"])
+            stream = _pdf_resolved(ef.get("/F") or ef["/UF"])
+            if not isinstance(stream, StreamObject):
+                raise ValueError(f"the attachment {name} is not a stream")
+            found[name] = stream
     return found
 
 
-def _inflate(stream: Any, limit: int, where: str) -> bytes:
+def _inflate(stream: StreamObject, limit: int, where: str) -> bytes:
     return _inflate_raw(stream.get("/Filter"), stream.get("/DecodeParms"),
                         bytes(getattr(stream, "_data", b"")), limit, where)
 
 
-def _inflate_raw(filters: Any, params: Any, raw: bytes, limit: int, where: str) -> bytes:
+def _inflate_raw(filters: object, params: object, raw: bytes, limit: int, where: str
+                 ) -> bytes:
     """A stream's bytes decoded (none, or Flate without parameters), at most ``limit``."""
-    filters = [] if filters is None else [filters] if not isinstance(filters, list) \
-        else list(filters)
-    if not filters:
+    named: list[object] = ([] if filters is None else list(filters)
+                           if isinstance(filters, list) else [filters])
+    if not named:
         body = raw
-    elif [str(f).lstrip("/") for f in filters] == ["FlateDecode"] and params is None:
+    elif [str(f).lstrip("/") for f in named] == ["FlateDecode"] and params is None:
         d = zlib.decompressobj()
         try:
             body = d.decompress(raw, limit + 1)
@@ -438,7 +484,7 @@ def _inflate_raw(filters: Any, params: Any, raw: bytes, limit: int, where: str) 
         if d.unconsumed_tail:
             body += b"?"  # more to come: over the limit
     else:
-        raise VerificationError(f"{where} is encoded with {filters}, not Flate",
+        raise VerificationError(f"{where} is encoded with {named}, not Flate",
                                 hint="not a card certify wrote")
     if len(body) > limit:
         raise VerificationError(f"{where} inflates to more than {limit:,} bytes",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Any
+from typing import Union
 
 
 class PdfParseError(ValueError):
@@ -33,6 +33,14 @@ class Ref:
 
 class Name(str):
     """A PDF name (without its slash)."""
+
+
+#: A PDF object as this reader returns it: null, a boolean, a number, a string (bytes), a name,
+#: an indirect reference, an array or a dictionary (keyed by name).
+PdfValue = Union[  # noqa: UP007 - a recursive alias needs the Union form on Python 3.10
+    None, bool, int, float, bytes, Name, Ref, list["PdfValue"], dict[str, "PdfValue"]]
+#: A stream: its dictionary and its raw (still encoded) bytes.
+Stream = tuple[dict[str, PdfValue], bytes]
 
 
 _WS = b" \t\r\n\f\x00"
@@ -60,7 +68,7 @@ class _Parser:
             else:
                 return
 
-    def value(self, depth: int = 0) -> Any:
+    def value(self, depth: int = 0) -> PdfValue:
         if depth > _MAX_DEPTH:
             raise PdfParseError("nested too deep")
         self._skip()
@@ -70,7 +78,7 @@ class _Parser:
         c = d[self.at:self.at + 1]
         if d.startswith(b"<<", self.at):
             self.at += 2
-            out: dict[str, Any] = {}
+            out: dict[str, PdfValue] = {}
             while True:
                 self._skip()
                 if d.startswith(b">>", self.at):
@@ -82,7 +90,7 @@ class _Parser:
                 out[str(key)] = self.value(depth + 1)
         if c == b"[":
             self.at += 1
-            items: list[Any] = []
+            items: list[PdfValue] = []
             while True:
                 self._skip()
                 if d.startswith(b"]", self.at):
@@ -155,16 +163,33 @@ class _Parser:
         raise PdfParseError("unterminated string")
 
 
-def _inflate(data: bytes, params: Any) -> bytes:
+def _int(v: PdfValue, what: str) -> int:
+    """``v``, an integer; PdfParseError naming ``what`` for anything else."""
+    if not isinstance(v, int):
+        raise PdfParseError(f"bad {what}")
+    return v
+
+
+def _ints(v: PdfValue, what: str) -> list[int]:
+    """``v``, an array of integers; PdfParseError naming ``what`` for anything else."""
+    if not isinstance(v, list):
+        raise PdfParseError(f"bad {what}")
+    return [_int(x, what) for x in v]
+
+
+def _inflate(data: bytes, params: PdfValue) -> bytes:
     try:
         raw = zlib.decompress(data)
     except zlib.error as exc:
         raise PdfParseError(f"bad Flate stream ({exc})") from None
-    if not isinstance(params, dict) or params.get("Predictor", 1) == 1:
+    if not isinstance(params, dict):
         return raw
-    if params.get("Predictor", 1) < 10:
+    predictor = _int(params.get("Predictor", 1), "/Predictor")
+    if predictor == 1:
+        return raw
+    if predictor < 10:
         raise PdfParseError("TIFF predictors are not read here")
-    cols = int(params.get("Columns", 1))
+    cols = _int(params.get("Columns", 1), "/Columns")
     out, prev = bytearray(), bytearray(cols)
     for i in range(0, len(raw), cols + 1):
         kind, row = raw[i], bytearray(raw[i + 1:i + 1 + cols])
@@ -184,8 +209,8 @@ class PdfFile:
         self.data = data
         self.offsets: dict[int, int] = {}  # object -> byte offset
         self.packed: dict[int, tuple[int, int]] = {}  # object -> (object stream, index)
-        self.trailer: dict[str, Any] = {}
-        self._streams: dict[int, tuple[dict[str, Any], bytes]] = {}
+        self.trailer: dict[str, PdfValue] = {}
+        self._streams: dict[int, Stream] = {}
         at = data.rfind(b"startxref", max(0, len(data) - 2048))
         if at < 0:
             raise PdfParseError("no startxref")
@@ -207,7 +232,7 @@ class PdfFile:
     def _known(self, num: int) -> bool:
         return num in self.offsets or num in self.packed
 
-    def _section(self, at: int) -> dict[str, Any]:
+    def _section(self, at: int) -> dict[str, PdfValue]:
         d = self.data
         if d.startswith(b"xref", at):
             p = _Parser(d, at + 4)
@@ -239,11 +264,10 @@ class PdfFile:
         if not isinstance(head, dict) or head.get("Type") != "XRef" or raw is None:
             raise PdfParseError("the cross-reference is neither a table nor a stream")
         body = self._decode(head, raw)
-        widths = head.get("W")
-        if not (isinstance(widths, list) and len(widths) == 3
-                and all(isinstance(w, int) and 0 <= w <= 8 for w in widths)):
+        widths = _ints(head.get("W"), "/W")
+        if not (len(widths) == 3 and all(0 <= w <= 8 for w in widths)):
             raise PdfParseError("bad /W")
-        index = head.get("Index") or [0, head.get("Size", 0)]
+        index = _ints(head.get("Index") or [0, head.get("Size", 0)], "/Index")
         step, pos = sum(widths), 0
         for first, count in zip(index[0::2], index[1::2], strict=True):
             for i in range(count):
@@ -266,7 +290,7 @@ class PdfFile:
         self.offsets.setdefault(num, at)
         return head
 
-    def _object_at(self, at: int) -> tuple[int, Any, bytes | None]:
+    def _object_at(self, at: int) -> tuple[int, PdfValue, bytes | None]:
         m = _OBJ.match(self.data, at)
         if m is None:
             raise PdfParseError(f"no object at {at}")
@@ -280,7 +304,7 @@ class PdfFile:
             start += 2
         elif self.data.startswith(b"\n", start):
             start += 1
-        length = value.get("Length") if isinstance(value, dict) else None
+        length: PdfValue | Stream = value.get("Length") if isinstance(value, dict) else None
         if isinstance(length, Ref):
             length = self.get(length.num)
         if not isinstance(length, int) or not 0 <= length <= _MAX_STREAM:
@@ -290,16 +314,16 @@ class PdfFile:
             raise PdfParseError("stream not closed where its length says")
         return int(m.group(1)), value, raw
 
-    def _decode(self, head: dict[str, Any], raw: bytes) -> bytes:
+    def _decode(self, head: dict[str, PdfValue], raw: bytes) -> bytes:
         filt = head.get("Filter")
         if filt is None or filt == []:
             return raw
         if filt in ("FlateDecode", ["FlateDecode"]):
             params = head.get("DecodeParms")
             return _inflate(raw, params[0] if isinstance(params, list) else params)
-        raise PdfParseError(f"filter {filt} is not read here")
+        raise PdfParseError(f"filter {filt!r} is not read here")
 
-    def get(self, num: int, depth: int = 0) -> Any:
+    def get(self, num: int, depth: int = 0) -> PdfValue | Stream:
         """Object ``num`` (a stream as ``(dict, raw bytes)``)."""
         if depth > 8:
             raise PdfParseError("references nested too deep")
@@ -307,7 +331,11 @@ class PdfFile:
             got, value, raw = self._object_at(self.offsets[num])
             if got != num:
                 raise PdfParseError(f"object {num} is not where the cross-reference says")
-            return value if raw is None else (value, raw)
+            if raw is None:
+                return value
+            if not isinstance(value, dict):
+                raise PdfParseError(f"stream {num} has no dictionary")
+            return value, raw
         if num in self.packed:
             stm, index = self.packed[num]
             head, body = self._objstm(stm)
@@ -318,10 +346,10 @@ class PdfFile:
             pairs = [p.value() for _ in range(2 * count)]
             if pairs[2 * index] != num:
                 raise PdfParseError(f"object {num} is not where its object stream says")
-            return _Parser(body, first + int(pairs[2 * index + 1])).value()
+            return _Parser(body, first + _int(pairs[2 * index + 1], "object stream")).value()
         raise PdfParseError(f"object {num} is not in the cross-reference")
 
-    def _objstm(self, num: int) -> tuple[dict[str, Any], bytes]:
+    def _objstm(self, num: int) -> Stream:
         if num not in self._streams:
             got = self.get(num)
             if not isinstance(got, tuple):
@@ -330,12 +358,12 @@ class PdfFile:
             self._streams[num] = (head, self._decode(head, raw))
         return self._streams[num]
 
-    def resolve(self, v: Any) -> Any:
+    def resolve(self, v: PdfValue | Stream) -> PdfValue | Stream:
         """``v``, or the object it refers to."""
         return self.get(v.num) if isinstance(v, Ref) else v
 
 
-def embedded_files(data: bytes, wanted: set[str]) -> dict[str, tuple[dict[str, Any], bytes]]:
+def embedded_files(data: bytes, wanted: set[str]) -> dict[str, Stream]:
     """The streams (dictionary and raw bytes) of the ``wanted`` names in the document's
     ``/EmbeddedFiles`` name tree, the last of each name."""
     pdf = PdfFile(data)
@@ -344,14 +372,16 @@ def embedded_files(data: bytes, wanted: set[str]) -> dict[str, tuple[dict[str, A
         raise PdfParseError("no catalog")
     names = pdf.resolve(root.get("Names"))
     tree = pdf.resolve(names.get("EmbeddedFiles")) if isinstance(names, dict) else None
-    found: dict[str, tuple[dict[str, Any], bytes]] = {}
+    found: dict[str, Stream] = {}
 
-    def walk(node: Any, depth: int) -> None:
+    def walk(node: PdfValue | Stream, depth: int) -> None:
         if depth > 16 or not isinstance(node, dict):
             raise PdfParseError("bad name tree")
-        for kid in node.get("Kids") or []:
+        kids, pairs = node.get("Kids") or [], node.get("Names") or []
+        if not isinstance(kids, list) or not isinstance(pairs, list):
+            raise PdfParseError("bad name tree")
+        for kid in kids:
             walk(pdf.resolve(kid), depth + 1)
-        pairs = node.get("Names") or []
         for i in range(0, len(pairs) - 1, 2):
             key = pairs[i]
             name = key.decode("latin-1") if isinstance(key, bytes) else str(key)

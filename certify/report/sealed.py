@@ -26,8 +26,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from certify.canonical import canonical_json
 from certify.errors import VerificationError
+from certify.report.signature import Signature
 
 #: The signed statement's type.
 HTML_STATEMENT_TYPE = "certify.signed-html/1"
@@ -57,7 +58,7 @@ def _sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def statement_digest(signed: dict[str, Any]) -> str:
+def statement_digest(signed: Mapping[str, object]) -> str:
     """``sha256:<hex>`` of a statement's canonical JSON (what the HTML statement names of the
     results statement, and what the transparency log records)."""
     return _sha256(canonical_json(signed))
@@ -86,7 +87,7 @@ def _signed_bytes(data: bytes, a: int, b: int) -> bytes:
     return data[:a] + data[b:]
 
 
-def seal(html: bytes, results_signature: Any, key: ec.EllipticCurvePrivateKey) -> bytes:
+def seal(html: bytes, results_signature: Signature, key: ec.EllipticCurvePrivateKey) -> bytes:
     """``html`` (rendered with a :func:`blank_slot` in its signature script) with the slot
     filled: the results signature and the signed HTML statement over every other byte."""
     found = _gap(html)
@@ -213,7 +214,7 @@ def read_sealed(data: bytes, key: ec.EllipticCurvePublicKey, key_fingerprint: st
                       f"but its {b - a:,}-byte signature slot): nothing was rendered to check it")
 
 
-def _bytes_problem(data: bytes, signed: dict[str, Any]) -> str | None:
+def _bytes_problem(data: bytes, signed: Mapping[str, object]) -> str | None:
     """Why ``data`` is not the bytes ``signed`` covers (``None``: it is)."""
     found = _gap(data)
     rng = signed.get("range")
@@ -230,7 +231,7 @@ def _bytes_problem(data: bytes, signed: dict[str, Any]) -> str | None:
     return None
 
 
-def _diagnosis(data: bytes, signed: dict[str, Any]) -> tuple[str, bool]:
+def _diagnosis(data: bytes, signed: Mapping[str, object]) -> tuple[str, bool]:
     """What ordinary handling would explain a change, checked by undoing it, and ``True``; or
     a plain warning and ``False`` when none does."""
     tries: list[tuple[str, bytes]] = []

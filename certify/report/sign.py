@@ -29,9 +29,10 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -40,6 +41,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from certify.canonical import canonical_json, script_safe_json
 from certify.errors import UsageError, VerificationError
 from certify.report import sealed
+from certify.report.signature import Signature  # the document (re-exported here)
+
+if TYPE_CHECKING:
+    from certify.report.pades import PdfSignature
+    from certify.results import RunResult
 
 ALGORITHM = "ecdsa-p256-sha256"
 
@@ -63,12 +69,12 @@ def _sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def part_digest(doc: dict[str, Any], part: str) -> str:
+def part_digest(doc: Mapping[str, object], part: str) -> str:
     """sha256 of one part's canonical JSON."""
     return _sha256(canonical_json(doc.get(part)))
 
 
-def statement(doc: dict[str, Any]) -> dict[str, str]:
+def statement(doc: Mapping[str, object]) -> dict[str, str]:
     """What a signature covers: the schema version, the digest of each part, and the digests
     of the exact payload bytes a verifier reads (results.json and card.pdf's attachment:
     ``payload``; card.html's embedded script: ``html_payload``), and that card.html is sealed
@@ -79,37 +85,6 @@ def statement(doc: dict[str, Any]) -> dict[str, str]:
             "html_payload": _sha256(script_safe_json(doc).encode("utf-8")),
             # card.html of these results is sealed over its bytes: an unsealed one is refused
             "html_seal": sealed.HTML_STATEMENT_TYPE}
-
-
-@dataclass(frozen=True)
-class Signature:
-    """A detached signature over a statement, and the fingerprint of the key that made it."""
-
-    algorithm: str
-    value: str  # base64 DER
-    key_fingerprint: str
-    signed: dict[str, str]
-
-    def to_json(self) -> str:
-        """The ``results.json.sig`` document."""
-        return json.dumps({"algorithm": self.algorithm, "signature": self.value,
-                           "key_fingerprint": self.key_fingerprint, "signed": self.signed},
-                          indent=2, sort_keys=True) + "\n"
-
-    @staticmethod
-    def from_json(text: str, where: str) -> Signature:
-        """Parse a signature document, or raise VerificationError naming ``where``."""
-        try:
-            d = json.loads(text)
-            signed = d["signed"]
-            if not isinstance(signed, dict) or not all(
-                    isinstance(v, str) for v in signed.values()):
-                raise TypeError("signed")
-            return Signature(str(d["algorithm"]), str(d["signature"]),
-                             str(d["key_fingerprint"]), dict(signed))
-        except (ValueError, KeyError, TypeError, RecursionError):
-            raise VerificationError(f"{where}: the signature is malformed or from an older "
-                                    "certify", hint="re-sign with `certify sign`") from None
 
 
 def fingerprint(public_key: ec.EllipticCurvePublicKey) -> str:
@@ -176,7 +151,7 @@ def load_public_key(path: Path) -> ec.EllipticCurvePublicKey:
     return key
 
 
-def sign(results: dict[str, Any], key: ec.EllipticCurvePrivateKey) -> Signature:
+def sign(results: Mapping[str, object], key: ec.EllipticCurvePrivateKey) -> Signature:
     """Sign the statement of ``results`` (a results document as plain JSON)."""
     signed = statement(results)
     der = key.sign(canonical_json(signed), ec.ECDSA(hashes.SHA256()))
@@ -227,7 +202,7 @@ class Embedded:
     #: which statement digest covers ``payload``: ``payload`` or ``html_payload``
     digest_key: str
     #: card.pdf's PDF signature, checked (``None``: not a PDF, or a PDF without one)
-    pdf_signature: Any = None
+    pdf_signature: PdfSignature | None = None
     #: a sealed card.html whose bytes checked out: how (``None``: not one)
     sealed_how: str | None = None
 
@@ -350,7 +325,7 @@ def _explain_broken_seal(data: bytes, slot: str, key: ec.EllipticCurvePublicKey,
     return exc
 
 
-def _parse(data: bytes, where: Path) -> dict[str, Any]:
+def _parse(data: bytes, where: Path) -> dict[str, object]:
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError):
@@ -389,7 +364,8 @@ def verify_statement(sig: Signature, key: ec.EllipticCurvePublicKey) -> None:
                                 hint="do not trust this card")
 
 
-def verify(results: dict[str, Any], sig: Signature, key: ec.EllipticCurvePublicKey) -> None:
+def verify(results: Mapping[str, object], sig: Signature, key: ec.EllipticCurvePublicKey
+           ) -> None:
     """Raise VerificationError unless ``sig`` is ``key``'s valid signature of ``results`` (a
     parsed document): the statement's signature first, so a damaged signature is reported as
     such; then the schema and each part's digest, and the message names the part that
@@ -398,7 +374,7 @@ def verify(results: dict[str, Any], sig: Signature, key: ec.EllipticCurvePublicK
     _check_parts(results, sig)
 
 
-def _check_parts(results: dict[str, Any], sig: Signature) -> None:
+def _check_parts(results: Mapping[str, object], sig: Signature) -> None:
     if sig.signed.get("schema") != results.get("schema"):
         raise VerificationError(
             f"the payload's schema {results.get('schema')!r} is not the signed "
@@ -424,7 +400,7 @@ class Verified:
 
     #: the typed results (``None`` for an older results format, whose figures this certify
     #: does not re-read)
-    result: Any  # certify.results.RunResult | None
+    result: RunResult | None
     signature: Signature
     #: How the visible content was checked, or why it was not (``None`` for results.json).
     visible: str | None
@@ -436,7 +412,7 @@ class Verified:
     #: the payload's results format (its ``schema``)
     results_format: str = ""
     #: card.pdf's checked PDF signature (:class:`certify.report.pades.PdfSignature`)
-    pdf_signature: Any = None
+    pdf_signature: PdfSignature | None = None
 
     @property
     def older_format(self) -> bool:
@@ -497,7 +473,7 @@ def verify_file(path: Path, key: ec.EllipticCurvePublicKey, *,
     return _visible(path, doc, got)
 
 
-def _visible(path: Path, doc: dict[str, Any], got: Embedded) -> Verified:
+def _visible(path: Path, doc: Mapping[str, object], got: Embedded) -> Verified:
     """The typed result (current format) and how the visible layer was checked."""
     from certify.results import parse_result
 

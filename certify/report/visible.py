@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
-from typing import Any
 
 from certify.errors import VerificationError
 from certify.images import image_digest, pixels_of_data_uri
@@ -32,6 +31,7 @@ from certify.report.card import (
     unsealed_form,
 )
 from certify.report.sealed import blank_slot_of
+from certify.report.signature import Signature
 from certify.results import RunResult
 
 _WS = re.compile(r"\s+")
@@ -117,7 +117,7 @@ def _check_images(actual: list[str], expected: list[str], where: str) -> None:
                             hint="do not trust this card")
 
 
-def check_html(data: bytes, result: RunResult, signature: Any, where: str,
+def check_html(data: bytes, result: RunResult, signature: Signature, where: str,
                sealed: bool = False, prefix: str = "") -> tuple[bool, str]:
     """Compare a card's bytes with a fresh rendering of its verified payload.
 

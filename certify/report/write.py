@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from certify.canonical import canonical_json, script_safe_json
 from certify.errors import PdfUnavailableError
@@ -15,13 +15,14 @@ from certify.images import data_uri, decode_png, image_digest, png_bytes
 from certify.report.card import render_html, render_pdf
 from certify.report.pades import PdfSigningKey, sign_pdf
 from certify.report.sealed import seal
-from certify.report.sign import Signature
+from certify.report.signature import Signature
 from certify.results import RunResult, parse_result
 from certify.rundir import atomic_write
 
 __all__ = ["load_images", "write_report"]
 
 if TYPE_CHECKING:
+    import numpy as np
     from cryptography.hazmat.primitives.asymmetric import ec
 
 log = logging.getLogger("certify")
@@ -29,7 +30,8 @@ log = logging.getLogger("certify")
 IMAGES_DIR = "images"
 
 
-def write_report(result: RunResult, out: Path, images: Mapping[str, Any] | None = None,
+def write_report(result: RunResult, out: Path,
+                 images: Mapping[str, np.ndarray | bytes] | None = None,
                  pdf: bool = True, signature: Signature | None = None,
                  key: ec.EllipticCurvePrivateKey | None = None,
                  pdf_signer: PdfSigningKey | None = None) -> dict[str, Path]:
