@@ -6,6 +6,7 @@ two: the real runs below)::
 
     python tests/compare_fixtures.py            # inputs and expected outputs
     python tests/compare_fixtures.py --outputs  # expected outputs only, from the stored inputs
+    python tests/compare_fixtures.py --synthetic  # the synthetic inputs and the outputs
 
 Under ``tests/data/compare``:
 
@@ -152,7 +153,34 @@ def synthetic_inputs() -> dict[str, dict[str, Any]]:
         ch["outcomes"]["values"] = {}
     docs["score-intervals-old"] = t._doc([checks[0]], n)
     docs["score-intervals-new"] = t._doc([checks[1]], n)
+    docs.update(_interval_family(t))
     docs.update(_threat_inputs(t))
+    return docs
+
+
+def _interval_family(t: Any) -> dict[str, dict[str, Any]]:
+    """Rows compared by the normal approximation in a Holm family of four (so at levels other
+    than 95%): three scores without per-sample values (a resolved regression, a small change
+    that leaves the row undecided, no change) and a rate whose runs kept no per-sample
+    outcomes."""
+    from certify.stats import wilson_interval
+
+    n = 60
+    sel = np.ones(n, dtype=bool)
+    docs: dict[str, dict[str, Any]] = {}
+    for side, values in (("old", (1.0, 1.0, 1.2)), ("new", (1.6, 1.04, 1.2))):
+        checks = []
+        for k, v in enumerate(values):
+            c = t._brittle(np.full(n, v), sel, 0.1 + 0.02 * k)
+            c["id"], c["outcomes"]["values"] = f"score{k}", {}
+            checks.append(c)
+        correct = np.zeros(n, dtype=bool)
+        correct[: 45 if side == "old" else 41] = True
+        rate = t._result(correct, sel)["measurement"]["checks"][0]
+        rate["outcomes"] = None
+        rate["intervals"] = {"accuracy": list(wilson_interval(int(correct.sum()), n))}
+        checks.append(rate)
+        docs[f"interval-family-{side}"] = t._doc(checks, n)
     return docs
 
 
@@ -298,6 +326,10 @@ def synthetic_cases() -> None:
     _case("bootstrap-paired-tol30", _in("brittle-old"), _in("brittle-new"), "--tolerance", "30")
     _case("bootstrap-unpaired", _in("brittle-old"), _in("brittle-new-seed1"))
     _case("normal-approximation", _in("score-intervals-old"), _in("score-intervals-new"))
+    _case("normal-approximation-family", _in("interval-family-old"),
+          _in("interval-family-new"))
+    _case("normal-approximation-family-tol5", _in("interval-family-old"),
+          _in("interval-family-new"), "--tolerance", "5")
     _case("threat-model-regression", _in("tm-old"), _in("tm-new"), "--tolerance", "10")
     _case("attack-rows-alone", _in("tm-old-no-summary"), _in("tm-new-no-summary"),
           "--tolerance", "10")
@@ -422,8 +454,6 @@ PREVIOUS = TESTS / "data" / "previous_release"
 def store_inputs(plain: Path) -> None:
     """Every file under ``plain`` gzipped into ``inputs/`` (reproducibly: no name, no time)."""
     inputs = HERE / "inputs"
-    if inputs.exists():
-        shutil.rmtree(inputs)
     for path in sorted(p for p in plain.rglob("*") if p.is_file()):
         target = inputs / path.relative_to(plain).with_name(path.name + ".gz")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -488,18 +518,25 @@ def write_outputs() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--outputs", action="store_true",
-                        help="only the expected outputs, from the stored inputs")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--outputs", action="store_true",
+                       help="only the expected outputs, from the stored inputs")
+    which.add_argument("--synthetic", action="store_true",
+                       help="the synthetic inputs and the expected outputs (the stored real "
+                            "runs kept)")
     opts = parser.parse_args()
     if not opts.outputs:
+        if not opts.synthetic and (HERE / "inputs").exists():
+            shutil.rmtree(HERE / "inputs")
         with tempfile.TemporaryDirectory() as tmp:
             plain = Path(tmp) / "inputs"
             plain.mkdir()
             for name, doc in synthetic_inputs().items():
                 (plain / f"{name}.json").write_text(json.dumps(doc) + "\n", encoding="utf-8")
-            work = Path(tmp) / "work"
-            work.mkdir()
-            real_inputs(work, plain)
+            if not opts.synthetic:
+                work = Path(tmp) / "work"
+                work.mkdir()
+                real_inputs(work, plain)
             store_inputs(plain)
     write_outputs()
 
