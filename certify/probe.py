@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from certify.errors import ModelError, NonFiniteOutput
 from certify.models.base import Budget, Model, Preprocessing, QueryCounter, Reconfigurable
-from certify.stats import wilson_interval
+from certify.stats import mcnemar_exact, wilson_interval
 
 if TYPE_CHECKING:
     import torch
@@ -237,12 +237,7 @@ def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
     the same samples more often one way than the other (1.0 when they never disagree)."""
     only_a = sum(x and not y for x, y in zip(a, b, strict=True))
     only_b = sum(y and not x for x, y in zip(a, b, strict=True))
-    n = only_a + only_b
-    if n == 0:
-        return 1.0
-    k = min(only_a, only_b)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    return mcnemar_exact(only_a, only_b)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,20 @@
-"""Small statistics shared by checks: confidence intervals."""
+"""The statistics certify uses, in one place: confidence intervals (Wilson, Clopper–Pearson),
+the sequential binomial test of random corruptions, and the tests ``certify compare`` and the
+preprocessing probe decide with (McNemar's exact test, Newcombe's intervals of a difference of
+proportions, Holm's step-down correction, the bootstrap of a mean difference).
+
+Pure Python apart from the bootstrap (numpy) and the binomial tail of McNemar's test (scipy),
+each imported where used: checks and the card import this module without either.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -16,7 +27,7 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
         return (0.0, 1.0)
     if not 0 <= successes <= n:
         raise ValueError(f"successes={successes} outside 0..{n}")
-    z = _z(confidence)
+    z = two_sided_z(confidence)
     p = successes / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
@@ -26,8 +37,11 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     return (lo, hi)
 
 
-def _z(confidence: float) -> float:
-    """Two-sided standard-normal quantile, by bisection on erf (no scipy needed)."""
+def two_sided_z(confidence: float) -> float:
+    """The standard-normal quantile of a two-sided ``confidence`` level: the ``z`` with
+    ``P(|Z| <= z) = confidence`` (1.96 at 0.95), by bisection on erf (no scipy needed). The one
+    normal quantile of certify: the one-sided ``q`` quantile (``q >= 0.5``) is
+    ``two_sided_z(2 * q - 1)``."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     target = confidence
@@ -43,7 +57,7 @@ def _z(confidence: float) -> float:
 
 def wilson_bounds(p: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
     """The Wilson interval at proportion ``p`` (not necessarily k/n) for ``n`` samples."""
-    z = _z(confidence)
+    z = two_sided_z(confidence)
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n)) / denom
@@ -293,3 +307,126 @@ class SequentialBinomialTest:
                 f"{len(self.robust_looks)} (Bonferroni over each side's looks): a sample is "
                 f"decided wrongly in either direction with probability at most "
                 f"{1 - self.confidence:.2g}")
+
+
+# --- comparing two runs (certify compare) and two preprocessings (certify.probe) ---------------
+
+def mcnemar_exact(worse: int, better: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant pairs: they split as a fair coin would
+    (``2 * P(X <= min)``, capped at 1; 1.0 with no discordant pair)."""
+    from scipy.stats import binom
+
+    d = worse + better
+    if d == 0:
+        return 1.0
+    return float(min(1.0, 2.0 * binom.cdf(min(worse, better), d, 0.5)))
+
+
+def holm(pvalues: list[float], alpha: float = 0.05
+         ) -> tuple[list[float], list[bool], list[float]]:
+    """Holm's step-down procedure: adjusted p-values, rejections, and the per-test level
+    ``alpha / (m - rank)`` used for each (rank of its p-value, 0 for the smallest)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (pvalues[i], i))
+    adjusted = [1.0] * m
+    reject = [False] * m
+    levels = [alpha] * m
+    running = 0.0
+    still = True
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+        levels[i] = alpha / (m - rank)
+        still = still and pvalues[i] <= levels[i]
+        reject[i] = still
+    return adjusted, reject, levels
+
+
+def newcombe_unpaired(k_old: int, n_old: int, k_new: int, n_new: int,
+                      confidence: float) -> tuple[float, float]:
+    """Interval of ``p_new - p_old`` for independent samples (Newcombe 1998, method 10)."""
+    p1, p0 = k_new / n_new, k_old / n_old
+    l1, u1 = wilson_interval(k_new, n_new, confidence)
+    l0, u0 = wilson_interval(k_old, n_old, confidence)
+    d = p1 - p0
+    return (d - math.sqrt((p1 - l1) ** 2 + (u0 - p0) ** 2),
+            d + math.sqrt((u1 - p1) ** 2 + (p0 - l0) ** 2))
+
+
+def newcombe_paired(both: int, old_only: int, new_only: int, neither: int,
+                    confidence: float) -> tuple[float, float]:
+    """Interval of ``p_new - p_old`` for paired binary outcomes (Newcombe 1998b, method 10):
+    the two Wilson intervals combined with the correlation of the pairs."""
+    n = both + old_only + new_only + neither
+    p1, p0 = (both + new_only) / n, (both + old_only) / n
+    l1, u1 = wilson_interval(both + new_only, n, confidence)
+    l0, u0 = wilson_interval(both + old_only, n, confidence)
+    margins = ((both + old_only) * (new_only + neither) * (both + new_only)
+               * (old_only + neither))
+    phi = 0.0 if margins == 0 else (both * neither - old_only * new_only) / math.sqrt(margins)
+    d = p1 - p0
+    lo = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u0 - p0) + (u0 - p0) ** 2))
+    hi = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p0 - l0) + (p0 - l0) ** 2))
+    return (d - lo, d + hi)
+
+
+#: An interval of a difference as a function of its confidence level.
+IntervalAt = Callable[[float], tuple[float, float]]
+
+
+def p_from_interval(interval: IntervalAt) -> float:
+    """The smallest two-sided level at which ``interval(confidence)`` excludes 0 (bisection
+    between 1e-12 and 1)."""
+    lo_a, hi_a = 1e-12, 1.0 - 1e-9
+    lo, hi = interval(1 - lo_a)
+    if lo > 0 or hi < 0:
+        return lo_a
+    for _ in range(60):
+        mid = math.sqrt(lo_a * hi_a)
+        lo, hi = interval(1 - mid)
+        if lo > 0 or hi < 0:
+            hi_a = mid
+        else:
+            lo_a = mid
+    return hi_a
+
+
+def normal_interval(centre: float, se: float) -> IntervalAt:
+    """The normal approximation's interval ``centre ± z * se`` at each confidence."""
+    return lambda conf: (centre - two_sided_z(conf) * se, centre + two_sided_z(conf) * se)
+
+
+#: Bootstrap resamples of a mean difference (seeded: deterministic).
+BOOTSTRAP = 4000
+
+
+def bootstrap_diffs(old: np.ndarray, new: np.ndarray, paired: bool, seed: int = 0,
+                    resamples: int = BOOTSTRAP) -> np.ndarray:
+    """Bootstrap distribution of ``mean(new) - mean(old)`` (paired: resample sample indices
+    common to both; unpaired: each run's values independently). Seeded: deterministic."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if paired:
+        d = new - old
+        idx = rng.integers(0, len(d), size=(resamples, len(d)))
+        return np.asarray(d[idx].mean(axis=1))
+    io = rng.integers(0, len(old), size=(resamples, len(old)))
+    inew = rng.integers(0, len(new), size=(resamples, len(new)))
+    return np.asarray(new[inew].mean(axis=1) - old[io].mean(axis=1))
+
+
+def bootstrap_p(boot: np.ndarray) -> float:
+    """Two-sided bootstrap p-value of "no difference": twice the smaller share of the
+    resampled differences on either side of 0 (each count plus one)."""
+    below = int((boot <= 0).sum())
+    above = int((boot >= 0).sum())
+    return min(1.0, 2 * (min(below, above) + 1) / (len(boot) + 1))
+
+
+def bootstrap_interval(boot: np.ndarray) -> IntervalAt:
+    """The percentile interval of a bootstrap distribution at each confidence."""
+    import numpy as np
+
+    return lambda conf: (float(np.quantile(boot, (1 - conf) / 2)),
+                         float(np.quantile(boot, 1 - (1 - conf) / 2)))

@@ -33,7 +33,7 @@ from certify.data.classes import (
 from certify.demo.synthetic import GTSRB_CLASS_NAMES, generate
 from certify.errors import CARD_WRITTEN_CODES, DataError, SuiteError
 from certify.probe import at_chance, candidates, mcnemar_p
-from certify.report.compare import mcnemar_exact
+from certify.stats import mcnemar_exact
 from certify.suite import load_suite, parse_suite, resolve_suite_path
 
 import builders

@@ -17,15 +17,9 @@ import requests
 import yaml
 
 from certify.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_NOT_COMPARABLE, EXIT_OK
-from certify.report.compare import (
-    NotComparable,
-    compare,
-    holm,
-    mcnemar_exact,
-    newcombe_paired,
-    newcombe_unpaired,
-)
+from certify.report.compare import NotComparable, compare
 from certify.results import pack_bits, parse_result
+from certify.stats import holm, mcnemar_exact, newcombe_paired, newcombe_unpaired
 
 import builders
 

@@ -100,13 +100,23 @@ from certify.results import (
     parse_result,
     unpack_bits,
 )
-from certify.stats import wilson_interval
+from certify.stats import (
+    BOOTSTRAP,
+    bootstrap_diffs,
+    bootstrap_interval,
+    bootstrap_p,
+    holm,
+    mcnemar_exact,
+    newcombe_paired,
+    newcombe_unpaired,
+    normal_interval,
+    p_from_interval,
+    two_sided_z,
+)
 from certify.tolerance import TOLERANCE_RULE, gate_tolerance
 
 #: Family-wise error rate of the comparison (Holm).
 ALPHA = 0.05
-#: Bootstrap resamples for continuous scores (seeded: the comparison is deterministic).
-BOOTSTRAP = 4000
 #: Schema of the comparison's JSON output.
 COMPARE_SCHEMA = "certify.compare/2"
 
@@ -116,108 +126,6 @@ class NotComparable(CertifyError):
     results schema (exit 4)."""
 
     exit_code = EXIT_NOT_COMPARABLE
-
-
-# --- statistics ---------------------------------------------------------------------------
-
-def mcnemar_exact(worse: int, better: int) -> float:
-    """Two-sided exact McNemar p-value: the discordant pairs split as a fair coin would
-    (``2 * P(X <= min)``, capped at 1; 1.0 with no discordant pair)."""
-    from scipy.stats import binom
-
-    d = worse + better
-    if d == 0:
-        return 1.0
-    return float(min(1.0, 2.0 * binom.cdf(min(worse, better), d, 0.5)))
-
-
-def holm(pvalues: list[float], alpha: float = ALPHA) -> tuple[list[float], list[bool], list[float]]:
-    """Holm's step-down procedure: adjusted p-values, rejections, and the per-test level
-    ``alpha / (m - rank)`` used for each (rank of its p-value, 0 for the smallest)."""
-    m = len(pvalues)
-    order = sorted(range(m), key=lambda i: (pvalues[i], i))
-    adjusted = [1.0] * m
-    reject = [False] * m
-    levels = [alpha] * m
-    running = 0.0
-    still = True
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        adjusted[i] = running
-        levels[i] = alpha / (m - rank)
-        still = still and pvalues[i] <= levels[i]
-        reject[i] = still
-    return adjusted, reject, levels
-
-
-def newcombe_unpaired(k_old: int, n_old: int, k_new: int, n_new: int,
-                      confidence: float) -> tuple[float, float]:
-    """Interval of ``p_new - p_old`` for independent samples (Newcombe 1998, method 10)."""
-    p1, p0 = k_new / n_new, k_old / n_old
-    l1, u1 = wilson_interval(k_new, n_new, confidence)
-    l0, u0 = wilson_interval(k_old, n_old, confidence)
-    d = p1 - p0
-    return (d - math.sqrt((p1 - l1) ** 2 + (u0 - p0) ** 2),
-            d + math.sqrt((u1 - p1) ** 2 + (p0 - l0) ** 2))
-
-
-def newcombe_paired(both: int, old_only: int, new_only: int, neither: int,
-                    confidence: float) -> tuple[float, float]:
-    """Interval of ``p_new - p_old`` for paired binary outcomes (Newcombe 1998b, method 10):
-    the two Wilson intervals combined with the correlation of the pairs."""
-    n = both + old_only + new_only + neither
-    p1, p0 = (both + new_only) / n, (both + old_only) / n
-    l1, u1 = wilson_interval(both + new_only, n, confidence)
-    l0, u0 = wilson_interval(both + old_only, n, confidence)
-    margins = ((both + old_only) * (new_only + neither) * (both + new_only)
-               * (old_only + neither))
-    phi = 0.0 if margins == 0 else (both * neither - old_only * new_only) / math.sqrt(margins)
-    d = p1 - p0
-    lo = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u0 - p0) + (u0 - p0) ** 2))
-    hi = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p0 - l0) + (p0 - l0) ** 2))
-    return (d - lo, d + hi)
-
-
-def _p_from_interval(interval: Any) -> float:
-    """The smallest two-sided level at which ``interval(confidence)`` excludes 0 (bisection)."""
-    lo_a, hi_a = 1e-12, 1.0 - 1e-9
-    lo, hi = interval(1 - lo_a)
-    if lo > 0 or hi < 0:
-        return lo_a
-    for _ in range(60):
-        mid = math.sqrt(lo_a * hi_a)
-        lo, hi = interval(1 - mid)
-        if lo > 0 or hi < 0:
-            hi_a = mid
-        else:
-            lo_a = mid
-    return hi_a
-
-
-def _normal(z_conf: float) -> float:
-    from scipy.stats import norm
-
-    return float(norm.ppf(1 - (1 - z_conf) / 2))
-
-
-def bootstrap_diffs(old: np.ndarray, new: np.ndarray, paired: bool, seed: int = 0
-                    ) -> np.ndarray:
-    """Bootstrap distribution of ``mean(new) - mean(old)`` (paired: resample sample indices
-    common to both; unpaired: each run's values independently). Seeded: deterministic."""
-    rng = np.random.default_rng(seed)
-    if paired:
-        d = new - old
-        idx = rng.integers(0, len(d), size=(BOOTSTRAP, len(d)))
-        return np.asarray(d[idx].mean(axis=1))
-    io = rng.integers(0, len(old), size=(BOOTSTRAP, len(old)))
-    inew = rng.integers(0, len(new), size=(BOOTSTRAP, len(new)))
-    return np.asarray(new[inew].mean(axis=1) - old[io].mean(axis=1))
-
-
-def _bootstrap_p(boot: np.ndarray) -> float:
-    below = int((boot <= 0).sum())
-    above = int((boot >= 0).sum())
-    return min(1.0, 2 * (min(below, above) + 1) / (len(boot) + 1))
 
 
 # --- loading ------------------------------------------------------------------------------
@@ -551,7 +459,7 @@ def _set_binary(row: Row, ko: int, no: int, kn: int, nn: int,
     row.change = row.new_value - row.old_value
     if table is None:
         row._interval = lambda conf: newcombe_unpaired(ko, no, kn, nn, conf)
-        row.p = _p_from_interval(row._interval)
+        row.p = p_from_interval(row._interval)
     else:
         both, old_only, new_only, neither = table
         row._interval = lambda conf: newcombe_paired(both, old_only, new_only, neither, conf)
@@ -635,14 +543,13 @@ def _continuous(row: Row, co: Any, cn: Any, key: str, paired: bool) -> None:
     row.old_value, row.new_value = float(a.mean()), float(b.mean())
     row.change = row.new_value - row.old_value
     boot = bootstrap_diffs(a, b, paired)
-    row.p = _bootstrap_p(boot)
-    row._interval = lambda conf: (float(np.quantile(boot, (1 - conf) / 2)),
-                                  float(np.quantile(boot, 1 - (1 - conf) / 2)))
+    row.p = bootstrap_p(boot)
+    row._interval = bootstrap_interval(boot)
 
 
 def _normal_approx(row: Row) -> None:
     """The change from the two runs' own 95% intervals (normal approximation)."""
-    z95 = _normal(0.95)
+    z95 = two_sided_z(0.95)
     ses = []
     for v, iv in ((row.old, row.old_interval), (row.new, row.new_interval)):
         if v is None or len(iv) != 2 or iv[0] is None or iv[1] is None:
@@ -659,9 +566,8 @@ def _normal_approx(row: Row) -> None:
         row.reason = "both intervals have zero width"
         row.change = None
         return
-    change = row.change
-    row._interval = lambda conf: (change - _normal(conf) * se, change + _normal(conf) * se)
-    row.p = _p_from_interval(row._interval)
+    row._interval = normal_interval(row.change, se)
+    row.p = p_from_interval(row._interval)
 
 
 # --- threat models -------------------------------------------------------------------------
@@ -948,7 +854,7 @@ def compare(old: RunResult, new: RunResult, tolerance: float | None = None,
     result = Comparison(_side(old, old_path), _side(new, new_path), tolerance, rows, threats,
                         tolerance_source=source)
     tested = [r for r in result.gating if r.p is not None and r._interval is not None]
-    adjusted, reject, levels = holm([r.p or 1.0 for r in tested])
+    adjusted, reject, levels = holm([r.p or 1.0 for r in tested], ALPHA)
     level_of: dict[str, float] = {}
     for r, p_adj, rej, level in zip(tested, adjusted, reject, levels, strict=True):
         r.p_holm = p_adj
@@ -1007,8 +913,6 @@ def samples_to_decide(r: Row) -> int | None:
     both terms (the Wald form of Connor's estimate). ``None`` when the change sits on the
     tolerance's edge (no sample size decides it), nothing is known to scale, or the estimate
     does not exceed the samples already used."""
-    from scipy.stats import norm
-
     if r.change is None or r.change_interval is None:
         return None
     gain = r.change if r.direction != "lower" else -r.change  # better is positive
@@ -1016,7 +920,8 @@ def samples_to_decide(r: Row) -> int | None:
     if abs(margin) < 1e-9:  # on the tolerance's edge: no sample size decides it
         return None
     level = ALPHA if margin > 0 else 1 - (r.confidence or 1 - ALPHA)
-    z = float(norm.ppf(1 - level / 2) + norm.ppf(POWER))
+    # the two-sided quantile at the row's level, plus the one-sided quantile at POWER
+    z = two_sided_z(1 - level) + two_sided_z(2 * POWER - 1)
     n = min(r.n_old, r.n_new)
     if r.unit == "rate" and r.paired and r.discordant is not None and n:
         pw, pb = r.discordant["worse"] / n, r.discordant["better"] / n
@@ -1030,7 +935,7 @@ def samples_to_decide(r: Row) -> int | None:
         lo, hi = r._interval(1 - ALPHA) if r._interval is not None else (None, None)
         if lo is None or hi is None or not n or hi <= lo:
             return None
-        var = n * ((hi - lo) / (2 * float(norm.ppf(1 - ALPHA / 2)))) ** 2
+        var = n * ((hi - lo) / (2 * two_sided_z(1 - ALPHA))) ** 2
     need = math.ceil(var * (z / margin) ** 2)
     # an estimate at or below the samples already used would contradict the interval that
     # left the row undecided (it is an approximation): say nothing rather than that
