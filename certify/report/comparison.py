@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import importlib.resources
 import textwrap
-from typing import Any
+from collections.abc import Sequence
+from typing import TypedDict
 
 from rich.console import Console
 from rich.table import Table
 
-from certify.report.compare import ALPHA, EVIDENCE, Comparison, Row
+from certify.report.compare import ALPHA, Comparison, Outcome, Row, RowRole
 
 #: At this many columns or fewer, the terminal shows one block per row instead of a table.
 NARROW = 80
 
-_STYLE = {"regression": "bold red", "improvement": "green", "inconclusive": "yellow"}
+_STYLE = {Outcome.REGRESSION: "bold red", Outcome.IMPROVEMENT: "green",
+          Outcome.INCONCLUSIVE: "yellow"}
 
 
 def fmt_value(v: float | None, unit: str) -> str:
@@ -27,7 +29,7 @@ def fmt_value(v: float | None, unit: str) -> str:
     return f"{100 * v:.1f}%" if unit == "rate" else f"{v:.4g}"
 
 
-def fmt_interval(iv: Any, unit: str) -> str:
+def fmt_interval(iv: Sequence[float | None] | None, unit: str) -> str:
     """``[lo, hi]`` of a metric's interval (``–`` when there is none)."""
     if not iv or iv[0] is None or iv[1] is None:
         return "–"
@@ -51,7 +53,8 @@ def _differs_from_card(r: Row) -> bool:
         for a, b in ((r.old_value, r.old), (r.new_value, r.new)))
 
 
-def _side_text(r: Row, compared: float | None, card: float | None, iv: Any) -> str:
+def _side_text(r: Row, compared: float | None, card: float | None,
+               iv: Sequence[float | None]) -> str:
     """One side's value: the compared quantity when the row was compared (so OLD, NEW and the
     change share one denominator), with the card's own figure after it where that differs;
     else the card's figure with its interval."""
@@ -74,7 +77,28 @@ def _change_only(r: Row) -> str:
     return text
 
 
-def _row_context(r: Row) -> dict[str, Any]:
+class RowText(TypedDict):
+    """What a row shows, as text (the terminal's table and blocks, the comparison card)."""
+
+    id: str
+    metric: str
+    old: str
+    new: str
+    compared: str
+    pairing: str
+    method: str
+    change: str
+    confidence: str
+    p: str
+    p_raw: str
+    outcome: str
+    kind: str
+    threshold: bool
+    evidence_for: str | None
+    attacks: str
+
+
+def _row_context(r: Row) -> RowText:
     return {
         "id": r.id, "metric": r.metric or "–",
         "old": _side_text(r, r.old_value, r.old, r.old_interval),
@@ -86,21 +110,21 @@ def _row_context(r: Row) -> dict[str, Any]:
         "confidence": "–" if r.confidence is None else f"{100 * r.confidence:.2f}%",
         "p": "–" if r.p_holm is None else f"{r.p_holm:.3g}",
         "p_raw": "–" if r.p is None else f"{r.p:.3g}",
-        "outcome": r.outcome + (f" ({r.reason})" if r.reason else ""),
-        "kind": r.outcome.split(",")[0].replace(" ", "-"),
+        "outcome": r.outcome.value + (f" ({r.reason})" if r.reason else ""),
+        "kind": r.outcome.value.replace(" ", "-"),
         "threshold": r.has_threshold,
-        "evidence_for": r.evidence_for if r.role == EVIDENCE else None,
+        "evidence_for": r.evidence_for if r.role == RowRole.EVIDENCE else None,
         "attacks": ", ".join(r.attacks),
     }
 
 
-def rows_context(c: Comparison) -> list[dict[str, Any]]:
+def rows_context(c: Comparison) -> list[RowText]:
     """What each check's row shows, as text (attack rows say which threat model they are
     evidence for)."""
     return [_row_context(r) for r in c.rows]
 
 
-def threat_rows_context(c: Comparison) -> list[dict[str, Any]]:
+def threat_rows_context(c: Comparison) -> list[RowText]:
     """What each threat model's row shows, as text."""
     return [_row_context(r) for r in c.threat_models]
 
@@ -109,9 +133,9 @@ def summary_line(c: Comparison) -> str:
     """One sentence: the decision and why."""
     regs = c.regressions
     gated = [r.id for r in regs if r.has_threshold]
-    skipped = [r.id for r in c.gating if r.outcome == "not compared" and r.blocks]
+    skipped = [r.id for r in c.gating if r.outcome == Outcome.NOT_COMPARED and r.blocks]
     unevaluated = [r.id for r in c.not_evaluated]
-    apart = [r.id for r in (*c.threat_models, *c.rows) if r.outcome == "not comparable"]
+    apart = [r.id for r in (*c.threat_models, *c.rows) if r.outcome == Outcome.NOT_COMPARABLE]
     note = (f"; not compared: {', '.join(skipped)} (see why in the table)" if skipped else "")
     if unevaluated:
         note += (f"; not evaluated in one run (SKIPPED, neither gating nor blocking): "
@@ -151,7 +175,7 @@ def print_table(c: Comparison, console: Console) -> None:
     if console.width <= NARROW:
         _print_blocks(c, console)
         return
-    t = Table(title=f"certify compare: {c.old['model']} (OLD) -> {c.new['model']} (NEW)",
+    t = Table(title=f"certify compare: {c.old.model} (OLD) -> {c.new.model} (NEW)",
               show_lines=False)
     for col in ("row", "metric", "OLD", "NEW", "pairing",
                 "change [Holm-corrected]", "p (Holm)", "result"):
@@ -179,7 +203,7 @@ def _print_blocks(c: Comparison, console: Console) -> None:
                                   break_on_hyphens=False) or [""]:
             console.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
 
-    say(f"certify compare: {c.old['model']} (OLD) -> {c.new['model']} (NEW)",
+    say(f"certify compare: {c.old.model} (OLD) -> {c.new.model} (NEW)",
         style="bold")
     groups = (("Threat models (they decide)", c.threat_models, threat_rows_context(c)),
               ("Checks", c.rows, rows_context(c)))
@@ -233,6 +257,6 @@ def render_pdf(html: str) -> bytes:
     logging.getLogger("weasyprint").setLevel(logging.ERROR)
     logging.getLogger("fontTools").setLevel(logging.ERROR)
     pdf = weasyprint.HTML(string=html).write_pdf()
-    if pdf is None:
+    if not isinstance(pdf, bytes):
         raise RuntimeError("WeasyPrint produced no PDF")
     return pdf
