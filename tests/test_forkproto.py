@@ -129,3 +129,57 @@ def test_both_ends_of_the_protocol_against_a_real_fork_server():
         assert server.send({"status": 0}).lost  # nothing is sent to a server seen ended
     finally:
         server.kill()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("line", [
+    b'{"type": "started", "id": 1, "pid": 0}',  # os.killpg(0): the worker's own group
+    b'{"type": "started", "id": 1, "pid": -1}',  # os.kill(-1): every process of the user
+    b'{"type": "started", "id": 1, "pid": 1}',
+    b'{"type": "ended", "id": 1, "pid": -1, "returncode": 0, "maxrss_kb": 1}',
+    b'{"type": "ready", "pid": 0, "facts": {}}',
+    b'{"type": "ready", "pid": 12, "facts": {"a": [1]}}',
+    b'{"type": "ended", "id": 1, "pid": 9, "returncode": 0, "maxrss_kb": 1, '
+    b'"overdue": "false"}',
+    b'{"type": "ended", "id": 1, "pid": 9, "returncode": 0, "maxrss_kb": 1, "cpu_s": "1"}',
+    b'{"type": "ended", "id": 1, "pid": 9, "returncode": 0, "maxrss_kb": 1, "cpu_s": 1e308}',
+    b"[" * 30000 + b"]" * 30000,  # nesting deeper than the stack: RecursionError in json
+])
+def test_a_report_that_could_harm_the_worker_is_refused(line):
+    """Found by review: pids of 0 or -1 made a kill reach the worker's process group or every
+    process of the service's user; a deeply nested line raised RecursionError past the
+    protocol's checks."""
+    assert len(line) <= MAX_LINE
+    with pytest.raises(ProtocolError):
+        decode_report(line)
+
+
+#: A fork server that says it is ready, then writes a line the protocol refuses (argv[1]).
+_BAD_SERVER = textwrap.dedent("""
+    import os, sys, time
+    from certify.service import forkproto
+    sys.stdout.buffer.write(forkproto.encode(forkproto.Ready(os.getpid(), {})))
+    sys.stdout.buffer.flush()
+    sys.stdin.buffer.readline()  # the job
+    sys.stdout.buffer.write(sys.argv[1].encode() + b"\\n")
+    sys.stdout.buffer.flush()
+    time.sleep(60)
+""")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("bad", ["[" * 30000 + "]" * 30000,
+                                 '{"type": "started", "id": 1, "pid": 0}', "x" * 70000])
+def test_a_server_that_breaks_the_protocol_is_killed_and_its_jobs_are_lost(bad):
+    """Each way a server can break the protocol ends the same way: the server is killed, the
+    job it held is lost at once (not at the worker's time limit), and nothing more is sent."""
+    server = forkproto.start([sys.executable, "-c", _BAD_SERVER, bad], "bad-server",
+                             dict(os.environ))
+    try:
+        assert server.ready.wait(30)
+        child = server.send({"status": 0})
+        assert child.wait(30) and child.lost and child.ending is None
+        assert server.proc.wait(30) is not None
+        assert server.send({"status": 0}).lost
+    finally:
+        server.kill()

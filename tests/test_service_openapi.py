@@ -10,8 +10,11 @@ Three things are compared:
 - how a request reaches a route: for each route's path (its parameters filled with their
   names) and each of GET, POST, PUT and DELETE, the status the whole app answers without a
   token and the route that took it (its name and path). So a route shadowed by another (the
-  order of ``/runs/{run_id}/links`` and ``/runs/{run_id}/{name}``), a refusal that moved
-  (authenticate before reading a body, a 405 that became a 404) fails here too.
+  order of ``/runs/{run_id}/links`` and ``/runs/{run_id}/{name}``) or a refusal that moved
+  (a 405 that became a 404, a 401 that became a 404) fails here too. The requests carry no
+  token and no body, so the gates that read one (authentication before a body, the body
+  limit, the verify gate, CSRF, tenants) are not tried here: tests/test_connections.py,
+  tests/test_service_hardening.py and tests/test_service_ui.py try them.
 
 Run ``python tests/test_service_openapi.py`` to rewrite the stored document, after a change
 to the API that is meant.

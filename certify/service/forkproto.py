@@ -166,15 +166,18 @@ def decode_report(line: bytes) -> Report:
         facts = doc.get("facts")
         if not isinstance(facts, dict):
             raise ProtocolError(f"a ready report without facts: {line[:200]!r}")
-        return Ready(_typed(doc, "pid", int), facts)
+        if not all(isinstance(v, str | int | float | bool) or v is None for v in facts.values()):
+            raise ProtocolError(f"a ready report whose facts are not scalars: {line[:200]!r}")
+        return Ready(_pid(doc), facts)
     if kind is Started:
-        return Started(_typed(doc, "id", int), _typed(doc, "pid", int))
+        return Started(_typed(doc, "id", int), _pid(doc))
     if kind is Ended:
         cpu = doc.get("cpu_s", 0.0)
-        return Ended(_typed(doc, "id", int), _typed(doc, "pid", int),
-                     _typed(doc, "returncode", int),
-                     float(cpu) if isinstance(cpu, int | float) else 0.0,
-                     _typed(doc, "maxrss_kb", int), bool(doc.get("overdue")))
+        if not isinstance(cpu, int | float) or isinstance(cpu, bool) or not 0 <= cpu < 1e12:
+            raise ProtocolError(f"'cpu_s' is not a number of seconds: {cpu!r}")
+        return Ended(_typed(doc, "id", int), _pid(doc), _typed(doc, "returncode", int),
+                     float(cpu), _typed(doc, "maxrss_kb", int),
+                     _typed(doc, "overdue", bool) if "overdue" in doc else False)
     if kind is ForkFailed:
         return ForkFailed(_typed(doc, "id", int), _typed(doc, "errno", int))
     raise ProtocolError(f"not a report: {line[:200]!r}")
@@ -185,11 +188,24 @@ def _document(line: bytes) -> dict[str, object]:
         raise ProtocolError(f"a line of {len(line)} bytes (at most {MAX_LINE})")
     try:
         doc = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
         raise ProtocolError(f"not JSON: {line[:200]!r}") from None
     if not isinstance(doc, dict):
         raise ProtocolError(f"not a JSON object: {line[:200]!r}")
     return doc
+
+
+#: The largest process id a report may name (Linux's pid_max limit, 2^22).
+PID_MAX = 1 << 22
+
+
+def _pid(doc: Mapping[str, object]) -> int:
+    """The report's ``pid``: a process of the server's own (above 1: a pid of 0 or -1 would
+    make a kill reach the worker's process group or every process of the service's user)."""
+    pid = _typed(doc, "pid", int)
+    if not 1 < pid <= PID_MAX:
+        raise ProtocolError(f"'pid' is not a child's process id: {pid!r}")
+    return pid
 
 
 def _typed(doc: Mapping[str, object], name: str, kind: type[_T]) -> _T:
@@ -389,10 +405,16 @@ class Server:
         try:
             for line in read_lines(self._reports):
                 self._dispatch(decode_report(line))
-        except ProtocolError as exc:
+        except Exception as exc:  # noqa: BLE001 - a protocol error, or a callback's failure
+            # on what the server said: either way the channel is no longer trusted
             log.error("%s: fork server %d broke the protocol (%s); it is killed", self.name,
                       self.proc.pid, exc)
             self.kill()
+        finally:
+            self._reader_done()
+
+    def _reader_done(self) -> None:
+        """The report channel ended: every job still pending is lost."""
         with contextlib.suppress(OSError):
             self._reports.close()
         self.proc.wait()

@@ -304,6 +304,7 @@ class JobHost:
             aborted = abort is not None and abort.is_set()
             if aborted or time.monotonic() >= deadline:
                 server.kill(KILL_WAIT_S)
+                job.release()  # its pidfd, where the start came in with the deadline
                 raise HostDied("the service is stopping" if aborted else
                                f"the job host did not start the job within {allowance:.0f} s;"
                                " it was replaced")

@@ -414,7 +414,11 @@ def serve(stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None) -> No
     from certify.service.forks import Forked, ForkLoop
 
     stdin = stdin or sys.stdin.buffer
-    stdout = stdout or sys.stdout.buffer
+    if stdout is None:
+        # reports go on a private copy of stdout; what a library prints goes to stderr (a
+        # stray line on the report channel is a protocol error: the verifier is killed)
+        stdout = os.fdopen(os.dup(1), "wb")
+        os.dup2(2, 1)
     # the service ends this process (end of file on stdin), not a Ctrl-C sent to the group
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _preload()
