@@ -15,8 +15,11 @@ Times are CPU seconds of the thread that runs the batch (``time.thread_time``): 
 certify gives onnxruntime and torch one thread per lane (certify/device.py), so their work runs
 on that thread, and another process on a shared machine does not inflate them the way it does a
 wall time. The pilot's batches count towards their checks. Each row also gives the check's
-queries and CPU ms per query, and the table ends with the run's wall and CPU time beside the
-reference workload (benchmarks/reference_workload.py) run right after it in the same process.
+queries and CPU ms per query, its wall seconds (the run's own timing of the check, pilot
+excluded) and its **lane use**: CPU seconds over wall seconds times the lanes, the share of the
+cores the check kept busy (a check's batches end unevenly; the next check starts when its last
+batch ends). The table ends with the run's wall and CPU time beside the reference workload
+(benchmarks/reference_workload.py) run right after it in the same process.
 
 Run: ``.venv/bin/python benchmarks/demo_profile.py [--suite gtsrb] [--json out.json]``
 """
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -145,6 +149,13 @@ def main() -> None:
     ref = _reference()
     queries = {ch.id: int(ch.queries.total if ch.queries is not None else 0)
                for ch in result.measurement.checks}
+    timings = result.provenance.timings
+    walls = typing.cast(dict[str, float], timings.get("checks") or {})
+    estimate = typing.cast(dict[str, dict[str, dict[str, float]]], timings.get("estimate") or {})
+    pilots = {k: v.get("pilot_s", 0.0) for k, v in (estimate.get("checks") or {}).items()}
+    from certify.device import choose_device
+
+    lanes = choose_device("cpu").lanes
     rows = sorted(_cpu.items(), key=lambda kv: -sum(kv[1][k] for k in CATEGORIES))
     total = sum(sum(v[k] for k in CATEGORIES) for _, v in rows)
     print(f"demo: {wall:.1f} s wall, {cpu:.1f} s CPU (process); reference workload {ref:.2f} s "
@@ -152,20 +163,28 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f}")
     print()
     print("| check | CPU s | share | model | gradient | transform | other | queries | "
-          "CPU ms/query |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "CPU ms/query | wall s | lane use |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     table = []
     for cid, v in rows:
         s = sum(v[k] for k in CATEGORIES)
         q = queries.get(cid, 0)
         table.append({"check": cid, "cpu_s": s, **{k: v[k] for k in CATEGORIES}, "queries": q})
         per_query = f"{1e3 * s / q:.3f}" if q else "-"
+        wall = walls.get(cid, 0.0)
+        # the check's CPU in the main pass: its pilot ran before, on one lane, timed apart
+        use = f"{(s - pilots.get(cid, 0.0)) / (wall * lanes):.0%}" if wall > 0 else "-"
+        table[-1].update({"wall_s": wall, "pilot_s": pilots.get(cid, 0.0)})
         print(f"| {cid} | {s:.1f} | {s / total:.1%} | "
               + " | ".join(f"{v[k] / s:.0%}" if s else "-" for k in CATEGORIES)
-              + f" | {q:,} | {per_query} |")
+              + f" | {q:,} | {per_query} | {wall:.1f} | {use} |")
+    all_wall = sum(walls.values())
     print(f"| all checks | {total:.1f} | | "
           + " | ".join(f"{sum(v[k] for _, v in rows) / total:.0%}" for k in CATEGORIES)
-          + f" | {sum(queries.values()):,} | |")
+          + f" | {sum(queries.values()):,} | | {all_wall:.1f} | "
+          f"{(total - sum(pilots.values())) / (all_wall * lanes):.0%} |")
+    print(f"\npilot: {sum(pilots.values()):.1f} s; run total (evaluation) "
+          f"{float(typing.cast(float, timings.get('total_s') or 0.0)):.1f} s")
     if args.json:
         args.json.write_text(json.dumps({"wall_s": wall, "cpu_s": cpu, "reference_s": ref,
                                          "checks": table}, indent=1))
