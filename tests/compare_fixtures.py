@@ -283,18 +283,7 @@ def _tolerance_inputs(t: Any) -> dict[str, dict[str, Any]]:
 
 def _crowded(t: Any, a: np.ndarray, worse: np.ndarray) -> dict[str, dict[str, Any]]:
     """tests/test_compare.py's crowded comparison: long ids, long reasons, an extra check."""
-    n = len(a)
-    old = t._threat_doc(a, a)
-    new = t._threat_doc(a, worse, settled_b={"attack_converged": False})
-    for d in (old, new):
-        for c in d["measurement"]["checks"]:
-            c["id"] = c["id"] + "_apgd_targeted_dlr_linf_eight_over_255_restarts"
-        w = d["measurement"]["attack_worst_case"][0]
-        w["attacks"] = [c["id"] for c in d["measurement"]["checks"]]
-        w["broken_by"] = {c["id"]: 1 for c in d["measurement"]["checks"]}
-        w["support"] = w["attacks"]
-    new["measurement"]["checks"].append(
-        t._result(a, np.ones(n, dtype=bool))["measurement"]["checks"][0])
+    old, new = t.crowded_docs(a, worse)
     return {"crowded-old": old, "crowded-new": new}
 
 

@@ -690,6 +690,13 @@ def _crowded_comparison() -> Any:
     a[:300] = True
     worse = a.copy()
     worse[:3] = False
+    old, new = crowded_docs(a, worse)
+    return compare(parse_result(old), parse_result(new))
+
+
+def crowded_docs(a: np.ndarray, worse: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The crowded comparison's two results documents (also stored by
+    tests/compare_fixtures.py): long ids, long reasons, an extra check in NEW."""
     old = _threat_doc(a, a)
     new = _threat_doc(a, worse, settled_b={"attack_converged": False})
     for d in (old, new):
@@ -699,9 +706,9 @@ def _crowded_comparison() -> Any:
         w["attacks"] = [c["id"] for c in d["measurement"]["checks"]]
         w["broken_by"] = {c["id"]: 1 for c in d["measurement"]["checks"]}
         w["support"] = w["attacks"]
-    new["measurement"]["checks"].append(_result(a, np.ones(n, dtype=bool))["measurement"]
+    new["measurement"]["checks"].append(_result(a, np.ones(len(a), dtype=bool))["measurement"]
                                         ["checks"][0])
-    return compare(parse_result(old), parse_result(new))
+    return old, new
 
 
 def test_the_comparison_card_fits_its_pages_and_a_phone():
