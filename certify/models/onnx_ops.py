@@ -128,21 +128,26 @@ def _leading(t: torch.Tensor, out: Sequence[int]) -> torch.Tensor:
 
 
 def _max_pool(x: torch.Tensor, kernel: list[int], stride: list[int], dil: list[int],
-              pads: list[int], ceil: bool, storage_order: int) -> list[torch.Tensor]:
+              pads: list[int], ceil: bool, storage_order: int, indices: bool = True
+              ) -> list[torch.Tensor]:
     """MaxPool's values and Indices: each maximum's index in the flattened input ``[N, C,
-    *spatial]`` (pads not counted; the spatial axes column-major with ``storage_order=1``)."""
+    *spatial]`` (pads not counted; the spatial axes column-major with ``storage_order=1``).
+    Without ``indices``, the values alone: for the many graphs that do not read the Indices,
+    whose arithmetic took a third of a small CNN's forward pass in the torch copy
+    (benchmarks/RESULTS.md, issue 66)."""
     n = len(kernel)
     sizes = list(x.shape[2:])
     pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1]
     out = _pool_sizes(sizes, kernel, stride, dil, pads, ceil)
     if pads[:n] == pads[n:] and all(0 <= p <= k // 2
                                     for p, k in zip(pads[:n], kernel, strict=True)):
-        y, idx = pool(x, kernel, stride, pads[:n], dil, ceil, return_indices=True)
-        padded, offset = sizes, [0] * n
+        xin, pad, padded, offset = x, pads[:n], sizes, [0] * n
     else:  # padded by hand, so torch's ceil_mode may give one more window than ONNX's
-        xp = F.pad(x, _torch_pad(pads), value=float("-inf"))
-        y, idx = pool(xp, kernel, stride, 0, dil, ceil, return_indices=True)
-        padded, offset = list(xp.shape[2:]), pads[:n]
+        xin = F.pad(x, _torch_pad(pads), value=float("-inf"))
+        pad, padded, offset = [0] * n, list(xin.shape[2:]), pads[:n]
+    if not indices:
+        return [_leading(pool(xin, kernel, stride, pad, dil, ceil), out)]
+    y, idx = pool(xin, kernel, stride, pad, dil, ceil, return_indices=True)
     y, idx = _leading(y, out), _leading(idx, out)
     coords = []
     for size in reversed(padded):
@@ -155,22 +160,6 @@ def _max_pool(x: torch.Tensor, kernel: list[int], stride: list[int], dil: list[i
     planes = torch.arange(x.shape[0] * x.shape[1], device=x.device)
     flat = flat + planes.reshape(x.shape[0], x.shape[1], *[1] * n) * math.prod(sizes)
     return [y, flat]
-
-
-def _max_pool_values(x: torch.Tensor, kernel: list[int], stride: list[int], dil: list[int],
-                     pads: list[int], ceil: bool) -> torch.Tensor:
-    """MaxPool's values alone (the same values as :func:`_max_pool`'s): for the many graphs
-    that do not read its Indices, whose computation took a third of a small CNN's forward
-    pass in the torch copy (benchmarks/RESULTS.md, issue 66)."""
-    n = len(kernel)
-    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1]
-    out = _pool_sizes(list(x.shape[2:]), kernel, stride, dil, pads, ceil)
-    if pads[:n] == pads[n:] and all(0 <= p <= k // 2
-                                    for p, k in zip(pads[:n], kernel, strict=True)):
-        y = pool(x, kernel, stride, pads[:n], dil, ceil)
-    else:  # padded by hand, so torch's ceil_mode may give one more window than ONNX's
-        y = pool(F.pad(x, _torch_pad(pads), value=float("-inf")), kernel, stride, 0, dil, ceil)
-    return _leading(y, out)
 
 
 def _avg_pool(x: torch.Tensor, kernel: list[int], stride: list[int], dil: list[int],
@@ -210,11 +199,10 @@ def _pool(kind: str) -> Op:
         kernel = _ints(attrs["kernel_shape"])
         stride, dil, pads = _spatial(x, attrs, kernel, crop=True)
         ceil = bool(attrs.get("ceil_mode", 0))
-        if kind == "max":
-            if int(attrs.get(N_OUTPUTS, 2)) < 2:  # no Indices read: torch's values alone
-                return [_max_pool_values(x, kernel, stride, dil, pads, ceil)]
+        if kind == "max":  # the Indices only where the graph reads them (N_OUTPUTS)
             return _max_pool(x, kernel, stride, dil, pads, ceil,
-                             int(attrs.get("storage_order", 0)))
+                             int(attrs.get("storage_order", 0)),
+                             indices=int(attrs.get(N_OUTPUTS, 2)) >= 2)
         include = bool(attrs.get("count_include_pad", 0))
         return [_avg_pool(x, kernel, stride, dil, pads, ceil, include)]
     return op
