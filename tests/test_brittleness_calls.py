@@ -3,6 +3,8 @@ model's timed calls choose changes how fast the check runs, never its records.""
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -125,3 +127,53 @@ def test_cpu_call_size_sets_the_onnxruntime_calls_within_its_block(models, monke
     with pytest.raises(ValueError):
         with cpu_call_size(0):
             pass
+
+
+def test_masked_images_are_the_same_bits_on_any_number_of_threads(models, images, monkeypatch):
+    # issue 66: a hand-off is built on as many threads as a model call computes on; each row
+    # is written by one thread, so the records cannot depend on it
+    check = Brittleness(num_masks=200, max_heatmaps=0)
+    recs = {}
+    for threads in (1, 2, 3):
+        with monkeypatch.context() as mp:
+            mp.setattr(brittleness, "build_threads", lambda models, t=threads: t)
+            recs[threads], _ = _records(check, models, images, monkeypatch, (1024,))
+    assert recs[1] == recs[2] == recs[3]
+    jobs = [brittleness._Job(img, brittleness.grid_segment(32, 32, 16),  # noqa: SLF001
+                             check.masks(16, i)) for i, img in enumerate(images)]
+    piece = [(0, 150, 200), (1, 0, 200), (2, 0, 37)]  # cut across jobs, as _chunks does
+    with ThreadPoolExecutor(4) as pool:
+        built = [brittleness._build(jobs, piece, pool=pool, parts=parts).clone()  # noqa: SLF001
+                 for parts in (1, 2, 5)]
+    assert all(torch.equal(built[0], b) for b in built[1:])
+    assert torch.equal(built[0][50:250], jobs[1].images(0, 200))
+
+
+def test_row_runs_cover_every_row_once_in_equal_runs():
+    piece = [(0, 150, 200), (1, 0, 200), (2, 0, 37)]  # 287 rows
+    for parts in (1, 2, 3, 4, 9):
+        runs = brittleness._row_runs(piece, parts)  # noqa: SLF001
+        # at most one run per _MIN_RUN rows, so no thread gets a sliver
+        assert len(runs) == max(1, min(parts, 287 // brittleness._MIN_RUN))  # noqa: SLF001
+        rows = [(j, a + r) for run in runs for j, a, b, _ in run for r in range(b - a)]
+        assert sorted(rows) == sorted((j, a + r) for j, a, b in piece for r in range(b - a))
+        outs = sorted(at + r for run in runs for _, a, b, at in run for r in range(b - a))
+        assert outs == list(range(287))
+        sizes = [sum(b - a for _, a, b, _ in run) for run in runs]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_build_threads_follow_the_model_calls_threads(model_path):
+    # the engine's lanes: one onnxruntime thread each, so each lane builds on one; a single
+    # caller's session on onnxruntime's default builds on every core; an endpoint on one
+    dev = choose_device("cpu")
+    lane = OnnxModel(model_path, dev, threads=1)
+    default = OnnxModel(model_path, dev)
+    assert brittleness.build_threads([QueryCounter(lane)]) == 1
+    assert brittleness.build_threads([default]) == default.cpu_threads == (os.cpu_count() or 1)
+    assert brittleness.build_threads([default, QueryCounter(lane)]) == 1
+    endpoint = SimpleNamespace(info=SimpleNamespace(provider="HTTP (v2)"))
+    assert brittleness.build_threads([default, endpoint]) == 1
+    # the pool's threads stop spinning when a call returns, so the build gets the cores
+    opts = default.session.get_session_options()
+    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"

@@ -32,7 +32,9 @@ Speed: the masked images of several samples (both segmentations) are built into 
 buffer per hand-off to the models (``_CHUNK`` images across samples) by bit operations on the
 float32 images (exactly the original pixel or the cell's mean colour, as a ``where`` would
 give, at half its cost); for a model that does not compute on this CPU (an endpoint, a GPU) the
-next hand-off is built while the models run on the current one. One ridge solve per sample and
+next hand-off is built while the models run on the current one; on this CPU it is built in
+line, on as many threads as a model call computes on (a single caller's onnxruntime session:
+every core; an engine lane's: one). One ridge solve per sample and
 segmentation serves every target of model and reference (the design matrix and kernel are
 shared). A sample's masks come from its own seed, so its result does not depend on the
 batching. On a GTSRB-size CNN certify's work around the model is about a quarter of the
@@ -89,6 +91,13 @@ CALL_SIZES = (128, 256, 512, 1024)
 _RETIME = 8
 #: Timings kept per call size (the most recent); the median decides.
 _KEEP = 3
+#: Fewest masked images per thread when a hand-off is built on several (a smaller run
+#: costs more in hand-over than it saves).
+_MIN_RUN = 64
+#: Masked images built per pass of the bit operations: 128 3x32x32 images (1.5 MB) stay
+#: in cache from one pass to the next; 2 x 1,000 images took 5.6 ms against 7.3 in passes
+#: over all 1,000 (benchmarks/RESULTS.md, issue 66).
+_BUILD_ROWS = 128
 #: Bootstrap resamples for the intervals.
 BOOTSTRAP = 2000
 #: Stream of the grid segmentation's masks (``ctx.seed(i, _GRID_STREAM)``) and the bootstrap's.
@@ -268,9 +277,12 @@ class _Job:
     def images_into(self, out: np.ndarray, start: int, stop: int) -> None:
         """Write masked images ``start:stop`` into ``out`` (uint32 ``[n, C, HW]``, the float32
         images' bits)."""
-        on = np.take(self._on[start:stop], self._cell, axis=1)  # [n, HW]
-        np.bitwise_and(on[:, None, :], self._diff[None], out=out)
-        out ^= self._fill
+        for a in range(start, stop, _BUILD_ROWS):  # rows that stay in cache between passes
+            b = min(stop, a + _BUILD_ROWS)
+            on = np.take(self._on[a:b], self._cell, axis=1)  # [n, HW]
+            part = out[a - start:b - start]
+            np.bitwise_and(on[:, None, :], self._diff[None], out=part)
+            part ^= self._fill
 
     def images(self, start: int, stop: int) -> torch.Tensor:
         """Masked images ``start:stop`` as ``[n, C, H, W]`` float32 on the CPU."""
@@ -300,10 +312,16 @@ def _chunks(jobs: list[_Job], chunk: int) -> Iterator[list[tuple[int, int, int]]
 
 
 def _build(jobs: list[_Job], piece: list[tuple[int, int, int]],
-           buffer: np.ndarray | None = None) -> torch.Tensor:
+           buffer: np.ndarray | None = None, pool: ThreadPoolExecutor | None = None,
+           parts: int = 1) -> torch.Tensor:
     """One hand-off's masked images, written into one buffer (no concatenation): ``buffer``
     (uint32 ``[>= n, C, HW]``) when given, so that hand-offs reuse memory already mapped
-    (allocating 25 MB afresh per hand-off cost as much as building into it)."""
+    (allocating 25 MB afresh per hand-off cost as much as building into it).
+
+    With a ``pool`` and ``parts`` > 1 the rows are written in ``parts`` equal runs at once,
+    one in this thread and the others on the pool (numpy's bit operations release the GIL):
+    the images are the same bits whatever the split, each row being written by one thread.
+    """
     import torch
 
     total = sum(b - a for _, a, b in piece)
@@ -311,12 +329,56 @@ def _build(jobs: list[_Job], piece: list[tuple[int, int, int]],
     shape = first._fill.shape  # noqa: SLF001 - same module
     out = (np.empty((total, *shape), dtype=np.uint32) if buffer is None
            else buffer[:total])
-    at = 0
-    for j, a, b in piece:
-        jobs[j].images_into(out[at:at + b - a], a, b)
-        at += b - a
+    runs = _row_runs(piece, parts if pool is not None else 1)
+    waits = [pool.submit(_write, jobs, out, run) for run in runs[1:]] if pool else []
+    _write(jobs, out, runs[0])
+    for w in waits:
+        w.result()
     imgs = torch.from_numpy(out.view(np.float32)).view(total, *first.img.shape)
     return imgs if first.img.device.type == "cpu" else imgs.to(first.img.device)
+
+
+def _row_runs(piece: list[tuple[int, int, int]], parts: int
+              ) -> list[list[tuple[int, int, int, int]]]:
+    """``piece``'s rows split into ``parts`` runs of (nearly) equal length, each a list of
+    ``(job, start, stop, at)``: job rows ``start:stop`` go to output rows from ``at``."""
+    total = sum(b - a for _, a, b in piece)
+    parts = max(1, min(parts, total // _MIN_RUN))
+    edges = [total * i // parts for i in range(parts + 1)]
+    runs: list[list[tuple[int, int, int, int]]] = [[] for _ in range(parts)]
+    at = 0
+    for j, a, b in piece:
+        for r in range(parts):  # the piece's rows [at, at + b - a) cut at the runs' edges
+            lo, hi = max(at, edges[r]), min(at + b - a, edges[r + 1])
+            if lo < hi:
+                runs[r].append((j, a + lo - at, a + hi - at, lo))
+        at += b - a
+    return runs
+
+
+def _write(jobs: list[_Job], out: np.ndarray, run: list[tuple[int, int, int, int]]) -> None:
+    """Write one run of masked images (:func:`_row_runs`) into ``out``."""
+    for j, a, b, at in run:
+        jobs[j].images_into(out[at:at + b - a], a, b)
+
+
+def build_threads(models: Sequence[Model]) -> int:
+    """Threads that build a hand-off's masked images in line: the CPU threads one call of the
+    models computes on (they wait while it is built), 1 where a model is not on this CPU.
+
+    In the engine's lanes each onnxruntime session has one thread per lane
+    (``DeviceChoice.onnx_threads``), so each lane builds on one; a session left to
+    onnxruntime's default (every core, as a single caller's) builds on every core.
+    """
+    threads = []
+    for m in models:
+        inner: Any = m
+        while isinstance(inner, QueryCounter):
+            inner = inner.model
+        if not _local_cpu(m) or not isinstance(getattr(inner, "cpu_threads", None), int):
+            return 1
+        threads.append(int(inner.cpu_threads))
+    return max(1, min(threads, default=1))
 
 
 @dataclass
@@ -418,6 +480,23 @@ def call_sizer(model: Model) -> CallSizer | None:
     return sizer
 
 
+_KEPT = threading.local()
+
+
+def _buffers(n: int, shape: tuple[int, ...]) -> list[np.ndarray]:
+    """``n`` uint32 buffers of ``shape``: views of this thread's buffers from its last call,
+    grown where too small. A sample explained alone (``--samples all`` runs in batches of
+    one) builds 2 x 1,000 images per call, and mapping 25 MB afresh each time cost as much
+    as building into it; a thread keeps at most two (``2 x _CHUNK`` images, 50 MB for
+    3 x 32 x 32) and nothing once it ends."""
+    need = int(np.prod(shape))
+    kept: list[np.ndarray] = getattr(_KEPT, "buffers", [])
+    out = [kept[i] if i < len(kept) and kept[i].size >= need
+           else np.empty(need, dtype=np.uint32) for i in range(n)]
+    _KEPT.buffers = out + kept[n:]
+    return [b[:need].reshape(shape) for b in out]
+
+
 def predict_handoff(model: Model, imgs: torch.Tensor, sizer: CallSizer | None
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The model's class probabilities (float32 ``[n, classes]``) and the top class of its
@@ -429,19 +508,22 @@ def predict_handoff(model: Model, imgs: torch.Tensor, sizer: CallSizer | None
         scores = model.predict(imgs)
         return (np.array(_probabilities(scores, model.info.output).cpu().numpy()),
                 scores.argmax(dim=1).cpu().numpy())
+    import torch
+
     calls, timing = sizer.plan(len(imgs))
-    probs, tops = [], []
+    parts = []
     at = 0
     for c, size in enumerate(calls):
         t = time.perf_counter()
         with cpu_call_size(size):
-            scores = model.predict(imgs[at:at + size])
-        probs.append(_probabilities(scores, model.info.output).cpu().numpy())
-        tops.append(scores.argmax(dim=1).cpu().numpy())
+            parts.append(model.predict(imgs[at:at + size]))
         if c < timing:
             sizer.record(size, time.perf_counter() - t)
         at += size
-    return np.concatenate(probs), np.concatenate(tops)
+    # one softmax and one argmax for the hand-off, not one per call (each row's are its own)
+    scores = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return (np.array(_probabilities(scores, model.info.output).cpu().numpy()),
+            scores.argmax(dim=1).cpu().numpy())
 
 
 def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int | None = None,
@@ -453,7 +535,9 @@ def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int | None = 
     ``overlap``: build the next call's images in a worker thread while the models run; by
     default only when a model does not compute on this machine's CPU (an endpoint, a GPU).
     On the CPU, onnxruntime already keeps every core busy, and building in line was faster
-    (benchmarks/RESULTS.md, issue 29).
+    (benchmarks/RESULTS.md, issue 29); in line, a hand-off is built on the threads a model
+    call computes on (:func:`build_threads`), which wait for it, into this thread's kept
+    buffers (:func:`_buffers`), and each model's scores go through one softmax per hand-off.
     """
     chunk = _CHUNK if chunk is None else chunk
     if overlap is None:
@@ -466,14 +550,14 @@ def predict_jobs(models: Sequence[Model], jobs: list[_Job], chunk: int | None = 
     # (a hand-off's buffer is reused two hand-offs later, after its model calls returned)
     size = max((sum(b - a for _, a, b in piece) for piece in pieces), default=0)
     shape = jobs[0]._fill.shape if jobs else (0,)  # noqa: SLF001 - same module
-    buffers = [np.empty((size, *shape), dtype=np.uint32)
-               for _ in range(min(2 if overlap else 1, len(pieces)))]
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    buffers = _buffers(min(2 if overlap else 1, len(pieces)), (size, *shape))
+    parts = 1 if overlap else build_threads(models)
+    with ThreadPoolExecutor(max_workers=max(1, parts - 1)) as pool:
         pending = (pool.submit(_build, jobs, pieces[0], buffers[0])
                    if pieces and overlap else None)
         for n, piece in enumerate(pieces):
             if pending is None:
-                imgs = _build(jobs, piece, buffers[0])
+                imgs = _build(jobs, piece, buffers[0], pool, parts)
             else:
                 imgs = pending.result()
                 pending = (pool.submit(_build, jobs, pieces[n + 1], buffers[(n + 1) % 2])

@@ -14,6 +14,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import os
 import typing
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -200,6 +201,13 @@ class OnnxModel:
             )
         self._sess_options = _ort().SessionOptions()
         self._sess_options.log_severity_level = 3
+        # A pool's threads stop spinning when a call returns (they still spin between the
+        # graph's operators within it): certify's own work between calls (building the
+        # brittle score's masked images on every core, an attack's step) then has the cores.
+        # Spinning on held the second of 2 cores for milliseconds after each call, which
+        # made building on two threads no faster than on one (benchmarks/RESULTS.md,
+        # issue 66); calls of 32 to 1,000 images were as fast either way.
+        self._sess_options.add_session_config_entry("session.force_spinning_stop", "1")
         if threads:
             self._sess_options.intra_op_num_threads = threads
         self._providers = list(device.ort_providers)
@@ -256,6 +264,12 @@ class OnnxModel:
             white_box=WHITE_BOX if self._white_box_refusal is None
             else f"unavailable: {self._white_box_refusal}",
         )
+
+    @property
+    def cpu_threads(self) -> int:
+        """The CPU threads one call of this model computes on: its onnxruntime intra-op
+        threads (the machine's cores where it was left to onnxruntime's default)."""
+        return self._sess_options.intra_op_num_threads or os.cpu_count() or 1
 
     # -- construction helpers -------------------------------------------------------------
     def _session(self, model: str | bytes) -> ort.InferenceSession:
