@@ -7,6 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,3 +178,20 @@ def test_build_threads_follow_the_model_calls_threads(model_path):
     # the pool's threads stop spinning when a call returns, so the build gets the cores
     opts = default.session.get_session_options()
     assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def test_a_thread_keeps_small_buffers_and_drops_large_ones():
+    def kept():
+        return getattr(brittleness._KEPT, "buffers", [])  # noqa: SLF001
+
+    def run() -> tuple[list, list]:
+        small = brittleness._buffers(2, (2000, 3, 1024))  # noqa: SLF001 - 2 x 24.6 MB
+        again = brittleness._buffers(1, (100, 3, 1024))  # noqa: SLF001
+        assert np.shares_memory(small[0], again[0])  # reused, not mapped afresh
+        mid = list(kept())
+        brittleness._buffers(1, (2000, 3, 224 * 224))  # noqa: SLF001 - 1.2 GB: not kept
+        return mid, list(kept())
+
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: the test's thread keeps none
+        mid, after = pool.submit(run).result()
+    assert len(mid) == 2 and after == []

@@ -481,19 +481,23 @@ def call_sizer(model: Model) -> CallSizer | None:
 
 
 _KEPT = threading.local()
+#: The most a thread keeps in masked-image buffers between calls: two hand-offs of 2,048
+#: 3 x 32 x 32 images (50 MB); a 224 x 224 model's are made afresh each call.
+_KEPT_BYTES = 64 << 20
 
 
 def _buffers(n: int, shape: tuple[int, ...]) -> list[np.ndarray]:
     """``n`` uint32 buffers of ``shape``: views of this thread's buffers from its last call,
     grown where too small. A sample explained alone (``--samples all`` runs in batches of
     one) builds 2 x 1,000 images per call, and mapping 25 MB afresh each time cost as much
-    as building into it; a thread keeps at most two (``2 x _CHUNK`` images, 50 MB for
-    3 x 32 x 32) and nothing once it ends."""
+    as building into it. A thread keeps at most two, ``_KEPT_BYTES`` in all (larger images'
+    buffers are made afresh per call and not kept), and nothing once it ends."""
     need = int(np.prod(shape))
     kept: list[np.ndarray] = getattr(_KEPT, "buffers", [])
     out = [kept[i] if i < len(kept) and kept[i].size >= need
            else np.empty(need, dtype=np.uint32) for i in range(n)]
-    _KEPT.buffers = out + kept[n:]
+    keep = out + kept[n:]
+    _KEPT.buffers = keep if sum(b.nbytes for b in keep) <= _KEPT_BYTES else []
     return [b[:need].reshape(shape) for b in out]
 
 
