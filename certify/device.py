@@ -29,6 +29,15 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 CPU_LANES = 2
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity where the system reports one (a
+    container's or ``taskset``'s limit), else every CPU of the machine."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 @functools.lru_cache(maxsize=1)
 def cuda_driver_devices() -> int:
     """Number of CUDA devices the NVIDIA driver reports; 0 when there is no driver."""

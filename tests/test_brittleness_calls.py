@@ -3,7 +3,7 @@ model's timed calls choose changes how fast the check runs, never its records.""
 
 from __future__ import annotations
 
-import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -16,7 +16,7 @@ from certify.checks.base import CheckContext
 from certify.checks.brittleness import Brittleness, CallSizer, call_sizer
 from certify.data.loaders import Dataset
 from certify.demo.synthetic import generate
-from certify.device import choose_device
+from certify.device import choose_device, usable_cpus
 from certify.models import onnx as onnx_model
 from certify.models.base import QueryCounter
 from certify.models.onnx import OnnxModel, cpu_call_size
@@ -165,19 +165,21 @@ def test_row_runs_cover_every_row_once_in_equal_runs():
 
 
 def test_build_threads_follow_the_model_calls_threads(model_path):
-    # the engine's lanes: one onnxruntime thread each, so each lane builds on one; a single
-    # caller's session on onnxruntime's default builds on every core; an endpoint on one
+    # the engine's lanes: their share of the cores each (one on 2 cores), so a lane builds on
+    # that many; a single caller's session on onnxruntime's default builds on every CPU this
+    # process may use; an endpoint on one
     dev = choose_device("cpu")
     lane = OnnxModel(model_path, dev, threads=1)
     default = OnnxModel(model_path, dev)
     assert brittleness.build_threads([QueryCounter(lane)]) == 1
-    assert brittleness.build_threads([default]) == default.cpu_threads == (os.cpu_count() or 1)
+    assert brittleness.build_threads([default]) == default.cpu_threads == usable_cpus()
     assert brittleness.build_threads([default, QueryCounter(lane)]) == 1
     endpoint = SimpleNamespace(info=SimpleNamespace(provider="HTTP (v2)"))
     assert brittleness.build_threads([default, endpoint]) == 1
-    # the pool's threads stop spinning when a call returns, so the build gets the cores
+    # the pool's threads sleep soon after a call, so the build gets the cores
     opts = default.session.get_session_options()
-    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert opts.get_session_config_entry("session.intra_op.spin_duration_us") == str(
+        onnx_model.SPIN_US)
 
 
 def test_a_thread_keeps_small_buffers_and_drops_large_ones():
@@ -189,9 +191,50 @@ def test_a_thread_keeps_small_buffers_and_drops_large_ones():
         again = brittleness._buffers(1, (100, 3, 1024))  # noqa: SLF001
         assert np.shares_memory(small[0], again[0])  # reused, not mapped afresh
         mid = list(kept())
-        brittleness._buffers(1, (2000, 3, 224 * 224))  # noqa: SLF001 - 1.2 GB: not kept
+        brittleness._buffers(1, (2000, 3, 3000))  # noqa: SLF001 - 72 MB: over _KEPT_BYTES
         return mid, list(kept())
 
     with ThreadPoolExecutor(1) as pool:  # a thread of its own: the test's thread keeps none
         mid, after = pool.submit(run).result()
     assert len(mid) == 2 and after == []
+
+
+def test_one_softmax_per_hand_off_gives_each_call_s_own_values(models):
+    # the scores of a hand-off's calls go through one softmax and one argmax; each row's
+    # values are those of a softmax and argmax of its own call's scores
+    m = models[0]
+    imgs = torch.rand(600, *m.input_shape)
+    probs, tops = brittleness.predict_handoff(m, imgs, CallSizer((61,)))
+    with cpu_call_size(61):
+        scores = [m.predict(imgs[a:a + 61]) for a in range(0, 600, 61)]
+    assert np.array_equal(probs, np.concatenate([torch.softmax(s, 1).numpy() for s in scores]))
+    assert np.array_equal(tops, np.concatenate([s.argmax(1).numpy() for s in scores]))
+
+
+def test_predictions_outlive_the_thread_s_kept_buffers(models, images):
+    # a thread reuses its buffers on its next call: nothing returned may point into them
+    check = Brittleness(num_masks=200, max_heatmaps=0)
+    seg = brittleness.grid_segment(32, 32, 16)
+    first = brittleness.predict_jobs(  # noqa: SLF001 - the job type is private
+        [models[0]], [brittleness._Job(images[0], seg, check.masks(16, 0))])[0][0]  # noqa: SLF001
+    kept = (first.probs.copy(), first.labels.copy())
+    brittleness.predict_jobs([models[0]], [brittleness._Job(  # noqa: SLF001
+        images[1], seg, check.masks(16, 1))])
+    assert np.array_equal(first.probs, kept[0]) and np.array_equal(first.labels, kept[1])
+
+
+def test_a_failure_on_a_build_thread_reaches_the_caller(images, monkeypatch):
+    check = Brittleness(num_masks=200, max_heatmaps=0)
+    jobs = [brittleness._Job(img, brittleness.grid_segment(32, 32, 16),  # noqa: SLF001
+                             check.masks(16, i)) for i, img in enumerate(images)]
+    write = brittleness._write  # noqa: SLF001
+    caller = threading.get_ident()
+
+    def failing(jobs, out, run):
+        if threading.get_ident() != caller:
+            raise MemoryError("planted on a build thread")
+        write(jobs, out, run)
+
+    monkeypatch.setattr(brittleness, "_write", failing)
+    with ThreadPoolExecutor(1) as pool, pytest.raises(MemoryError, match="planted"):
+        brittleness._build(jobs, [(0, 0, 200), (1, 0, 200)], pool=pool, parts=2)  # noqa: SLF001

@@ -34,7 +34,8 @@ float32 images (exactly the original pixel or the cell's mean colour, as a ``whe
 give, at half its cost); for a model that does not compute on this CPU (an endpoint, a GPU) the
 next hand-off is built while the models run on the current one; on this CPU it is built in
 line, on as many threads as a model call computes on (a single caller's onnxruntime session:
-every core; an engine lane's: one). One ridge solve per sample and
+every core it may use; an engine lane's: its share of the cores, ``DeviceChoice.onnx_threads``,
+one each on 2 cores). One ridge solve per sample and
 segmentation serves every target of model and reference (the design matrix and kernel are
 shared). A sample's masks come from its own seed, so its result does not depend on the
 batching. On a GTSRB-size CNN certify's work around the model is about a quarter of the
@@ -366,9 +367,10 @@ def build_threads(models: Sequence[Model]) -> int:
     """Threads that build a hand-off's masked images in line: the CPU threads one call of the
     models computes on (they wait while it is built), 1 where a model is not on this CPU.
 
-    In the engine's lanes each onnxruntime session has one thread per lane
-    (``DeviceChoice.onnx_threads``), so each lane builds on one; a session left to
-    onnxruntime's default (every core, as a single caller's) builds on every core.
+    In the engine's lanes each onnxruntime session has the lane's share of the cores
+    (``DeviceChoice.onnx_threads``: one each on 2 cores), so the lanes together build on
+    every core; a session left to onnxruntime's default (a single caller's) builds on every
+    core this process may use.
     """
     threads = []
     for m in models:
@@ -482,7 +484,8 @@ def call_sizer(model: Model) -> CallSizer | None:
 
 _KEPT = threading.local()
 #: The most a thread keeps in masked-image buffers between calls: two hand-offs of 2,048
-#: 3 x 32 x 32 images (50 MB); a 224 x 224 model's are made afresh each call.
+#: images of up to 4,096 floats (3 x 32 x 32 images: 50 MB), or one of up to 8,192; a call
+#: that needs more gets buffers made afresh and leaves the thread keeping none.
 _KEPT_BYTES = 64 << 20
 
 
@@ -490,8 +493,8 @@ def _buffers(n: int, shape: tuple[int, ...]) -> list[np.ndarray]:
     """``n`` uint32 buffers of ``shape``: views of this thread's buffers from its last call,
     grown where too small. A sample explained alone (``--samples all`` runs in batches of
     one) builds 2 x 1,000 images per call, and mapping 25 MB afresh each time cost as much
-    as building into it. A thread keeps at most two, ``_KEPT_BYTES`` in all (larger images'
-    buffers are made afresh per call and not kept), and nothing once it ends."""
+    as building into it. A thread keeps at most two, ``_KEPT_BYTES`` in all (a call that
+    needs more gets fresh buffers and leaves none kept), and nothing once it ends."""
     need = int(np.prod(shape))
     kept: list[np.ndarray] = getattr(_KEPT, "buffers", [])
     out = [kept[i] if i < len(kept) and kept[i].size >= need

@@ -14,7 +14,6 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import os
 import typing
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -26,7 +25,7 @@ import onnx
 import torch
 
 from certify.data.classes import metadata_class_names
-from certify.device import DeviceChoice
+from certify.device import DeviceChoice, usable_cpus
 from certify.errors import ModelError
 from certify.models import batching, torchcopy
 from certify.models.base import (
@@ -63,6 +62,12 @@ _ORT_DTYPES: dict[str, Any] = {
 #: demo model runs a HopSkipJump attack 6% faster in calls of 256 than in whole probe sets of
 #: thousands (benchmarks/RESULTS.md, issue 17); outputs are the same per image.
 CPU_CHUNK = 256
+#: Microseconds an onnxruntime pool thread spins for more work after a call before it sleeps
+#: (its default held a core for milliseconds). On 2 cores, 500: calls of 4 images 1 ms apart
+#: cost 114 µs against 84 with the default (within 3% of the loop's time); 50-300 µs apart as
+#: the default; without any spinning after a call (``session.force_spinning_stop``) every
+#: small call cost 25-40% more (benchmarks/RESULTS.md, issue 66).
+SPIN_US = 500
 #: A caller's own size for those calls, within :func:`cpu_call_size` (this thread only).
 _CALL_SIZE: ContextVar[int | None] = ContextVar("certify_onnx_call_size", default=None)
 _SILENCED = False
@@ -201,13 +206,14 @@ class OnnxModel:
             )
         self._sess_options = _ort().SessionOptions()
         self._sess_options.log_severity_level = 3
-        # A pool's threads stop spinning when a call returns (they still spin between the
-        # graph's operators within it): certify's own work between calls (building the
-        # brittle score's masked images on every core, an attack's step) then has the cores.
-        # Spinning on held the second of 2 cores for milliseconds after each call, which
-        # made building on two threads no faster than on one (benchmarks/RESULTS.md,
-        # issue 66); calls of 32 to 1,000 images were as fast either way.
-        self._sess_options.add_session_config_entry("session.force_spinning_stop", "1")
+        # A pool's threads spin for at most SPIN_US after a call before they sleep: a caller
+        # that calls again sooner (an attack's next step) finds them awake, and certify's own
+        # work between calls (the brittle score's masked images, built on every core) gets
+        # the cores after that. onnxruntime's own spinning held the second of 2 cores for
+        # milliseconds after each call, which made building on two threads no faster than on
+        # one (benchmarks/RESULTS.md, issue 66).
+        self._sess_options.add_session_config_entry("session.intra_op.spin_duration_us",
+                                                    str(SPIN_US))
         if threads:
             self._sess_options.intra_op_num_threads = threads
         self._providers = list(device.ort_providers)
@@ -268,8 +274,9 @@ class OnnxModel:
     @property
     def cpu_threads(self) -> int:
         """The CPU threads one call of this model computes on: its onnxruntime intra-op
-        threads (the machine's cores where it was left to onnxruntime's default)."""
-        return self._sess_options.intra_op_num_threads or os.cpu_count() or 1
+        threads, or where they were left to onnxruntime's default, the CPUs this process may
+        run on (onnxruntime takes the physical cores among them)."""
+        return self._sess_options.intra_op_num_threads or usable_cpus()
 
     # -- construction helpers -------------------------------------------------------------
     def _session(self, model: str | bytes) -> ort.InferenceSession:
