@@ -65,7 +65,7 @@ from certify.checks.base import (
 from certify.data import Dataset
 from certify.images import ImageSink
 from certify.kinds import BrittlenessKind
-from certify.models.base import Model, ModelInfo, QueryCounter
+from certify.models.base import Model, ModelInfo, unwrapped
 from certify.params import Param, Params
 from certify.perturbations.base import mix_seed
 from certify.rundir import SampleRecord
@@ -374,9 +374,7 @@ def build_threads(models: Sequence[Model]) -> int:
     """
     threads = []
     for m in models:
-        inner: Any = m
-        while isinstance(inner, QueryCounter):
-            inner = inner.model
+        inner: Any = unwrapped(m)
         if not _local_cpu(m) or not isinstance(getattr(inner, "cpu_threads", None), int):
             return 1
         threads.append(int(inner.cpu_threads))
@@ -469,9 +467,7 @@ def call_sizer(model: Model) -> CallSizer | None:
     graph fixes its batch (its calls are that batch whatever the caller asks)."""
     if not _local_cpu(model) or model.info.batch.startswith("fixed"):
         return None
-    inner: Any = model
-    while isinstance(inner, QueryCounter):
-        inner = inner.model
+    inner = unwrapped(model)
     with _SIZERS_LOCK:
         try:
             sizer = _SIZERS.get(inner)

@@ -274,6 +274,13 @@ class QueryCounter:
         return None if self.budget is None else self.budget - self.queries
 
 
+def unwrapped(model: object) -> object:
+    """The model behind query counters."""
+    while isinstance(model, QueryCounter):
+        model = model.model
+    return model
+
+
 #: Makes checking and charging several shared budgets one step across threads.
 _SPEND = threading.Lock()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from certify.models.base import QueryCounter
+from certify.models.base import unwrapped
 from certify.models.bound_ops import BoundGraph, BoundsUnavailable, InputMap
 from certify.models.torchcopy import TOLERANCE
 
@@ -25,13 +25,6 @@ from certify.models.torchcopy import TOLERANCE
 _CACHE_SIZE = 2
 _cache: OrderedDict[tuple[Any, ...], BoundGraph] = OrderedDict()
 _lock = threading.Lock()
-
-
-def unwrapped(model: object) -> object:
-    """The model behind query counters."""
-    while isinstance(model, QueryCounter):
-        model = model.model
-    return model
 
 
 def bound_graph_of(model: object, max_crown_neurons: int = 4096) -> BoundGraph:

@@ -65,8 +65,8 @@ CPU_CHUNK = 256
 #: Microseconds an onnxruntime pool thread spins for more work after a call before it sleeps
 #: (its default held a core for milliseconds). On 2 cores, 500: calls of 4 images 1 ms apart
 #: cost 114 µs against 84 with the default (within 3% of the loop's time); 50-300 µs apart as
-#: the default; without any spinning after a call (``session.force_spinning_stop``) every
-#: small call cost 25-40% more (benchmarks/RESULTS.md, issue 66).
+#: the default; without any spinning after a call (``session.force_spinning_stop``) small
+#: back-to-back calls cost 13-42% more (benchmarks/RESULTS.md, issue 66).
 SPIN_US = 500
 #: A caller's own size for those calls, within :func:`cpu_call_size` (this thread only).
 _CALL_SIZE: ContextVar[int | None] = ContextVar("certify_onnx_call_size", default=None)
